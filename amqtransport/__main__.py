@@ -1,0 +1,3 @@
+from amqtransport.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""amqtransport/broker/ha."""

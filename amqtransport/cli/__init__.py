@@ -1,0 +1,1 @@
+"""The ``amq`` command line. Each subcommand group lives in its own module."""

@@ -1,0 +1,152 @@
+"""The amqtransport exception family.
+
+One flat family rooted at :class:`AmqTransportError`, in the manner of httpcore:
+operating-system errors are mapped into this family once, at the I/O boundary
+(``amqtransport._backends``), so code above never sees ``OSError`` or ``ssl.SSLError``.
+
+This module imports nothing from the project: it is the lowest layer and every other
+layer (including the sans-IO ``stomp`` package) may import it.
+
+    AmqTransportError
+    ├── UriError (also ValueError)          bad connection URI or option
+    ├── ConfigError (also ValueError)       bad config file key or value
+    ├── ProtocolError                       malformed STOMP
+    │   ├── LocalProtocolError              we were asked to emit something invalid
+    │   └── RemoteProtocolError             the peer sent something invalid
+    ├── TransportError                      recoverable: failover catches this family
+    │   ├── ConnectError
+    │   ├── ReadError
+    │   ├── WriteError
+    │   ├── ConnectionClosed
+    │   └── HeartbeatTimeout
+    ├── BrokerError                         the broker answered with an ERROR frame
+    │   └── AuthenticationError
+    ├── ReconnectExhausted                  failover gave up (maxReconnectAttempts)
+    ├── SendTimeout                         failover ``timeout`` elapsed while disconnected
+    └── TransactionRolledBack               a transaction spanned a failover
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "AmqTransportError",
+    "UriError",
+    "ConfigError",
+    "ProtocolError",
+    "LocalProtocolError",
+    "RemoteProtocolError",
+    "TransportError",
+    "ConnectError",
+    "ReadError",
+    "WriteError",
+    "ConnectionClosed",
+    "HeartbeatTimeout",
+    "BrokerError",
+    "AuthenticationError",
+    "ReconnectExhausted",
+    "SendTimeout",
+    "TransactionRolledBack",
+]
+
+
+class AmqTransportError(Exception):
+    """Root of every error raised by amqtransport."""
+
+
+class UriError(AmqTransportError, ValueError):
+    """A connection URI (or one of its options) is invalid.
+
+    ``option`` names the offending option, ``column`` the 1-based position in the
+    URI text where parsing failed, ``valid`` the names that would have been accepted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        uri: str | None = None,
+        option: str | None = None,
+        column: int | None = None,
+        valid: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message)
+        self.uri = uri
+        self.option = option
+        self.column = column
+        self.valid = tuple(valid)
+
+
+class ConfigError(AmqTransportError, ValueError):
+    """A configuration file has an unknown key or a bad value; ``path`` names it."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class ProtocolError(AmqTransportError):
+    """STOMP framing or protocol violation."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to produce something that is not valid STOMP."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes that are not valid STOMP (or broke a limit)."""
+
+
+class TransportError(AmqTransportError):
+    """A connection-level failure. Recoverable: the failover layer catches this family."""
+
+
+class ConnectError(TransportError):
+    """Could not establish a connection (refused, unreachable, TLS handshake, timeout)."""
+
+
+class ReadError(TransportError):
+    """Reading from an established connection failed."""
+
+
+class WriteError(TransportError):
+    """Writing to an established connection failed."""
+
+
+class ConnectionClosed(TransportError):
+    """The connection was closed (by the peer, or locally while an operation waited)."""
+
+
+class HeartbeatTimeout(TransportError):
+    """No bytes from the peer within the negotiated heart-beat deadline (half-open)."""
+
+
+class BrokerError(AmqTransportError):
+    """The broker sent an ERROR frame. ``frame`` carries it (headers and body)."""
+
+    def __init__(self, message: str, *, frame: Any = None) -> None:
+        super().__init__(message)
+        self.frame = frame
+
+
+class AuthenticationError(BrokerError):
+    """The broker refused the login/passcode."""
+
+
+class ReconnectExhausted(AmqTransportError):
+    """The failover layer used up ``maxReconnectAttempts`` (or it was 0 after a failure)."""
+
+    def __init__(self, message: str, *, attempts: int = 0, last_error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        self.last_error = last_error
+
+
+class SendTimeout(AmqTransportError):
+    """A send waited longer than the failover ``timeout`` while disconnected."""
+
+
+class TransactionRolledBack(AmqTransportError):
+    """A transaction was open across a failover; its commit cannot succeed."""

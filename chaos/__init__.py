@@ -1,0 +1,1 @@
+"""Chaos tools: a Toxiproxy-compatible proxy server and fault-injection scenarios."""

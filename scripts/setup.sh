@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Idempotent setup for a fresh clone on a fresh machine: a virtualenv with the project
+# and every extra, and (when we are root and it is missing) Debian's ActiveMQ for the
+# interop tests. Re-running it does nothing that is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.amq-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e ".[all]"
+    echo "$want" > "$stamp"
+fi
+
+if [ "${AMQ_SKIP_ACTIVEMQ:-0}" != "1" ] && [ ! -f /usr/share/activemq/bin/activemq.jar ]; then
+    if [ "$(id -u)" = "0" ]; then
+        echo "setup: installing Debian's activemq package for the interop tests" >&2
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq activemq >/dev/null
+    else
+        echo "setup: not root, ActiveMQ interop tests will be skipped (apt-get install -y activemq)" >&2
+    fi
+fi

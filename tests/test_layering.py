@@ -1,0 +1,136 @@
+"""Imports flow downward only (DESIGN.md, "Layers").
+
+Every project module is read with ``ast`` (imports inside functions included) and
+each project import is checked against the layer table below: a module may import
+modules of its own layer or lower, never higher. The sans-IO codec and the pure
+modules must not import I/O, threads, asyncio or the clock.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (prefix, layer). The longest matching prefix decides a module's layer.
+LAYERS: list[tuple[str, int]] = [
+    ("amqtransport.errors", 0),
+    ("amqtransport.stomp", 1),
+    ("amqtransport.uri", 2),
+    ("amqtransport.options", 2),
+    ("amqtransport.backoff", 2),
+    ("amqtransport.broker", 3),
+    ("amqtransport._backends", 4),
+    ("amqtransport.transports", 5),
+    ("amqtransport.client", 6),
+    ("amqtransport", 6),  # the package __init__ (lazy re-exports of the public API)
+    ("amqtransport.spark", 7),
+    ("amqtransport.testing", 7),  # real-process harnesses (ActiveMQ, broker pairs) for tests and benchmarks
+    ("bridge", 7),
+    ("chaos", 8),
+    ("amqtransport.cli", 9),
+    ("amqtransport.__main__", 9),
+]
+
+PURE = ("amqtransport.errors", "amqtransport.stomp", "amqtransport.uri", "amqtransport.options", "amqtransport.backoff")
+FORBIDDEN_IN_PURE = {"socket", "ssl", "threading", "asyncio", "time", "select", "selectors", "concurrent", "subprocess", "multiprocessing"}
+
+PACKAGES = ("amqtransport", "bridge", "chaos")
+
+
+def layer_of(module: str) -> int | None:
+    best: tuple[int, int] | None = None
+    for prefix, layer in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > best[0]:
+                best = (len(prefix), layer)
+    return None if best is None else best[1]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> list[Path]:
+    files: list[Path] = []
+    for pkg in PACKAGES:
+        files.extend(sorted((ROOT / pkg).rglob("*.py")))
+    return files
+
+
+def imports_of(path: Path, me: str | None = None) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    me = me or module_name(path)
+    is_pkg = path.name == "__init__.py"
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = me.split(".")
+                if not is_pkg:
+                    base = base[:-1]
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out.append((target, node.lineno))
+            # `from amqtransport import client` imports the submodule too
+            for alias in node.names:
+                out.append((f"{target}.{alias.name}", node.lineno))
+    return out
+
+
+def test_every_project_module_has_a_layer() -> None:
+    missing = [module_name(p) for p in project_modules() if layer_of(module_name(p)) is None]
+    assert missing == []
+
+
+@pytest.mark.parametrize("path", project_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_flow_downward(path: Path) -> None:
+    me = module_name(path)
+    my_layer = layer_of(me)
+    assert my_layer is not None
+    bad = []
+    for target, line in imports_of(path):
+        top = target.split(".")[0]
+        if top not in PACKAGES:
+            continue
+        their_layer = layer_of(target)
+        if their_layer is None:
+            continue
+        if their_layer > my_layer:
+            bad.append(f"line {line}: {me} (layer {my_layer}) imports {target} (layer {their_layer})")
+    assert bad == [], "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in project_modules() if module_name(p).startswith(PURE)],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_pure_layers_do_no_io(path: Path) -> None:
+    bad = [
+        f"line {line}: imports {target}"
+        for target, line in imports_of(path)
+        if target.split(".")[0] in FORBIDDEN_IN_PURE
+    ]
+    assert bad == [], f"{module_name(path)} must stay sans-IO:\n" + "\n".join(bad)
+
+
+def test_layer_checker_catches_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself must be able to fail."""
+    fake = tmp_path / "probe.py"
+    fake.write_text("import socket\nfrom ..client import connect\n")
+    found = imports_of(fake, me="amqtransport.stomp.probe")
+    upward = [t for t, _ in found if (layer_of(t) or 0) > 1]
+    io = [t for t, _ in found if t in FORBIDDEN_IN_PURE]
+    assert "amqtransport.client" in upward and io == ["socket"]
