@@ -1,0 +1,3 @@
+"""Shared test configuration: fixture modules are registered here, one line each."""
+
+pytest_plugins = ["amqtransport.testing.pytest_fixtures"]
