@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final, Union
+from typing import Final
 
 __all__ = [
     "Frame",
@@ -47,7 +47,7 @@ CLIENT_COMMANDS: Final = frozenset(
 )
 SERVER_COMMANDS: Final = frozenset({"CONNECTED", "MESSAGE", "RECEIPT", "ERROR"})
 
-HeaderInput = Union[Mapping[str, str], Iterable[tuple[str, str]], None]
+HeaderInput = Mapping[str, str] | Iterable[tuple[str, str]] | None
 
 
 def _normalise_headers(headers: HeaderInput) -> tuple[tuple[str, str], ...]:
@@ -123,4 +123,4 @@ class NeedData:
 HEARTBEAT: Final = Heartbeat()
 NEED_DATA: Final = NeedData()
 
-Event = Union[Frame, Heartbeat, NeedData]
+Event = Frame | Heartbeat | NeedData

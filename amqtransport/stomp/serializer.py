@@ -1,0 +1,88 @@
+"""Frame -> bytes for STOMP 1.0/1.1/1.2.
+
+Rules: headers are escaped as the version and command call for (see
+:mod:`.escaping`); a ``content-length`` header is added for every non-empty body
+that has none (so a body may contain NUL); a frame that cannot be expressed in the
+version raises :class:`~amqtransport.errors.LocalProtocolError` instead of putting
+bytes on the wire that the peer would misread.
+"""
+
+from __future__ import annotations
+
+from amqtransport.errors import LocalProtocolError
+
+from .escaping import escape_header, needs_escaping
+from .frames import CLIENT_COMMANDS, SERVER_COMMANDS, Frame
+from .versions import check_version
+
+__all__ = ["serialize"]
+
+_ALL_COMMANDS = CLIENT_COMMANDS | SERVER_COMMANDS
+
+
+def _why_unexpressible(name: str, value: str, version: str, command: str) -> str | None:
+    where = (
+        f"STOMP {version} has no header escaping"
+        if version == "1.0"
+        else f"{command} frame headers are never escaped"
+    )
+    if "\n" in name or "\n" in value:
+        return f"header {name!r} contains a line feed, which cannot be sent: {where}"
+    if ":" in name:
+        return f"header name {name!r} contains ':', which cannot be sent: {where}"
+    if value.endswith("\r") or (not value and name.endswith("\r")):
+        return f"header {name!r} ends with a carriage return, which cannot be sent: {where}"
+    return None
+
+
+def serialize(frame: Frame, version: str = "1.2") -> bytes:
+    """Encode ``frame`` for a connection speaking ``version``."""
+    check_version(version)
+    command = frame.command
+    if not isinstance(command, str) or not command:
+        raise LocalProtocolError("cannot serialize a frame with an empty command")
+    if command not in _ALL_COMMANDS:
+        raise LocalProtocolError(
+            f"unknown STOMP command {command!r}; expected one of {', '.join(sorted(_ALL_COMMANDS))}"
+        )
+    body = frame.body
+    if not isinstance(body, bytes | bytearray):
+        raise LocalProtocolError(f"{command} frame body must be bytes, got {type(body).__name__}")
+    escaped = needs_escaping(version, command)
+    parts = [command]
+    has_length = False
+    for item in frame.headers:
+        try:
+            name, value = item
+        except (TypeError, ValueError):
+            raise LocalProtocolError(f"{command} frame header {item!r} is not a (name, value) pair") from None
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise LocalProtocolError(f"{command} frame header {item!r}: name and value must be str")
+        if not name:
+            raise LocalProtocolError(f"{command} frame has a header with an empty name")
+        if name == "content-length" and not has_length:
+            has_length = True
+            if value.strip() != str(len(body)):
+                raise LocalProtocolError(
+                    f"{command} frame has content-length {value!r} but its body is {len(body)} bytes"
+                )
+        if escaped:
+            if version == "1.1" and value.endswith("\r"):
+                raise LocalProtocolError(
+                    f"header {name!r} ends with a carriage return, which STOMP 1.1 cannot escape"
+                )
+            name = escape_header(name, version)
+            value = escape_header(value, version)
+        else:
+            problem = _why_unexpressible(name, value, version, command)
+            if problem is not None:
+                raise LocalProtocolError(problem)
+        parts.append(f"{name}:{value}")
+    if body and not has_length:
+        parts.append(f"content-length:{len(body)}")
+    parts.append("\n")
+    try:
+        head = "\n".join(parts).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LocalProtocolError(f"{command} frame headers cannot be encoded as UTF-8: {exc}") from None
+    return b"".join((head, body, b"\x00"))
