@@ -1,0 +1,454 @@
+"""Append-only, checksummed, group-committed journal of segment files.
+
+Theory of operation
+-------------------
+The journal is a directory of segment files ``seg-<id>.log`` (ids increase; the
+highest is the *head*, the only one written). A segment starts with the 8-byte magic
+``AMQJSEG1`` followed by framed records::
+
+    u32 length | u32 crc32(payload) | payload (length bytes; see records.py)
+
+Writing (group commit). :meth:`Journal.append` runs on the caller's thread (the
+broker's event loop): it frames the payloads, assigns them to the head segment
+(rolling to a new segment once the head passes ``segment_size``), queues the bytes
+and the caller's completion callback, and returns at once. One writer thread takes
+*everything* queued since its last round, writes it with one ``write`` per segment,
+calls ``fdatasync`` once, runs the batch hooks (replication gates), and then hands
+all the round's callbacks back in one call to ``notify`` (the broker passes a
+function that schedules them on its loop with a single ``call_soon_threadsafe``).
+While one fsync is in flight the next batch accumulates, so N concurrent producers
+cost one fsync, not N. A receipt for a persistent SEND is sent from such a callback,
+i.e. only once its record is on disk.
+
+Recovery. :meth:`Journal.recover` reads the segments in id order and yields every
+record whose frame is complete and whose CRC matches. At the first bad frame
+(short header, impossible length, CRC mismatch, undecodable payload) it stops reading
+that segment and truncates the file there: a torn tail from a crash mid-write is cut
+off cleanly and the next run appends after good data. (A bad frame in a segment that
+is not the last is reported as corruption in the log; later segments are still read.)
+Recovery always starts a fresh head segment.
+
+Compaction. The store decides which segments hold nothing needed any more and calls
+:meth:`Journal.delete_segments`; the writer deletes them only after the batch that was
+queued before the request (which carries anything the store moved forward) is durable.
+
+Replication hooks. :meth:`Journal.add_batch_hook` registers ``fn(payloads)`` that
+the writer calls after each local fsync with the batch's record payloads; when it
+returns a ``concurrent.futures.Future`` the batch's callbacks wait for it (a
+replicating master uses this to receipt only once the slave has the records).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import fcntl
+import logging
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from .records import Record, RecordError, decode
+
+__all__ = [
+    "Journal",
+    "JournalError",
+    "StoreLockedError",
+    "Callback",
+    "BatchHook",
+    "MAGIC",
+    "scan_segment",
+]
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"AMQJSEG1"
+_FRAME = struct.Struct("<II")
+MAX_RECORD = 1 << 30
+
+#: completion callback: receives None when durable, or the error that prevented it
+Callback = Callable[[BaseException | None], None]
+#: replication gate: called with a batch's payloads after the local fsync
+BatchHook = Callable[[Sequence[bytes]], "concurrent.futures.Future[object] | None"]
+
+
+class JournalError(OSError):
+    """The journal could not write or sync; the broker must not claim durability."""
+
+
+class StoreLockedError(JournalError):
+    """Another process holds the data directory."""
+
+
+def _segment_name(seg_id: int) -> str:
+    return f"seg-{seg_id:010d}.log"
+
+
+def _segment_id(path: Path) -> int | None:
+    name = path.name
+    if not (name.startswith("seg-") and name.endswith(".log")):
+        return None
+    try:
+        return int(name[4:-4])
+    except ValueError:
+        return None
+
+
+def scan_segment(data: bytes | memoryview) -> tuple[list[tuple[Record, int]], int, str | None]:
+    """Parse one segment's bytes.
+
+    Returns ``(records_with_sizes, good_end, problem)``: every intact record with its
+    framed size, the offset just after the last intact one, and a description of what
+    stopped the scan (``None`` when the data ended cleanly at a frame boundary).
+    """
+    view = memoryview(data)
+    if len(view) < len(MAGIC):
+        return [], 0, ("short segment header" if len(view) else None)
+    if bytes(view[: len(MAGIC)]) != MAGIC:
+        return [], 0, "bad segment magic"
+    pos = len(MAGIC)
+    out: list[tuple[Record, int]] = []
+    end = len(view)
+    while pos < end:
+        if end - pos < _FRAME.size:
+            return out, pos, f"torn frame header at offset {pos}"
+        length, crc = _FRAME.unpack_from(view, pos)
+        if length > MAX_RECORD:
+            return out, pos, f"impossible record length {length} at offset {pos}"
+        start = pos + _FRAME.size
+        stop = start + length
+        if stop > end:
+            return out, pos, f"torn record at offset {pos} ({end - start} of {length} bytes)"
+        payload = view[start:stop]
+        if zlib.crc32(payload) != crc:
+            return out, pos, f"checksum mismatch at offset {pos}"
+        try:
+            rec = decode(payload)
+        except RecordError as exc:
+            return out, pos, f"undecodable record at offset {pos}: {exc}"
+        out.append((rec, stop - pos))
+        pos = stop
+    return out, pos, None
+
+
+class Journal:
+    """Segment files + a group-commit writer thread. See the module docstring."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        segment_size: int = 32 << 20,
+        fsync: bool = True,
+        notify: Callable[[list[tuple[Callback, BaseException | None]]], None] | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.segment_size = segment_size
+        self.fsync = fsync
+        self._notify = notify or _run_inline
+        self._cond = threading.Condition()
+        self._queue: list[bytes | tuple[str, object]] = []
+        self._callbacks: list[Callback] = []
+        self._payloads: list[bytes] = []
+        self._hooks: list[BatchHook] = []
+        self._appended = 0  # records queued so far
+        self._durable = 0  # records durable so far
+        self._closing = False
+        self._busy = False
+        self._failed: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._head = 0
+        self._head_size = 0
+        self._head_records = 0
+        self.segments: list[int] = []  # existing segment ids, ascending (head last)
+        self._lock_fd: int | None = None
+        self._fd: int | None = None  # writer thread only
+        self._fd_seg = -1
+        self.bytes_written = 0
+        self.batches = 0
+        self.records_written = 0
+
+    # ------------------------------------------------------------------ opening
+    def lock(self) -> None:
+        """Take the exclusive lock on the journal directory (one broker per data dir)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise StoreLockedError(
+                f"journal {self.directory} is in use by another broker process"
+            ) from exc
+        self._lock_fd = fd
+
+    def existing_segments(self) -> list[int]:
+        ids = [i for p in self.directory.glob("seg-*.log") if (i := _segment_id(p)) is not None]
+        return sorted(ids)
+
+    def path_of(self, seg_id: int) -> Path:
+        return self.directory / _segment_name(seg_id)
+
+    def recover(self) -> Iterator[tuple[int, Record]]:
+        """Yield ``(segment_id, record)`` for every intact record; truncate torn tails.
+
+        Must be called (and exhausted) before :meth:`start`.
+        """
+        if self._lock_fd is None:
+            self.lock()
+        ids = self.existing_segments()
+        for n, seg_id in enumerate(ids):
+            path = self.path_of(seg_id)
+            data = path.read_bytes()
+            records, good_end, problem = scan_segment(data)
+            if problem is not None:
+                last = n == len(ids) - 1
+                level = logging.WARNING if last else logging.ERROR
+                log.log(
+                    level,
+                    "journal %s: %s; truncating %d bytes%s",
+                    path.name,
+                    problem,
+                    len(data) - good_end,
+                    "" if last else " (not the last segment: corruption, not a torn write)",
+                )
+                with open(path, "r+b") as fh:
+                    if good_end < len(MAGIC):
+                        fh.truncate(0)
+                        fh.write(MAGIC)
+                    else:
+                        fh.truncate(good_end)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            for rec, _size in records:
+                yield seg_id, rec
+        self.segments = ids
+        self._head = (ids[-1] + 1) if ids else 1
+
+    # ------------------------------------------------------------------ writer
+    def start(self) -> None:
+        """Create the head segment and start the writer thread."""
+        if self._lock_fd is None:
+            self.lock()
+        if not self.segments and self.existing_segments():
+            raise JournalError("Journal.recover() must run before start() on a non-empty journal")
+        if self._head == 0:
+            self._head = 1
+        self._open_head_sync(self._head)
+        self.segments.append(self._head)
+        self._head_size = len(MAGIC)
+        self._thread = threading.Thread(
+            target=self._run, name=f"journal-writer:{self.directory}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def head(self) -> int:
+        return self._head
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    def add_batch_hook(self, hook: BatchHook) -> None:
+        self._hooks.append(hook)
+
+    def remove_batch_hook(self, hook: BatchHook) -> None:
+        with contextlib.suppress(ValueError):
+            self._hooks.remove(hook)
+
+    def append(self, payloads: Sequence[bytes], callback: Callback | None = None) -> int:
+        """Queue record payloads; returns the segment they will live in.
+
+        ``callback(None)`` runs (through ``notify``) once they are durable, or
+        ``callback(error)`` if writing failed.
+        """
+        if self._failed is not None:
+            raise JournalError(f"journal failed earlier: {self._failed}")
+        if self._closing:
+            raise JournalError("journal is closed")
+        size = sum(len(p) for p in payloads) + _FRAME.size * len(payloads)
+        with self._cond:
+            if self._head_records and self._head_size + size > self.segment_size:
+                self._head += 1
+                self._head_size = len(MAGIC)
+                self._head_records = 0
+                self.segments.append(self._head)
+                self._queue.append(("roll", self._head))
+            for p in payloads:
+                self._queue.append(_FRAME.pack(len(p), zlib.crc32(p)))
+                self._queue.append(p)
+            self._payloads.extend(payloads)
+            self._head_size += size
+            self._head_records += len(payloads)
+            self._appended += len(payloads)
+            if callback is not None:
+                self._callbacks.append(callback)
+            self._cond.notify_all()
+            return self._head
+
+    def on_durable(self, callback: Callback) -> None:
+        """Run ``callback`` once everything appended so far is durable."""
+        with self._cond:
+            if self._queue or self._busy:
+                self._callbacks.append(callback)
+                self._queue.append(("noop", None))
+                self._cond.notify_all()
+                return
+        self._notify([(callback, self._failed)])
+
+    def delete_segments(self, seg_ids: Sequence[int]) -> None:
+        """Delete these (non-head) segments once everything queued before is durable."""
+        ids = [s for s in seg_ids if s != self._head]
+        if not ids:
+            return
+        with self._cond:
+            for s in ids:
+                with contextlib.suppress(ValueError):
+                    self.segments.remove(s)
+            self._queue.append(("delete", tuple(ids)))
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Block until everything appended so far is durable (never call from a notify callback)."""
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: (
+                    (not self._queue and not self._busy)
+                    or self._failed is not None
+                    or self._thread is None
+                ),
+                timeout,
+            )
+        return bool(ok) and self._failed is None
+
+    def close(self) -> None:
+        """Flush, stop the writer, close files and release the directory lock."""
+        if self._thread is not None:
+            self.flush(timeout=30)
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+            self._thread.join(timeout=30)
+            self._thread = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ------------------------------------------------------------------ thread
+    def _open_head_sync(self, seg_id: int) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        path = self.path_of(seg_id)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        _write_all(fd, MAGIC)
+        if self.fsync:
+            os.fdatasync(fd)
+            _fsync_dir(self.directory)
+        self._fd = fd
+        self._fd_seg = seg_id
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue and self._closing:
+                    return
+                items, self._queue = self._queue, []
+                callbacks, self._callbacks = self._callbacks, []
+                payloads, self._payloads = self._payloads, []
+                target = self._appended
+                self._busy = True
+            error: BaseException | None = None
+            try:
+                self._write_batch(items)
+                for hook in list(self._hooks):
+                    fut = hook(payloads)
+                    if fut is not None:
+                        fut.result()
+            except BaseException as exc:  # noqa: BLE001 - reported to every waiter
+                log.exception(
+                    "journal %s: write failed; the broker can no longer persist", self.directory
+                )
+                error = exc if isinstance(exc, JournalError) else JournalError(str(exc))
+                self._failed = error
+            self.batches += 1
+            self.records_written += len(payloads)
+            if callbacks:
+                try:
+                    self._notify([(cb, error) for cb in callbacks])
+                except Exception:  # noqa: BLE001 - e.g. the loop is closed
+                    log.exception("journal: delivering completions failed")
+            with self._cond:
+                self._durable = target
+                self._busy = False
+                self._cond.notify_all()
+            if error is not None:
+                with self._cond:
+                    self._cond.notify_all()
+                return
+
+    def _write_batch(self, items: list[bytes | tuple[str, object]]) -> None:
+        chunk: list[bytes] = []
+        deletes: list[int] = []
+        for item in items:
+            if isinstance(item, bytes):
+                chunk.append(item)
+                continue
+            action, arg = item
+            if action == "roll":
+                self._flush_chunk(chunk)
+                chunk = []
+                if self.fsync and self._fd is not None:
+                    os.fdatasync(self._fd)
+                assert isinstance(arg, int)
+                self._open_head_sync(arg)
+            elif action == "delete":
+                assert isinstance(arg, tuple)
+                deletes.extend(arg)
+        self._flush_chunk(chunk)
+        if self.fsync and self._fd is not None:
+            os.fdatasync(self._fd)
+        for seg in deletes:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path_of(seg))
+                log.debug("journal %s: deleted segment %d", self.directory, seg)
+        if deletes and self.fsync:
+            _fsync_dir(self.directory)
+
+    def _flush_chunk(self, chunk: list[bytes]) -> None:
+        if not chunk or self._fd is None:
+            return
+        data = b"".join(chunk)
+        _write_all(self._fd, data)
+        self.bytes_written += len(data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _run_inline(items: list[tuple[Callback, BaseException | None]]) -> None:
+    for cb, err in items:
+        try:
+            cb(err)
+        except Exception:  # noqa: BLE001 - one bad callback must not stop the others
+            log.exception("journal completion callback failed")

@@ -1,0 +1,323 @@
+"""The journal and the message store, on real files (no broker, no sockets)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from amqtransport.broker.message import Message
+from amqtransport.broker.store import (
+    Ack,
+    Enq,
+    Journal,
+    Keys,
+    MessageStore,
+    Move,
+    RecordError,
+    StoreLockedError,
+    Sub,
+    Tx,
+    Unsub,
+    decode,
+    encode,
+    scan_segment,
+)
+
+T0 = time.time()
+
+
+def msg(i: int, dest: str = "/queue/a", key: str = "", body: bytes | None = None) -> Message:
+    return Message(
+        id=f"m{i}",
+        destination=dest,
+        headers=(("h", f"v{i}"), ("ü", "ß:\n")),
+        body=body if body is not None else f"body-{i}".encode(),
+        key=key,
+        timestamp=T0 + i,
+        persistent=True,
+    )
+
+
+def same(a: Message, b: Message) -> bool:
+    return (a.id, a.destination, a.headers, a.body, a.key, a.timestamp, a.expires) == (
+        b.id,
+        b.destination,
+        b.headers,
+        b.body,
+        b.key,
+        b.timestamp,
+        b.expires,
+    )
+
+
+def open_store(path: Path, **kw: object) -> MessageStore:
+    store = MessageStore(path, **kw)  # type: ignore[arg-type]
+    store.open()
+    return store
+
+
+# ---------------------------------------------------------------------- records
+
+
+def test_records_round_trip() -> None:
+    m = msg(1, key="k1", body=b"\x00\xff" * 10)
+    for rec in [
+        Enq(m),
+        Ack(("a", "b", "c")),
+        Move("m1", "/queue/DLQ.a"),
+        Tx((Enq(msg(2)), Ack(("m1",)), Move("m3", "/queue/x"))),
+        Keys((("k", 1.5), ("k2", 2.5))),
+        Sub("durable:c:s", "/topic/t", "c", "s"),
+        Unsub("durable:c:s"),
+    ]:
+        back = decode(encode(rec))
+        if isinstance(rec, Enq):
+            assert isinstance(back, Enq) and same(back.message, rec.message)
+        elif isinstance(rec, Tx):
+            assert isinstance(back, Tx) and len(back.records) == 3
+            assert back.records[1:] == rec.records[1:]
+        else:
+            assert back == rec
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.binary(max_size=200))
+def test_decode_garbage_raises_record_error_only(data: bytes) -> None:
+    try:
+        decode(data)
+    except RecordError:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=300))
+def test_scan_segment_never_raises(data: bytes) -> None:
+    records, end, _problem = scan_segment(b"AMQJSEG1" + data)
+    assert 8 <= end <= 8 + len(data)
+
+
+# ---------------------------------------------------------------------- journal
+
+
+def test_group_commit_batches_concurrent_appends(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    list(j.recover())
+    j.start()
+    done = threading.Event()
+    results: list[BaseException | None] = []
+    lock = threading.Lock()
+    n = 2000
+
+    def cb(err: BaseException | None) -> None:
+        with lock:
+            results.append(err)
+            if len(results) == n:
+                done.set()
+
+    for i in range(n):
+        j.append([encode(Ack((f"x{i}",)))], cb)
+    assert done.wait(20)
+    assert results == [None] * n
+    # far fewer fsync rounds than records: the writer batched them
+    assert j.batches < n
+    j.close()
+    j2 = Journal(tmp_path)
+    recs = [r for _seg, r in j2.recover()]
+    assert [r.ids[0] for r in recs if isinstance(r, Ack)] == [f"x{i}" for i in range(n)]
+    j2.close()
+
+
+def test_second_process_cannot_open_the_same_journal(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    with pytest.raises(StoreLockedError):
+        MessageStore(tmp_path).open()
+    s.close()
+
+
+# ---------------------------------------------------------------------- store
+
+
+def test_recovery_restores_live_messages_and_order(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    for i in range(10):
+        s.add(msg(i, dest="/queue/a" if i % 2 else "/queue/b"))
+    s.ack(["m2", "m3"])
+    s.move("m5", "/queue/DLQ.a")
+    s.commit([Enq(msg(20)), Ack(("m4",))])
+    s.close()
+
+    s2 = open_store(tmp_path)
+    by = s2.messages_by_destination()
+    assert [m.id for m in by["/queue/a"]] == ["m1", "m7", "m9", "m20"]
+    assert [m.id for m in by["/queue/b"]] == ["m0", "m6", "m8"]
+    dlq = by["/queue/DLQ.a"][0]
+    assert dlq.id == "m5" and ("original-destination", "/queue/a") in dlq.headers
+    assert same(by["/queue/b"][0], msg(0, dest="/queue/b"))
+    s2.close()
+
+
+def test_torn_tail_is_truncated_and_writing_continues(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    for i in range(5):
+        s.add(msg(i))
+    s.close()
+    seg = sorted(tmp_path.glob("seg-*.log"))[-1]
+    size = seg.stat().st_size
+    os.truncate(seg, size - 7)  # cut the last record in the middle
+
+    s2 = open_store(tmp_path)
+    assert sorted(s2.live) == ["m0", "m1", "m2", "m3"]
+    s2.add(msg(9))
+    s2.close()
+    s3 = open_store(tmp_path)
+    assert sorted(s3.live) == ["m0", "m1", "m2", "m3", "m9"]
+    s3.close()
+
+
+def test_corrupt_checksum_stops_that_segment(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    for i in range(3):
+        s.add(msg(i, body=b"X" * 100))
+    s.close()
+    seg = sorted(tmp_path.glob("seg-*.log"))[-1]
+    data = bytearray(seg.read_bytes())
+    data[-50] ^= 0xFF  # flip a byte inside the last record's body
+    seg.write_bytes(bytes(data))
+    s2 = open_store(tmp_path)
+    assert sorted(s2.live) == ["m0", "m1"]
+    s2.close()
+
+
+def test_compaction_deletes_dead_segments_but_never_resurrects(tmp_path: Path) -> None:
+    s = open_store(tmp_path, segment_size=4096)
+    for i in range(200):
+        s.add(msg(i, body=b"x" * 100))
+    s.flush()
+    many = len(s.journal.segments)
+    assert many > 5
+    # ack all but one old message (m0 stays live in the first segment)
+    s.ack([f"m{i}" for i in range(1, 200)])
+    s.flush()
+    deleted = s.compact(force=True)
+    s.flush()
+    assert deleted, "segments without live messages must go"
+    first = s.journal.segments[0]
+    assert s.live["m0"].segment == first  # the segment holding m0 survives
+    files = sorted(tmp_path.glob("seg-*.log"))
+    assert len(files) < many
+    s.close()
+    s2 = open_store(tmp_path)
+    assert list(s2.live) == ["m0"]  # nothing acked came back
+    s2.ack(["m0"])
+    s2.flush()
+    s2.compact(force=True)
+    s2.flush()
+    s2.close()
+    s3 = open_store(tmp_path)
+    assert s3.live == {}
+    s3.compact(force=True)
+    s3.flush()
+    assert len(list(tmp_path.glob("seg-*.log"))) <= 2
+    s3.close()
+
+
+def test_ack_in_later_segment_keeps_it_until_the_acked_segment_goes(tmp_path: Path) -> None:
+    s = open_store(tmp_path, segment_size=2048)
+    s.add(msg(0, body=b"a" * 1500))  # segment A: m0
+    s.add(msg(1, body=b"b" * 1500))  # segment B: m1
+    s.ack(["m0"])  # ack of A's m0 lands in B (or later)
+    s.flush()
+    # A is dead (m0 acked); the segment with the ack must not go before A
+    s.compact(force=True)
+    s.flush()
+    s.close()
+    s2 = open_store(tmp_path)
+    assert list(s2.live) == ["m1"]
+    s2.close()
+
+
+def test_dedupe_survives_restart_and_compaction(tmp_path: Path) -> None:
+    s = open_store(tmp_path, segment_size=2048)
+    s.add(msg(0, key="key-0", body=b"z" * 1500))
+    assert s.is_duplicate("key-0")
+    assert not s.is_duplicate("key-1")
+    s.ack(["m0"])
+    for i in range(1, 5):
+        s.add(msg(i, body=b"y" * 1500))
+        s.ack([f"m{i}"])
+    s.flush()
+    s.compact(force=True)
+    s.flush()
+    first_seg = tmp_path / "seg-0000000001.log"
+    assert not first_seg.exists()  # the segment with key-0's message is gone ...
+    s.close()
+    s2 = open_store(tmp_path)
+    assert s2.is_duplicate("key-0")  # ... but the key was carried forward
+    s2.close()
+
+
+def test_dedupe_window_bounds(tmp_path: Path) -> None:
+    now = [5000.0]
+    s = open_store(tmp_path, dedupe_max_keys=3, dedupe_max_age=10.0, clock=lambda: now[0])
+    for i in range(5):
+        m = msg(i, key=f"k{i}")
+        m.timestamp = now[0]
+        s.add(m)
+    assert not s.is_duplicate("k0") and not s.is_duplicate("k1")
+    assert s.is_duplicate("k4")
+    now[0] += 11
+    assert not s.is_duplicate("k4")
+    s.close()
+
+
+def test_duplicate_completion_waits_for_the_original(tmp_path: Path) -> None:
+    order: list[str] = []
+    s = open_store(tmp_path)
+    s.add(msg(0, key="dup"), lambda err: order.append("original"))
+    assert s.is_duplicate("dup", lambda err: order.append("repeat"))
+    s.flush()
+    assert order == ["original", "repeat"]
+    s.close()
+
+
+def test_durable_subscription_records(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    s.add_subscription(Sub("durable:c:a", "/topic/t", "c", "a"))
+    s.add_subscription(Sub("durable:c:b", "/topic/t", "c", "b"))
+    s.remove_subscription("durable:c:a")
+    s.close()
+    s2 = open_store(tmp_path)
+    assert list(s2.subs) == ["durable:c:b"]
+    s2.close()
+
+
+def test_snapshot_rebuilds_an_equal_store(tmp_path: Path) -> None:
+    a = open_store(tmp_path / "a")
+    a.add_subscription(Sub("durable:c:a", "/topic/t", "c", "a"))
+    for i in range(6):
+        a.add(msg(i, key=f"k{i}"))
+    a.ack(["m1"])
+    seen: list[str] = []
+
+    class L:
+        def on_record(self, record: object, payload: bytes, segment: int) -> None:
+            seen.append(type(record).__name__)
+
+    b = open_store(tmp_path / "b")
+    b.import_records(a.snapshot())
+    b.add_listener(L())
+    b.ack(["m2"])
+    assert seen == ["Ack"]
+    b.close()
+    b2 = open_store(tmp_path / "b")
+    assert list(b2.live) == ["m0", "m3", "m4", "m5"]
+    assert list(b2.subs) == ["durable:c:a"]
+    assert b2.is_duplicate("k1")
+    b2.close()
+    a.close()
