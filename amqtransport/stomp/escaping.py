@@ -9,14 +9,16 @@ are never escaped in any version, so that a 1.0-only peer can read the handshake
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import Final, NoReturn
 
 from amqtransport.errors import RemoteProtocolError
 
 __all__ = ["escape_header", "unescape_header", "needs_escaping"]
 
-_ESCAPE_12: Final = str.maketrans({"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"})
-_ESCAPE_11: Final = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c"})
+# Characters that need escaping; most header values have none, so a C-speed search
+# decides whether the (slower) replacements run at all.
+_SPECIAL_12: Final = re.compile(r"[\\\r\n:]").search
+_SPECIAL_11: Final = re.compile(r"[\\\n:]").search
 
 _UNESCAPE_12: Final = {"r": "\r", "n": "\n", "c": ":", "\\": "\\"}
 _UNESCAPE_11: Final = {"n": "\n", "c": ":", "\\": "\\"}
@@ -36,9 +38,13 @@ def escape_header(text: str, version: str = "1.2") -> str:
     the result is still expressible).
     """
     if version == "1.2":
-        return text.translate(_ESCAPE_12)
+        if _SPECIAL_12(text) is None:
+            return text
+        return text.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n").replace(":", "\\c")
     if version == "1.1":
-        return text.translate(_ESCAPE_11)
+        if _SPECIAL_11(text) is None:
+            return text
+        return text.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
     return text
 
 
@@ -46,21 +52,33 @@ def unescape_header(text: str, version: str = "1.2") -> str:
     """Undo :func:`escape_header`; an undefined escape raises :class:`RemoteProtocolError`."""
     if version == "1.0" or "\\" not in text:
         return text
+    # Splitting on escaped backslashes first leaves every other backslash alone in its
+    # part, so plain replacements decode the rest left to right like a scanner would.
+    parts = text.split("\\\\")
+    for i, part in enumerate(parts):
+        if "\\" in part:
+            if version == "1.2":
+                part = part.replace("\\r", "\r")
+            part = part.replace("\\n", "\n").replace("\\c", ":")
+            if "\\" in part:
+                _raise_bad_escape(text, version)
+            parts[i] = part
+    return "\\".join(parts)
+
+
+def _raise_bad_escape(text: str, version: str) -> NoReturn:
     table = _UNESCAPE_12 if version == "1.2" else _UNESCAPE_11
-
-    def replace(match: re.Match[str]) -> str:
+    for match in _ESCAPE_RE.finditer(text):
         char = match.group(1)
-        try:
-            return table[char]
-        except KeyError:
-            if not char:
-                raise RemoteProtocolError(
-                    f"header {text!r} ends with a lone backslash (STOMP {version} escape is incomplete)"
-                ) from None
-            valid = ", ".join("\\" + k for k in table)
+        if char in table and char:
+            continue
+        if not char:
             raise RemoteProtocolError(
-                f"undefined escape sequence '\\{char}' in header {text!r} "
-                f"(STOMP {version} defines only {valid})"
-            ) from None
-
-    return _ESCAPE_RE.sub(replace, text)
+                f"header {text!r} ends with a lone backslash (STOMP {version} escape is incomplete)"
+            )
+        valid = ", ".join("\\" + k for k in table)
+        raise RemoteProtocolError(
+            f"undefined escape sequence '\\{char}' in header {text!r} "
+            f"(STOMP {version} defines only {valid})"
+        )
+    raise RemoteProtocolError(f"bad escape sequence in header {text!r}")  # pragma: no cover

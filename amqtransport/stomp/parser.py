@@ -100,6 +100,11 @@ class FrameParser:
         self._headers: tuple[tuple[str, str], ...] = ()
         self._body_start = 0
         self._content_length: int | None = None
+        # Incomplete header block bookkeeping (HEADERS state): where the current line
+        # starts, how many LFs were seen so far and up to where they were counted.
+        self._line_start = 0
+        self._newlines = 0
+        self._counted_to = 0
 
     # -- public API -------------------------------------------------------------
 
@@ -189,7 +194,8 @@ class FrameParser:
                     f"(got {_preview(buf[pos:])}); a line must end with LF or CR LF"
                 )
             self._state = _HEADERS
-            self._scan = pos
+            self._scan = self._line_start = self._counted_to = pos
+            self._newlines = 0
         return self._read_headers()
 
     def _read_headers(self) -> Frame | NeedData:
@@ -205,12 +211,19 @@ class FrameParser:
                     f"frame headers exceed max_frame_size={limits.max_frame_size} bytes "
                     "without the blank line that ends the header block"
                 )
-            window = max(start, n - limits.max_header_line - 2)
-            last_nl = buf.rfind(b"\n", window, n)
-            line_start = start if last_nl < 0 else last_nl + 1
-            if last_nl < 0 and window > start:
-                line_start = window  # a line at least this long: enough to reject it
-            if n - line_start > limits.max_header_line + 1:  # +1: a CR of a CR LF
+            # Only the bytes that arrived since the last call are looked at.
+            counted_to = self._counted_to
+            last_nl = buf.rfind(b"\n", counted_to, n)
+            if last_nl >= 0:
+                self._line_start = last_nl + 1
+                self._newlines += buf.count(b"\n", counted_to, n)
+                if self._newlines - 1 > limits.max_headers:
+                    raise RemoteProtocolError(
+                        f"frame has more than max_headers={limits.max_headers} header lines"
+                    )
+            self._counted_to = n
+            line_start = self._line_start
+            if n - line_start > limits.max_header_line + 1:  # +1: the CR of a CR LF
                 raise RemoteProtocolError(
                     f"header line longer than max_header_line={limits.max_header_line} bytes "
                     f"(starts {_preview(buf[line_start:])})"

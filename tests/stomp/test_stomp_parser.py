@@ -142,7 +142,7 @@ INVALID: list[tuple[str, str, bytes, Limits | None, str]] = [
         SMALL,
         "max_frame_size=64",
     ),
-    ("too-many-headers", "1.2", b"SEND\na:1\nb:2\nc:3\nd:4\n\n\x00", SMALL, "over max_headers=3"),
+    ("too-many-headers", "1.2", b"SEND\na:1\nb:2\nc:3\nd:4\n\n\x00", SMALL, "max_headers=3"),
     ("header-line-too-long", "1.2", b"SEND\nk:" + b"v" * 30 + b"\n\n\x00", SMALL, "max_header_line=20"),
     ("command-line-too-long", "1.2", b"S" * 30 + b"\n\n\x00", SMALL, "max_header_line=20"),
     (
@@ -264,3 +264,12 @@ def test_buffer_is_compacted_on_long_streams() -> None:
         count += len(list(parser.events()))
     assert count == 2000
     assert len(parser._buf) < 200_000  # consumed bytes are dropped, not kept forever
+
+
+def test_too_many_headers_rejected_before_the_block_ends() -> None:
+    parser = FrameParser(limits=Limits(max_headers=5))
+    parser.feed(b"SEND\n" + b"a:b\n" * 5)
+    assert parser.next_event() is NEED_DATA
+    parser.feed(b"a:b\n")
+    with pytest.raises(RemoteProtocolError, match="max_headers=5"):
+        parser.next_event()

@@ -94,3 +94,31 @@ def test_escape_round_trip(text: str, version: str) -> None:
     if version == "1.1" and "\r" in text:
         return
     assert unescape_header(escape_header(text, version), version) == text
+
+
+def reference_unescape(text: str, version: str) -> str | None:
+    """A plain left-to-right scanner; None for an undefined or incomplete escape."""
+    table = {"n": "\n", "c": ":", "\\": "\\"} | ({"r": "\r"} if version == "1.2" else {})
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\":
+            if i + 1 >= len(text) or text[i + 1] not in table:
+                return None
+            out.append(table[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+@given(st.text(alphabet="\\rnct:x\n", max_size=16), st.sampled_from(("1.1", "1.2")))
+def test_unescape_matches_a_reference_scanner(text: str, version: str) -> None:
+    from amqtransport.errors import RemoteProtocolError
+
+    expected = reference_unescape(text, version)
+    try:
+        got: str | None = unescape_header(text, version)
+    except RemoteProtocolError:
+        got = None
+    assert got == expected
