@@ -1,0 +1,181 @@
+"""Blocking TCP and TLS streams (and ``vm://`` leaves) — the real I/O boundary.
+
+Theory of operation
+-------------------
+One socket per stream, kept in blocking mode with a *write* timeout. Reads never
+block on the socket itself: the reader first waits for readability with ``poll``
+(bounded by the caller's timeout, so a heart-beat deadline can be checked), then
+calls ``recv`` once. TLS records already decrypted and buffered inside the
+``SSLSocket`` are drained before polling (``pending()``), since ``poll`` cannot
+see them. ``close`` shuts the socket down before closing it, which wakes a reader
+blocked in ``poll`` on every platform we run on.
+
+Every ``OSError`` / ``ssl.SSLError`` / ``socket.timeout`` is mapped here, once,
+into ``ConnectError``, ``ReadError``, ``WriteError`` or ``ConnectionClosed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import ssl
+import threading
+from typing import Any
+
+from amqtransport._backends.base import leaf_address
+from amqtransport.errors import ConnectError, ConnectionClosed, ReadError, WriteError
+
+__all__ = ["SocketStream", "SocketBackend", "build_ssl_context", "DEFAULT_WRITE_TIMEOUT"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a single write may block (a peer that stops reading altogether).
+DEFAULT_WRITE_TIMEOUT = 30.0
+
+
+class SocketStream:
+    """A connected socket (plain or TLS). Thread-safe writes, one reader."""
+
+    def __init__(self, sock: socket.socket, peer: str, *, write_timeout: float = DEFAULT_WRITE_TIMEOUT) -> None:
+        self._sock = sock
+        self._peer = peer
+        self._wlock = threading.Lock()
+        self._closed = False
+        sock.settimeout(write_timeout)
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
+
+    @property
+    def peer(self) -> str:
+        return self._peer
+
+    def read(self, max_bytes: int, timeout: float | None) -> bytes | None:
+        if self._closed:
+            raise ConnectionClosed(f"{self._peer}: stream closed")
+        sock = self._sock
+        try:
+            if not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+                ms = None if timeout is None else max(0, int(timeout * 1000))
+                if not self._poll.poll(ms):
+                    return None
+            if self._closed:
+                raise ConnectionClosed(f"{self._peer}: stream closed")
+            return sock.recv(max_bytes)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return None
+        except TimeoutError:
+            return None
+        except ConnectionClosed:
+            raise
+        except (OSError, ValueError) as exc:
+            if self._closed:
+                raise ConnectionClosed(f"{self._peer}: stream closed") from exc
+            raise ReadError(f"{self._peer}: read failed: {exc}") from exc
+
+    def write(self, data: bytes) -> None:
+        with self._wlock:
+            if self._closed:
+                raise ConnectionClosed(f"{self._peer}: stream closed")
+            try:
+                self._sock.sendall(data)
+            except TimeoutError as exc:
+                raise WriteError(f"{self._peer}: write timed out (peer not reading)") from exc
+            except (OSError, ValueError) as exc:
+                if self._closed:
+                    raise ConnectionClosed(f"{self._peer}: stream closed") from exc
+                raise WriteError(f"{self._peer}: write failed: {exc}") from exc
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+def build_ssl_context(options: Any) -> ssl.SSLContext:
+    """An ``SSLContext`` from a leaf's options (``ca_file``, ``cert_file``,
+    ``key_file``, ``verify``). Bad files raise ``ConnectError`` naming the option."""
+    ca_file = getattr(options, "ca_file", None)
+    cert_file = getattr(options, "cert_file", None)
+    key_file = getattr(options, "key_file", None)
+    verify = getattr(options, "verify", True)
+    try:
+        ctx = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConnectError(f"ssl: cannot load ca_file {ca_file!r}: {exc}") from exc
+    if cert_file:
+        try:
+            ctx.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConnectError(f"ssl: cannot load cert_file {cert_file!r} / key_file {key_file!r}: {exc}") from exc
+    if verify is False:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class SocketBackend:
+    """Connects ``tcp://`` and ``ssl://`` leaves; ``vm://NAME`` starts (once per
+    process) an embedded broker called NAME on a free port and connects to it."""
+
+    def __init__(self, *, write_timeout: float = DEFAULT_WRITE_TIMEOUT) -> None:
+        self.write_timeout = write_timeout
+
+    def connect(self, leaf: Any, timeout: float) -> SocketStream:
+        scheme = getattr(leaf, "scheme", "tcp")
+        if scheme == "vm":
+            host, port = _vm_endpoint(getattr(leaf, "name", None) or getattr(leaf, "host", "") or "localhost")
+        else:
+            host, port = leaf.host, int(leaf.port)
+        peer = leaf_address(leaf)
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except TimeoutError as exc:
+            raise ConnectError(f"{peer}: connect timed out after {timeout:g}s") from exc
+        except OSError as exc:
+            raise ConnectError(f"{peer}: connect failed: {exc.strerror or exc}") from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if scheme == "ssl":
+                options = getattr(leaf, "options", None)
+                ctx = build_ssl_context(options)
+                server_hostname = getattr(options, "server_hostname", None) or host
+                sock.settimeout(timeout)
+                try:
+                    sock = ctx.wrap_socket(sock, server_hostname=server_hostname)
+                except TimeoutError as exc:
+                    raise ConnectError(f"{peer}: TLS handshake timed out") from exc
+                except (OSError, ssl.SSLError) as exc:
+                    raise ConnectError(f"{peer}: TLS handshake failed: {exc}") from exc
+            return SocketStream(sock, peer, write_timeout=self.write_timeout)
+        except BaseException:
+            sock.close()
+            raise
+
+
+_vm_lock = threading.Lock()
+_vm_brokers: dict[str, Any] = {}
+
+
+def _vm_endpoint(name: str) -> tuple[str, int]:
+    """The (host, port) of the in-process embedded broker ``name``, started on first use."""
+    with _vm_lock:
+        broker = _vm_brokers.get(name)
+        if broker is None:
+            try:
+                from amqtransport.broker import EmbeddedBroker
+            except ImportError as exc:  # pragma: no cover - the broker ships with the package
+                raise ConnectError(f"vm://{name}: the embedded broker is not available: {exc}") from exc
+            broker = EmbeddedBroker(port=0, name=name)
+            broker.start()
+            _vm_brokers[name] = broker
+            log.info("vm://%s: started an embedded broker on %s", name, broker.uri)
+        return broker.host, int(broker.port)

@@ -1,0 +1,507 @@
+"""The public client API: ``connect(uri)`` -> :class:`Connection`.
+
+Theory of operation
+-------------------
+A :class:`Connection` owns one transport built from the URI (``transports.factory``):
+a :class:`~amqtransport.transports.stomp.DirectTransport` for a plain ``tcp://``
+leaf, a :class:`~amqtransport.transports.failover.FailoverTransport` for
+``failover:``/``static:``/``masterslave:``. Every SEND carries an idempotency key
+(``amq-idempotency-key``; the caller's or a fresh UUID) and asks for a receipt, so
+the failover layer can replay it after a reconnect and a broker that honours the key
+(ours) drops the copy. :meth:`Connection.send` returns once the receipt is in;
+:class:`Producer` keeps up to ``window`` receipts outstanding for throughput.
+
+Messages arrive on the transport's reader thread, pass the **duplicate filter**
+(ActiveMQ's "message audit": a bounded LRU of ``(subscription, key)`` where the key
+is the idempotency key, else the message-id) and are queued on their
+:class:`Subscription`. A redelivery after a failover of a message the application
+already has is dropped. In the client-acknowledged modes such a dropped copy still has
+to be acknowledged on the new link, or the broker would keep it: if the application
+already acked the original, the copy is acked on arrival; if not, it is remembered
+and acked when the application acks the original (an ACK for a message from a dead
+link cannot be sent on the new one: the broker no longer knows that delivery).
+``nack()`` forgets the key, so the broker's redelivery reaches the application.
+
+Transactions (:meth:`Connection.transaction`) wait for a receipt on every frame; a
+failover while one is open makes its next send or its commit raise
+``TransactionRolledBack`` (never a silent partial commit).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from types import TracebackType
+from typing import Any, Literal
+
+from amqtransport._backends.base import Backend
+from amqtransport.errors import AmqTransportError, ConnectionClosed, LocalProtocolError
+from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.transports.factory import build_transport
+from amqtransport.transports.stomp import ConnectParams, Receipt, Transport
+
+__all__ = ["connect", "Connection", "Producer", "Subscription", "Message", "Transaction", "AckMode"]
+
+log = logging.getLogger(__name__)
+
+AckMode = Literal["auto", "client", "client-individual"]
+_ACK_MODES = ("auto", "client", "client-individual")
+DEFAULT_AUDIT_SIZE = 100_000
+
+
+class _AuditEntry:
+    __slots__ = ("acked", "shadow")
+
+    def __init__(self) -> None:
+        self.acked = False
+        self.shadow: tuple[Frame, int] | None = None
+
+
+class _Closed:
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+
+class Message:
+    """A received message. ``ack()``/``nack()`` matter in the client ack modes."""
+
+    __slots__ = ("frame", "_conn", "_sub", "generation", "key", "_entry")
+
+    def __init__(self, frame: Frame, conn: Connection, sub: Subscription, generation: int, key: str,
+                 entry: _AuditEntry | None) -> None:
+        self.frame = frame
+        self._conn = conn
+        self._sub = sub
+        self.generation = generation
+        self.key = key
+        self._entry = entry
+
+    @property
+    def body(self) -> bytes:
+        return self.frame.body
+
+    @property
+    def text(self) -> str:
+        return self.frame.body.decode("utf-8")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.frame.header_map
+
+    @property
+    def destination(self) -> str | None:
+        return self.frame.get("destination")
+
+    @property
+    def message_id(self) -> str | None:
+        return self.frame.get("message-id")
+
+    @property
+    def idempotency_key(self) -> str | None:
+        return self.frame.get(IDEMPOTENCY_HEADER) or self.frame.get("_AMQ_DUPL_ID")
+
+    @property
+    def redelivered(self) -> bool:
+        return (self.frame.get("redelivered") or "").lower() == "true"
+
+    def ack(self) -> None:
+        """Acknowledge (no-op with ``ack="auto"``)."""
+        if self._sub.ack_mode == "auto":
+            return
+        self._conn._ack(self, "ACK")
+
+    def nack(self) -> None:
+        """Reject: the broker redelivers (or dead-letters) it; the duplicate filter
+        forgets it so the redelivery reaches the application."""
+        if self._sub.ack_mode == "auto":
+            raise LocalProtocolError("nack() needs ack='client' or 'client-individual'")
+        self._conn._forget(self)
+        self._conn._ack(self, "NACK")
+
+    def __repr__(self) -> str:
+        return f"Message(destination={self.destination!r}, message_id={self.message_id!r}, body={self.body[:40]!r})"
+
+
+class Subscription:
+    """Messages of one SUBSCRIBE; survives failovers (replayed with the same id)."""
+
+    def __init__(self, conn: Connection, sub_id: str, destination: str, ack_mode: str) -> None:
+        self._conn = conn
+        self.id = sub_id
+        self.destination = destination
+        self.ack_mode = ack_mode
+        self._queue: queue.Queue[Message | _Closed] = queue.Queue()
+        self.active = True
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None after ``timeout`` seconds (or once unsubscribed /
+        the connection closed). Raises the transport's error if the connection failed
+        (e.g. ``ReconnectExhausted``)."""
+        try:
+            item = self._queue.get(timeout=timeout) if timeout is None or timeout > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if isinstance(item, _Closed):
+            self._queue.put(item)  # every later receive sees it too
+            if item.error is not None:
+                raise item.error
+            return None
+        return item
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            msg = self.receive()
+            if msg is None:
+                return
+            yield msg
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def unsubscribe(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        self._conn._unsubscribe(self)
+        self._queue.put(_Closed(None))
+
+    def _close(self, error: BaseException | None) -> None:
+        self._queue.put(_Closed(error))
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.unsubscribe()
+        except AmqTransportError:
+            pass
+
+
+class Producer:
+    """Pipelined receipted sends: ``send`` blocks only while ``window`` receipts are
+    outstanding; ``flush`` waits for all; leaving the ``with`` block flushes."""
+
+    def __init__(self, conn: Connection, window: int = 100) -> None:
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self._conn = conn
+        self.window = window
+        self._outstanding: list[Receipt] = []
+        self.sent = 0
+        self.receipted = 0
+
+    def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
+             persistent: bool = True, idempotency_key: str | None = None) -> None:
+        frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key)
+        transport = self._conn._transport
+        while len(self._outstanding) >= self.window:
+            transport.wait(self._outstanding.pop(0))
+            self.receipted += 1
+        rec = transport.request(frame)
+        assert rec is not None
+        self._outstanding.append(rec)
+        self.sent += 1
+        # reap what is already done without blocking
+        while self._outstanding and self._outstanding[0].done:
+            transport.wait(self._outstanding.pop(0))
+            self.receipted += 1
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._outstanding)
+
+    def flush(self, timeout: float | None = None) -> None:
+        transport = self._conn._transport
+        while self._outstanding:
+            transport.wait(self._outstanding[0], timeout)
+            self._outstanding.pop(0)
+            self.receipted += 1
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.flush()
+
+
+class Transaction:
+    """``with conn.transaction() as tx: tx.send(...)`` — commit on exit, abort on error."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self.id = conn._transport.next_id("tx")
+        self._open = False
+
+    def __enter__(self) -> Transaction:
+        t = self._conn._transport
+        t.wait(t.begin(self.id))
+        self._open = True
+        return self
+
+    def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
+             persistent: bool = True, idempotency_key: str | None = None) -> None:
+        if not self._open:
+            raise LocalProtocolError("transaction is not open")
+        frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key)
+        frame = frame.with_headers(transaction=self.id)
+        t = self._conn._transport
+        rec = t.request(frame)
+        assert rec is not None
+        t.wait(rec)
+
+    def commit(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        t = self._conn._transport
+        try:
+            t.wait(t.commit(self.id))
+        finally:
+            t.tx_done(self.id)
+
+    def abort(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self._conn._transport.abort(self.id)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class _InternalListener:
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def on_failed(self, error: BaseException) -> None:
+        self._conn._on_failed(error)
+
+
+class Connection:
+    """A connection through a URI. Use :func:`connect`."""
+
+    def __init__(self, transport: Transport, *, dedupe: bool = True, audit_size: int = DEFAULT_AUDIT_SIZE,
+                 uri: str = "") -> None:
+        self.uri = uri
+        self._transport = transport
+        self._dedupe = dedupe
+        self._audit: OrderedDict[tuple[str, str], _AuditEntry] = OrderedDict()
+        self._audit_size = audit_size
+        self._audit_lock = threading.Lock()
+        self._subs: dict[str, Subscription] = {}
+        self._closed = False
+        self.duplicates = 0
+        transport.on_message = self._on_message
+        transport.add_listener(_InternalListener(self))
+
+    # -- info -----------------------------------------------------------------------------
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
+    @property
+    def connected_uri(self) -> str | None:
+        """Address of the broker connected now (``tcp://127.0.0.1:61613``), or None."""
+        return self._transport.connected_address
+
+    @property
+    def is_connected(self) -> bool:
+        return self._transport.is_connected
+
+    def add_listener(self, listener: Any) -> None:
+        """Listener with optional ``on_interrupted(error)``, ``on_resumed(address)``,
+        ``on_failed(error)``; called from the transport's threads, exceptions logged."""
+        self._transport.add_listener(listener)
+
+    # -- sending ----------------------------------------------------------------------------
+    def _send_frame(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None,
+                    persistent: bool, idempotency_key: str | None) -> Frame:
+        if self._closed:
+            raise ConnectionClosed("connection is closed")
+        data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        hdrs: dict[str, str] = {"destination": destination}
+        if isinstance(body, str):
+            hdrs["content-type"] = "text/plain;charset=utf-8"
+        if headers:
+            hdrs.update({str(k): str(v) for k, v in headers.items()})
+        hdrs["persistent"] = "true" if persistent else "false"
+        hdrs[IDEMPOTENCY_HEADER] = idempotency_key or hdrs.get(IDEMPOTENCY_HEADER) or uuid.uuid4().hex
+        return Frame.make("SEND", hdrs, data)
+
+    def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
+             persistent: bool = True, idempotency_key: str | None = None, receipt: bool = True) -> None:
+        """Send one message; returns once the broker's receipt is in (``receipt=False``:
+        once written — replayed after a failover only with ``trackMessages=true``)."""
+        frame = self._send_frame(destination, body, headers, persistent, idempotency_key)
+        rec = self._transport.request(frame, receipt=receipt)
+        if rec is not None:
+            self._transport.wait(rec)
+
+    def producer(self, window: int = 100) -> Producer:
+        return Producer(self, window)
+
+    def transaction(self) -> Transaction:
+        return Transaction(self)
+
+    # -- receiving ---------------------------------------------------------------------------
+    def subscribe(self, destination: str, *, ack: AckMode = "auto", headers: Mapping[str, str] | None = None,
+                  prefetch: int | None = None) -> Subscription:
+        if ack not in _ACK_MODES:
+            raise ValueError(f"ack must be one of {', '.join(_ACK_MODES)}, got {ack!r}")
+        if self._closed:
+            raise ConnectionClosed("connection is closed")
+        sub_id = self._transport.next_id("sub")
+        hdrs: dict[str, str] = {"id": sub_id, "destination": destination, "ack": ack}
+        if prefetch is not None:
+            hdrs["activemq.prefetchSize"] = str(prefetch)
+            hdrs["prefetch-count"] = str(prefetch)
+        if headers:
+            hdrs.update({str(k): str(v) for k, v in headers.items()})
+        sub = Subscription(self, sub_id, destination, ack)
+        self._subs[sub_id] = sub
+        try:
+            self._transport.wait(self._transport.subscribe(sub_id, Frame.make("SUBSCRIBE", hdrs)))
+        except BaseException:
+            self._subs.pop(sub_id, None)
+            raise
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        self._subs.pop(sub.id, None)
+        rec = self._transport.unsubscribe(sub.id, Frame.make("UNSUBSCRIBE", {"id": sub.id}))
+        if rec is not None:
+            self._transport.wait(rec)
+
+    def _key_of(self, frame: Frame) -> str:
+        key = frame.get(IDEMPOTENCY_HEADER) or frame.get("_AMQ_DUPL_ID")
+        return key if key is not None else "id:" + (frame.get("message-id") or "")
+
+    def _on_message(self, frame: Frame, generation: int) -> None:
+        sub_id = frame.get("subscription") or ""
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            log.debug("message for unknown subscription %r dropped", sub_id)
+            return
+        key = self._key_of(frame)
+        entry: _AuditEntry | None = None
+        if self._dedupe:
+            ack_now = False
+            with self._audit_lock:
+                old = self._audit.get((sub_id, key))
+                if old is not None:
+                    self._audit.move_to_end((sub_id, key))
+                    self.duplicates += 1
+                    if sub.ack_mode != "auto":
+                        if old.acked:
+                            ack_now = True
+                        else:
+                            old.shadow = (frame, generation)
+                else:
+                    entry = _AuditEntry()
+                    self._audit[(sub_id, key)] = entry
+                    while len(self._audit) > self._audit_size:
+                        self._audit.popitem(last=False)
+            if old is not None:
+                log.debug("duplicate %s on %s dropped", key, sub_id)
+                if ack_now:
+                    self._transport.write_if_current(self._ack_frame("ACK", frame), generation)
+                return
+        sub._queue.put(Message(frame, self, sub, generation, key, entry))
+
+    def _ack_frame(self, command: str, frame: Frame) -> Frame:
+        version = self._transport.version
+        if version == "1.2":
+            ack_id = frame.get("ack") or frame.get("message-id") or ""
+            return Frame.make(command, {"id": ack_id})
+        if version == "1.0" and command == "NACK":
+            raise LocalProtocolError("NACK needs STOMP 1.1 or later")
+        hdrs = {"message-id": frame.get("message-id") or ""}
+        if version == "1.1":
+            hdrs["subscription"] = frame.get("subscription") or ""
+        return Frame.make(command, hdrs)
+
+    def _ack(self, msg: Message, command: str) -> None:
+        frame = self._ack_frame(command, msg.frame)
+        if self._transport.write_if_current(frame, msg.generation):
+            if msg._entry is not None and command == "ACK":
+                msg._entry.acked = True
+            return
+        if command != "ACK" or msg._entry is None:
+            return  # NACK of a dead link's delivery: the broker redelivers anyway
+        with self._audit_lock:
+            msg._entry.acked = True
+            shadow, msg._entry.shadow = msg._entry.shadow, None
+        if shadow is not None:
+            self._transport.write_if_current(self._ack_frame("ACK", shadow[0]), shadow[1])
+
+    def _forget(self, msg: Message) -> None:
+        with self._audit_lock:
+            self._audit.pop((msg._sub.id, msg.key), None)
+
+    def _on_failed(self, error: BaseException) -> None:
+        for sub in list(self._subs.values()):
+            sub._close(error)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._transport.close()
+        finally:
+            for sub in list(self._subs.values()):
+                sub._close(None)
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Connection({self.uri!r}, connected_uri={self.connected_uri!r})"
+
+
+def connect(
+    uri: str,
+    *,
+    login: str | None = None,
+    passcode: str | None = None,
+    vhost: str | None = None,
+    client_id: str | None = None,
+    heartbeat: tuple[int, int] = (10000, 10000),
+    dedupe: bool = True,
+    listener: Any = None,
+    connect_timeout: float | None = None,
+    audit_size: int = DEFAULT_AUDIT_SIZE,
+    backend: Backend | None = None,
+    sleep: Callable[[float], Any] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> Connection:
+    """Connect through ``uri`` (see DESIGN.md's URI grammar) and return a
+    :class:`Connection`. ``connect_timeout`` is in seconds (default: the leaf's
+    ``connectTimeout`` option, 10 s). ``backend``/``sleep``/``clock``/``rng`` are
+    injection points for tests."""
+    params = ConnectParams(login=login, passcode=passcode, vhost=vhost, client_id=client_id,
+                           heartbeat=(int(heartbeat[0]), int(heartbeat[1])), connect_timeout=connect_timeout)
+    transport = build_transport(uri, params, backend=backend, sleep=sleep, clock=clock, rng=rng)
+    conn = Connection(transport, dedupe=dedupe, audit_size=audit_size, uri=uri)
+    if listener is not None:
+        transport.add_listener(listener)
+    transport.start()
+    return conn

@@ -1,0 +1,634 @@
+"""STOMP over one endpoint: the handshake, a reader thread, heart-beats, receipts.
+
+Theory of operation
+-------------------
+:class:`StompConnection` is one link to one broker. ``open()`` connects the stream
+(through a backend), sends CONNECT (``accept-version``, ``host``, ``login``,
+``passcode``, ``heart-beat``, ``client-id``) and reads synchronously until CONNECTED
+(or ERROR: :class:`AuthenticationError` / :class:`BrokerError`) within the connect
+timeout. It then negotiates the version and the heart-beat intervals and starts:
+
+* a **reader thread** that only reads bytes, feeds the sans-IO parser and hands each
+  frame to ``on_frame`` (a callback that must not block: it completes receipts and
+  queues messages). While the broker promised heart-beats, the reader waits at most
+  until ``last byte received + 2 * interval``; past that the link is declared
+  half-open (:class:`HeartbeatTimeout`). End of stream, a read error, a parser
+  error or the deadline all end the thread by calling ``on_lost(error)`` exactly
+  once (never after a local ``close()``);
+* a **heart-beat thread** (only when we promised beats) that writes one EOL when
+  nothing else was written for a whole interval.
+
+Writes come from any thread; the stream serialises them. A write failure raises
+to the writer; detecting the loss and reporting it is the reader's job.
+
+:class:`Transport` is the interface the client layer uses (requests with receipts,
+subscriptions, transactions, acks, listeners); :class:`DirectTransport` implements it
+over a single connection with no reconnect: when the link is lost every pending
+request fails with the ``TransportError`` that ended it. The failover transport
+(``failover.py``) implements the same interface over a sequence of connections.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from amqtransport._backends.base import Backend, NetworkStream, leaf_address
+from amqtransport.errors import (
+    AmqTransportError,
+    AuthenticationError,
+    BrokerError,
+    ConnectError,
+    ConnectionClosed,
+    HeartbeatTimeout,
+    ReadError,
+    RemoteProtocolError,
+    TransportError,
+)
+from amqtransport.stomp import (
+    HEARTBEAT_BYTES,
+    NEED_DATA,
+    Frame,
+    FrameParser,
+    Heartbeat,
+    negotiate_heartbeat,
+    negotiate_version,
+    parse_heartbeat_header,
+    serialize,
+)
+
+__all__ = [
+    "ConnectParams",
+    "StompConnection",
+    "Receipt",
+    "Transport",
+    "DirectTransport",
+    "call_listeners",
+]
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+_AUTH_WORDS = ("auth", "login", "password", "passcode", "credential", "security", "not authorized", "access denied")
+
+
+@dataclass(frozen=True)
+class ConnectParams:
+    """What every CONNECT of a connection carries (the same on every reconnect)."""
+
+    login: str | None = None
+    passcode: str | None = None
+    vhost: str | None = None
+    client_id: str | None = None
+    heartbeat: tuple[int, int] = (10000, 10000)
+    #: seconds; None -> the leaf's connect_timeout option (ms, default 10000)
+    connect_timeout: float | None = None
+    extra_headers: tuple[tuple[str, str], ...] = field(default=())
+
+
+def _leaf_options(leaf: Any) -> Any:
+    return getattr(leaf, "options", None)
+
+
+def _leaf_heartbeat(leaf: Any, default: tuple[int, int]) -> tuple[int, int]:
+    options = _leaf_options(leaf)
+    if options is None:
+        return default
+    fields_set: set[str] = getattr(options, "model_fields_set", set())
+    value = getattr(options, "heart_beat", None)
+    if "heart_beat" in fields_set and value:
+        if isinstance(value, tuple):
+            return (int(value[0]), int(value[1]))
+        return parse_heartbeat_header(str(value))
+    return default
+
+
+def _leaf_connect_timeout(leaf: Any, params: ConnectParams) -> float:
+    if params.connect_timeout is not None:
+        return float(params.connect_timeout)
+    options = _leaf_options(leaf)
+    ms = getattr(options, "connect_timeout", None) if options is not None else None
+    return (ms if ms is not None else 10000) / 1000.0
+
+
+def error_from_frame(frame: Frame, context: str = "") -> BrokerError:
+    """A :class:`BrokerError` (or :class:`AuthenticationError`) for an ERROR frame."""
+    message = frame.get("message") or frame.body.decode("utf-8", "replace").strip()[:200] or "ERROR frame"
+    text = f"{context}{message}" if context else message
+    if any(word in message.lower() for word in _AUTH_WORDS):
+        return AuthenticationError(text, frame=frame)
+    return BrokerError(text, frame=frame)
+
+
+class StompConnection:
+    """One STOMP link to one endpoint. See the module docstring."""
+
+    def __init__(
+        self,
+        leaf: Any,
+        *,
+        backend: Backend,
+        params: ConnectParams = ConnectParams(),  # noqa: B008 - frozen
+        on_frame: Callable[[StompConnection, Frame], None] | None = None,
+        on_lost: Callable[[StompConnection, TransportError], None] | None = None,
+        clock: Clock = time.monotonic,
+        name: str = "",
+    ) -> None:
+        self.leaf = leaf
+        self.address = leaf_address(leaf)
+        self._backend = backend
+        self._params = params
+        self._on_frame = on_frame
+        self._on_lost = on_lost
+        self._clock = clock
+        self._name = name or self.address
+        self._stream: NetworkStream | None = None
+        self._parser = FrameParser("1.2")
+        self.version = "1.2"
+        self.connected_frame: Frame | None = None
+        self.send_every_ms = 0
+        self.expect_every_ms = 0
+        self._last_rx = 0.0
+        self._last_tx = 0.0
+        self._closing = False
+        self._lost_reported = False
+        self._lost_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._beater: threading.Thread | None = None
+
+    # -- handshake ------------------------------------------------------------------
+
+    def open(self) -> Frame:
+        """Connect and complete the STOMP handshake; return the CONNECTED frame."""
+        timeout = _leaf_connect_timeout(self.leaf, self._params)
+        deadline = self._clock() + timeout
+        stream = self._backend.connect(self.leaf, timeout)
+        self._stream = stream
+        try:
+            ours = _leaf_heartbeat(self.leaf, self._params.heartbeat)
+            host = self._params.vhost or getattr(_leaf_options(self.leaf), "host", None) or getattr(self.leaf, "host", None) or "localhost"
+            headers: list[tuple[str, str]] = [("accept-version", "1.0,1.1,1.2"), ("host", str(host))]
+            if self._params.login is not None:
+                headers.append(("login", self._params.login))
+            if self._params.passcode is not None:
+                headers.append(("passcode", self._params.passcode))
+            if self._params.client_id is not None:
+                headers.append(("client-id", self._params.client_id))
+            headers.append(("heart-beat", f"{int(ours[0])},{int(ours[1])}"))
+            headers.extend(self._params.extra_headers)
+            stream.write(serialize(Frame.make("CONNECT", headers), "1.2"))
+            frame = self._read_handshake(stream, deadline)
+            if frame.command == "ERROR":
+                raise error_from_frame(frame, f"{self.address}: CONNECT refused: ")
+            if frame.command != "CONNECTED":
+                raise ConnectError(f"{self.address}: expected CONNECTED, got {frame.command}")
+            self.version = negotiate_version(frame.get("version"))
+            self._parser.version = self.version
+            self.send_every_ms, self.expect_every_ms = negotiate_heartbeat(
+                ours, parse_heartbeat_header(frame.get("heart-beat"))
+            )
+            self.connected_frame = frame
+        except RemoteProtocolError as exc:
+            stream.close()
+            raise ConnectError(f"{self.address}: bad handshake: {exc}") from exc
+        except BaseException:
+            stream.close()
+            raise
+        now = self._clock()
+        self._last_rx = self._last_tx = now
+        self._reader = threading.Thread(target=self._read_loop, name=f"amq-reader {self._name}", daemon=True)
+        self._reader.start()
+        if self.send_every_ms > 0:
+            self._beater = threading.Thread(target=self._beat_loop, name=f"amq-heartbeat {self._name}", daemon=True)
+            self._beater.start()
+        log.debug("%s: connected (STOMP %s, heart-beat send %d ms, expect %d ms)", self.address,
+                  self.version, self.send_every_ms, self.expect_every_ms)
+        return frame
+
+    def _read_handshake(self, stream: NetworkStream, deadline: float) -> Frame:
+        while True:
+            event = self._parser.next_event()
+            if isinstance(event, Frame):
+                return event
+            if isinstance(event, Heartbeat):
+                continue
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise ConnectError(f"{self.address}: no CONNECTED within the connect timeout")
+            try:
+                data = stream.read(65536, remaining)
+            except TransportError as exc:
+                raise ConnectError(f"{self.address}: handshake failed: {exc}") from exc
+            if data is None:
+                continue
+            if data == b"":
+                raise ConnectError(f"{self.address}: connection closed during the STOMP handshake")
+            self._parser.feed(data)
+
+    # -- I/O ------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self._stream is not None and not self._closing and not self._lost_reported
+
+    def write(self, frame: Frame) -> None:
+        """Serialise and write one frame (any thread). Raises ``TransportError``."""
+        stream = self._stream
+        if stream is None or self._closing:
+            raise ConnectionClosed(f"{self.address}: connection closed")
+        data = serialize(frame, self.version)
+        stream.write(data)
+        self._last_tx = self._clock()
+
+    def write_many(self, frames: list[Frame]) -> None:
+        """Write several frames in one call (replay after a reconnect)."""
+        stream = self._stream
+        if stream is None or self._closing:
+            raise ConnectionClosed(f"{self.address}: connection closed")
+        if frames:
+            stream.write(b"".join(serialize(f, self.version) for f in frames))
+            self._last_tx = self._clock()
+
+    def _read_loop(self) -> None:
+        stream = self._stream
+        assert stream is not None
+        error: TransportError | None = None
+        try:
+            self._drain()
+            while not self._closing:
+                timeout: float | None = None
+                if self.expect_every_ms > 0:
+                    deadline = self._last_rx + 2 * self.expect_every_ms / 1000.0
+                    timeout = deadline - self._clock()
+                    if timeout <= 0:
+                        raise HeartbeatTimeout(
+                            f"{self.address}: no data from the broker for {2 * self.expect_every_ms} ms "
+                            f"(2 heart-beat intervals): connection is half-open"
+                        )
+                data = stream.read(65536, timeout)
+                if data is None:
+                    continue
+                if data == b"":
+                    raise ConnectionClosed(f"{self.address}: connection closed by the broker")
+                self._last_rx = self._clock()
+                self._parser.feed(data)
+                self._drain()
+        except TransportError as exc:
+            error = exc
+        except RemoteProtocolError as exc:
+            error = ReadError(f"{self.address}: protocol error from the broker: {exc}")
+            error.__cause__ = exc
+        except Exception as exc:  # a bug: still report the link as lost
+            log.exception("%s: reader thread crashed", self.address)
+            error = ReadError(f"{self.address}: reader crashed: {exc!r}")
+        finally:
+            self._stop.set()
+            if not self._closing:
+                self._report_lost(error or ConnectionClosed(f"{self.address}: reader stopped"))
+
+    def _drain(self) -> None:
+        while True:
+            event = self._parser.next_event()
+            if event is NEED_DATA:
+                return
+            if isinstance(event, Frame) and self._on_frame is not None:
+                try:
+                    self._on_frame(self, event)
+                except Exception:
+                    log.exception("%s: frame handler failed on %s", self.address, event.command)
+
+    def _report_lost(self, error: TransportError) -> None:
+        with self._lost_lock:
+            if self._lost_reported:
+                return
+            self._lost_reported = True
+        if self._stream is not None:
+            self._stream.close()
+        log.info("%s: connection lost: %s", self.address, error)
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self, error)
+            except Exception:
+                log.exception("%s: on_lost handler failed", self.address)
+
+    def _beat_loop(self) -> None:
+        interval = self.send_every_ms / 1000.0
+        while not self._stop.wait(interval / 2):
+            if self._closing or self._stream is None:
+                return
+            if self._clock() - self._last_tx >= interval * 0.8:
+                try:
+                    self._stream.write(HEARTBEAT_BYTES)
+                    self._last_tx = self._clock()
+                except TransportError:
+                    return  # the reader reports the loss
+
+    def kill(self, error: TransportError) -> None:
+        """Declare the link lost (from outside the reader), reporting ``error`` once."""
+        self._report_lost(error)
+
+    def close(self, *, disconnect: bool = True, wait_receipt: float = 0.0) -> None:
+        """Close locally (no ``on_lost``). Sends DISCONNECT first when asked."""
+        if self._closing:
+            return
+        stream = self._stream
+        if disconnect and stream is not None and not self._lost_reported:
+            try:
+                headers = {"receipt": "disconnect"} if wait_receipt > 0 else {}
+                stream.write(serialize(Frame.make("DISCONNECT", headers), self.version))
+            except TransportError:
+                pass
+        self._closing = True
+        self._stop.set()
+        if stream is not None:
+            stream.close()
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout=5)
+
+
+class Receipt:
+    """A request waiting for the broker's RECEIPT (a tiny future)."""
+
+    __slots__ = ("receipt_id", "frame", "_event", "error", "result", "tracked", "generation", "tx")
+
+    def __init__(self, receipt_id: str, frame: Frame, *, tracked: bool = True, tx: str | None = None) -> None:
+        self.receipt_id = receipt_id
+        self.frame = frame
+        self._event = threading.Event()
+        self.error: BaseException | None = None
+        self.result: Frame | None = None
+        self.tracked = tracked
+        self.generation = 0
+        self.tx = tx
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set_result(self, frame: Frame) -> None:
+        if not self._event.is_set():
+            self.result = frame
+            self._event.set()
+
+    def set_error(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self.error = error
+            self._event.set()
+
+    def wait_event(self, timeout: float | None) -> bool:
+        return self._event.wait(timeout)
+
+
+def call_listeners(listeners: list[Any], method: str, *args: Any) -> None:
+    """Call ``method`` on every listener that has it, in order; a raising listener is
+    logged and skipped so user bugs cannot break the caller's loop."""
+    for listener in list(listeners):
+        fn = getattr(listener, method, None)
+        if fn is None:
+            continue
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("listener %r.%s raised; ignored", listener, method)
+
+
+MessageHandler = Callable[[Frame, int], None]
+
+
+class Transport:
+    """Common base: receipts, dispatch, listeners. Subclasses own the link(s)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._pending: dict[str, Receipt] = {}
+        self._ids = itertools.count(1)
+        self._listeners: list[Any] = []
+        self.on_message: MessageHandler | None = None
+        self.on_broker_error: Callable[[Frame], None] | None = None
+        self.generation = 0
+        self._closed = False
+
+    # -- to implement ---------------------------------------------------------------
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def connected_address(self) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def is_connected(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def version(self) -> str:
+        raise NotImplementedError
+
+    def request(self, frame: Frame, *, receipt: bool = True) -> Receipt | None:
+        raise NotImplementedError
+
+    def wait(self, receipt: Receipt, timeout: float | None = None) -> Frame:
+        raise NotImplementedError
+
+    def write_if_current(self, frame: Frame, generation: int) -> bool:
+        """Write ``frame`` only on link ``generation`` (ACK/NACK); False when stale."""
+        raise NotImplementedError
+
+    def subscribe(self, sub_id: str, frame: Frame) -> Receipt:
+        raise NotImplementedError
+
+    def unsubscribe(self, sub_id: str, frame: Frame) -> Receipt | None:
+        raise NotImplementedError
+
+    def begin(self, tx_id: str) -> Receipt:
+        raise NotImplementedError
+
+    def commit(self, tx_id: str) -> Receipt:
+        raise NotImplementedError
+
+    def abort(self, tx_id: str) -> None:
+        raise NotImplementedError
+
+    def tx_done(self, tx_id: str) -> None:
+        """Forget a finished transaction."""
+
+    # -- shared -------------------------------------------------------------------------
+    def add_listener(self, listener: Any) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Any) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _notify(self, method: str, *args: Any) -> None:
+        call_listeners(self._listeners, method, *args)
+
+    def next_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    def _dispatch(self, frame: Frame, generation: int) -> None:
+        """Handle one frame from the link of ``generation`` (reader thread)."""
+        command = frame.command
+        if command == "MESSAGE":
+            handler = self.on_message
+            if handler is not None:
+                handler(frame, generation)
+        elif command == "RECEIPT":
+            rid = frame.get("receipt-id")
+            with self._lock:
+                rec = self._pending.pop(rid, None) if rid is not None else None
+            if rec is not None:
+                rec.set_result(frame)
+        elif command == "ERROR":
+            rid = frame.get("receipt-id")
+            with self._lock:
+                rec = self._pending.pop(rid, None) if rid is not None else None
+            if rec is not None:
+                rec.set_error(error_from_frame(frame))
+            else:
+                log.warning("broker ERROR: %s", frame.get("message") or frame.body[:200])
+                self._on_unmatched_error(frame)
+                if self.on_broker_error is not None:
+                    try:
+                        self.on_broker_error(frame)
+                    except Exception:
+                        log.exception("broker-error handler failed")
+
+    def _on_unmatched_error(self, frame: Frame) -> None:
+        """An ERROR frame not tied to a request (the broker will close the link)."""
+
+
+class DirectTransport(Transport):
+    """One endpoint, no reconnect: a lost link fails every pending request."""
+
+    def __init__(self, leaf: Any, params: ConnectParams, *, backend: Backend, clock: Clock = time.monotonic) -> None:
+        super().__init__()
+        self.leaf = leaf
+        self._params = params
+        self._backend = backend
+        self._clock = clock
+        self._conn: StompConnection | None = None
+        self._error: AmqTransportError | None = None
+        self._last_error_frame: Frame | None = None
+
+    def start(self) -> None:
+        conn = StompConnection(self.leaf, backend=self._backend, params=self._params, clock=self._clock,
+                               on_frame=lambda c, f: self._dispatch(f, 1), on_lost=self._lost)
+        conn.open()
+        with self._lock:
+            self._conn = conn
+            self.generation = 1
+
+    @property
+    def connected_address(self) -> str | None:
+        conn = self._conn
+        return conn.address if conn is not None and conn.alive else None
+
+    @property
+    def is_connected(self) -> bool:
+        conn = self._conn
+        return conn is not None and conn.alive and self._error is None
+
+    @property
+    def version(self) -> str:
+        return self._conn.version if self._conn is not None else "1.2"
+
+    def _on_unmatched_error(self, frame: Frame) -> None:
+        self._last_error_frame = frame
+
+    def _lost(self, conn: StompConnection, error: TransportError) -> None:
+        err: AmqTransportError = error
+        if self._last_error_frame is not None:
+            err = error_from_frame(self._last_error_frame)
+        with self._lock:
+            self._error = err
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for rec in pending:
+            rec.set_error(err)
+        self._notify("on_failed", err)
+
+    def _live(self) -> StompConnection:
+        if self._error is not None:
+            raise self._error
+        if self._closed or self._conn is None:
+            raise ConnectionClosed("connection is closed")
+        return self._conn
+
+    def request(self, frame: Frame, *, receipt: bool = True) -> Receipt | None:
+        conn = self._live()
+        if not receipt:
+            conn.write(frame)
+            return None
+        rid = self.next_id("r")
+        rec = Receipt(rid, frame, tx=frame.get("transaction"))
+        with self._lock:
+            self._pending[rid] = rec
+        try:
+            conn.write(frame.with_headers(receipt=rid))
+        except TransportError:
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise
+        return rec
+
+    def wait(self, receipt: Receipt, timeout: float | None = None) -> Frame:
+        if not receipt.wait_event(timeout):
+            from amqtransport.errors import SendTimeout
+
+            raise SendTimeout(f"no receipt for {receipt.receipt_id} within {timeout}s")
+        if receipt.error is not None:
+            raise receipt.error
+        assert receipt.result is not None
+        return receipt.result
+
+    def write_if_current(self, frame: Frame, generation: int) -> bool:
+        self._live().write(frame)
+        return True
+
+    def subscribe(self, sub_id: str, frame: Frame) -> Receipt:
+        rec = self.request(frame, receipt=True)
+        assert rec is not None
+        return rec
+
+    def unsubscribe(self, sub_id: str, frame: Frame) -> Receipt | None:
+        return self.request(frame, receipt=True)
+
+    def begin(self, tx_id: str) -> Receipt:
+        rec = self.request(Frame.make("BEGIN", {"transaction": tx_id}))
+        assert rec is not None
+        return rec
+
+    def commit(self, tx_id: str) -> Receipt:
+        rec = self.request(Frame.make("COMMIT", {"transaction": tx_id}))
+        assert rec is not None
+        return rec
+
+    def abort(self, tx_id: str) -> None:
+        try:
+            self.request(Frame.make("ABORT", {"transaction": tx_id}), receipt=False)
+        except TransportError:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = list(self._pending.values())
+            self._pending.clear()
+        conn = self._conn
+        if conn is not None:
+            conn.close()
+        for rec in pending:
+            rec.set_error(ConnectionClosed("connection closed locally"))
