@@ -29,7 +29,10 @@ The state machine has three states:
               NUL; without: search for the first NUL from ``_scan``.
 
 Every search is bounded by the limits (:class:`Limits`), so a peer cannot make the
-buffer grow past ``max_frame_size`` (plus one chunk) without an error. Any problem
+buffer grow past ``max_frame_size`` (plus one chunk) without an error. While a header
+block is incomplete, the LFs of newly arrived bytes are counted and the start of the
+current line remembered, so too many headers or an endless line are refused as soon
+as they arrive, at a cost proportional to the new bytes only. Any problem
 raises :class:`~amqtransport.errors.RemoteProtocolError` with a message that names
 what is wrong (and the limit and its value, for limits); after that the parser is
 dead and every further call raises again.

@@ -50,13 +50,13 @@ cuts_st = st.lists(st.integers(0, 1000), max_size=8)
 limits_st = st.sampled_from([SMALL, Limits()])
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300), st.sampled_from(VERSIONS), limits_st, cuts_st)
 def test_random_bytes(data: bytes, version: str, limits: Limits, cuts: list[int]) -> None:
     run(data, version, limits, cuts)
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(TOKENS), max_size=40), st.sampled_from(VERSIONS), limits_st, cuts_st)
 def test_stomp_like_tokens(tokens: list[bytes], version: str, limits: Limits, cuts: list[int]) -> None:
     run(b"".join(tokens), version, limits, cuts)
@@ -81,7 +81,39 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-@settings(max_examples=400)
+@settings(max_examples=400, deadline=None)
 @given(mutated(), st.sampled_from(VERSIONS), limits_st, cuts_st)
 def test_mutated_valid_frames(data: bytes, version: str, limits: Limits, cuts: list[int]) -> None:
     run(data, version, limits, cuts)
+
+
+def outcome(data: bytes, version: str, limits: Limits, cuts: list[int]) -> tuple[list[object], bool]:
+    parser = FrameParser(version, limits)
+    points = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    events: list[object] = []
+    try:
+        for a, b in zip(points, points[1:], strict=False):
+            parser.feed(data[a:b])
+            events.extend(parser.events())
+    except RemoteProtocolError:
+        return events, True
+    return events, False
+
+
+@settings(max_examples=300, deadline=None)
+@given(mutated(), st.sampled_from(VERSIONS), limits_st, cuts_st)
+def test_chunking_does_not_change_the_outcome_of_bad_input(
+    data: bytes, version: str, limits: Limits, cuts: list[int]
+) -> None:
+    """Fed whole or in pieces, the same events come out in the same order; an error
+    found with the whole buffer is found in pieces too (possibly earlier, never later
+    than the frame it concerns)."""
+    whole, whole_failed = outcome(data, version, limits, [])
+    pieces, pieces_failed = outcome(data, version, limits, cuts)
+    if not whole_failed and not pieces_failed:
+        assert pieces == whole
+    else:
+        shorter = min(len(whole), len(pieces))
+        assert pieces[:shorter] == whole[:shorter]
+        if whole_failed:
+            assert pieces_failed and len(pieces) <= len(whole)

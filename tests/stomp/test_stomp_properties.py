@@ -52,14 +52,14 @@ def parse_all(data: bytes, version: str, cuts: list[int] | None = None) -> list[
     return events
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(st.sampled_from(VERSIONS).flatmap(lambda v: st.tuples(st.just(v), frames(v))))
 def test_round_trip(case: tuple[str, Frame]) -> None:
     version, frame = case
     assert parse_all(serialize(frame, version), version) == [expected_after_round_trip(frame)]
 
 
-@settings(max_examples=100)
+@settings(max_examples=100, deadline=None)
 @given(
     st.sampled_from(VERSIONS).flatmap(
         lambda v: st.tuples(
