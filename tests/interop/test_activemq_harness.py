@@ -270,3 +270,16 @@ def test_pair_context_manager_leaves_no_java_behind(tmp_path: Path) -> None:
         raise Boom
     assert not any(pid_running(p) for p in pids)
     assert os.path.isdir(tmp_path / "boom" / "shared-kahadb")
+
+
+@pytest.mark.activemq
+def test_a_port_taken_before_the_first_start_is_replaced(activemq_factory: ActiveMQFactory) -> None:
+    node = activemq_factory.node("race", start=False)
+    blocked = node.stomp_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", blocked))
+        squatter.listen(1)
+        node.start(timeout=60)
+        assert node.stomp_port != blocked
+        assert node.is_serving()
+    assert "Address already in use" in node.log_tail(None)
