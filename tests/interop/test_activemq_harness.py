@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -283,3 +286,34 @@ def test_a_port_taken_before_the_first_start_is_replaced(activemq_factory: Activ
         assert node.stomp_port != blocked
         assert node.is_serving()
     assert "Address already in use" in node.log_tail(None)
+
+
+@pytest.mark.activemq
+def test_the_broker_dies_with_a_hard_killed_test_process(tmp_path: Path) -> None:
+    """A SIGKILLed test run runs no cleanup; the JVM must not outlive it (setpriv --pdeathsig)."""
+    require_activemq()
+    pidfile = tmp_path / "java.pid"
+    code = textwrap.dedent(f"""
+        import time
+        from amqtransport.testing.activemq import ActiveMQNode
+        node = ActiveMQNode({str(tmp_path)!r}, "orphan").start()
+        open({str(pidfile)!r}, "w").write(str(node.pid))
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 60
+        while not pidfile.exists() or not pidfile.read_text():
+            assert parent.poll() is None and time.monotonic() < deadline, "node did not start"
+            time.sleep(0.1)
+        java = int(pidfile.read_text())
+        assert pid_running(java)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while pid_running(java) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid_running(java):  # do not leave it behind even when the test fails
+        os.kill(java, 9)
+        pytest.fail("the ActiveMQ JVM outlived its SIGKILLed parent")
