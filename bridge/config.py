@@ -363,13 +363,10 @@ def services_and_options(uri: str) -> tuple[list[str], Any]:
     """(services, StaticOptions) for a network connector URI.
 
     ``static:(u1,u2)`` gives one service per URI; ``masterslave:(a,b)`` and
-    ``static:failover:(a,b)?...`` give one failover service. A bare ``failover:``/``tcp:``
-    URI is treated as ``static:(URI)``.
+    ``static:failover:(a,b)?...`` give one failover service; any other URI is one
+    service with the default ``static:`` options.
     """
     from amqtransport.transports.discovery import services_of
 
-    text = uri.strip()
-    if not (text.startswith("static:") or text.startswith("masterslave:")):
-        text = f"static:({text})"
-    services, options = services_of(text)
+    services, options = services_of(uri.strip())
     return list(services), options

@@ -1,0 +1,306 @@
+"""Forwarding messages of one destination from one broker to another.
+
+Theory of operation
+-------------------
+A :class:`DestinationForwarder` owns one subscription on the *source* connection
+(``ack=client-individual``, ``prefetch`` in flight) and a thread that loops:
+
+1. receive one message (0.2 s poll so a stop is noticed), then drain what is already
+   there, up to ``prefetch`` messages: that is one batch;
+2. for each message decide with :func:`route` whether it may cross this bridge
+   (``network_ttl`` and the hop path, below); if so, send it on the *destination*
+   connection through a producer window, with the message's own idempotency key (or one
+   derived from the source broker and ``message-id``, stable across redeliveries);
+3. wait for every receipt of the batch (the producer's flush), and only then ACK each
+   source message.
+
+So a message is acknowledged on the source only once the far broker has it durably:
+at-least-once across any failure of either side. A failure between the receipts and
+the ACKs makes the source redeliver, the copy is forwarded again *with the same key*,
+and our broker drops it (ActiveMQ does not dedupe by header: there the far consumer
+may see a duplicate). Any exception (a send, a flush, a receive, an ACK) ends the
+forwarder and is reported to the bridge through ``on_failure``, which tears the whole
+bridge down; nothing unacknowledged is lost, the source redelivers it to the next
+bridge.
+
+Hops and loops
+--------------
+Each forwarded message carries ``amq-network-hops`` (bridges crossed so far) and
+``amq-network-path`` (the identities of the brokers it has been on, oldest first,
+comma-separated; an identity is a configured name, or the ``+``-joined leaf addresses
+of a broker pair, so two processes that describe the same pair by different URIs
+still agree). A message may cross a bridge only if ``hops < network_ttl`` and the far
+broker is not already on its path. That stops a duplex pair and any ring.
+
+A message that may not cross is *suppressed*:
+
+- on a topic it is acknowledged and dropped: the local subscribers had their own copy;
+- on a queue it must stay where it is, for that broker's own consumers. ActiveMQ does
+  this inside the broker (a network consumer is never dispatched such a message);
+  over STOMP the bridge only sees it once it is dispatched, so the forwarder leaves it
+  unacknowledged, unsubscribes (which gives it back to the queue), and subscribes
+  again after ``loop_pause_ms``. A queue included in both directions of a duplex
+  bridge therefore works, but a message that came from the far side stays at most
+  ``loop_pause_ms`` longer in the queue than with ActiveMQ. Prefer dynamic includes
+  for queues in duplex bridges.
+
+Conduit: a forwarder is one subscription per destination (wildcards included), however
+many consumers the far broker has, so a topic message crosses a bridge once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from amqtransport.stomp import IDEMPOTENCY_HEADER, IDEMPOTENCY_HEADER_ALIASES
+
+from .destinations import parse_destination
+from .status import BridgeStatus
+
+__all__ = [
+    "HOPS_HEADER",
+    "PATH_HEADER",
+    "NodeId",
+    "Decision",
+    "route",
+    "forward_headers",
+    "derive_key",
+    "DestinationForwarder",
+]
+
+log = logging.getLogger(__name__)
+
+HOPS_HEADER = "amq-network-hops"
+PATH_HEADER = "amq-network-path"
+
+# STOMP transport headers of a MESSAGE that must not be copied onto the forwarded SEND
+_NOT_COPIED = {
+    "message-id", "destination", "subscription", "ack", "content-length", "receipt", "receipt-id",
+    "redelivered", "amq-delivery-count", "transaction", "persistent", "expires-in",
+    IDEMPOTENCY_HEADER, HOPS_HEADER, PATH_HEADER,
+}
+
+
+@dataclass(frozen=True)
+class NodeId:
+    """The identity of a broker (or broker pair) in the hop path."""
+
+    label: str
+
+    @classmethod
+    def of(cls, name: str | None, addresses: Iterable[str]) -> NodeId:
+        if name:
+            return cls(name)
+        return cls("+".join(sorted(addresses)))
+
+    @property
+    def parts(self) -> frozenset[str]:
+        return frozenset(p for p in self.label.split("+") if p)
+
+    def same_as(self, entry: str) -> bool:
+        other = frozenset(p for p in entry.split("+") if p)
+        return self.label == entry or bool(self.parts & other)
+
+
+@dataclass(frozen=True)
+class Decision:
+    forward: bool
+    reason: str | None = None  # why not
+    hops: int = 0
+    path: tuple[str, ...] = ()
+
+
+def route(headers: Mapping[str, str], *, here: NodeId, there: NodeId, ttl: int) -> Decision:
+    """May a message with these headers cross from ``here`` to ``there``?"""
+    raw_hops = headers.get(HOPS_HEADER, "0")
+    try:
+        hops = max(0, int(raw_hops))
+    except ValueError:
+        hops = 0
+    raw_path = headers.get(PATH_HEADER, "")
+    path = tuple(p for p in raw_path.split(",") if p)
+    if hops >= ttl:
+        return Decision(False, f"network_ttl {ttl} reached ({hops} hops)", hops, path)
+    if any(there.same_as(p) for p in path):
+        return Decision(False, f"loop: {there.label} already on the path", hops, path)
+    new_path = path if (path and here.same_as(path[-1])) else (*path, here.label)
+    return Decision(True, None, hops + 1, new_path)
+
+
+def derive_key(headers: Mapping[str, str], *, source: NodeId) -> str:
+    """The idempotency key to forward with: the message's own, else one derived from the
+    source broker and the message-id (stable across redeliveries of the same message)."""
+    for name in (IDEMPOTENCY_HEADER, *IDEMPOTENCY_HEADER_ALIASES):
+        if headers.get(name):
+            return headers[name]
+    mid = headers.get("message-id", "")
+    digest = hashlib.sha1(f"{source.label}|{mid}".encode()).hexdigest()[:32]
+    return f"bridge-{digest}"
+
+
+def forward_headers(headers: Mapping[str, str], decision: Decision) -> dict[str, str]:
+    out = {k: v for k, v in headers.items() if k not in _NOT_COPIED and k not in IDEMPOTENCY_HEADER_ALIASES}
+    out[HOPS_HEADER] = str(decision.hops)
+    out[PATH_HEADER] = ",".join(decision.path)
+    return out
+
+
+class _Message(Protocol):
+    headers: Any
+    body: bytes
+
+    def ack(self) -> None: ...
+
+
+class DestinationForwarder:
+    """One destination (or wildcard), one direction: consume -> send with receipt -> ack."""
+
+    def __init__(
+        self,
+        *,
+        src: Any,
+        dst: Any,
+        destination: str,
+        here: NodeId,
+        there: NodeId,
+        ttl: int,
+        prefetch: int,
+        status: BridgeStatus,
+        on_failure: Callable[[BaseException], None],
+        loop_pause: float = 1.0,
+        poll: float = 0.2,
+        label: str = "",
+        excluded: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.destination = destination
+        self._src = src
+        self._dst = dst
+        self._here = here
+        self._there = there
+        self._ttl = ttl
+        self._prefetch = prefetch
+        self._status = status
+        self._on_failure = on_failure
+        self._loop_pause = loop_pause
+        self._poll = poll
+        self._label = label or destination
+        self._excluded = excluded
+        self._is_queue = parse_destination(destination).is_queue
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"fwd {self._label}", daemon=True)
+        self.subscribed = threading.Event()
+
+    def start(self) -> DestinationForwarder:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ------------------------------------------------------------------ loop
+
+    def _subscribe(self) -> Any:
+        sub = self._src.subscribe(self.destination, ack="client-individual", prefetch=self._prefetch)
+        self.subscribed.set()
+        return sub
+
+    def _run(self) -> None:
+        sub: Any = None
+        try:
+            while not self._stop.is_set():
+                if sub is None:
+                    sub = self._subscribe()
+                msg = sub.receive(timeout=self._poll)
+                if msg is None:
+                    continue
+                batch = [msg]
+                while len(batch) < self._prefetch:
+                    more = sub.receive(timeout=0)
+                    if more is None:
+                        break
+                    batch.append(more)
+                held = self._forward_batch(batch)
+                if held and not self._stop.is_set():
+                    # a queue message that must stay on this broker: give it back
+                    _quietly(sub.unsubscribe)
+                    sub = None
+                    self.subscribed.clear()
+                    self._stop.wait(self._loop_pause)
+        except BaseException as exc:  # noqa: BLE001 - reported to the bridge, which rebuilds
+            if not self._stop.is_set():
+                log.debug("forwarder %s failed: %r", self._label, exc)
+                self._on_failure(exc)
+        finally:
+            if sub is not None:
+                _quietly(sub.unsubscribe)
+
+    def _forward_batch(self, batch: list[Any]) -> bool:
+        """Forward what may cross, ack it after the receipts; returns True when a queue
+        message had to be held back (left unacknowledged)."""
+        to_send: list[tuple[Any, str, dict[str, str], bool, str]] = []
+        to_drop: list[Any] = []
+        held = False
+        for msg in batch:
+            headers: Mapping[str, str] = msg.headers
+            actual = headers.get("destination") or self.destination
+            if self._excluded is not None and not self._is_queue and self._excluded(actual):
+                # a wildcard topic subscription saw an excluded topic: the local
+                # subscribers had their own copy; just do not forward it
+                self._status.add_suppressed(1)
+                to_drop.append(msg)
+                continue
+            decision = route(headers, here=self._here, there=self._there, ttl=self._ttl)
+            if not decision.forward:
+                log.debug("forwarder %s: not forwarding %s: %s", self._label, headers.get("message-id"), decision.reason)
+                self._status.add_suppressed(1)
+                if self._is_queue:
+                    held = True
+                else:
+                    to_drop.append(msg)
+                continue
+            dest = actual
+            persistent = str(headers.get("persistent", "true")).lower() == "true"
+            key = derive_key(headers, source=self._here)
+            to_send.append((msg, dest, forward_headers(headers, decision), persistent, key))
+        if to_send:
+            try:
+                self._send_all(to_send)
+            except BaseException:
+                self._status.add_failed(len(to_send))
+                raise
+            for msg, *_ in to_send:
+                msg.ack()
+            self._status.add_forwarded(len(to_send))
+        for msg in to_drop:
+            msg.ack()
+        return held
+
+    def _send_all(self, items: list[tuple[Any, str, dict[str, str], bool, str]]) -> None:
+        if len(items) == 1 or not hasattr(self._dst, "producer"):
+            for msg, dest, headers, persistent, key in items:
+                self._dst.send(dest, msg.body, headers, persistent=persistent, idempotency_key=key)
+            return
+        with self._dst.producer(window=len(items)) as producer:
+            for msg, dest, headers, persistent, key in items:
+                producer.send(dest, msg.body, headers, persistent=persistent, idempotency_key=key)
+            producer.flush()
+
+
+def _quietly(fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - best effort during teardown
+        log.debug("ignored during teardown: %r", exc)
