@@ -1,0 +1,154 @@
+"""Broker configuration (pydantic, from TOML) and the users file.
+
+A config file is TOML with the keys of :class:`BrokerConfig`, either at the top level
+or under a ``[broker]`` table. Unknown keys and bad values raise
+:class:`~amqtransport.errors.ConfigError` naming the key. The users file has one
+``user:password`` per line (``#`` comments and blank lines ignored); the password may
+be stored hashed as ``sha256$<salt>$<hex of sha256(salt + password)>`` (see
+:func:`hash_password`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from amqtransport.errors import ConfigError
+
+__all__ = ["BrokerConfig", "load_config", "load_users", "hash_password", "verify_password"]
+
+MiB = 1024 * 1024
+
+
+class BrokerConfig(BaseModel):
+    """Every tunable of the embedded broker; all have working defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(61613, ge=0, le=65535)
+    name: str = "embedded"
+    data_dir: str | None = None
+    users_file: str | None = None
+
+    # limits
+    max_connections: int = Field(1000, ge=1)
+    max_frame_size: int = Field(10 * MiB, ge=256)
+    max_headers: int = Field(1000, ge=1)
+    max_header_line: int = Field(64 * 1024, ge=64)
+    max_pending_frames: int = Field(10000, ge=1)
+    write_buffer_high: int = Field(1 * MiB, ge=4096)
+    max_subscriptions: int = Field(1000, ge=1)
+    max_transactions: int = Field(100, ge=1)
+    connect_timeout_ms: int = Field(10000, ge=1)
+
+    # heart-beats: the broker can send / wants to receive no faster than these
+    heartbeat_send_min_ms: int = Field(100, ge=0)
+    heartbeat_receive_min_ms: int = Field(100, ge=0)
+    heartbeat_grace: float = Field(2.0, ge=1.0)
+
+    # delivery
+    default_prefetch: int = Field(1000, ge=1)
+    max_redeliveries: int = Field(6, ge=-1)
+    dlq_prefix: str = "DLQ."
+    topic_backlog_limit: int = Field(10000, ge=1)
+    advisories: bool = True
+
+    # persistence
+    fsync: bool = True
+    segment_size: int = Field(32 * MiB, ge=4096)
+    compact_interval_ms: int = Field(1000, ge=10)
+    dedupe_window_size: int = Field(100_000, ge=0)
+    dedupe_window_seconds: float = Field(3600.0, ge=0)
+
+    log_level: str = "INFO"
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    parts = []
+    for err in exc.errors():
+        key = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            valid = ", ".join(BrokerConfig.model_fields)
+            parts.append(f"unknown key '{key}' (valid keys: {valid})")
+        else:
+            parts.append(f"key '{key}': {err['msg']}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> BrokerConfig:
+    """Validate a mapping (top-level keys or a ``broker`` table)."""
+    if "broker" in data and isinstance(data["broker"], Mapping):
+        extra = [k for k in data if k != "broker"]
+        if extra:
+            raise ConfigError(f"{source}: unknown key '{extra[0]}' next to the [broker] table", path=extra[0])
+        data = data["broker"]
+    try:
+        return BrokerConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        first = exc.errors()[0]["loc"] if exc.errors() else ()
+        raise ConfigError(_describe(exc, source), path=".".join(str(x) for x in first)) from None
+
+
+def load_config(path: str | Path) -> BrokerConfig:
+    """Read and validate a TOML config file; :class:`ConfigError` names the bad key."""
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return config_from_mapping(raw, str(p))
+
+
+def hash_password(password: str, salt: str | None = None) -> str:
+    """The hashed users-file form ``sha256$salt$hex``."""
+    salt = salt if salt is not None else secrets.token_hex(8)
+    if "$" in salt or ":" in salt:
+        raise ValueError("salt must not contain '$' or ':'")
+    digest = hashlib.sha256((salt + password).encode("utf-8")).hexdigest()
+    return f"sha256${salt}${digest}"
+
+
+def verify_password(stored: str, given: str) -> bool:
+    """Constant-time check of ``given`` against a plain or ``sha256$salt$hex`` entry."""
+    if stored.startswith("sha256$"):
+        parts = stored.split("$")
+        if len(parts) != 3:
+            return False
+        _, salt, digest = parts
+        got = hashlib.sha256((salt + given).encode("utf-8")).hexdigest()
+        return hmac.compare_digest(got, digest.lower())
+    return hmac.compare_digest(stored.encode("utf-8"), given.encode("utf-8"))
+
+
+def load_users(path: str | Path) -> dict[str, str]:
+    """Parse a users file into ``{user: stored_password}``."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read users file: {exc.strerror or exc}") from None
+    users: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, password = line.partition(":")
+        user = user.strip()
+        if not sep or not user:
+            raise ConfigError(f"{p}:{n}: expected 'user:password', got {line[:40]!r}", path=f"line {n}")
+        if password.startswith("sha256$") and password.count("$") != 2:
+            raise ConfigError(f"{p}:{n}: hashed password must be sha256$salt$hex", path=f"line {n}")
+        users[user] = password
+    if not users:
+        raise ConfigError(f"{p}: no users defined (authentication would refuse everyone)")
+    return users

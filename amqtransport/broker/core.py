@@ -1,0 +1,838 @@
+"""Destinations and dispatch: queues, topics, subscriptions, acks, redelivery, DLQ.
+
+Theory of operation
+-------------------
+The core is the broker minus I/O: it is driven by the protocol handler (one call per
+client frame), persists through the :class:`~.store.MessageStore`, and hands
+messages to subscriptions through the small :class:`Sink` interface that a
+connection implements (``writable`` + ``deliver``). Everything runs on the event
+loop thread; nothing here blocks.
+
+Queues (``/queue/X``). A queue holds a deque of messages waiting for a consumer and
+a deque of *ready* subscriptions -- those with credit (``prefetch`` minus unacked
+messages; auto-ack subscriptions only need a writable connection). Dispatch pops a
+ready subscription, hands it the head message and, if it still has credit, appends
+it to the back of the ready deque: round-robin, O(1) per message, no scan over
+consumers. A subscription re-enters the ready deque when it gains credit (an ACK, a
+NACK, its socket draining). A message handed to an auto-ack subscription is acked at
+once (one journal record per dispatch round, not per message); otherwise it sits in
+the subscription's ``unacked`` ordered dict until ACK (client-individual: that
+message; client: it and every earlier one), NACK, or the subscription/connection
+going away -- then it goes back to the *front* of the queue with its delivery count
+raised, and, once it has been delivered ``1 + max_redeliveries`` times, to
+``/queue/DLQ.X`` instead (a journalled ``Move``).
+
+Topics (``/topic/X``). Publishing fans out to every subscription of the topic (and to
+wildcard subscriptions, ActiveMQ syntax: ``.`` separates, ``*`` one part, ``>`` the
+rest). A topic subscription without credit buffers in its own bounded backlog (the
+oldest are dropped past ``topic_backlog_limit`` -- topics are not durable).
+Durable subscriptions (``activemq.subscriptionName`` + the connection's
+``client-id``) are internal queues named ``durable:<client-id>:<name>``; a persistent
+message published to the topic is copied into each of them (one atomic journal
+record), so they survive restarts and offline periods like any queue.
+
+Persistence is concurrent with dispatch: a persistent message is handed to a consumer
+as soon as its record is queued for the journal (its ack record always follows it in
+the journal, so recovery never resurrects it); the *producer's* receipt waits for
+durability. Advisory messages (``/topic/ActiveMQ.Advisory.Consumer.Queue.X``, header
+``consumerCount``) are published whenever a queue gains or loses a consumer, and a new
+advisory subscriber is told the current counts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import secrets
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .config import BrokerConfig
+from .message import Message
+from .store import Ack, Enq, MessageStore, Move, Sub
+from .store.journal import Callback
+
+__all__ = [
+    "BrokerCore",
+    "Queue",
+    "Topic",
+    "Subscription",
+    "Sink",
+    "TxState",
+    "CoreError",
+    "ADVISORY_PREFIX",
+    "QUEUE_PREFIX",
+    "TOPIC_PREFIX",
+]
+
+log = logging.getLogger(__name__)
+
+QUEUE_PREFIX = "/queue/"
+TOPIC_PREFIX = "/topic/"
+TEMP_QUEUE_PREFIX = "/temp-queue/"
+TEMP_TOPIC_PREFIX = "/temp-topic/"
+ADVISORY_PREFIX = "ActiveMQ.Advisory.Consumer.Queue."
+DURABLE_PREFIX = "durable:"
+
+AUTO, CLIENT, INDIVIDUAL = "auto", "client", "client-individual"
+ACK_MODES = (AUTO, CLIENT, INDIVIDUAL)
+
+
+class CoreError(Exception):
+    """A client request the core refuses; the message goes into the ERROR frame."""
+
+
+class Sink(Protocol):
+    """What a subscription needs from its connection."""
+
+    @property
+    def writable(self) -> bool: ...
+
+    def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None: ...
+
+
+def _noop(_err: BaseException | None) -> None:
+    return None
+
+
+class Subscription:
+    """One SUBSCRIBE of one connection."""
+
+    __slots__ = (
+        "conn",
+        "id",
+        "destination",
+        "kind",
+        "name",
+        "ack_mode",
+        "prefetch",
+        "unacked",
+        "in_ready",
+        "backlog",
+        "durable_queue",
+        "active",
+        "pattern",
+        "dropped",
+    )
+
+    def __init__(
+        self,
+        conn: Sink,
+        sub_id: str,
+        destination: str,
+        ack_mode: str,
+        prefetch: int,
+    ) -> None:
+        self.conn = conn
+        self.id = sub_id
+        self.destination = destination  # as the client wrote it
+        self.kind = "queue" if destination.startswith((QUEUE_PREFIX, TEMP_QUEUE_PREFIX)) else "topic"
+        self.name = destination  # internal queue/topic key this subscription reads
+        self.ack_mode = ack_mode
+        self.prefetch = prefetch
+        self.unacked: OrderedDict[str, Message] = OrderedDict()
+        self.in_ready = False
+        self.backlog: deque[Message] = deque()
+        self.durable_queue: str | None = None
+        self.active = True
+        self.pattern: tuple[str, ...] | None = None
+        self.dropped = 0
+
+    def has_credit(self) -> bool:
+        if not self.active or not self.conn.writable:
+            return False
+        return self.ack_mode == AUTO or len(self.unacked) < self.prefetch
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.id} {self.destination} {self.ack_mode}>"
+
+
+class Queue:
+    __slots__ = ("core", "name", "messages", "consumers", "ready", "enqueued", "dequeued")
+
+    def __init__(self, core: BrokerCore, name: str) -> None:
+        self.core = core
+        self.name = name
+        self.messages: deque[Message] = deque()
+        self.consumers: list[Subscription] = []
+        self.ready: deque[Subscription] = deque()
+        self.enqueued = 0
+        self.dequeued = 0
+
+    def enqueue(self, msg: Message) -> None:
+        self.messages.append(msg)
+        self.enqueued += 1
+        if self.ready:
+            self.dispatch()
+
+    def requeue(self, msgs: Sequence[Message]) -> None:
+        """Put messages back at the front, keeping their relative order."""
+        for m in reversed(msgs):
+            self.messages.appendleft(m)
+        self.dispatch()
+
+    def make_ready(self, sub: Subscription) -> None:
+        if not sub.in_ready and sub.has_credit():
+            sub.in_ready = True
+            self.ready.append(sub)
+        if self.messages and self.ready:
+            self.dispatch()
+
+    def dispatch(self) -> None:
+        messages, ready = self.messages, self.ready
+        auto_acked: list[str] = []
+        now = 0.0
+        while messages and ready:
+            sub = ready.popleft()
+            if not sub.has_credit():
+                sub.in_ready = False
+                continue
+            msg = messages.popleft()
+            if msg.expires:
+                now = now or self.core.clock()
+                if msg.expires <= now:
+                    ready.appendleft(sub)
+                    self.core.drop_expired(msg)
+                    continue
+            msg.delivery_count += 1
+            if sub.ack_mode == AUTO:
+                if msg.persistent:
+                    auto_acked.append(msg.id)
+                self.dequeued += 1
+            else:
+                sub.unacked[msg.id] = msg
+            sub.conn.deliver(sub, msg, msg.delivery_count)
+            if sub.has_credit():
+                ready.append(sub)
+            else:
+                sub.in_ready = False
+        if auto_acked:
+            self.core.store_ack(auto_acked)
+
+    def add_consumer(self, sub: Subscription) -> None:
+        self.consumers.append(sub)
+        self.make_ready(sub)
+
+    def remove_consumer(self, sub: Subscription) -> None:
+        if sub in self.consumers:
+            self.consumers.remove(sub)
+        if sub.in_ready:
+            sub.in_ready = False
+            try:
+                self.ready.remove(sub)
+            except ValueError:
+                pass
+
+
+@dataclass
+class Topic:
+    name: str
+    subs: list[Subscription] = field(default_factory=list)
+    durable: dict[str, str] = field(default_factory=dict)  # durable queue key -> topic name
+
+
+@dataclass
+class TxState:
+    """A transaction of one connection (BEGIN .. COMMIT/ABORT)."""
+
+    id: str
+    sends: list[tuple[str, tuple[tuple[str, str], ...], bytes, bool, str]] = field(default_factory=list)
+    acked: list[tuple[Subscription, Message]] = field(default_factory=list)
+    nacked: list[tuple[Subscription, Message]] = field(default_factory=list)
+
+
+def split_destination(destination: str) -> tuple[str, str]:
+    """``("queue"|"topic", name)``; CoreError for anything else."""
+    for prefix, kind in (
+        (QUEUE_PREFIX, "queue"),
+        (TOPIC_PREFIX, "topic"),
+        (TEMP_QUEUE_PREFIX, "queue"),
+        (TEMP_TOPIC_PREFIX, "topic"),
+    ):
+        if destination.startswith(prefix):
+            name = destination[len(prefix) :]
+            if not name:
+                raise CoreError(f"destination {destination!r} has an empty name")
+            return kind, name
+    raise CoreError(f"destination {destination!r} must start with /queue/ or /topic/")
+
+
+def _pattern(name: str) -> tuple[str, ...] | None:
+    parts = tuple(name.split("."))
+    return parts if ("*" in parts or ">" in parts) else None
+
+
+def _matches(pattern: tuple[str, ...], parts: Sequence[str]) -> bool:
+    for i, p in enumerate(pattern):
+        if p == ">":
+            return True
+        if i >= len(parts) or (p != "*" and p != parts[i]):
+            return False
+    return len(parts) == len(pattern)
+
+
+class BrokerCore:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore | None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.queues: dict[str, Queue] = {}
+        self.topics: dict[str, Topic] = {}
+        self.wildcard_subs: list[Subscription] = []
+        self.durable_subs: dict[str, Sub] = {}  # queue key -> record
+        self.durable_active: dict[str, Subscription] = {}
+        self._ids = itertools.count(1)
+        self._prefix = f"ID:{config.name}-{secrets.token_hex(4)}-"
+        self.sent = 0
+        self.duplicates = 0
+        self.dead_lettered = 0
+        self.expired = 0
+
+    # ------------------------------------------------------------------ startup
+    def load_from_store(self) -> int:
+        """Create destinations for every live message and durable subscription."""
+        if self.store is None:
+            return 0
+        for sub in self.store.subs.values():
+            self._register_durable(sub)
+        n = 0
+        for dest, msgs in self.store.messages_by_destination().items():
+            q = self.queue(dest)
+            q.messages.extend(msgs)
+            q.enqueued += len(msgs)
+            n += len(msgs)
+        return n
+
+    def _register_durable(self, sub: Sub) -> None:
+        self.durable_subs[sub.queue] = sub
+        self.topic(sub.topic).durable[sub.queue] = sub.topic
+        self.queue(sub.queue)
+
+    # ------------------------------------------------------------------ lookup
+    def queue(self, key: str) -> Queue:
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = Queue(self, key)
+        return q
+
+    def topic(self, key: str) -> Topic:
+        t = self.topics.get(key)
+        if t is None:
+            t = self.topics[key] = Topic(key)
+        return t
+
+    def new_id(self) -> str:
+        return f"{self._prefix}{next(self._ids)}"
+
+    # ------------------------------------------------------------------ store glue
+    def store_ack(self, ids: Sequence[str], callback: Callback | None = None) -> None:
+        if self.store is not None:
+            self.store.ack(ids, callback)
+        elif callback is not None:
+            callback(None)
+
+    def drop_expired(self, msg: Message) -> None:
+        self.expired += 1
+        if msg.persistent:
+            self.store_ack([msg.id])
+
+    def _done(self, callback: Callback | None) -> None:
+        if callback is None:
+            return
+        if self.store is not None:
+            self.store.journal.on_durable(callback)
+        else:
+            callback(None)
+
+    # ------------------------------------------------------------------ sending
+    def make_message(
+        self,
+        destination: str,
+        headers: tuple[tuple[str, str], ...],
+        body: bytes,
+        persistent: bool,
+        key: str,
+    ) -> Message:
+        expires = 0.0
+        for k, v in headers:
+            if k == "expires":
+                try:
+                    ms = int(v)
+                except ValueError:
+                    raise CoreError(f"expires header must be milliseconds since the epoch, got {v!r}") from None
+                expires = ms / 1000.0 if ms > 0 else 0.0
+                break
+        return Message(
+            id=self.new_id(),
+            destination=destination,
+            headers=headers,
+            body=body,
+            key=key,
+            timestamp=self.clock(),
+            persistent=persistent and self.store is not None,
+            expires=expires,
+        )
+
+    def send(
+        self,
+        destination: str,
+        headers: tuple[tuple[str, str], ...],
+        body: bytes,
+        *,
+        persistent: bool,
+        key: str = "",
+        callback: Callback | None = None,
+    ) -> bool:
+        """Accept a SEND. Returns False for a suppressed duplicate.
+
+        ``callback`` runs when the message (or, for a duplicate, the original) is
+        durable; for a non-persistent message, at once (on the journal's order).
+        """
+        kind, name = split_destination(destination)
+        if key and self.store is not None and self.store.is_duplicate(key, callback):
+            self.duplicates += 1
+            return False
+        msg = self.make_message(destination, headers, body, persistent, key)
+        self.sent += 1
+        if kind == "queue":
+            if msg.persistent:
+                assert self.store is not None
+                self.store.add(msg, callback)
+            else:
+                if key and self.store is not None:
+                    self.store.remember_key(key)
+                if callback is not None:
+                    callback(None)
+            self.queue(destination).enqueue(msg)
+        else:
+            self._publish(name, msg, callback)
+        return True
+
+    def _publish(self, name: str, msg: Message, callback: Callback | None) -> None:
+        topic = self.topics.get(name)
+        copies: list[tuple[str, Message]] = []
+        if topic is not None and topic.durable:
+            for qkey in topic.durable:
+                copy = Message(
+                    id=f"{msg.id}:{qkey}",
+                    destination=qkey,
+                    headers=(("destination", msg.destination), *msg.headers),
+                    body=msg.body,
+                    key="",
+                    timestamp=msg.timestamp,
+                    persistent=msg.persistent,
+                    expires=msg.expires,
+                )
+                copies.append((qkey, copy))
+        if msg.persistent and self.store is not None and copies:
+            first = copies[0][1]
+            first.key = msg.key  # the key rides with the first copy so dedupe persists
+            self.store.add_many([c for _, c in copies], callback)
+        else:
+            if msg.key and self.store is not None:
+                self.store.remember_key(msg.key)
+            if callback is not None:
+                callback(None)
+        for qkey, copy in copies:
+            self.queue(qkey).enqueue(copy)
+        if topic is not None:
+            for sub in topic.subs:
+                self._offer(sub, msg)
+        if self.wildcard_subs:
+            parts = name.split(".")
+            for sub in self.wildcard_subs:
+                assert sub.pattern is not None
+                if _matches(sub.pattern, parts):
+                    self._offer(sub, msg)
+
+    def _offer(self, sub: Subscription, msg: Message) -> None:
+        if not sub.backlog and sub.has_credit():
+            self._deliver_topic(sub, msg)
+            return
+        sub.backlog.append(msg)
+        if len(sub.backlog) > self.config.topic_backlog_limit:
+            sub.backlog.popleft()
+            sub.dropped += 1
+            if sub.dropped in (1, 100, 10000) or sub.dropped % 100000 == 0:
+                log.warning("topic subscription %s: slow consumer, %d messages dropped", sub.destination, sub.dropped)
+
+    def _deliver_topic(self, sub: Subscription, msg: Message) -> None:
+        if msg.expires and msg.expires <= self.clock():
+            return
+        if sub.ack_mode != AUTO:
+            sub.unacked[msg.id] = msg
+        sub.conn.deliver(sub, msg, 1)
+
+    def _drain_topic(self, sub: Subscription) -> None:
+        while sub.backlog and sub.has_credit():
+            self._deliver_topic(sub, sub.backlog.popleft())
+
+    # ------------------------------------------------------------------ subscriptions
+    def subscribe(
+        self,
+        conn: Sink,
+        sub_id: str,
+        destination: str,
+        *,
+        ack_mode: str = AUTO,
+        prefetch: int | None = None,
+        durable_name: str | None = None,
+        client_id: str | None = None,
+    ) -> Subscription:
+        if ack_mode not in ACK_MODES:
+            raise CoreError(f"ack mode {ack_mode!r} is not one of {', '.join(ACK_MODES)}")
+        kind, name = split_destination(destination)
+        sub = Subscription(conn, sub_id, destination, ack_mode, prefetch or self.config.default_prefetch)
+        if kind == "queue":
+            q = self.queue(destination)
+            sub.name = destination
+            q.add_consumer(sub)
+            self._advise(destination, len(q.consumers))
+            return sub
+        if durable_name:
+            if not client_id:
+                raise CoreError("a durable subscription needs a client-id header on CONNECT")
+            qkey = f"{DURABLE_PREFIX}{client_id}:{durable_name}"
+            if qkey in self.durable_active:
+                raise CoreError(f"durable subscription {durable_name!r} of client {client_id!r} is already active")
+            record = Sub(qkey, name, client_id, durable_name)
+            existing = self.durable_subs.get(qkey)
+            if existing is not None and existing.topic != name:
+                self._destroy_durable(qkey)  # re-subscribed to another topic: start over
+                existing = None
+            if existing is None:
+                if self.store is not None:
+                    self.store.add_subscription(record)
+                self._register_durable(record)
+            sub.durable_queue = qkey
+            sub.name = qkey
+            sub.kind = "queue"
+            self.durable_active[qkey] = sub
+            self.queue(qkey).add_consumer(sub)
+            return sub
+        sub.name = name
+        pattern = _pattern(name)
+        if pattern is not None:
+            sub.pattern = pattern
+            self.wildcard_subs.append(sub)
+        else:
+            self.topic(name).subs.append(sub)
+        if name.startswith(ADVISORY_PREFIX) or (pattern is not None and "ActiveMQ" in name):
+            self._advise_current(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription, *, destroy_durable: bool = False) -> None:
+        """Detach a subscription; its unacked messages are redelivered to others."""
+        if not sub.active:
+            return
+        sub.active = False
+        if sub.kind == "queue":
+            q = self.queues.get(sub.name)
+            if q is not None:
+                q.remove_consumer(sub)
+            if sub.durable_queue is not None:
+                self.durable_active.pop(sub.durable_queue, None)
+            self._return_unacked(sub, list(sub.unacked.values()), count_failure=True)
+            sub.unacked.clear()
+            if sub.durable_queue is not None and destroy_durable:
+                self._destroy_durable(sub.durable_queue)
+            elif q is not None and sub.durable_queue is None:
+                self._advise(sub.name, len(q.consumers))
+        else:
+            if sub.pattern is not None:
+                if sub in self.wildcard_subs:
+                    self.wildcard_subs.remove(sub)
+            else:
+                t = self.topics.get(sub.name)
+                if t is not None and sub in t.subs:
+                    t.subs.remove(sub)
+                    if not t.subs and not t.durable:
+                        del self.topics[sub.name]
+            sub.unacked.clear()
+            sub.backlog.clear()
+
+    def destroy_durable(self, client_id: str, name: str) -> bool:
+        qkey = f"{DURABLE_PREFIX}{client_id}:{name}"
+        if qkey not in self.durable_subs:
+            return False
+        active = self.durable_active.get(qkey)
+        if active is not None:
+            self.unsubscribe(active, destroy_durable=True)
+        else:
+            self._destroy_durable(qkey)
+        return True
+
+    def _destroy_durable(self, qkey: str) -> None:
+        record = self.durable_subs.pop(qkey, None)
+        if record is None:
+            return
+        t = self.topics.get(record.topic)
+        if t is not None:
+            t.durable.pop(qkey, None)
+        q = self.queues.pop(qkey, None)
+        if q is not None:
+            ids = [m.id for m in q.messages if m.persistent]
+            if ids:
+                self.store_ack(ids)
+        if self.store is not None:
+            self.store.remove_subscription(qkey)
+
+    def capacity_changed(self, sub: Subscription) -> None:
+        """The subscription may take more (ack, nack, connection writable again)."""
+        if not sub.active:
+            return
+        if sub.kind == "queue":
+            q = self.queues.get(sub.name)
+            if q is not None:
+                q.make_ready(sub)
+        else:
+            self._drain_topic(sub)
+
+    # ------------------------------------------------------------------ acks
+    def _take(self, sub: Subscription, msg_id: str, cumulative: bool) -> list[Message]:
+        """Remove and return the messages an ACK/NACK of ``msg_id`` covers."""
+        unacked = sub.unacked
+        if msg_id not in unacked:
+            return []
+        if not cumulative:
+            return [unacked.pop(msg_id)]
+        out: list[Message] = []
+        while unacked:
+            mid, m = unacked.popitem(last=False)
+            out.append(m)
+            if mid == msg_id:
+                break
+        return out
+
+    def ack(
+        self,
+        sub: Subscription,
+        msg_id: str,
+        *,
+        tx: TxState | None = None,
+        callback: Callback | None = None,
+    ) -> bool:
+        """ACK; False when the id was not awaiting an ack on this subscription."""
+        if sub.ack_mode == AUTO:
+            self._done(callback)
+            return True
+        msgs = self._take(sub, msg_id, cumulative=sub.ack_mode == CLIENT)
+        if not msgs:
+            self._done(callback)
+            return False
+        if tx is not None:
+            tx.acked.extend((sub, m) for m in msgs)
+            self._done(callback)
+        else:
+            self._consumed(sub, msgs, callback)
+        self.capacity_changed(sub)
+        return True
+
+    def _consumed(self, sub: Subscription, msgs: Sequence[Message], callback: Callback | None) -> None:
+        if sub.kind == "queue":
+            q = self.queues.get(sub.name)
+            if q is not None:
+                q.dequeued += len(msgs)
+        ids = [m.id for m in msgs if m.persistent and sub.kind == "queue"]
+        if ids:
+            self.store_ack(ids, callback)
+        else:
+            self._done(callback)
+
+    def nack(
+        self,
+        sub: Subscription,
+        msg_id: str,
+        *,
+        tx: TxState | None = None,
+        callback: Callback | None = None,
+    ) -> bool:
+        if sub.ack_mode == AUTO:
+            self._done(callback)
+            return True
+        msgs = self._take(sub, msg_id, cumulative=sub.ack_mode == CLIENT)
+        if not msgs:
+            self._done(callback)
+            return False
+        if tx is not None:
+            tx.nacked.extend((sub, m) for m in msgs)
+        else:
+            self._return_unacked(sub, msgs, count_failure=True)
+        self._done(callback)
+        self.capacity_changed(sub)
+        return True
+
+    def _return_unacked(self, sub: Subscription, msgs: Sequence[Message], *, count_failure: bool) -> None:
+        """Messages a consumer did not take: redeliver (front of the queue) or DLQ."""
+        if not msgs:
+            return
+        if sub.kind != "queue":
+            if sub.active:  # a NACK on a live topic subscription: offer it again
+                for m in msgs:
+                    sub.backlog.appendleft(m)
+                self._drain_topic(sub)
+            return
+        limit = self.config.max_redeliveries
+        back: list[Message] = []
+        for m in msgs:
+            if limit >= 0 and m.delivery_count > limit and count_failure:
+                self._dead_letter(m)
+            else:
+                back.append(m)
+        if back:
+            q = self.queues.get(sub.name)
+            if q is None:
+                return
+            q.requeue(back)
+
+    def _dead_letter(self, m: Message) -> None:
+        src = m.destination
+        if src.startswith(DURABLE_PREFIX):
+            name = src[len(DURABLE_PREFIX) :].replace(":", ".")
+        else:
+            name = split_destination(src)[1]
+        self.dead_lettered += 1
+        if name.startswith(self.config.dlq_prefix):
+            log.warning("message %s exceeded redeliveries in dead-letter queue %s; discarded", m.id, src)
+            if m.persistent:
+                self.store_ack([m.id])
+            return
+        dlq = f"{QUEUE_PREFIX}{self.config.dlq_prefix}{name}"
+        log.info("message %s delivered %d times: moved to %s", m.id, m.delivery_count, dlq)
+        if m.persistent and self.store is not None:
+            self.store.move(m.id, dlq)  # sets m.destination, adds original-destination
+        if m.destination != dlq:  # not in the store (non-persistent)
+            if not any(k == "original-destination" for k, _ in m.headers):
+                m.headers = (*m.headers, ("original-destination", src))
+            m.destination = dlq
+        m.wire_cache = None
+        m.delivery_count = 0
+        self.queue(dlq).enqueue(m)
+
+    # ------------------------------------------------------------------ transactions
+    def commit(self, tx: TxState, callback: Callback | None = None) -> None:
+        """Apply a transaction: its sends and acks in one atomic journal record."""
+        records: list[Enq | Ack | Move] = []
+        routed: list[tuple[str, str, Message]] = []
+        plain_keys: list[str] = []
+        seen_keys: set[str] = set()
+        for destination, headers, body, persistent, key in tx.sends:
+            kind, name = split_destination(destination)
+            if key and ((self.store is not None and self.store.is_duplicate(key)) or key in seen_keys):
+                self.duplicates += 1
+                continue
+            if key:
+                seen_keys.add(key)
+            msg = self.make_message(destination, headers, body, persistent, key)
+            self.sent += 1
+            if msg.persistent and kind == "queue":
+                records.append(Enq(msg))
+            elif key:
+                plain_keys.append(key)
+            routed.append((kind, name, msg))
+        ack_ids: list[str] = []
+        for sub, m in tx.acked:
+            if sub.kind == "queue":
+                q = self.queues.get(sub.name)
+                if q is not None:
+                    q.dequeued += 1
+                if m.persistent:
+                    ack_ids.append(m.id)
+        if ack_ids:
+            records.append(Ack(tuple(ack_ids)))
+        if self.store is not None:
+            for key in plain_keys:
+                self.store.remember_key(key)
+            self.store.commit(records, callback)
+        elif callback is not None:
+            callback(None)
+        for kind, name, msg in routed:
+            if kind == "queue":
+                self.queue(msg.destination).enqueue(msg)
+            else:
+                self._publish(name, msg, None)
+        for sub, m in tx.nacked:
+            self._return_unacked(sub, [m], count_failure=True)
+        tx.sends.clear()
+        tx.acked.clear()
+        tx.nacked.clear()
+
+    def abort(self, tx: TxState) -> None:
+        """Drop a transaction's sends; messages it acked are redelivered."""
+        by_sub: dict[int, tuple[Subscription, list[Message]]] = {}
+        for sub, m in (*tx.acked, *tx.nacked):
+            by_sub.setdefault(id(sub), (sub, []))[1].append(m)
+        for sub, msgs in by_sub.values():
+            if sub.kind == "queue":
+                self._return_unacked(sub, msgs, count_failure=True)
+        tx.sends.clear()
+        tx.acked.clear()
+        tx.nacked.clear()
+
+    # ------------------------------------------------------------------ advisories
+    def _advisory_message(self, queue_dest: str, count: int) -> Message:
+        name = queue_dest[len(QUEUE_PREFIX) :] if queue_dest.startswith(QUEUE_PREFIX) else queue_dest
+        topic = f"{ADVISORY_PREFIX}{name}"
+        body = json.dumps({"destination": queue_dest, "consumerCount": count}).encode()
+        return Message(
+            id=self.new_id(),
+            destination=f"{TOPIC_PREFIX}{topic}",
+            headers=(
+                ("consumerCount", str(count)),
+                ("advisoryType", "ConsumerInfo"),
+                ("originDestination", queue_dest),
+                ("content-type", "application/json"),
+            ),
+            body=body,
+            timestamp=self.clock(),
+        )
+
+    def _advise(self, queue_dest: str, count: int) -> None:
+        if not self.config.advisories or not queue_dest.startswith(QUEUE_PREFIX):
+            return
+        name = queue_dest[len(QUEUE_PREFIX) :]
+        topic = f"{ADVISORY_PREFIX}{name}"
+        if topic not in self.topics and not self.wildcard_subs:
+            return
+        msg = self._advisory_message(queue_dest, count)
+        self._publish(topic, msg, None)
+
+    def _advise_current(self, sub: Subscription) -> None:
+        if not self.config.advisories:
+            return
+        for key, q in list(self.queues.items()):
+            if not key.startswith(QUEUE_PREFIX) or not q.consumers:
+                continue
+            topic_parts = f"{ADVISORY_PREFIX}{key[len(QUEUE_PREFIX):]}".split(".")
+            wanted = _matches(sub.pattern, topic_parts) if sub.pattern else ".".join(topic_parts) == sub.name
+            if wanted:
+                self._offer(sub, self._advisory_message(key, len(q.consumers)))
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict[str, object]:
+        return {
+            "queues": {
+                k: {
+                    "depth": len(q.messages),
+                    "consumers": len(q.consumers),
+                    "enqueued": q.enqueued,
+                    "dequeued": q.dequeued,
+                }
+                for k, q in self.queues.items()
+            },
+            "topics": {k: len(t.subs) for k, t in self.topics.items()},
+            "sent": self.sent,
+            "duplicates": self.duplicates,
+            "dead_lettered": self.dead_lettered,
+            "expired": self.expired,
+        }

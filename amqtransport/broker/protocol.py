@@ -1,0 +1,656 @@
+"""The STOMP connection handler: one asyncio ``Protocol`` per client connection.
+
+Theory of operation
+-------------------
+Bytes from the socket go into the shared sans-IO :class:`~amqtransport.stomp.FrameParser`
+(``data_received``); each complete frame is dispatched on its command to a
+``_on_<command>`` method that validates it and calls the :class:`~.core.BrokerCore`.
+The first frame must be CONNECT or STOMP: it negotiates the version (1.0/1.1/1.2;
+the parser's unescaping follows it), the heart-beats and, when the broker has users,
+authenticates. Every problem -- a parser error (garbage, a broken limit), a bad
+header, a refused login -- is answered with one ERROR frame whose ``message`` header
+says what was wrong (plus ``receipt-id`` when the frame asked for a receipt) and the
+connection is closed, as STOMP requires; other connections never notice.
+
+Output. Frames are appended to an outgoing list and written with one
+``transport.write`` per loop iteration (``call_soon``), so a burst of receipts
+completed by one journal batch costs one syscall. MESSAGE frames are built from a
+per-message cached header block (escaped once per STOMP version, shared by every
+subscription a topic message fans out to) plus the per-delivery headers.
+
+Back-pressure. While the transport's buffer is above its high-water mark (or our
+own unflushed output is), the connection is not *writable*: the core stops
+dispatching to its subscriptions and we stop reading from the socket, so a client
+that does not read cannot make the broker buffer without bound; more than
+``max_pending_frames`` frames held for it closes the connection.
+
+Receipts. A RECEIPT for a persistent SEND (or a COMMIT, an ACK of persistent
+messages, a DISCONNECT) is written from the store's completion callback, i.e. only
+once the journal has fsynced the record. Heart-beats: a timer per connection sends
+an EOL when we have written nothing for the negotiated interval and drops the
+client when nothing arrived for ``interval * heartbeat_grace``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from amqtransport.errors import RemoteProtocolError
+from amqtransport.stomp import (
+    CLIENT_COMMANDS,
+    IDEMPOTENCY_HEADER_ALIASES,
+    FrameParser,
+    Limits,
+    NeedData,
+    escape_header,
+    negotiate_heartbeat,
+    negotiate_version,
+    parse_heartbeat_header,
+)
+from amqtransport.stomp import Frame as StompFrame
+
+from .config import verify_password
+from .core import AUTO, DURABLE_PREFIX, CoreError, Subscription, TxState, split_destination
+from .message import TRANSPORT_HEADERS, Message
+
+if TYPE_CHECKING:
+    from .server import BrokerServer
+
+__all__ = ["StompConnection"]
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "amqtransport/0.1"
+_DELIVERY_HEADERS = frozenset({"subscription", "ack", "redelivered", "amq-delivery-count", "message-id"})
+
+
+class _Close(Exception):
+    """Raised inside frame handling to stop processing after an ERROR."""
+
+
+def _clean_10(text: str) -> str:
+    """STOMP 1.0 cannot express a line feed in a header; keep the frame readable."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def _esc(text: str, version: str) -> str:
+    return _clean_10(text) if version == "1.0" else escape_header(text, version)
+
+
+class StompConnection(asyncio.Protocol):
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self.core = server.core
+        self.config = server.config
+        self.loop = server.loop
+        cfg = self.config
+        self.parser = FrameParser(
+            "1.2",
+            Limits(
+                max_frame_size=cfg.max_frame_size,
+                max_headers=cfg.max_headers,
+                max_header_line=cfg.max_header_line,
+            ),
+            commands=CLIENT_COMMANDS,
+        )
+        self.version = "1.2"
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.connected = False
+        self.closing = False
+        self.login: str | None = None
+        self.client_id: str | None = None
+        self.session = ""
+        self.subs: dict[str, Subscription] = {}
+        self.txs: dict[str, TxState] = {}
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._out_frames = 0
+        self._flush_scheduled = False
+        self._paused = False  # transport above its high-water mark
+        self._blocked = False  # a subscription was refused for lack of room
+        self._reading_paused = False
+        self._stop_reading = False  # after DISCONNECT: ignore further input
+        self.last_read = 0.0
+        self.last_write = 0.0
+        self.hb_send = 0.0
+        self.hb_expect = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.frames_in = 0
+        self.messages_out = 0
+
+    # ------------------------------------------------------------------ asyncio
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        transport.set_write_buffer_limits(high=self.config.write_buffer_high)
+        now = self.loop.time()
+        self.last_read = self.last_write = now
+        if not self.server.register(self):
+            log.warning("refusing connection from %s: max_connections=%d reached", self.peer, self.config.max_connections)
+            self._error_no_raise(f"too many connections (max_connections={self.config.max_connections})")
+            return
+        self._timer = self.loop.call_later(self.config.connect_timeout_ms / 1000.0, self._connect_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing or self._stop_reading:
+            return
+        self.last_read = self.loop.time()
+        parser = self.parser
+        try:
+            parser.feed(data)
+            while not self.closing and not self._stop_reading:
+                event = parser.next_event()
+                if isinstance(event, StompFrame):
+                    self.frames_in += 1
+                    self._handle(event)
+                elif isinstance(event, NeedData):
+                    break
+                # a Heartbeat needs nothing: last_read is updated already
+        except RemoteProtocolError as exc:
+            log.info("client %s sent invalid STOMP: %s", self.peer, exc)
+            self._error(f"malformed frame: {exc}", close=True)
+        except _Close:
+            pass
+        except Exception as exc:  # noqa: BLE001 - one bad frame must not take the broker down
+            log.exception("internal error handling a frame from %s", self.peer)
+            self._error(f"internal broker error: {exc.__class__.__name__}: {exc}", close=True)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for tx in self.txs.values():
+            self.core.abort(tx)
+        self.txs.clear()
+        for sub in list(self.subs.values()):
+            self.core.unsubscribe(sub)
+        self.subs.clear()
+        self._out.clear()
+        self.server.unregister(self)
+        log.debug("connection %s closed (%s)", self.peer, exc or "clean")
+
+    def pause_writing(self) -> None:
+        self._paused = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._flush()
+        if not self._paused:
+            self._resume_reading()
+            self._wake()
+
+    # ------------------------------------------------------------------ output
+    @property
+    def writable(self) -> bool:
+        if self._paused or self._out_bytes >= self.config.write_buffer_high or self.closing:
+            self._blocked = True
+            return False
+        return True
+
+    def _write(self, data: bytes) -> None:
+        if self.closing or self.transport is None:
+            return
+        self._out.append(data)
+        self._out_bytes += len(data)
+        self._out_frames += 1
+        if self._paused and self._out_frames > self.config.max_pending_frames:
+            log.warning("client %s is not reading: %d frames pending, disconnecting", self.peer, self._out_frames)
+            self._abort()
+            return
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.transport is None or not self._out or self._paused:
+            return
+        data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
+        self._out.clear()
+        self._out_bytes = 0
+        self._out_frames = 0
+        self.last_write = self.loop.time()
+        self.transport.write(data)
+        if not self._paused and self._blocked:
+            self._wake()
+
+    def _wake(self) -> None:
+        if not self._blocked or self.closing:
+            return
+        self._blocked = False
+        for sub in list(self.subs.values()):
+            self.core.capacity_changed(sub)
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None and not self.closing:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self.closing:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def _close(self) -> None:
+        """Flush what is queued, then close."""
+        if self.transport is None:
+            return
+        self._flush_now()
+        self.closing = True
+        self.transport.close()
+
+    def _abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _flush_now(self) -> None:
+        if self._out and self.transport is not None:
+            data = b"".join(self._out)
+            self._out.clear()
+            self._out_bytes = 0
+            self._out_frames = 0
+            self.transport.write(data)
+
+    def _error(self, message: str, *, receipt: str | None = None, detail: str = "", close: bool = True) -> None:
+        if self.transport is None or self.closing:
+            return
+        v = self.version
+        head = [f"ERROR\nmessage:{_esc(message, v)}\ncontent-type:text/plain"]
+        if receipt is not None:
+            head.append(f"receipt-id:{_esc(receipt, v)}")
+        body = (detail or message).encode("utf-8")
+        head.append(f"content-length:{len(body)}\n\n")
+        self._write("\n".join(head).encode("utf-8") + body + b"\x00")
+        if close:
+            self._close()
+            raise _Close()
+
+    def _error_no_raise(self, message: str, receipt: str | None = None) -> None:
+        try:
+            self._error(message, receipt=receipt)
+        except _Close:
+            pass
+
+    def _receipt(self, receipt: str) -> None:
+        self._write(b"RECEIPT\nreceipt-id:" + _esc(receipt, self.version).encode("utf-8") + b"\n\n\x00")
+
+    def _receipt_callback(self, receipt: str | None, what: str) -> object:
+        if receipt is None:
+
+            def on_error_only(err: BaseException | None) -> None:
+                if err is not None:
+                    self._error_no_raise(f"could not persist {what}: {err}")
+
+            return on_error_only
+
+        def done(err: BaseException | None) -> None:
+            if err is not None:
+                self._error_no_raise(f"could not persist {what}: {err}", receipt)
+            else:
+                self._receipt(receipt)
+
+        return done
+
+    # ------------------------------------------------------------------ delivery (Sink)
+    def deliver(self, sub: Subscription, msg: Message, delivery_count: int) -> None:
+        v = self.version
+        cache = msg.wire_cache
+        if not isinstance(cache, dict):
+            cache = msg.wire_cache = {}
+        common = cache.get(v)
+        if common is None:
+            common = cache[v] = self._common_block(msg, v)
+        if v == "1.2":
+            head = f"MESSAGE\nsubscription:{_esc(sub.id, v)}\nack:{_esc(msg.id, v)}\n"
+        else:
+            head = f"MESSAGE\nsubscription:{_esc(sub.id, v)}\n"
+        if delivery_count > 1:
+            head += f"redelivered:true\namq-delivery-count:{delivery_count}\n"
+        self._write(head.encode("utf-8") + common + msg.body + b"\x00")
+        self.messages_out += 1
+
+    def _common_block(self, msg: Message, v: str) -> bytes:
+        dest = msg.destination
+        user = msg.headers
+        if dest.startswith(DURABLE_PREFIX):
+            for k, val in user:
+                if k == "destination":
+                    dest = val
+                    break
+        lines = [f"message-id:{_esc(msg.id, v)}", f"destination:{_esc(dest, v)}"]
+        has_ts = False
+        for k, val in user:
+            if k in _DELIVERY_HEADERS or k == "destination" or k == "content-length":
+                continue
+            if k == "timestamp":
+                has_ts = True
+            lines.append(f"{_esc(k, v)}:{_esc(val, v)}")
+        if not has_ts:
+            lines.append(f"timestamp:{int(msg.timestamp * 1000)}")
+        lines.append(f"content-length:{len(msg.body)}\n\n")
+        return "\n".join(lines).encode("utf-8")
+
+    # ------------------------------------------------------------------ frames
+    def _handle(self, frame: StompFrame) -> None:
+        cmd = frame.command
+        if not self.connected:
+            if cmd in ("CONNECT", "STOMP"):
+                self._on_connect(frame)
+                return
+            self._error(f"expected CONNECT or STOMP as the first frame, got {cmd}", receipt=frame.get("receipt"))
+        handler = _HANDLERS.get(cmd)
+        if handler is None:  # CONNECT twice
+            self._error(f"{cmd} received on an established connection", receipt=frame.get("receipt"))
+            return
+        handler(self, frame)
+
+    def _require(self, frame: StompFrame, name: str) -> str:
+        value = frame.get(name)
+        if value is None or value == "":
+            self._error(f"{frame.command} frame is missing the required '{name}' header", receipt=frame.get("receipt"))
+            raise _Close()
+        return value
+
+    def _on_connect(self, frame: StompFrame) -> None:
+        try:
+            version = negotiate_version(frame.get("accept-version"))
+        except RemoteProtocolError as exc:
+            self.version = "1.2"
+            self._error(str(exc))
+            return
+        self.version = version
+        self.parser.version = version
+        try:
+            theirs = parse_heartbeat_header(frame.get("heart-beat"))
+        except RemoteProtocolError as exc:
+            self._error(str(exc))
+            return
+        users = self.server.users
+        login = frame.get("login")
+        if users:
+            passcode = frame.get("passcode") or ""
+            stored = users.get(login or "")
+            if login is None or stored is None or not verify_password(stored, passcode):
+                log.warning("authentication failed for login %r from %s", login, self.peer)
+                self._error("authentication failed: bad login or passcode")
+                return
+        self.login = login
+        self.client_id = frame.get("client-id")
+        self.connected = True
+        self.session = self.server.new_session_id()
+        cfg = self.config
+        send_ms, expect_ms = negotiate_heartbeat((cfg.heartbeat_send_min_ms, cfg.heartbeat_receive_min_ms), theirs)
+        self.hb_send = send_ms / 1000.0
+        self.hb_expect = expect_ms / 1000.0
+        headers = [
+            f"version:{version}",
+            f"heart-beat:{send_ms},{expect_ms}",
+            f"session:{self.session}",
+            f"server:{SERVER_NAME}",
+        ]
+        if self.login:
+            headers.append(f"user-name:{_clean_10(self.login)}")
+        self._write(("CONNECTED\n" + "\n".join(headers) + "\n\n").encode("utf-8") + b"\x00")
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.hb_send or self.hb_expect:
+            self._schedule_hb()
+        receipt = frame.get("receipt")
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _on_send(self, frame: StompFrame) -> None:
+        destination = self._require(frame, "destination")
+        receipt = frame.get("receipt")
+        persistent = False
+        key = ""
+        tx_id: str | None = None
+        headers: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for k, v in frame.headers:
+            if k in seen:
+                continue  # 1.2: the first occurrence wins
+            seen.add(k)
+            if k == "transaction":
+                tx_id = v
+            elif k == "persistent":
+                persistent = v.lower() == "true"
+                headers.append((k, v))
+            elif k in TRANSPORT_HEADERS:
+                continue
+            else:
+                if not key and k in IDEMPOTENCY_HEADER_ALIASES:
+                    key = v
+                headers.append((k, v))
+        if tx_id is not None:
+            tx = self.txs.get(tx_id)
+            if tx is None:
+                self._error(f"SEND names transaction {tx_id!r}, which was not begun", receipt=receipt)
+                return
+            try:
+                split_destination(destination)
+            except CoreError as exc:
+                self._error(str(exc), receipt=receipt)
+                return
+            tx.sends.append((destination, tuple(headers), frame.body, persistent, key))
+            if receipt is not None:
+                self._receipt(receipt)
+            return
+        callback = self._receipt_callback(receipt, "message") if (receipt is not None or persistent) else None
+        try:
+            self.core.send(
+                destination,
+                tuple(headers),
+                frame.body,
+                persistent=persistent,
+                key=key,
+                callback=callback,  # type: ignore[arg-type]
+            )
+        except CoreError as exc:
+            self._error(str(exc), receipt=receipt)
+
+    def _on_subscribe(self, frame: StompFrame) -> None:
+        destination = self._require(frame, "destination")
+        receipt = frame.get("receipt")
+        sub_id = frame.get("id")
+        if sub_id is None:
+            if self.version != "1.0":
+                self._error("SUBSCRIBE frame is missing the required 'id' header", receipt=receipt)
+            sub_id = destination
+        if sub_id in self.subs:
+            self._error(f"subscription id {sub_id!r} is already in use on this connection", receipt=receipt)
+        if len(self.subs) >= self.config.max_subscriptions:
+            self._error(f"too many subscriptions (max_subscriptions={self.config.max_subscriptions})", receipt=receipt)
+        ack = frame.get("ack") or AUTO
+        prefetch_text = frame.get("activemq.prefetchSize")
+        prefetch: int | None = None
+        if prefetch_text is not None:
+            try:
+                prefetch = int(prefetch_text)
+                if prefetch < 1:
+                    raise ValueError
+            except ValueError:
+                self._error(f"activemq.prefetchSize must be a positive integer, got {prefetch_text!r}", receipt=receipt)
+        durable = frame.get("activemq.subscriptionName") or frame.get("durable-subscription-name")
+        client_id = frame.get("client-id") or self.client_id
+        try:
+            sub = self.core.subscribe(
+                self,
+                sub_id,
+                destination,
+                ack_mode=ack,
+                prefetch=prefetch,
+                durable_name=durable,
+                client_id=client_id,
+            )
+        except CoreError as exc:
+            self._error(str(exc), receipt=receipt)
+            return
+        self.subs[sub_id] = sub
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _on_unsubscribe(self, frame: StompFrame) -> None:
+        receipt = frame.get("receipt")
+        sub_id = frame.get("id")
+        if sub_id is None and self.version == "1.0":
+            sub_id = frame.get("destination")
+        durable = frame.get("activemq.subscriptionName") or frame.get("durable-subscription-name")
+        sub = self.subs.pop(sub_id, None) if sub_id is not None else None
+        if sub is not None:
+            self.core.unsubscribe(sub, destroy_durable=bool(durable))
+        elif durable and self.client_id:
+            self.core.destroy_durable(self.client_id, durable)
+        elif sub_id is None:
+            self._error("UNSUBSCRIBE frame is missing the required 'id' header", receipt=receipt)
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _find_sub(self, frame: StompFrame, msg_id: str) -> Subscription | None:
+        sub_id = frame.get("subscription")
+        if sub_id is not None:
+            return self.subs.get(sub_id)
+        for sub in self.subs.values():
+            if msg_id in sub.unacked:
+                return sub
+        return None
+
+    def _on_ack(self, frame: StompFrame, nack: bool = False) -> None:
+        receipt = frame.get("receipt")
+        if self.version == "1.2":
+            msg_id = frame.get("id") or frame.get("message-id")
+            if msg_id is None:
+                self._error(f"{frame.command} frame is missing the required 'id' header", receipt=receipt)
+                return
+        else:
+            msg_id = self._require(frame, "message-id")
+        tx: TxState | None = None
+        tx_id = frame.get("transaction")
+        if tx_id is not None:
+            tx = self.txs.get(tx_id)
+            if tx is None:
+                self._error(f"{frame.command} names transaction {tx_id!r}, which was not begun", receipt=receipt)
+                return
+        sub = self._find_sub(frame, msg_id)
+        callback = self._receipt_callback(receipt, "acknowledgement") if receipt is not None else None
+        if sub is None:
+            log.debug("%s for unknown message %s from %s ignored", frame.command, msg_id, self.peer)
+            if receipt is not None:
+                self._receipt(receipt)
+            return
+        if nack:
+            self.core.nack(sub, msg_id, tx=tx, callback=callback)  # type: ignore[arg-type]
+        else:
+            self.core.ack(sub, msg_id, tx=tx, callback=callback)  # type: ignore[arg-type]
+
+    def _on_nack(self, frame: StompFrame) -> None:
+        if self.version == "1.0":
+            self._error("NACK is not part of STOMP 1.0", receipt=frame.get("receipt"))
+        self._on_ack(frame, nack=True)
+
+    def _on_begin(self, frame: StompFrame) -> None:
+        tx_id = self._require(frame, "transaction")
+        receipt = frame.get("receipt")
+        if tx_id in self.txs:
+            self._error(f"transaction {tx_id!r} is already open", receipt=receipt)
+        if len(self.txs) >= self.config.max_transactions:
+            self._error(f"too many open transactions (max_transactions={self.config.max_transactions})", receipt=receipt)
+        self.txs[tx_id] = TxState(tx_id)
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _on_commit(self, frame: StompFrame) -> None:
+        tx_id = self._require(frame, "transaction")
+        receipt = frame.get("receipt")
+        tx = self.txs.pop(tx_id, None)
+        if tx is None:
+            self._error(f"COMMIT of transaction {tx_id!r}, which is not open", receipt=receipt)
+            return
+        try:
+            self.core.commit(tx, self._receipt_callback(receipt, "transaction"))  # type: ignore[arg-type]
+        except CoreError as exc:
+            self._error(str(exc), receipt=receipt)
+
+    def _on_abort(self, frame: StompFrame) -> None:
+        tx_id = self._require(frame, "transaction")
+        receipt = frame.get("receipt")
+        tx = self.txs.pop(tx_id, None)
+        if tx is None:
+            self._error(f"ABORT of transaction {tx_id!r}, which is not open", receipt=receipt)
+            return
+        self.core.abort(tx)
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _on_disconnect(self, frame: StompFrame) -> None:
+        receipt = frame.get("receipt")
+        self._stop_reading = True
+        self._pause_reading()
+
+        def done(_err: BaseException | None) -> None:
+            if receipt is not None:
+                self._receipt(receipt)
+            self._close()
+
+        # the receipt promises every earlier frame was processed (and persisted)
+        if self.core.store is not None:
+            self.core.store.journal.on_durable(done)
+        else:
+            done(None)
+
+    # ------------------------------------------------------------------ timers
+    def _connect_timeout(self) -> None:
+        self._timer = None
+        if not self.connected and not self.closing:
+            log.info("client %s sent no CONNECT within %d ms", self.peer, self.config.connect_timeout_ms)
+            self._error_no_raise(f"no CONNECT frame within {self.config.connect_timeout_ms} ms")
+
+    def _schedule_hb(self) -> None:
+        periods = [p for p in (self.hb_send, self.hb_expect) if p > 0]
+        tick = max(0.02, min(periods) / 2.0)
+        self._timer = self.loop.call_later(tick, self._hb_tick)
+
+    def _hb_tick(self) -> None:
+        self._timer = None
+        if self.closing or self.transport is None:
+            return
+        now = self.loop.time()
+        if self.hb_expect and now - self.last_read > self.hb_expect * self.config.heartbeat_grace:
+            log.info(
+                "client %s silent for %.1f s (heart-beat %d ms): dropping it",
+                self.peer,
+                now - self.last_read,
+                int(self.hb_expect * 1000),
+            )
+            self._error_no_raise(f"heart-beat timeout: nothing received for {now - self.last_read:.1f} s")
+            return
+        if self.hb_send and now - self.last_write >= self.hb_send * 0.9 and not self._out:
+            if self._paused:
+                pass  # the socket is full anyway; the client sees traffic
+            else:
+                self.last_write = now
+                assert self.transport is not None
+                self.transport.write(b"\n")
+        self._schedule_hb()
+
+
+_HANDLERS = {
+    "SEND": StompConnection._on_send,
+    "SUBSCRIBE": StompConnection._on_subscribe,
+    "UNSUBSCRIBE": StompConnection._on_unsubscribe,
+    "ACK": StompConnection._on_ack,
+    "NACK": StompConnection._on_nack,
+    "BEGIN": StompConnection._on_begin,
+    "COMMIT": StompConnection._on_commit,
+    "ABORT": StompConnection._on_abort,
+    "DISCONNECT": StompConnection._on_disconnect,
+}

@@ -1,0 +1,185 @@
+"""The broker process inside one asyncio loop: store + core + listening socket.
+
+:class:`BrokerServer` wires the three separable parts together -- the
+:class:`~.store.MessageStore` (durability), the :class:`~.core.BrokerCore`
+(destinations and dispatch) and :class:`~.protocol.StompConnection` (one per
+client) -- and owns their lifecycle. Opening the store and listening are separate
+steps (:meth:`open` then :meth:`listen`; :meth:`start` does both) so that an HA
+slave can recover or replicate into a store before it accepts clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from .config import BrokerConfig
+from .core import BrokerCore
+from .protocol import StompConnection
+from .store import Callback, MessageStore
+
+__all__ = ["BrokerServer"]
+
+log = logging.getLogger(__name__)
+
+
+class BrokerServer:
+    def __init__(
+        self,
+        config: BrokerConfig | None = None,
+        *,
+        data_dir: str | Path | None = None,
+        users: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config or BrokerConfig()
+        chosen = data_dir if data_dir is not None else self.config.data_dir
+        self._temp_dir: str | None = None
+        if chosen is None:
+            self._temp_dir = tempfile.mkdtemp(prefix=f"amq-broker-{self.config.name}-")
+            chosen = self._temp_dir
+        self.data_dir = Path(chosen)
+        self.users: dict[str, str] = dict(users or {})
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.store: MessageStore | None = None
+        self.core: BrokerCore = None  # type: ignore[assignment]
+        self.connections: set[StompConnection] = set()
+        self._server: asyncio.Server | None = None
+        self._compact_handle: asyncio.TimerHandle | None = None
+        self._sessions = itertools.count(1)
+        self._session_prefix = secrets.token_hex(3)
+        self.host = self.config.host
+        self.port = self.config.port
+
+    # ------------------------------------------------------------------ lifecycle
+    async def open(self) -> None:
+        """Recover the store and build the core (no socket yet)."""
+        self.loop = asyncio.get_running_loop()
+        cfg = self.config
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = MessageStore(
+            self.data_dir / "journal",
+            segment_size=cfg.segment_size,
+            fsync=cfg.fsync,
+            dedupe_max_keys=cfg.dedupe_window_size,
+            dedupe_max_age=cfg.dedupe_window_seconds,
+            notify=self._notify,
+        )
+        self.store.open()
+        self.core = BrokerCore(cfg, self.store)
+        n = self.core.load_from_store()
+        log.info("broker %s: %d messages recovered from %s", cfg.name, n, self.data_dir)
+        self._schedule_compaction()
+
+    async def listen(self, host: str | None = None, port: int | None = None) -> None:
+        """Bind and accept clients."""
+        host = host if host is not None else self.config.host
+        port = port if port is not None else self.config.port
+        self._server = await self.loop.create_server(
+            lambda: StompConnection(self),
+            host,
+            port,
+            reuse_address=True,
+            backlog=512,
+        )
+        sock = self._server.sockets[0]
+        self.host, self.port = sock.getsockname()[:2]
+        log.info("broker %s listening on stomp://%s:%d", self.config.name, self.host, self.port)
+
+    async def start(self) -> None:
+        await self.open()
+        try:
+            await self.listen()
+        except BaseException:
+            self._close_store()
+            raise
+
+    async def stop(self) -> None:
+        """Stop accepting, close every connection, flush and close the journal."""
+        if self._compact_handle is not None:
+            self._compact_handle.cancel()
+            self._compact_handle = None
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        self.connections.clear()
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+            except TimeoutError:
+                pass
+            self._server = None
+        await asyncio.sleep(0)  # let connection_lost callbacks run
+        self._close_store()
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
+        log.info("broker %s stopped", self.config.name)
+
+    def _close_store(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    # ------------------------------------------------------------------ glue
+    def _notify(self, items: list[tuple[Callback, BaseException | None]]) -> None:
+        """Called by the journal writer thread: run completions on the loop, in one hop."""
+        loop = self.loop
+        if loop.is_closed():
+            return
+        loop.call_soon_threadsafe(_run_completions, items)
+
+    def _schedule_compaction(self) -> None:
+        self._compact_handle = self.loop.call_later(self.config.compact_interval_ms / 1000.0, self._compact)
+
+    def _compact(self) -> None:
+        self._compact_handle = None
+        if self.store is None:
+            return
+        try:
+            self.store.compact()
+        except Exception:  # noqa: BLE001 - compaction problems must not stop the broker
+            log.exception("compaction failed")
+        self._schedule_compaction()
+
+    def register(self, conn: StompConnection) -> bool:
+        if len(self.connections) >= self.config.max_connections:
+            return False
+        self.connections.add(conn)
+        return True
+
+    def unregister(self, conn: StompConnection) -> None:
+        self.connections.discard(conn)
+
+    def new_session_id(self) -> str:
+        return f"{self.config.name}-{self._session_prefix}-{os.getpid()}-{next(self._sessions)}"
+
+    def stats(self) -> dict[str, object]:
+        out = dict(self.core.stats()) if self.core is not None else {}
+        out["connections"] = len(self.connections)
+        if self.store is not None:
+            st = self.store.stats()
+            out["store"] = {
+                "live_messages": st.live_messages,
+                "segments": st.segments,
+                "deleted_segments": st.deleted_segments,
+                "records": st.records,
+                "batches": st.batches,
+            }
+        return out
+
+
+def _run_completions(items: list[tuple[Callback, BaseException | None]]) -> None:
+    for cb, err in items:
+        try:
+            cb(err)
+        except Exception:  # noqa: BLE001 - one failing completion must not skip the rest
+            log.exception("completion callback failed")

@@ -1,0 +1,143 @@
+"""``amq broker``: run the embedded broker (``run``); helpers (``hash-password``).
+
+The HA commands (``pair``, ``status``) are added to the same :data:`broker` group by
+``amqtransport.broker.ha`` (see :func:`register`); keep subcommands independent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from amqtransport.errors import ConfigError
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@click.group("broker")
+def broker() -> None:
+    """The embedded STOMP broker (one node; HA pairs where available)."""
+
+
+def register(command: click.Command) -> None:
+    """Add a subcommand to ``amq broker`` (used by optional parts such as HA)."""
+    broker.add_command(command)
+
+
+def build_config(
+    *,
+    config_file: str | None,
+    overrides: dict[str, object],
+) -> object:
+    """Config file (if any) + command-line overrides, validated; ConfigError on bad input."""
+    from amqtransport.broker.config import BrokerConfig, config_from_mapping, load_config
+
+    base = load_config(config_file) if config_file else BrokerConfig()
+    data = base.model_dump()
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return config_from_mapping(data, "command line")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr, format=LOG_FORMAT)
+
+
+@broker.command("run")
+@click.option("--port", type=int, default=None, help="STOMP port [default: 61613; 0 = any free port].")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Journal directory [default: data_dir of --config, else ./amq-data].")
+@click.option("--host", default=None, help="Bind address [default: 127.0.0.1].")
+@click.option("--name", default=None, help="Broker name (message ids, logs) [default: embedded].")
+@click.option("--users", "users_file", type=click.Path(dir_okay=False), default=None,
+              help="File of user:password lines; makes authentication mandatory.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="TOML config file (keys of BrokerConfig, top level or under [broker]).")
+@click.option("--log-level", default=None, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def run(
+    port: int | None,
+    data_dir: str | None,
+    host: str | None,
+    name: str | None,
+    users_file: str | None,
+    config_file: str | None,
+    log_level: str | None,
+) -> None:
+    """Run one broker in the foreground until SIGTERM or Ctrl-C.
+
+    Prints `listening on stomp://HOST:PORT` on stdout once it accepts clients; logs go
+    to stderr. Stopping flushes the journal.
+    """
+    from amqtransport.broker.config import BrokerConfig, load_users
+
+    try:
+        cfg = build_config(
+            config_file=config_file,
+            overrides={
+                "port": port,
+                "data_dir": data_dir,
+                "host": host,
+                "name": name,
+                "users_file": users_file,
+                "log_level": log_level,
+            },
+        )
+        assert isinstance(cfg, BrokerConfig)
+        users = load_users(cfg.users_file) if cfg.users_file else None
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    setup_logging(cfg.log_level)
+    if cfg.data_dir is None:
+        cfg = cfg.model_copy(update={"data_dir": str(Path("amq-data").resolve())})
+    try:
+        code = asyncio.run(_serve(cfg, users))
+    except KeyboardInterrupt:
+        code = 0
+    sys.exit(code)
+
+
+async def _serve(cfg: object, users: dict[str, str] | None) -> int:
+    from amqtransport.broker.config import BrokerConfig
+    from amqtransport.broker.server import BrokerServer
+    from amqtransport.broker.store import StoreLockedError
+
+    assert isinstance(cfg, BrokerConfig)
+    log = logging.getLogger("amqtransport.broker")
+    server = BrokerServer(cfg, users=users)
+    try:
+        await server.start()
+    except StoreLockedError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    except OSError as exc:
+        click.echo(f"error: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", err=True)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    click.echo(f"listening on stomp://{server.host}:{server.port}")
+    sys.stdout.flush()
+    await stop.wait()
+    log.info("signal received: stopping (flushing the journal)")
+    await server.stop()
+    return 0
+
+
+@broker.command("hash-password")
+@click.argument("password", required=False)
+@click.option("--user", default=None, help="Print a whole users-file line for this user.")
+def hash_password_cmd(password: str | None, user: str | None) -> None:
+    """Print the hashed form of PASSWORD for a users file (prompted when omitted)."""
+    from amqtransport.broker.config import hash_password
+
+    if password is None:
+        password = getpass.getpass("password: ")
+    hashed = hash_password(password)
+    click.echo(f"{user}:{hashed}" if user else hashed)
