@@ -1,0 +1,302 @@
+"""``amq demo``: the main job. A PySpark producer survives the loss of the master.
+
+Theory of operation
+-------------------
+1. Start a broker cluster on 127.0.0.1 (free ports, a private temp dir): the embedded
+   replicated pair when it is available, otherwise one broker process that is killed
+   and restarted on the same port and data directory (the output says which).
+2. Start a local SparkSession (``local[2,3]``) and write ``--rows`` rows
+   (``body = "row-<i>"``) from ``--partitions`` partitions through
+   ``failover:(...)`` with the ``amq`` data source, in a background thread.
+3. Watch the job from Spark's status tracker (tasks done / running) and print progress;
+   when ``--kill-at`` of the tasks are done (others are mid-flight), SIGKILL the master.
+   A probe connection in this process measures the recovery time: from the kill to the
+   first receipted send through the same failover URI.
+4. When the job has committed, consume the queue and count: consumed, distinct,
+   duplicates, lost. Exit 0 only when lost == 0 and duplicates == 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import click
+
+__all__ = ["demo", "DemoResult", "run_demo"]
+
+QUEUE = "/queue/demo.spark.orders"
+PROBE = "/queue/demo.probe"
+
+
+class Cluster(Protocol):
+    description: str
+    uri: str
+
+    def kill_master(self) -> str: ...
+    def after_kill(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def _failover(addresses: list[str]) -> str:
+    opts = "randomize=false&initialReconnectDelay=50&maxReconnectDelay=1000&maxReconnectAttempts=-1"
+    return f"failover:({','.join(addresses)})?{opts}"
+
+
+class RestartedNode:
+    """Interim cluster: one broker process, SIGKILLed and restarted on the same port/data dir."""
+
+    def __init__(self, workdir: Path) -> None:
+        from amqtransport.testing.broker_process import BrokerProcess
+
+        self.proc = BrokerProcess(workdir / "node", port=0)
+        self.proc.start()
+        self.uri = _failover([f"tcp://127.0.0.1:{self.proc.port}"])
+        self.description = (
+            f"one embedded broker process (pid {self.proc.pid}, port {self.proc.port}); the HA pair is not "
+            "available in this build, so the 'master kill' is a SIGKILL followed by a restart on the same "
+            "port and data directory"
+        )
+
+    def kill_master(self) -> str:
+        pid = self.proc.pid
+        self.proc.kill()
+        return f"SIGKILL broker pid {pid} (port {self.proc.port})"
+
+    def after_kill(self) -> None:
+        time.sleep(0.5)  # let the clients notice and retry at least once
+        self.proc.restart()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+
+
+def _start_cluster(workdir: Path) -> Cluster:
+    return RestartedNode(workdir)
+
+
+@dataclass
+class DemoResult:
+    rows: int
+    partitions: int
+    cluster: str = ""
+    killed: str = ""
+    kill_at_seconds: float | None = None
+    recovery_seconds: float | None = None
+    write_seconds: float = 0.0
+    receipted: int = 0
+    retried_partitions: int = 0
+    consumed: int = 0
+    distinct: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    job_error: str | None = None
+    progress: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.job_error is None and self.lost == 0 and self.duplicates == 0 and self.consumed == self.rows
+
+
+def _say(quiet: bool, text: str) -> None:
+    if not quiet:
+        click.echo(text)
+        sys.stdout.flush()
+
+
+def _probe_recovery(uri: str, killed_at: float, out: dict[str, float]) -> None:
+    """From the kill to the first receipted send through the failover URI."""
+    import amqtransport
+
+    try:
+        with amqtransport.connect(uri) as conn:
+            conn.send(PROBE, b"probe", idempotency_key=f"probe-{killed_at}")
+            out["recovered"] = time.monotonic() - killed_at
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal for the demo
+        out["error"] = float("nan")
+        click.echo(f"  probe failed: {exc!r}", err=True)
+
+
+def _stage_progress(sc: Any) -> tuple[int, int, int]:
+    tracker = sc.statusTracker()
+    total = done = active = 0
+    for sid in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(sid)
+        if info is not None:
+            total += info.numTasks
+            done += info.numCompletedTasks
+            active += info.numActiveTasks
+    return done, active, total
+
+
+def _consume(uri: str, expected: int, idle: float, quiet: bool) -> tuple[int, set[str], int]:
+    import amqtransport
+
+    seen: set[str] = set()
+    consumed = 0
+    dup = 0
+    last_print = time.monotonic()
+    with amqtransport.connect(uri) as conn:
+        sub = conn.subscribe(QUEUE, ack="auto", prefetch=1000)
+        while True:
+            msg = sub.receive(timeout=idle)
+            if msg is None:
+                break
+            consumed += 1
+            body = msg.text
+            if body in seen:
+                dup += 1
+            seen.add(body)
+            if time.monotonic() - last_print >= 1.0:
+                _say(quiet, f"  consumed {consumed:,} / {expected:,}")
+                last_print = time.monotonic()
+    return consumed, seen, dup
+
+
+def run_demo(
+    rows: int = 100_000,
+    partitions: int = 8,
+    kill_at: float = 0.4,
+    window: int = 200,
+    master: str = "local[2,3]",
+    quiet: bool = False,
+    kill: bool = True,
+) -> DemoResult:
+    from amqtransport.spark.session import local_session
+
+    result = DemoResult(rows=rows, partitions=partitions)
+    workdir = Path(tempfile.mkdtemp(prefix="amq-demo-"))
+    cluster: Cluster | None = None
+    spark = None
+    try:
+        _say(quiet, "== amq demo: a PySpark producer through failover:(...) while the master dies ==")
+        cluster = _start_cluster(workdir)
+        result.cluster = cluster.description
+        _say(quiet, f"cluster : {cluster.description}")
+        _say(quiet, f"uri     : {cluster.uri}")
+        _say(quiet, "spark   : starting a local session (first start takes a few seconds)...")
+        spark = local_session(master=master, app="amq-demo")
+        report = workdir / "commit-report.json"
+        df = spark.range(0, rows, 1, partitions).selectExpr("concat('row-', cast(id as string)) AS body")
+        writer = (
+            df.write.format("amq")
+            .mode("append")
+            .option("uri", cluster.uri)
+            .option("destination", QUEUE)
+            .option("receiptWindow", str(window))
+            .option("reportPath", str(report))
+        )
+        _say(quiet, f"job     : write {rows:,} rows from {partitions} partitions to {QUEUE} (receipt window {window})")
+        error: list[BaseException] = []
+
+        def job() -> None:
+            try:
+                writer.save()
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                error.append(exc)
+
+        started = time.monotonic()
+        thread = threading.Thread(target=job, name="amq-demo-spark-job", daemon=True)
+        thread.start()
+        killed_at: float | None = None
+        probe: dict[str, float] = {}
+        probe_thread: threading.Thread | None = None
+        last = ""
+        while thread.is_alive():
+            thread.join(0.5)
+            done, active, total = _stage_progress(spark.sparkContext)
+            elapsed = time.monotonic() - started
+            if total:
+                line = f"  {elapsed:6.1f}s  tasks done {done}/{total}, running {active}"
+                result.progress.append({"t": round(elapsed, 2), "done": done, "running": active, "total": total})
+                if line != last:
+                    _say(quiet, line)
+                    last = line
+                threshold = max(1, int(total * kill_at))
+                if kill and killed_at is None and done >= threshold and done < total:
+                    what = cluster.kill_master()
+                    killed_at = time.monotonic()
+                    result.killed = what
+                    result.kill_at_seconds = round(killed_at - started, 2)
+                    _say(quiet, f"  {elapsed:6.1f}s  KILL: {what} ({done}/{total} tasks done, {active} mid-flight)")
+                    probe_thread = threading.Thread(
+                        target=_probe_recovery, args=(cluster.uri, killed_at, probe), daemon=True
+                    )
+                    probe_thread.start()
+                    cluster.after_kill()
+        result.write_seconds = round(time.monotonic() - started, 2)
+        if kill and killed_at is None:
+            _say(quiet, "  note: the job finished before the kill point; no kill happened (use more --rows)")
+        if probe_thread is not None:
+            probe_thread.join(60)
+            if "recovered" in probe:
+                result.recovery_seconds = round(probe["recovered"], 3)
+        if error:
+            result.job_error = f"{type(error[0]).__name__}: {str(error[0]).splitlines()[0][:500]}"
+            _say(quiet, f"job FAILED: {result.job_error}")
+        else:
+            summary = json.loads(report.read_text()) if report.exists() else {}
+            result.receipted = int(summary.get("rows", 0))
+            result.retried_partitions = int(summary.get("retried_partitions", 0))
+            _say(quiet, f"job     : committed in {result.write_seconds:.1f}s; every task waited for all its receipts")
+        _say(quiet, "consume : draining the queue through the same failover URI ...")
+        consumed, seen, dup = _consume(cluster.uri, rows, idle=3.0, quiet=quiet)
+        expected = {f"row-{i}" for i in range(rows)}
+        result.consumed = consumed
+        result.distinct = len(seen)
+        result.duplicates = dup
+        result.lost = len(expected - seen)
+        return result
+    finally:
+        if spark is not None:
+            try:
+                spark.stop()
+            except Exception:  # noqa: BLE001
+                pass
+        if cluster is not None:
+            cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _print_result(r: DemoResult) -> None:
+    rec = "n/a" if r.recovery_seconds is None else f"{r.recovery_seconds:.3f} s (kill -> first receipted send on the new master)"
+    lines = [
+        "",
+        "== result ==",
+        f"rows written     : {r.rows:,} (from {r.partitions} partitions)",
+        f"receipted        : {r.receipted:,} (sum of the successful tasks' commit messages; {r.retried_partitions} task(s) were retries)",
+        f"consumed         : {r.consumed:,}",
+        f"duplicates       : {r.duplicates:,}",
+        f"lost             : {r.lost:,}",
+        f"master killed    : {r.killed or 'no'}" + (f" at {r.kill_at_seconds:.1f}s" if r.kill_at_seconds is not None else ""),
+        f"recovery time    : {rec}",
+        f"write job        : {r.write_seconds:.1f} s" + (f"  FAILED: {r.job_error}" if r.job_error else ""),
+        f"verdict          : {'OK: nothing lost, nothing duplicated' if r.ok else 'FAILED'}",
+    ]
+    click.echo("\n".join(lines))
+
+
+@click.command("demo")
+@click.option("--rows", default=100_000, show_default=True, help="Rows to write.")
+@click.option("--partitions", default=8, show_default=True, help="Spark partitions (one connection each).")
+@click.option("--kill-at", default=0.4, show_default=True, help="Kill the master when this fraction of tasks is done.")
+@click.option("--window", default=200, show_default=True, help="receiptWindow of the writer.")
+@click.option("--master", default="local[2,3]", show_default=True, help="Spark master.")
+@click.option("--no-kill", is_flag=True, help="Do not kill anything (baseline).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON at the end.")
+def demo(rows: int, partitions: int, kill_at: float, window: int, master: str, no_kill: bool, as_json: bool) -> None:
+    """Spark producer surviving a master kill: rows written, receipted, consumed, duplicates, lost."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    result = run_demo(rows=rows, partitions=partitions, kill_at=kill_at, window=window, master=master, kill=not no_kill)
+    _print_result(result)
+    if as_json:
+        click.echo(json.dumps(result.__dict__ | {"ok": result.ok}, default=str))
+    sys.exit(0 if result.ok else 1)
