@@ -63,6 +63,7 @@ from .destinations import (
     Destination,
     DestinationPattern,
     advisory_topic,
+    overlaps,
     parse_pattern,
     watched_destination,
 )
@@ -86,6 +87,18 @@ def _default_agent_factory(services: Sequence[str], options: Any, listener: Any)
     from amqtransport.transports.discovery import StaticDiscoveryAgent
 
     return StaticDiscoveryAgent(services, options, listener)
+
+
+def server_of(conn: Any) -> str:
+    """The ``server`` header of the CONNECTED frame (e.g. ``ActiveMQ/5.17.2``), or ""."""
+    value = getattr(conn, "server", None)
+    if isinstance(value, str):
+        return value
+    try:  # the client does not expose it publicly (yet): look at the live STOMP link
+        frame = conn.transport._conn.connected_frame
+        return str(frame.get("server") or "")
+    except Exception:  # noqa: BLE001 - unknown: assume a broker with advisories
+        return ""
 
 
 def _quietly(fn: Callable[[], Any]) -> None:
@@ -284,13 +297,7 @@ class Bridge:
         mode = self.config.advisories
         if mode != "auto":
             return mode == "on"
-        server = ""
-        for attr in ("server", "server_info"):
-            value = getattr(conn, attr, None)
-            if isinstance(value, str):
-                server = value
-                break
-        return "activemq" not in server.lower()
+        return "activemq" not in server_of(conn).lower()
 
     def run(self) -> BaseException | None:
         """Build, forward until failure/stop, tear down. Returns the failure (None if stopped)."""
@@ -354,8 +361,17 @@ class Bridge:
             if direction is None:
                 continue
             for inc in cfg.static_include:
+                if parse_pattern(inc).is_queue and parse_pattern(inc).has_wildcard:
+                    log.warning("bridge %s: static include %s is a wildcard queue subscription: it works only "
+                                "if the broker supports those (ActiveMQ does, the embedded broker does not)",
+                                self.name, inc)
                 direction.ensure(inc)
             dynamic = [parse_pattern(p) for p in cfg.dynamic_include]
+            # consumer advisories exist for queues only: a topic is forwarded whatever the
+            # demand (conduit: one subscription; the far broker drops what nobody reads)
+            for pattern in (p for p in dynamic if p.is_topic):
+                direction.ensure(str(pattern))
+            dynamic = [p for p in dynamic if p.is_queue]
             if not dynamic:
                 continue
             if self._advisories_enabled(watch_conn):
@@ -364,10 +380,11 @@ class Bridge:
                     self.watchers.append(w)
                     w.start()
             else:
-                log.info("bridge %s: no consumer advisories from %s: dynamic includes %s forwarded statically",
-                         self.name, "remote" if direction is fwd else "local", ", ".join(cfg.dynamic_include))
+                log.info("bridge %s: no consumer advisories from %s (%s): dynamic includes %s forwarded statically",
+                         self.name, "remote" if direction is fwd else "local", server_of(watch_conn) or "?",
+                         ", ".join(str(p) for p in dynamic))
                 for pattern in dynamic:
-                    if pattern.is_queue and any(_overlap(pattern, e) for e in self._excludes):
+                    if any(overlaps(pattern, e) for e in self._excludes):
                         log.warning("bridge %s: %s overlaps an exclude; not forwarded without advisories",
                                     self.name, pattern)
                         continue
@@ -384,12 +401,6 @@ class Bridge:
         for conn in (self.local, self.remote):
             if conn is not None:
                 _quietly(conn.close)
-
-
-def _overlap(a: DestinationPattern, b: DestinationPattern) -> bool:
-    from .destinations import overlaps
-
-    return overlaps(a, b)
 
 
 class NetworkConnector:
