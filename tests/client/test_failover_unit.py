@@ -522,7 +522,7 @@ def test_direct_transport_heartbeat_deadline_detects_half_open(backend: MemoryBa
 
 
 def test_failover_reconnects_after_heartbeat_timeout(backend: MemoryBackend) -> None:
-    a, b = backend.add("a:1", heart_beat="50,50"), backend.add("b:2")
+    a, _b = backend.add("a:1", heart_beat="50,50"), backend.add("b:2")
     rec = Recorder()
     with amqtransport.connect(URI2, backend=backend, heartbeat=(50, 50), listener=rec,
                               sleep=lambda s: None) as conn:
