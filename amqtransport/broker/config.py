@@ -33,40 +33,40 @@ class BrokerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = "127.0.0.1"
-    port: int = Field(61613, ge=0, le=65535)
+    port: int = Field(default=61613, ge=0, le=65535)
     name: str = "embedded"
     data_dir: str | None = None
     users_file: str | None = None
 
     # limits
-    max_connections: int = Field(1000, ge=1)
-    max_frame_size: int = Field(10 * MiB, ge=256)
-    max_headers: int = Field(1000, ge=1)
-    max_header_line: int = Field(64 * 1024, ge=64)
-    max_pending_frames: int = Field(10000, ge=1)
-    write_buffer_high: int = Field(1 * MiB, ge=4096)
-    max_subscriptions: int = Field(1000, ge=1)
-    max_transactions: int = Field(100, ge=1)
-    connect_timeout_ms: int = Field(10000, ge=1)
+    max_connections: int = Field(default=1000, ge=1)
+    max_frame_size: int = Field(default=10 * MiB, ge=256)
+    max_headers: int = Field(default=1000, ge=1)
+    max_header_line: int = Field(default=64 * 1024, ge=64)
+    max_pending_frames: int = Field(default=10000, ge=1)
+    write_buffer_high: int = Field(default=1 * MiB, ge=4096)
+    max_subscriptions: int = Field(default=1000, ge=1)
+    max_transactions: int = Field(default=100, ge=1)
+    connect_timeout_ms: int = Field(default=10000, ge=1)
 
     # heart-beats: the broker can send / wants to receive no faster than these
-    heartbeat_send_min_ms: int = Field(100, ge=0)
-    heartbeat_receive_min_ms: int = Field(100, ge=0)
-    heartbeat_grace: float = Field(2.0, ge=1.0)
+    heartbeat_send_min_ms: int = Field(default=100, ge=0)
+    heartbeat_receive_min_ms: int = Field(default=100, ge=0)
+    heartbeat_grace: float = Field(default=2.0, ge=1.0)
 
     # delivery
-    default_prefetch: int = Field(1000, ge=1)
-    max_redeliveries: int = Field(6, ge=-1)
+    default_prefetch: int = Field(default=1000, ge=1)
+    max_redeliveries: int = Field(default=6, ge=-1)
     dlq_prefix: str = "DLQ."
-    topic_backlog_limit: int = Field(10000, ge=1)
+    topic_backlog_limit: int = Field(default=10000, ge=1)
     advisories: bool = True
 
     # persistence
     fsync: bool = True
-    segment_size: int = Field(32 * MiB, ge=4096)
-    compact_interval_ms: int = Field(1000, ge=10)
-    dedupe_window_size: int = Field(100_000, ge=0)
-    dedupe_window_seconds: float = Field(3600.0, ge=0)
+    segment_size: int = Field(default=32 * MiB, ge=4096)
+    compact_interval_ms: int = Field(default=1000, ge=10)
+    dedupe_window_size: int = Field(default=100_000, ge=0)
+    dedupe_window_seconds: float = Field(default=3600.0, ge=0)
 
     log_level: str = "INFO"
 
