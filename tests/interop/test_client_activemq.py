@@ -119,3 +119,34 @@ def test_subscription_continues_after_failover(activemq_pair: ActiveMQPair) -> N
         got = drain(sub, {f"after-{i}" for i in range(10)}, timeout=30)
         assert {f"after-{i}" for i in range(10)} <= got
         assert consumer.connected_uri == pair.slave.uri.split("?")[0]
+
+
+def test_amq_send_through_a_master_kill_then_amq_recv_gets_all(activemq_pair: ActiveMQPair) -> None:
+    """The issue's "done when": amq send through a master kill, amq recv gets every message."""
+    import json
+    import subprocess
+    import sys
+
+    pair = activemq_pair
+    count = 6000
+    amq = [sys.executable, "-m", "amqtransport"]
+    proc = subprocess.Popen([*amq, "send", pair.uri, "/queue/interop.cli", "--count", str(count), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        pair.master.kill()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    sent = json.loads(out.strip().splitlines()[-1])
+    assert sent["sent"] == count
+    assert sent["failovers"] >= 1, "the kill did not land mid-run"
+    assert sent["connected"] == pair.slave.uri.split("?")[0]
+    res = subprocess.run([*amq, "recv", pair.uri, "/queue/interop.cli", "--count", str(count), "--timeout", "10",
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["received"] == count
