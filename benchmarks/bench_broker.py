@@ -1,0 +1,185 @@
+"""Broker throughput: our embedded broker against ActiveMQ Classic 5.17, same client, same run.
+
+Run: .venv/bin/python benchmarks/bench_broker.py [N]      (AMQ_BENCH_QUICK=1 for a smoke run)
+
+Workloads (persistent 256-byte SENDs to a fresh queue per round, one connection):
+
+* ``receipt, window W`` -- a receipt per message, at most W receipts outstanding
+  (pipelined); the rate counts receipted messages (for us: fsynced).
+* ``receipt, window 1`` -- one message at a time (latency-bound: one fsync each).
+* ``fire-and-forget`` -- no receipts, then one last SEND with a receipt so that the
+  clock stops when the broker has processed (and, for ours, persisted) every message.
+
+The client is a raw socket with our sans-IO codec; all frames are serialized before
+the clock starts, so the client's CPU cost is the same small loop for both brokers.
+Ours runs as a real process (``amq broker run``, fsync on), ActiveMQ as Debian's
+5.17 (KahaDB, journal disk syncs on -- its default). Rounds alternate (ours, peer, ...)
+and the table reports the medians and ``ours / ActiveMQ`` (higher is better).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import compare, machine, print_table, quick, scale, write_result  # noqa: E402
+
+from amqtransport.stomp import Frame, FrameParser, serialize  # noqa: E402
+from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
+
+BODY = b"x" * 256
+
+
+class RawClient:
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.parser = FrameParser("1.2")
+        self.sock.sendall(serialize(Frame.make("CONNECT", {"accept-version": "1.2", "host": "localhost"})))
+        f = self.next_frame()
+        assert f.command == "CONNECTED", f
+
+    def next_frames(self) -> list[Frame]:
+        while True:
+            frames = [e for e in self.parser.events() if isinstance(e, Frame)]
+            if frames:
+                return frames
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("broker closed the connection")
+            self.parser.feed(data)
+
+    def next_frame(self) -> Frame:
+        return self.next_frames()[0]
+
+    def close(self) -> None:
+        try:
+            self.sock.sendall(serialize(Frame.make("DISCONNECT", {})))
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def _frames(dest: str, n: int, receipts: bool) -> list[bytes]:
+    out = []
+    for i in range(n):
+        headers = [("destination", dest), ("persistent", "true")]
+        if receipts:
+            headers.append(("receipt", str(i)))
+        out.append(serialize(Frame.make("SEND", headers, BODY)))
+    return out
+
+
+def pipelined(port: int, dest: str, n: int, window: int) -> float:
+    frames = _frames(dest, n, receipts=True)
+    c = RawClient(port)
+    try:
+        sent = done = 0
+        t0 = time.perf_counter()
+        while done < n:
+            if sent < n and sent - done < window:
+                upto = min(n, done + window)
+                c.sock.sendall(b"".join(frames[sent:upto]))
+                sent = upto
+            for f in c.next_frames():
+                if f.command != "RECEIPT":
+                    raise RuntimeError(f"unexpected {f.command}: {f.get('message')}")
+                done += 1
+        return n / (time.perf_counter() - t0)
+    finally:
+        c.close()
+
+
+def fire_and_forget(port: int, dest: str, n: int) -> float:
+    frames = _frames(dest, n, receipts=False)
+    last = serialize(Frame.make("SEND", {"destination": dest, "persistent": "true", "receipt": "last"}, BODY))
+    c = RawClient(port)
+    try:
+        t0 = time.perf_counter()
+        chunk = 256
+        for i in range(0, n, chunk):
+            c.sock.sendall(b"".join(frames[i : i + chunk]))
+        c.sock.sendall(last)
+        f = c.next_frame()
+        if f.command != "RECEIPT":
+            raise RuntimeError(f"unexpected {f.command}: {f.get('message')}")
+        return (n + 1) / (time.perf_counter() - t0)
+    finally:
+        c.close()
+
+
+def start_activemq(workdir: Path) -> tuple[int, Callable[[], None]] | None:
+    try:
+        from amqtransport.testing.activemq import ActiveMQNode, missing_reason
+    except ImportError as exc:  # pragma: no cover - the harness is part of the project
+        print(f"ActiveMQ harness unavailable: {exc}")
+        return None
+    reason = missing_reason()
+    if reason is not None:
+        print(f"skipped ActiveMQ: {reason}")
+        return None
+    node = ActiveMQNode(workdir, "bench", heap="512m")
+    node.start()
+    return node.stomp_port, node.stop
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else scale(20000, 2000)
+    n_sync = scale(500, 100)
+    rounds = 3 if not quick() else 1
+    window = 100
+    work = Path(tempfile.mkdtemp(prefix="bench-broker-"))
+    ours = BrokerProcess(work / "ours", log_dir=work)
+    ours.start()
+    amq = start_activemq(work / "activemq")
+    counter = [0]
+
+    def dest() -> str:
+        counter[0] += 1
+        return f"/queue/bench.{counter[0]}"
+
+    rows = []
+    try:
+        # warm up both (JIT for ActiveMQ, imports and page cache for ours)
+        pipelined(ours.port, dest(), 2000, window)
+        if amq is not None:
+            pipelined(amq[0], dest(), 5000, window)
+        cases: list[tuple[str, Callable[[int], float]]] = [
+            (f"receipt per message, window {window}", lambda port: pipelined(port, dest(), n, window)),
+            ("fire-and-forget (+1 final receipt)", lambda port: fire_and_forget(port, dest(), n)),
+            ("receipt per message, window 1", lambda port: pipelined(port, dest(), n_sync, 1)),
+        ]
+        for label, fn in cases:
+            if amq is not None:
+                port = amq[0]
+                cmp = compare(lambda fn=fn: fn(ours.port), lambda fn=fn, port=port: fn(port), rounds=rounds)
+                rows.append(
+                    {
+                        "workload": label,
+                        "ours msg/s": cmp.ours,
+                        "ActiveMQ msg/s": cmp.peer,
+                        "ours/ActiveMQ": cmp.ratio,
+                        "ours all": [round(x) for x in cmp.ours_all],
+                        "ActiveMQ all": [round(x) for x in cmp.peer_all],
+                    }
+                )
+            else:
+                vals = [fn(ours.port) for _ in range(rounds)]
+                rows.append({"workload": label, "ours msg/s": sorted(vals)[len(vals) // 2], "ours all": [round(x) for x in vals]})
+    finally:
+        ours.terminate()
+        if amq is not None:
+            amq[1]()
+    print_table(rows, title=f"persistent {len(BODY)}-byte sends, n={n} (window 1: n={n_sync}), {rounds} rounds, median")
+    headline = {r["workload"] + " ours/ActiveMQ": r["ours/ActiveMQ"] for r in rows if "ours/ActiveMQ" in r}
+    write_result("broker", rows, headline=headline, notes=f"n={n}, window={window}; machine={machine().get('cpu')}")
+
+
+if __name__ == "__main__":
+    main()
