@@ -35,7 +35,7 @@ import random
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Literal
@@ -193,7 +193,7 @@ class Producer:
             raise ValueError("window must be >= 1")
         self._conn = conn
         self.window = window
-        self._outstanding: list[Receipt] = []
+        self._outstanding: deque[Receipt] = deque()
         self.sent = 0
         self.receipted = 0
 
@@ -202,7 +202,7 @@ class Producer:
         frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key)
         transport = self._conn._transport
         while len(self._outstanding) >= self.window:
-            transport.wait(self._outstanding.pop(0))
+            transport.wait(self._outstanding.popleft())
             self.receipted += 1
         rec = transport.request(frame)
         assert rec is not None
@@ -210,7 +210,7 @@ class Producer:
         self.sent += 1
         # reap what is already done without blocking
         while self._outstanding and self._outstanding[0].done:
-            transport.wait(self._outstanding.pop(0))
+            transport.wait(self._outstanding.popleft())
             self.receipted += 1
 
     @property
@@ -221,7 +221,7 @@ class Producer:
         transport = self._conn._transport
         while self._outstanding:
             transport.wait(self._outstanding[0], timeout)
-            self._outstanding.pop(0)
+            self._outstanding.popleft()
             self.receipted += 1
 
     def __enter__(self) -> Producer:

@@ -87,6 +87,7 @@ from amqtransport.transports.stomp import (
     Receipt,
     StompConnection,
     Transport,
+    with_receipt,
 )
 
 __all__ = ["FailoverTransport"]
@@ -561,13 +562,12 @@ class FailoverTransport(Transport):
         gen = getattr(conn, "tag", 0)
         if frame.command == "RECEIPT":
             rid = frame.get("receipt-id")
-            if rid is not None:
+            rec = self._pending.get(rid) if rid is not None else None  # a dict read: atomic
+            if rec is not None and rec.tx is not None:
                 with self._lock:
-                    rec = self._pending.get(rid)
-                    if rec is not None and rec.tx is not None:
-                        tx = self._txs.get(rec.tx)
-                        if tx is not None and tx.acked_gen is None:
-                            tx.acked_gen = gen
+                    tx = self._txs.get(rec.tx)
+                    if tx is not None and tx.acked_gen is None:
+                        tx.acked_gen = gen
         elif frame.command == "MESSAGE" and conn is not self._conn:
             return  # from a retired link: the broker redelivers on the current one
         self._dispatch(frame, gen)
@@ -605,7 +605,7 @@ class FailoverTransport(Transport):
             self._oneway(frame)
             return None
         rid = self.next_id("r")
-        rec = Receipt(rid, frame.with_headers(receipt=rid), tx=tx_id)
+        rec = Receipt(rid, with_receipt(frame, rid), tx=tx_id)
         with self._lock:
             self._check_usable()
             if tx_id is not None:
