@@ -551,3 +551,31 @@ def test_connect_frame_headers(backend: MemoryBackend) -> None:
     assert connect.header_map == {"accept-version": "1.0,1.1,1.2", "host": "vh", "login": "me", "passcode": "pw",
                                   "client-id": "cid", "heart-beat": "0,0"}
     assert a.received[-1].command == "DISCONNECT"
+
+
+def test_update_uris_url_adds_endpoints_before_reconnecting(backend: MemoryBackend, tmp_path: Any) -> None:
+    a = backend.add("a:1")
+    c = backend.add("c:3")
+    listing = tmp_path / "uris.txt"
+    listing.write_text("tcp://a:1, tcp://c:3\n")
+    rec = Recorder()
+    with amqtransport.connect(f"failover:(tcp://a:1)?randomize=false&updateURIsURL={listing}", backend=backend,
+                              sleep=lambda s: None, listener=rec) as conn:
+        assert conn.connected_uri == "tcp://a:1"
+        a.up = False
+        a.drop()
+        assert rec.event.wait(5)
+        assert conn.connected_uri == "tcp://c:3"
+        assert c.connect_count == 1
+
+
+def test_vm_uri_starts_an_in_process_broker() -> None:
+    name = f"vmtest{time.monotonic_ns()}"
+    with amqtransport.connect(f"vm://{name}") as conn:
+        sub = conn.subscribe("/queue/vm")
+        conn.send("/queue/vm", "in process")
+        msg = sub.receive(5)
+        assert msg is not None and msg.text == "in process"
+        assert conn.connected_uri == f"vm://{name}"
+    with amqtransport.connect(f"vm://{name}") as again:  # the same broker, still running
+        assert again.is_connected
