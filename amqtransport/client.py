@@ -321,6 +321,12 @@ class Connection:
     def is_connected(self) -> bool:
         return self._transport.is_connected
 
+    @property
+    def server(self) -> str | None:
+        """The broker's ``server`` header on the current link (``ActiveMQ/5.17.2``), or None."""
+        frame = self._transport.connected_frame
+        return frame.get("server") if frame is not None else None
+
     def add_listener(self, listener: Any) -> None:
         """Listener with optional ``on_interrupted(error)``, ``on_resumed(address)``,
         ``on_failed(error)``; called from the transport's threads, exceptions logged."""

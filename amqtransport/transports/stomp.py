@@ -455,6 +455,12 @@ class Transport:
     def version(self) -> str:
         raise NotImplementedError
 
+    @property
+    def connected_frame(self) -> Frame | None:
+        """The CONNECTED frame of the current link (None while disconnected)."""
+        conn: StompConnection | None = getattr(self, "_conn", None)
+        return conn.connected_frame if conn is not None and conn.alive else None
+
     def request(self, frame: Frame, *, receipt: bool = True) -> Receipt | None:
         raise NotImplementedError
 

@@ -216,3 +216,9 @@ def test_bad_credentials_raise_authentication_error(tmp_path: Path) -> None:
             amqtransport.connect(f"failover:({proc.uri})", login="alice", passcode="wrong")
     finally:
         proc.terminate()
+
+
+def test_server_header_is_exposed(broker: BrokerProcess) -> None:
+    with amqtransport.connect(f"failover:({broker.uri})") as conn:
+        assert conn.server is not None and conn.server.startswith("amqtransport/")
+        assert conn.transport.connected_frame is not None
