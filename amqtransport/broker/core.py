@@ -245,8 +245,16 @@ class TxState:
     nacked: list[tuple[Subscription, Message]] = field(default_factory=list)
 
 
+_SPLIT_CACHE: dict[str, tuple[str, str]] = {}
+
+
 def split_destination(destination: str) -> tuple[str, str]:
     """``("queue"|"topic", name)``; CoreError for anything else."""
+    hit = _SPLIT_CACHE.get(destination)
+    if hit is not None:
+        return hit
+    if len(_SPLIT_CACHE) > 10000:
+        _SPLIT_CACHE.clear()
     for prefix, kind in (
         (QUEUE_PREFIX, "queue"),
         (TOPIC_PREFIX, "topic"),
@@ -257,6 +265,7 @@ def split_destination(destination: str) -> tuple[str, str]:
             name = destination[len(prefix) :]
             if not name:
                 raise CoreError(f"destination {destination!r} has an empty name")
+            _SPLIT_CACHE[destination] = (kind, name)
             return kind, name
     raise CoreError(f"destination {destination!r} must start with /queue/ or /topic/")
 
@@ -297,6 +306,7 @@ class BrokerCore:
         self.duplicates = 0
         self.dead_lettered = 0
         self.expired = 0
+        self.shutting_down = False  # set by the server: no dead-lettering while it closes
 
     # ------------------------------------------------------------------ startup
     def load_from_store(self) -> int:
@@ -685,7 +695,7 @@ class BrokerCore:
         limit = self.config.max_redeliveries
         back: list[Message] = []
         for m in msgs:
-            if limit >= 0 and m.delivery_count > limit and count_failure:
+            if limit >= 0 and m.delivery_count > limit and count_failure and not self.shutting_down:
                 self._dead_letter(m)
             else:
                 back.append(m)

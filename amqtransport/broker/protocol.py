@@ -360,6 +360,9 @@ class StompConnection(asyncio.Protocol):
         return value
 
     def _on_connect(self, frame: StompFrame) -> None:
+        ha = getattr(self.server, "ha", None)  # HA node hook: status requests, replication links
+        if ha is not None and ha.intercept_connect(self, frame):
+            return
         try:
             version = negotiate_version(frame.get("accept-version"))
         except RemoteProtocolError as exc:
@@ -624,6 +627,8 @@ class StompConnection(asyncio.Protocol):
         if self.closing or self.transport is None:
             return
         now = self.loop.time()
+        if self._reading_paused:
+            self.last_read = now  # we stopped reading (back-pressure): silence is ours, not theirs
         if self.hb_expect and now - self.last_read > self.hb_expect * self.config.heartbeat_grace:
             log.info(
                 "client %s silent for %.1f s (heart-beat %d ms): dropping it",

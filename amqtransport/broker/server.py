@@ -105,6 +105,8 @@ class BrokerServer:
         if self._compact_handle is not None:
             self._compact_handle.cancel()
             self._compact_handle = None
+        if self.core is not None:
+            self.core.shutting_down = True
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):

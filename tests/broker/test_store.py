@@ -321,3 +321,15 @@ def test_snapshot_rebuilds_an_equal_store(tmp_path: Path) -> None:
     assert b2.is_duplicate("k1")
     b2.close()
     a.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.text(min_size=1, max_size=20), st.text(max_size=30)), max_size=8),
+    st.binary(max_size=100),
+    st.text(max_size=30),
+)
+def test_enq_round_trip_any_headers(headers: list[tuple[str, str]], body: bytes, key: str) -> None:
+    m = Message("id", "/queue/q", tuple(headers), body, key, 12.5)
+    back = decode(encode(Enq(m)))
+    assert isinstance(back, Enq) and same(back.message, m)

@@ -149,7 +149,8 @@ class Journal:
         self.segment_size = segment_size
         self.fsync = fsync
         self._notify = notify or _run_inline
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._queue: list[bytes | tuple[str, object]] = []
         self._callbacks: list[Callback] = []
         self._payloads: list[bytes] = []
@@ -158,6 +159,7 @@ class Journal:
         self._durable = 0  # records durable so far
         self._closing = False
         self._busy = False
+        self._waiting = False  # the writer sleeps on the condition
         self._failed: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._head = 0
@@ -270,8 +272,11 @@ class Journal:
             raise JournalError(f"journal failed earlier: {self._failed}")
         if self._closing:
             raise JournalError("journal is closed")
-        size = sum(len(p) for p in payloads) + _FRAME.size * len(payloads)
-        with self._cond:
+        if len(payloads) == 1:
+            size = len(payloads[0]) + _FRAME.size
+        else:
+            size = sum(len(p) for p in payloads) + _FRAME.size * len(payloads)
+        with self._lock:
             if self._head_records and self._head_size + size > self.segment_size:
                 self._head += 1
                 self._head_size = len(MAGIC)
@@ -287,7 +292,8 @@ class Journal:
             self._appended += len(payloads)
             if callback is not None:
                 self._callbacks.append(callback)
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()  # flush() waiters share the condition
             return self._head
 
     def on_durable(self, callback: Callback) -> None:
@@ -358,7 +364,9 @@ class Journal:
         while True:
             with self._cond:
                 while not self._queue and not self._closing:
+                    self._waiting = True
                     self._cond.wait()
+                    self._waiting = False
                 if not self._queue and self._closing:
                     return
                 items, self._queue = self._queue, []

@@ -22,6 +22,8 @@ The journal adds framing (length + CRC32) around the payloads produced here.
 
 from __future__ import annotations
 
+import itertools
+import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -95,7 +97,9 @@ T_ENQ, T_ACK, T_MOVE, T_TX, T_KEYS, T_SUB, T_UNSUB = range(1, 8)
 _H = struct.Struct("<H")
 _I = struct.Struct("<I")
 _D = struct.Struct("<d")
-_ENQ_FIXED = struct.Struct("<ddIH")  # timestamp, expires, delivery_count, n_headers
+# type, len(id), len(destination), len(key), timestamp, expires, delivery_count, len(headers), len(body)
+_ENQ_HEAD = struct.Struct("<BHHHddIII")
+_json_dumps = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), check_circular=False).encode
 
 
 def _s16(out: list[bytes], text: str) -> None:
@@ -113,16 +117,7 @@ def _b32(out: list[bytes], raw: bytes) -> None:
 
 def _encode_into(out: list[bytes], rec: Record) -> None:
     if isinstance(rec, Enq):
-        m = rec.message
-        out.append(bytes((T_ENQ,)))
-        _s16(out, m.id)
-        _s16(out, m.destination)
-        _s16(out, m.key)
-        out.append(_ENQ_FIXED.pack(m.timestamp, m.expires, m.delivery_count, len(m.headers)))
-        for k, v in m.headers:
-            _s16(out, k)
-            _b32(out, v.encode("utf-8", "surrogatepass"))
-        _b32(out, m.body)
+        out.append(encode_enq(rec.message))
     elif isinstance(rec, Ack):
         out.append(bytes((T_ACK,)))
         out.append(_I.pack(len(rec.ids)))
@@ -155,6 +150,45 @@ def _encode_into(out: list[bytes], rec: Record) -> None:
         _s16(out, rec.queue)
     else:  # pragma: no cover - typing guards this
         raise RecordError(f"not a record: {rec!r}")
+
+
+def _encode_headers(headers: tuple[tuple[str, str], ...]) -> bytes:
+    """NUL-separated names and values (C-speed join/split); JSON if a NUL occurs inside."""
+    if not headers:
+        return b"\x00"
+    flat = "\x00".join(itertools.chain.from_iterable(headers))
+    if flat.count("\x00") == 2 * len(headers) - 1:
+        return b"\x00" + flat.encode("utf-8", "surrogatepass")
+    return _json_dumps(headers).encode("ascii")
+
+
+def _decode_headers(raw: bytes) -> tuple[tuple[str, str], ...]:
+    if raw[:1] == b"\x00":
+        if len(raw) == 1:
+            return ()
+        parts = raw[1:].decode("utf-8", "surrogatepass").split("\x00")
+        if len(parts) % 2:
+            raise RecordError("message headers: odd number of NUL-separated fields")
+        return tuple(zip(parts[0::2], parts[1::2], strict=True))
+    loaded = json.loads(raw)
+    if not isinstance(loaded, list) or not all(
+        isinstance(h, list) and len(h) == 2 and isinstance(h[0], str) and isinstance(h[1], str) for h in loaded
+    ):
+        raise RecordError("message headers are not a list of [name, value] strings")
+    return tuple((h[0], h[1]) for h in loaded)
+
+
+def encode_enq(m: Message) -> bytes:
+    idb = m.id.encode("utf-8", "surrogatepass")
+    db = m.destination.encode("utf-8", "surrogatepass")
+    kb = m.key.encode("utf-8", "surrogatepass")
+    hb = _encode_headers(m.headers)
+    if len(idb) > 0xFFFF or len(db) > 0xFFFF or len(kb) > 0xFFFF:
+        raise RecordError("message id, destination or key longer than 65535 bytes")
+    head = _ENQ_HEAD.pack(
+        T_ENQ, len(idb), len(db), len(kb), m.timestamp, m.expires, m.delivery_count, len(hb), len(m.body)
+    )
+    return b"".join((head, idb, db, kb, hb, m.body))
 
 
 def encode(rec: Record) -> bytes:
@@ -209,21 +243,18 @@ def _decode(r: _Reader, top: bool) -> Record:
     (kind,) = r.take(1)
     rec: Record
     if kind == T_ENQ:
-        mid = r.s16()
-        dest = r.s16()
-        key = r.s16()
-        ts, expires, count, nh = _ENQ_FIXED.unpack(r.take(_ENQ_FIXED.size))
-        headers = []
-        for _ in range(nh):
-            name = r.s16()
-            value = r.b32().decode("utf-8", "surrogatepass")
-            headers.append((name, value))
-        body = r.b32()
+        r.pos = 0
+        (_, lid, ldest, lkey, ts, expires, count, lh, lb) = _ENQ_HEAD.unpack(r.take(_ENQ_HEAD.size))
+        mid = bytes(r.take(lid)).decode("utf-8", "surrogatepass")
+        dest = bytes(r.take(ldest)).decode("utf-8", "surrogatepass")
+        key = bytes(r.take(lkey)).decode("utf-8", "surrogatepass")
+        headers = _decode_headers(bytes(r.take(lh)))
+        body = bytes(r.take(lb))
         rec = Enq(
             Message(
                 id=mid,
                 destination=dest,
-                headers=tuple(headers),
+                headers=headers,
                 body=body,
                 key=key,
                 timestamp=ts,

@@ -44,7 +44,7 @@ from typing import Protocol
 from ..message import Message
 from .dedupe import DedupeWindow
 from .journal import Callback, Journal
-from .records import Ack, Enq, Keys, Move, Record, Sub, Tx, Unsub, decode, encode
+from .records import Ack, Enq, Keys, Move, Record, Sub, Tx, Unsub, decode, encode, encode_enq
 
 __all__ = ["MessageStore", "StoreListener", "StoreStats", "ORIGINAL_DESTINATION"]
 
@@ -253,7 +253,18 @@ class MessageStore:
     # ------------------------------------------------------------------ mutations
     def add(self, message: Message, callback: Callback | None = None) -> None:
         """Persist a newly accepted message (and its idempotency key)."""
-        self._write([Enq(message)], self._track_key(message.key, callback))
+        if self._listeners:
+            self._write([Enq(message)], self._track_key(message.key, callback))
+            return
+        # fast path of _write for the commonest record
+        cb = self._track_key(message.key, callback) if message.key else callback
+        seg = self.journal.append((encode_enq(message),), cb)
+        message.persistent = True
+        message.segment = seg
+        self.live[message.id] = message
+        self._count[seg] = self._count.get(seg, 0) + 1
+        if message.key:
+            self.dedupe.add(message.key, message.timestamp, seg)
 
     def add_many(self, messages: Sequence[Message], callback: Callback | None = None) -> None:
         """Persist several messages in one atomic record (a topic's durable copies)."""
