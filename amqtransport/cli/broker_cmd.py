@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from amqtransport.cli.ha_cmd import ha_options, run_ha
 from amqtransport.errors import ConfigError
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -59,6 +60,7 @@ def setup_logging(level: str) -> None:
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="TOML config file (keys of BrokerConfig, top level or under [broker]).")
 @click.option("--log-level", default=None, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@ha_options
 def run(
     port: int | None,
     data_dir: str | None,
@@ -67,6 +69,7 @@ def run(
     users_file: str | None,
     config_file: str | None,
     log_level: str | None,
+    **ha: object,
 ) -> None:
     """Run one broker in the foreground until SIGTERM or Ctrl-C.
 
@@ -95,6 +98,8 @@ def run(
     setup_logging(cfg.log_level)
     if cfg.data_dir is None:
         cfg = cfg.model_copy(update={"data_dir": str(Path("amq-data").resolve())})
+    if ha.get("ha"):
+        sys.exit(run_ha(cfg, users, ha))
     try:
         code = asyncio.run(_serve(cfg, users))
     except KeyboardInterrupt:
@@ -141,3 +146,13 @@ def hash_password_cmd(password: str | None, user: str | None) -> None:
         password = getpass.getpass("password: ")
     hashed = hash_password(password)
     click.echo(f"{user}:{hashed}" if user else hashed)
+
+
+def _register_ha() -> None:
+    from amqtransport.cli.ha_cmd import pair, status
+
+    broker.add_command(pair)
+    broker.add_command(status)
+
+
+_register_ha()

@@ -1,0 +1,930 @@
+"""One node of an HA pair: the role state machine (master / slave / cold backup).
+
+Theory of operation
+-------------------
+A node is a process with two listening sockets. The *HA port* (``--ha-port``) is bound
+from the start in every role: it answers status requests (a STOMP ``CONNECT`` carrying
+``amq-ha-status``; the ``CONNECTED`` frame carries ``amq-ha-*`` headers: role, epoch,
+peer, message counts) and accepts replication links when the node is master. The
+*client port* (``--port``) is bound only while the node is master, so clients see
+"connection refused" everywhere except on the master and their ``failover:`` URI
+finds it. Both ports accept the same HA requests (a master's client port also answers
+``amq-ha-status`` and replication ``CONNECT`` frames, as ActiveMQ's master connector
+points at the master's transport connector).
+
+Shared store (``--ha shared-store``). Both nodes use one data directory. The node
+polls the exclusive lock ``ha.lock`` every ``--lock-interval`` (default 0.1 s); once
+it holds it, it raises the epoch in ``ha-state.json``, recovers the journal (every
+receipted message is in it: receipts follow fsync) and binds the client port. A clean
+stop (SIGTERM) closes the store and releases the lock, so the other node takes over
+within one poll interval (``failover-on-shutdown``). ``--allow-failback`` on a node
+makes it yield to the pair's *primary* (the node that first took the lock on this
+store, recorded in the state file): a restarted primary that finds the lock taken
+drops a request file; a live node with ``--allow-failback`` sees it, stops cleanly and
+releases the lock, and does not take it back until the primary is master.
+
+Replicated, shared nothing (``--ha replicated``). A node with ``--master-connector``
+is configured as slave; one without is configured as master. At start (and after
+every lost link) the node *decides* (:meth:`HaNode._decide`):
+
+1. It probes every address it knows for its peer (the master connector, and the
+   peer's client/HA addresses learnt in an earlier handshake and kept in
+   ``ha-state.json``). A live master anywhere wins: this node becomes its slave and
+   resynchronises from scratch, whatever its own epoch (never two masters; an old
+   master coming back therefore rejoins as slave automatically).
+2. If the peer answers but is not master either (both starting), the higher epoch of
+   a synced store wins, then the node that was master at that epoch, then the
+   configured master, then the lower name.
+3. If the peer is unreachable: an unsynced store never becomes master; a node whose
+   state says a slave had synced from it (``peer_may_be_master``) waits -- that slave
+   may have taken over and hold newer data; otherwise the configured master (or a node
+   that was master last) becomes master; a configured slave waits for its master.
+
+A master raises the epoch before binding, installs the
+:class:`~.replication.ReplicationMaster` (store listener + journal gate: a receipt
+waits for the slave's fsync while a slave is attached), and binds the client port --
+at once, or with ``--wait-for-slave`` only when a slave has synced. When a synced slave
+is lost the master carries on alone, or with ``--shutdown-on-slave-failure`` stops
+(receipts for unreplicated records are refused). With no slave attached it probes its
+known peer every second and demotes itself if the peer is a master with a higher
+epoch (the end of a split brain).
+
+A slave connects, wipes its store, imports the snapshot, acks, then applies and acks
+every record. It starts no client connector. When the link breaks after it was in
+sync, ``--shutdown-on-master-failure`` makes it stop (a cold backup holding a
+complete copy); otherwise it takes over only if the master is unreachable on *every*
+address it knows (master connector, master client port, master HA port) *and* the
+``--takeover-check`` address (host:port, both nodes must be able to reach it: the
+clients' gateway, a load balancer, a third host) answers a TCP connect.
+
+Partition cases (M = master, S = slave, C = the takeover-check address)
+----------------------------------------------------------------------
+1. M's process dies (crash, SIGKILL): the link gets EOF at once, every M address
+   refuses, C answers -> S takes over (epoch + 1). No loss: every receipt was on S's
+   disk.
+2. M's host or network dies silently: no ack/ping for ``--link-timeout`` (default
+   2 s) -> S probes M (times out) -> C answers -> S takes over.
+3. Only the replication link is cut (a proxy between them dies), M is alive:
+   M drops S after ``--link-timeout`` without an ack and serves alone (or stops with
+   ``--shutdown-on-slave-failure``). S sees the link go, probes M's own client/HA
+   address, gets an answer, and stays slave, retrying the link every interval; when
+   it comes back S resyncs. No second master.
+4. S is isolated (its network is down): S cannot reach M nor C -> S does not take
+   over; it retries. M loses S and goes on alone (or stops with
+   ``--shutdown-on-slave-failure``).
+5. M is isolated (M cannot reach S nor C; S reaches C): S takes over. M, when its
+   synced slave is lost and ``--takeover-check`` is set on M too, tests C; it cannot
+   reach it, so it *fences itself*: it closes its client port and every client and
+   goes back to deciding (case 1 of the decision: it joins S as slave when the
+   network heals). Without ``--takeover-check`` on M, M keeps serving the clients that
+   can still reach it until it sees S as a master with a higher epoch.
+6. M and S cannot reach each other at all but both reach C (the residual case no
+   two-node design without a quorum can settle): both are masters for the duration.
+   When the partition heals, M (the lower epoch) sees S as master and demotes itself,
+   resyncing from S: messages M receipted during the split (on M's disk only) are
+   lost. ``--shutdown-on-slave-failure`` on M closes this hole (M never receipts
+   without a second copy), at the price of availability when S is down.
+7. Both nodes die and only the stale one (the old master, whose slave had synced)
+   restarts: it waits for its peer instead of serving stale data (rule 3). Delete
+   ``ha-state.json`` on it to force it up if the other node's disk is lost for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from amqtransport.errors import ConfigError
+from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
+
+from ..config import BrokerConfig, verify_password
+from ..server import BrokerServer
+from ..store import Callback, MessageStore
+from .epoch import HaState
+from .lock import FileLock, wait_for_lock
+from .replication import (
+    ACK,
+    BYE,
+    PING,
+    RECORDS,
+    REPLICA_HEADER,
+    SNAP,
+    STATUS_HEADER,
+    SYNC_END,
+    MasterLink,
+    ReplicaRefused,
+    ReplicationError,
+    ReplicationMaster,
+    WireDecoder,
+    ha_request,
+    pack,
+    probe,
+    unpack_records,
+    unpack_seq,
+)
+
+if TYPE_CHECKING:
+    from ..protocol import StompConnection
+
+__all__ = ["HaOptions", "HaNode", "run_node", "parse_address"]
+
+log = logging.getLogger(__name__)
+
+MODES = ("shared-store", "replicated")
+
+
+@dataclass(frozen=True)
+class HaOptions:
+    mode: str = "replicated"
+    master_connector: str | None = None
+    master_user: str | None = None
+    master_password: str | None = None
+    wait_for_slave: bool = False
+    shutdown_on_slave_failure: bool = False
+    shutdown_on_master_failure: bool = False
+    allow_failback: bool = False
+    lock_interval: float = 0.1
+    takeover_check: str | None = None
+    ha_port: int = 0
+    link_timeout: float = 2.0
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"--ha must be one of {', '.join(MODES)}, got {self.mode!r}", path="ha")
+        if self.mode == "shared-store" and self.master_connector:
+            raise ConfigError("--master-connector is for --ha replicated (shared-store nodes share --data-dir)",
+                              path="master_connector")
+        if self.master_connector:
+            parse_address(self.master_connector, "--master-connector")
+        if self.takeover_check:
+            parse_address(self.takeover_check, "--takeover-check")
+        if not 0.001 <= self.lock_interval <= 60:
+            raise ConfigError(f"--lock-interval must be between 0.001 and 60 s, got {self.lock_interval}",
+                              path="lock_interval")
+        if not 0.05 <= self.link_timeout <= 600:
+            raise ConfigError(f"--link-timeout must be between 0.05 and 600 s, got {self.link_timeout}",
+                              path="link_timeout")
+        if (self.master_user is None) != (self.master_password is None):
+            raise ConfigError("--master-user and --master-password go together", path="master_user")
+
+
+def parse_address(text: str, what: str = "address") -> tuple[str, int]:
+    """``tcp://host:port``, ``stomp://host:port`` or ``host:port`` -> (host, port)."""
+    raw = text.strip()
+    for prefix in ("tcp://", "stomp://"):
+        if raw.startswith(prefix):
+            raw = raw[len(prefix):]
+    raw = raw.split("?", 1)[0].rstrip("/")
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what}: expected tcp://HOST:PORT or HOST:PORT, got {text!r}", path=what)
+    return host.strip("[]"), int(port)
+
+
+async def reachable(address: tuple[str, int], timeout: float) -> bool:
+    """True when a TCP connect to ``address`` succeeds within ``timeout``."""
+    try:
+        _r, w = await asyncio.wait_for(asyncio.open_connection(*address), timeout)
+    except (OSError, TimeoutError):
+        return False
+    w.close()
+    return True
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class _Stop(Exception):
+    """The node is stopping (signal)."""
+
+
+class HaPortProtocol(asyncio.Protocol):
+    """The HA port: reads one STOMP CONNECT and hands it to the node."""
+
+    def __init__(self, node: HaNode) -> None:
+        self.node = node
+        self.parser = FrameParser("1.2")
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        p = transport.get_extra_info("peername")
+        self.peer = f"{p[0]}:{p[1]}" if isinstance(p, tuple) else str(p)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        try:
+            self.parser.feed(data)
+            event = self.parser.next_event()
+        except Exception as exc:  # noqa: BLE001 - garbage on the HA port: answer and close
+            _error(self.transport, f"malformed frame on the HA port: {exc}")
+            return
+        if isinstance(event, NeedData):
+            return
+        if not isinstance(event, Frame):
+            return
+        self.transport.pause_reading()
+        self.node.handle_ha_frame(self.transport, event, self.peer)
+
+
+def _error(transport: asyncio.Transport, message: str) -> None:
+    frame = Frame.make("ERROR", [("message", message.replace("\n", " "))], message)
+    transport.write(serialize(frame))
+    transport.close()
+
+
+class HaNode:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        users: Mapping[str, str] | None,
+        options: HaOptions,
+        *,
+        say: Callable[[str], None] = _say,
+    ) -> None:
+        options.validate()
+        if config.data_dir is None:
+            raise ConfigError("an HA node needs --data-dir", path="data_dir")
+        if config.port == 0:
+            raise ConfigError("an HA node needs a fixed --port (clients list both nodes' ports)", path="port")
+        self.config = config
+        self.users = dict(users or {})
+        self.opts = options
+        self.say = say
+        self.name = config.name
+        self.data_dir = Path(config.data_dir)
+        self.host = config.host
+        self.port = config.port
+        self.ha_port = options.ha_port
+        self.role = "starting"
+        self.state = HaState()
+        self.server: BrokerServer | None = None
+        self.repl: ReplicationMaster | None = None
+        self.slave_store: MessageStore | None = None
+        self.slave_synced = False
+        self.master_address = ""
+        self.listening = False
+        self.exit_code = 0
+        self._stop = asyncio.Event()
+        self._demote: asyncio.Event | None = None
+        self._ha_server: asyncio.Server | None = None
+        self._waiting_reason = ""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.takeovers = 0
+        self.became_master_at = 0.0
+
+    # ------------------------------------------------------------------ entry
+    async def run(self) -> int:
+        self.loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                self.loop.add_signal_handler(sig, self.stop)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._ha_server = await self.loop.create_server(
+            lambda: HaPortProtocol(self), self.host, self.ha_port, reuse_address=True
+        )
+        self.ha_port = self._ha_server.sockets[0].getsockname()[1]
+        self.say(f"ha node {self.name} mode {self.opts.mode} ha-port tcp://{self.host}:{self.ha_port} pid {os.getpid()}")
+        try:
+            if self.opts.mode == "shared-store":
+                await self._run_shared_store()
+            else:
+                await self._run_replicated()
+        except _Stop:
+            pass
+        finally:
+            await self._teardown()
+        return self.exit_code
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        if self._stop.is_set():
+            raise _Stop()
+
+    def _set_role(self, role: str, detail: str = "") -> None:
+        self.role = role
+        self.say(f"role {role}" + (f" {detail}" if detail else ""))
+        log.info("node %s: role %s %s", self.name, role, detail)
+
+    def _wait(self, reason: str) -> None:
+        if reason != self._waiting_reason:
+            self._waiting_reason = reason
+            self._set_role("waiting", reason)
+
+    async def _teardown(self) -> None:
+        await self._stop_master()
+        self._close_slave_store()
+        if self._ha_server is not None:
+            self._ha_server.close()
+            self._ha_server = None
+        log.info("node %s stopped", self.name)
+
+    # ------------------------------------------------------------------ status / HA requests
+    def status(self) -> dict[str, str]:
+        st: dict[str, str] = {
+            "amq-ha-role": self.role,
+            "amq-ha-mode": self.opts.mode,
+            "amq-ha-name": self.name,
+            "amq-ha-epoch": str(self.state.epoch),
+            "amq-ha-synced": "true" if self.state.synced else "false",
+            "amq-ha-last-role": self.state.role,
+            "amq-ha-configured": "slave" if self.opts.master_connector else "master",
+            "amq-ha-client": f"{self.host}:{self.port}",
+            "amq-ha-port": f"{self.host}:{self.ha_port}",
+            "amq-ha-pid": str(os.getpid()),
+            "amq-ha-listening": "true" if self.listening else "false",
+        }
+        if self.role == "master" and self.server is not None and self.server.store is not None:
+            st["amq-ha-messages"] = str(len(self.server.store.live))
+            core = self.server.core
+            if core is not None:
+                st["amq-ha-sent"] = str(core.sent)
+                st["amq-ha-queues"] = str(len(core.queues))
+            st["amq-ha-connections"] = str(len(self.server.connections))
+            repl = self.repl
+            if repl is not None:
+                st["amq-ha-seq"] = str(repl.seq)
+                st["amq-ha-acked"] = str(repl.acked)
+                link = repl.link
+                if link is None:
+                    st["amq-ha-peer"] = self.state.peer.get("client", "")
+                    st["amq-ha-peer-state"] = "none"
+                else:
+                    st["amq-ha-peer"] = link.info.get("amq-ha-client", link.peer)
+                    st["amq-ha-peer-state"] = "in-sync" if link.synced else "syncing"
+        elif self.slave_store is not None:
+            st["amq-ha-messages"] = str(len(self.slave_store.live))
+            st["amq-ha-peer"] = self.master_address
+            st["amq-ha-peer-state"] = "in-sync" if self.slave_synced else "syncing"
+        elif self.opts.mode == "shared-store":
+            st["amq-ha-peer"] = str(self.data_dir / "ha.lock")
+        return st
+
+    def intercept_connect(self, conn: StompConnection, frame: Frame) -> bool:
+        """Hook called by the client-port STOMP handler for every CONNECT frame."""
+        if frame.get(STATUS_HEADER) is None and frame.get(REPLICA_HEADER) is None:
+            return False
+        transport = conn.transport
+        if transport is None:
+            return True
+        # detach the STOMP handler: the HA code owns this socket from now on
+        timer = getattr(conn, "_timer", None)
+        if timer is not None:
+            timer.cancel()
+            conn._timer = None  # noqa: SLF001
+        conn._stop_reading = True  # noqa: SLF001
+        conn.closing = True
+        conn.server.unregister(conn)
+        conn.transport = None
+        self.handle_ha_frame(transport, frame, conn.peer)
+        return True
+
+    def handle_ha_frame(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
+        if frame.command not in ("CONNECT", "STOMP"):
+            _error(transport, f"expected CONNECT on the HA port of node {self.name}, got {frame.command}")
+            return
+        if frame.get(REPLICA_HEADER) is not None:
+            self._accept_replica(transport, frame, peer)
+            return
+        if frame.get(STATUS_HEADER) is not None:
+            answer = Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])
+            transport.write(serialize(answer))
+            transport.close()
+            return
+        _error(transport, f"this is the HA port of node {self.name}; clients connect to tcp://{self.host}:{self.port}")
+
+    def _accept_replica(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
+        slave = frame.get(REPLICA_HEADER) or "?"
+        if self.users:
+            login = frame.get("login")
+            stored = self.users.get(login or "")
+            if login is None or stored is None or not verify_password(stored, frame.get("passcode") or ""):
+                log.error(
+                    "replication link from slave %s (%s) refused: bad credentials for login %r "
+                    "(the slave's --master-user/--master-password must be a user of this broker)",
+                    slave, peer, login,
+                )
+                _error(transport, "replication refused: authentication failed: bad login or passcode")
+                return
+        if self.role != "master" or self.repl is None:
+            _error(transport, f"replication refused: node {self.name} is not the master (role {self.role})")
+            return
+        info = dict(frame.headers)
+        answer = serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()]))
+        self.repl.attach(transport, slave, answer, info)
+
+    # ------------------------------------------------------------------ shared store
+    async def _run_shared_store(self) -> None:
+        lock = FileLock(self.data_dir / "ha.lock")
+        request = self.data_dir / "ha-failback-request"
+        try:
+            while not self.stopping:
+                self.state = HaState.load(self.data_dir)
+                self._set_role("slave", f"waiting for the store lock {lock.path}")
+                primary = self.state.peer.get("primary")
+                if primary == self.name and lock.is_locked_by_other():
+                    request.write_text(self.name)
+                    log.info("node %s: primary is back; asking the live node to fail back", self.name)
+
+                def may_take() -> bool:
+                    # a node that yielded waits until the requester has the lock
+                    if not request.exists():
+                        return True
+                    with contextlib.suppress(OSError):
+                        return request.read_text().strip() == self.name
+                    return True
+
+                got = await wait_for_lock(lock, self.opts.lock_interval, stop=self._stop, may_take=may_take)
+                if not got:
+                    return
+                with contextlib.suppress(OSError):
+                    if request.exists() and request.read_text().strip() == self.name:
+                        request.unlink()
+                self.state = HaState.load(self.data_dir)
+                self.state.epoch += 1
+                self.state.role = "master"
+                self.state.synced = True
+                self.state.peer.setdefault("primary", self.name)
+                self.state.save(self.data_dir)
+                is_primary = self.state.peer.get("primary") == self.name
+                try:
+                    await self._start_master(replicate=False)
+                    yielded = await self._hold_shared_store(request, is_primary)
+                finally:
+                    await self._stop_master()
+                    lock.release()
+                if not yielded:
+                    return
+                # give the returning primary the lock before we poll again
+                deadline = time.monotonic() + max(10.0, 20 * self.opts.lock_interval)
+                while request.exists() and time.monotonic() < deadline:
+                    await self._sleep(self.opts.lock_interval)
+        finally:
+            lock.release()
+
+    async def _hold_shared_store(self, request: Path, is_primary: bool) -> bool:
+        """Serve until stop (False) or a failback request we honour (True)."""
+        while True:
+            await self._sleep(self.opts.lock_interval)
+            if self.opts.allow_failback and not is_primary and request.exists():
+                log.info("node %s: failback requested by the primary; handing the store over", self.name)
+                return True
+
+    # ------------------------------------------------------------------ master role
+    async def _start_master(self, *, replicate: bool) -> None:
+        t0 = time.monotonic()
+        server = BrokerServer(self.config, data_dir=self.data_dir, users=self.users)
+        await server.open()
+        server.ha = self  # type: ignore[attr-defined]  # the client-port CONNECT hook
+        self.server = server
+        self._demote = asyncio.Event()
+        self.role = "master"
+        if replicate:
+            self.repl = ReplicationMaster(
+                server,
+                link_timeout=self.opts.link_timeout,
+                shutdown_on_slave_failure=self.opts.shutdown_on_slave_failure,
+                on_synced=self._on_slave_synced,
+                on_lost=self._on_slave_lost,
+            )
+        self._set_role("master", f"epoch {self.state.epoch}")
+        self.became_master_at = time.monotonic()
+        if not (replicate and self.opts.wait_for_slave):
+            await self._listen()
+        else:
+            log.info("node %s: --wait-for-slave: client port stays closed until a slave has synced", self.name)
+        log.info("node %s: master ready in %.3f s", self.name, time.monotonic() - t0)
+
+    async def _listen(self) -> None:
+        if self.listening or self.server is None:
+            return
+        await self.server.listen(self.host, self.port)
+        self.listening = True
+        self.say(f"listening on stomp://{self.server.host}:{self.server.port}")
+
+    async def _stop_master(self) -> None:
+        repl, self.repl = self.repl, None
+        if repl is not None:
+            repl.close()
+        server, self.server = self.server, None
+        self.listening = False
+        if server is not None:
+            await server.stop()
+
+    def _on_slave_synced(self, link: MasterLink) -> None:
+        self.state.peer_may_be_master = True
+        peer = {k: link.info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port")) if h in link.info}
+        self.state.peer.update(peer)
+        self.state.save(self.data_dir)
+        self.say(f"slave {link.slave} in sync")
+        if not self.listening and self.loop is not None:
+            self.loop.create_task(self._listen())
+
+    def _on_slave_lost(self, link: MasterLink, reason: str, was_synced: bool) -> None:
+        self.say(f"slave {link.slave} lost: {reason}")
+        if link.bye:
+            # a clean slave shutdown: it will not take over, so we may restart alone
+            self.state.peer_may_be_master = False
+            self.state.save(self.data_dir)
+            return
+        if was_synced and self.opts.shutdown_on_slave_failure:
+            log.error("node %s: slave lost and --shutdown-on-slave-failure is set: stopping", self.name)
+            self.exit_code = 3
+            self.stop()
+            return
+        if was_synced and self.opts.takeover_check and self.loop is not None:
+            self.loop.create_task(self._fence_check())
+
+    async def _fence_check(self) -> None:
+        check = parse_address(self.opts.takeover_check or "", "--takeover-check")
+        if await reachable(check, 1.0):
+            log.info("node %s: slave lost, takeover check %s:%d reachable: serving alone", self.name, *check)
+            return
+        log.error(
+            "node %s: slave lost and the takeover check %s:%d is unreachable: this master may be the "
+            "isolated one; fencing (closing the client port) to avoid a split brain", self.name, *check,
+        )
+        if self._demote is not None:
+            self._demote.set()
+
+    async def _serve_master(self) -> None:
+        self.state.epoch += 1
+        self.state.role = "master"
+        self.state.synced = True
+        self.state.save(self.data_dir)
+        await self._start_master(replicate=True)
+        demote = self._demote
+        assert demote is not None
+        try:
+            while not self.stopping and not demote.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(demote.wait(), 1.0)
+                if self.stopping or demote.is_set():
+                    break
+                if self.repl is not None and self.repl.link is None:
+                    await self._check_peer_not_master()
+        finally:
+            await self._stop_master()
+        if self.stopping:
+            raise _Stop()
+        self._set_role("fenced", "left the master role")
+
+    async def _check_peer_not_master(self) -> None:
+        for addr in self._peer_addresses():
+            info = await probe(*addr, timeout=0.5)
+            if info is None or info.get("amq-ha-role") != "master":
+                continue
+            theirs = int(info.get("amq-ha-epoch", "0") or 0)
+            if theirs > self.state.epoch or (theirs == self.state.epoch and info.get("amq-ha-name", "") < self.name):
+                log.error(
+                    "node %s: peer %s:%d is master at epoch %d > ours %d: split brain ended; "
+                    "demoting to slave and resyncing (our unreplicated writes are dropped)",
+                    self.name, *addr, theirs, self.state.epoch,
+                )
+                if self._demote is not None:
+                    self._demote.set()
+                return
+
+    # ------------------------------------------------------------------ replicated
+    def _peer_addresses(self) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        texts = [self.opts.master_connector, self.state.peer.get("ha"), self.state.peer.get("client")]
+        for text in texts:
+            if not text:
+                continue
+            try:
+                addr = parse_address(text)
+            except ConfigError:
+                continue
+            if addr not in out and addr not in ((self.host, self.port), (self.host, self.ha_port)):
+                out.append(addr)
+        return out
+
+    async def _run_replicated(self) -> None:
+        self.state = HaState.load(self.data_dir)
+        action = "decide"
+        join: tuple[str, int] | None = None
+        while not self.stopping:
+            if action == "decide":
+                action, join = await self._decide()
+            if action == "master":
+                await self._serve_master()
+                action = "decide"
+            elif action == "slave":
+                assert join is not None
+                action = await self._serve_slave(join)
+            elif action == "wait":
+                await self._sleep(max(self.opts.lock_interval, 0.2))
+                action = "decide"
+            elif action == "stop":
+                return
+
+    async def _decide(self) -> tuple[str, tuple[str, int] | None]:
+        addrs = self._peer_addresses()
+        infos: list[tuple[tuple[str, int], dict[str, str]]] = []
+        for addr in addrs:
+            info = await probe(*addr, timeout=min(1.0, self.opts.link_timeout))
+            if info is not None:
+                infos.append((addr, info))
+        for addr, info in infos:
+            if info.get("amq-ha-role") == "master":
+                # join through the master connector when it names this master, else its HA port
+                if self.opts.master_connector and parse_address(self.opts.master_connector) == addr:
+                    return "slave", addr
+                ha = info.get("amq-ha-port")
+                return "slave", (parse_address(ha) if ha else addr)
+        st = self.state
+        if not st.synced:
+            self._wait("store not synced: waiting for a master to sync from")
+            return "wait", None
+        if infos:
+            _addr, info = infos[0]
+            peer_synced = info.get("amq-ha-synced") == "true"
+            mine = (st.epoch, st.role == "master", not self.opts.master_connector)
+            theirs = (
+                int(info.get("amq-ha-epoch", "0") or 0) if peer_synced else -1,
+                info.get("amq-ha-last-role") == "master",
+                info.get("amq-ha-configured") == "master",
+            )
+            if mine > theirs or (mine == theirs and self.name < info.get("amq-ha-name", "")):
+                return "master", None
+            self._wait(f"peer {info.get('amq-ha-name')} has the better claim (epoch {theirs[0]})")
+            return "wait", None
+        if st.peer_may_be_master:
+            self._wait("peer unreachable and it may hold newer data (it had synced from us): waiting for it")
+            return "wait", None
+        if not self.opts.master_connector or st.role == "master":
+            return "master", None
+        self._wait(f"waiting for master {self.opts.master_connector}")
+        return "wait", None
+
+    def _new_slave_store(self) -> MessageStore:
+        cfg = self.config
+        loop = self.loop
+        assert loop is not None
+
+        def notify(items: list[tuple[Callback, BaseException | None]]) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_run_completions, items)
+
+        return MessageStore(
+            self.data_dir / "journal",
+            segment_size=cfg.segment_size,
+            fsync=cfg.fsync,
+            dedupe_max_keys=cfg.dedupe_window_size,
+            dedupe_max_age=cfg.dedupe_window_seconds,
+            notify=notify,
+        )
+
+    def _close_slave_store(self) -> None:
+        store, self.slave_store = self.slave_store, None
+        if store is not None:
+            store.close()
+
+    async def _serve_slave(self, addr: tuple[str, int]) -> str:
+        """Replicate from the master at ``addr``; returns the next action."""
+        headers = {
+            REPLICA_HEADER: self.name,
+            "amq-ha-epoch": str(self.state.epoch),
+            "amq-ha-client": f"{self.host}:{self.port}",
+            "amq-ha-port": f"{self.host}:{self.ha_port}",
+        }
+        if self.opts.master_user is not None:
+            headers["login"] = self.opts.master_user
+            headers["passcode"] = self.opts.master_password or ""
+        where = f"tcp://{addr[0]}:{addr[1]}"
+        try:
+            answer, reader, writer = await ha_request(*addr, headers, timeout=max(1.0, self.opts.link_timeout))
+        except ReplicaRefused as exc:
+            log.error(
+                "replication link to master %s refused by the master: %s "
+                "(check --master-user/--master-password)", where, exc,
+            )
+            self._wait(f"refused by master {where}: {exc}")
+            await self._sleep(2.0)
+            return "decide"
+        except (OSError, TimeoutError, ReplicationError) as exc:
+            log.info("replication link to %s failed: %s", where, exc)
+            return "wait"
+        info = dict(answer.headers)
+        if info.get("amq-ha-role") != "master":
+            log.error("%s is not an HA master (role %r); is it started with --ha replicated?", where,
+                      info.get("amq-ha-role"))
+            writer.close()
+            return "wait"
+        master_epoch = int(info.get("amq-ha-epoch", "0") or 0)
+        self.master_address = info.get("amq-ha-client", where)
+        self.state.peer = {k: info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port")) if h in info}
+        self._waiting_reason = ""
+        self._set_role("slave", f"of {where} (master {info.get('amq-ha-name')} epoch {master_epoch})")
+        # a full sync starts from nothing: until the snapshot is durable we are not a copy
+        self.state.synced = False
+        self.state.role = "slave"
+        self.state.save(self.data_dir)
+        self.slave_synced = False
+        self._close_slave_store()
+        shutil.rmtree(self.data_dir / "journal", ignore_errors=True)
+        store = self._new_slave_store()
+        store.open()
+        self.slave_store = store
+        outcome = await self._apply_stream(store, reader, writer, master_epoch)
+        writer.close()
+        if outcome == "stop":
+            return "stop"
+        if not self.slave_synced:
+            log.warning("replication link to %s lost before the full sync completed", where)
+            return "wait"
+        # the master is gone (or the link is): decide whether to take over
+        if self.opts.shutdown_on_master_failure:
+            log.warning(
+                "node %s: master %s lost; --shutdown-on-master-failure: not taking over, "
+                "stopping as a cold backup (the store holds a complete copy)", self.name, where,
+            )
+            self._close_slave_store()
+            self._set_role("cold-backup", f"store {self.data_dir}")
+            return "stop"
+        return await self._after_master_loss(addr)
+
+    async def _apply_stream(
+        self,
+        store: MessageStore,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        master_epoch: int,
+    ) -> str:
+        decoder = WireDecoder()
+        loop = asyncio.get_running_loop()
+        acked = -1
+        ack_scheduled = False
+        to_ack = -1
+
+        def send_ack() -> None:
+            nonlocal ack_scheduled, acked
+            ack_scheduled = False
+            if to_ack > acked and not writer.is_closing():
+                acked = to_ack
+                writer.write(pack(ACK, to_ack.to_bytes(8, "big")))
+
+        def durable_up_to(seq: int) -> Callback:
+            def done(err: BaseException | None) -> None:
+                nonlocal to_ack, ack_scheduled
+                if err is not None:
+                    log.error("slave journal failed: %s; dropping the link", err)
+                    writer.transport.abort()
+                    return
+                if seq > to_ack:
+                    to_ack = seq
+                if not ack_scheduled:
+                    ack_scheduled = True
+                    loop.call_soon(send_ack)
+
+            return done
+
+        def sync_done(base: int) -> Callback:
+            def done(err: BaseException | None) -> None:
+                if err is not None:
+                    log.error("slave journal failed during the full sync: %s", err)
+                    writer.transport.abort()
+                    return
+                self.state.epoch = master_epoch
+                self.state.synced = True
+                self.state.role = "slave"
+                self.state.save(self.data_dir)
+                self.slave_synced = True
+                self.say(f"synced {len(store.live)} messages at epoch {master_epoch}")
+                durable_up_to(base)(None)
+
+            return done
+
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        last_ping = loop.time()
+        last_compact = loop.time()
+        try:
+            while True:
+                now = loop.time()
+                if now - last_ping >= self.opts.link_timeout / 4:
+                    writer.write(pack(PING))
+                    last_ping = now
+                if now - last_compact >= 1.0:
+                    last_compact = now
+                    with contextlib.suppress(Exception):
+                        store.compact()
+                read = asyncio.ensure_future(reader.read(1 << 20))
+                done, _ = await asyncio.wait(
+                    {read, stop_wait}, timeout=self.opts.link_timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stop_wait in done:
+                    read.cancel()
+                    with contextlib.suppress(Exception):
+                        writer.write(pack(BYE))
+                        await asyncio.wait_for(writer.drain(), 1.0)
+                    store.flush(5)
+                    return "stop"
+                if read not in done:
+                    read.cancel()
+                    log.warning("replication link silent for %.1f s: treating the master as lost",
+                                self.opts.link_timeout)
+                    return "lost"
+                try:
+                    data = read.result()
+                except (OSError, ConnectionError) as exc:
+                    log.warning("replication link broke: %s", exc)
+                    return "lost"
+                if not data:
+                    log.warning("replication link closed by the master")
+                    return "lost"
+                for kind, payload in decoder.feed(data):
+                    if kind == RECORDS:
+                        first, payloads = unpack_records(payload)
+                        store.import_payloads(payloads, durable_up_to(first + len(payloads) - 1))
+                    elif kind == SNAP:
+                        _first, payloads = unpack_records(payload)
+                        store.import_payloads(payloads)
+                    elif kind == SYNC_END:
+                        store.journal.on_durable(sync_done(unpack_seq(payload)))
+                    elif kind != PING:
+                        raise ReplicationError(f"unexpected frame kind {kind} from the master")
+        except ReplicationError as exc:
+            log.error("replication stream error: %s", exc)
+            return "lost"
+        finally:
+            stop_wait.cancel()
+
+    async def _after_master_loss(self, addr: tuple[str, int]) -> str:
+        """The link is gone after a full sync: take over, or not (see the partition cases)."""
+        candidates = [addr] + [a for a in self._peer_addresses() if a != addr]
+        first = True
+        while not self.stopping:
+            for a in candidates:
+                info = await probe(*a, timeout=min(1.0, self.opts.link_timeout))
+                if info is not None and info.get("amq-ha-role") == "master":
+                    log.warning(
+                        "node %s: replication link lost but the master answers on %s:%d: "
+                        "not taking over; re-linking", self.name, *a,
+                    )
+                    self._set_role("slave", "link lost; master alive; re-linking")
+                    await self._sleep(max(self.opts.lock_interval, 0.2))
+                    return "decide"
+            if self.opts.takeover_check:
+                check = parse_address(self.opts.takeover_check, "--takeover-check")
+                if not await reachable(check, 1.0):
+                    if first:
+                        log.error(
+                            "node %s: master unreachable but so is the takeover check %s:%d: this node "
+                            "may be the isolated one; not taking over", self.name, *check,
+                        )
+                        self._set_role("slave", "isolated: master and takeover check unreachable")
+                    first = False
+                    await self._sleep(max(self.opts.lock_interval, 0.2))
+                    continue
+            log.warning("node %s: master %s:%d lost: taking over", self.name, *addr)
+            self._close_slave_store()
+            self.takeovers += 1
+            return "master"
+        return "stop"
+
+
+def _run_completions(items: list[tuple[Callback, BaseException | None]]) -> None:
+    for cb, err in items:
+        try:
+            cb(err)
+        except Exception:  # noqa: BLE001 - one failing completion must not skip the rest
+            log.exception("completion callback failed")
+
+
+def run_node(config: BrokerConfig, users: Mapping[str, str] | None, options: HaOptions) -> int:
+    """Run one HA node in the foreground until SIGTERM/SIGINT; returns the exit code."""
+    node = HaNode(config, users, options)
+    try:
+        return asyncio.run(node.run())
+    except KeyboardInterrupt:
+        return 0
+
+
+def options_from_kwargs(kwargs: Mapping[str, Any]) -> HaOptions:
+    """HaOptions from the ``amq broker run`` keyword arguments (None = default)."""
+    fields = HaOptions.__dataclass_fields__
+    values = {k: v for k, v in kwargs.items() if k in fields and v is not None}
+    return HaOptions(**values)

@@ -1,0 +1,481 @@
+"""Replication between the two nodes of a shared-nothing pair.
+
+Theory of operation
+-------------------
+The link. A slave opens a TCP connection to the master (its ``--master-connector``:
+the master's client port or its HA port) and sends a STOMP ``CONNECT`` frame with
+``amq-ha-replica:<slave name>``, its epoch and its own addresses, plus ``login`` /
+``passcode`` when the master has users (the master checks them exactly like a client
+login and refuses with an ``ERROR`` frame and a log line naming the link). The master
+answers ``CONNECTED`` with its role, epoch and addresses; from then on both sides
+speak a small binary protocol on the same socket::
+
+    u8 kind | u32 length | payload
+
+``SNAP`` and ``RECORDS`` carry journal record payloads (``u64 first_seq`` then
+``u32 len | bytes`` each -- exactly the bytes the master's journal wrote), ``SYNC_END``
+closes the snapshot and names the sequence number it covers, ``ACK`` (slave ->
+master) names the highest sequence number durable on the slave's disk, ``PING`` keeps
+a quiet link provably alive, ``BYE`` announces a clean slave shutdown.
+
+Full sync, then every record. On attach the master, in one step on its event loop,
+notes ``base`` = records written so far, serialises :meth:`MessageStore.snapshot`
+(durable subscriptions, the dedupe keys, every live message) and starts forwarding
+every later record from its store listener (numbered ``base+1, ...``). Nothing can
+slip between the snapshot and the stream because both happen on the loop thread that
+is the only writer of the store. The slave wipes its store, imports the snapshot,
+fsyncs, marks itself synced at the master's epoch and acks ``base``; then it appends
+every streamed batch to its own journal and acks once it is fsynced.
+
+The receipt gate. The master's journal writer calls :meth:`ReplicationMaster._gate`
+after each local fsync with the batch; while a slave is attached the gate blocks the
+writer until the slave has acked the batch's last sequence number. Receipts are sent
+from the batch's completion callbacks, so *a receipt means the record is on both
+disks*. Records are streamed to the slave as soon as they are appended (before the
+master's own fsync), so the two fsyncs overlap and group commit covers both: while one
+batch waits for the slave, the next accumulates. If the slave does not ack within
+``link_timeout`` the master drops it and carries on alone (or, with
+``--shutdown-on-slave-failure``, fails the batch so no receipt is given and stops).
+
+Every numbered record counts: the master's listener counts from the journal's
+append counter at install time, and the gate counts ``records_written`` of the
+journal, so both number exactly the payloads that went through the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from amqtransport.errors import RemoteProtocolError
+from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
+
+from ..store import JournalError, Record
+from ..store.records import encode
+
+if TYPE_CHECKING:
+    from ..server import BrokerServer
+
+__all__ = [
+    "REPLICA_HEADER",
+    "STATUS_HEADER",
+    "ReplicationError",
+    "ReplicaRefused",
+    "WireDecoder",
+    "pack",
+    "pack_records",
+    "unpack_records",
+    "ReplicationMaster",
+    "MasterLink",
+    "ha_request",
+    "ha_request_sync",
+    "SNAP",
+    "RECORDS",
+    "SYNC_END",
+    "ACK",
+    "PING",
+    "BYE",
+]
+
+log = logging.getLogger(__name__)
+
+REPLICA_HEADER = "amq-ha-replica"
+STATUS_HEADER = "amq-ha-status"
+
+SNAP, RECORDS, SYNC_END, ACK, PING, BYE = range(1, 7)
+KINDS = {SNAP: "SNAP", RECORDS: "RECORDS", SYNC_END: "SYNC_END", ACK: "ACK", PING: "PING", BYE: "BYE"}
+_HDR = struct.Struct("!BI")
+_Q = struct.Struct("!Q")
+_I = struct.Struct("!I")
+MAX_WIRE_FRAME = 1 << 30
+_SNAP_CHUNK = 512
+
+
+class ReplicationError(Exception):
+    """The replication stream is malformed or the link broke."""
+
+
+class ReplicaRefused(ReplicationError):
+    """The master answered the replication CONNECT with an ERROR frame."""
+
+
+# ---------------------------------------------------------------------- wire (pure)
+def pack(kind: int, payload: bytes = b"") -> bytes:
+    return _HDR.pack(kind, len(payload)) + payload
+
+
+def pack_records(kind: int, first_seq: int, payloads: Sequence[bytes]) -> bytes:
+    parts = [_Q.pack(first_seq)]
+    for p in payloads:
+        parts.append(_I.pack(len(p)))
+        parts.append(p)
+    return pack(kind, b"".join(parts))
+
+
+def unpack_records(payload: bytes) -> tuple[int, list[bytes]]:
+    """Inverse of the payload of :func:`pack_records`; ReplicationError on bad input."""
+    if len(payload) < _Q.size:
+        raise ReplicationError("records frame shorter than its sequence number")
+    (first,) = _Q.unpack_from(payload, 0)
+    pos = _Q.size
+    out: list[bytes] = []
+    end = len(payload)
+    while pos < end:
+        if end - pos < _I.size:
+            raise ReplicationError(f"torn record length at offset {pos}")
+        (n,) = _I.unpack_from(payload, pos)
+        pos += _I.size
+        if n > end - pos:
+            raise ReplicationError(f"record of {n} bytes overruns the frame at offset {pos}")
+        out.append(payload[pos : pos + n])
+        pos += n
+    return int(first), out
+
+
+def unpack_seq(payload: bytes) -> int:
+    if len(payload) != _Q.size:
+        raise ReplicationError(f"expected an 8-byte sequence number, got {len(payload)} bytes")
+    return int(_Q.unpack(payload)[0])
+
+
+class WireDecoder:
+    """Incremental decoder of the binary link protocol (sans-IO)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        self._buf += data
+        out: list[tuple[int, bytes]] = []
+        while len(self._buf) >= _HDR.size:
+            kind, length = _HDR.unpack_from(self._buf, 0)
+            if kind not in KINDS:
+                raise ReplicationError(f"unknown replication frame kind {kind}")
+            if length > MAX_WIRE_FRAME:
+                raise ReplicationError(f"replication frame of {length} bytes is over the limit")
+            if len(self._buf) < _HDR.size + length:
+                break
+            payload = bytes(self._buf[_HDR.size : _HDR.size + length])
+            del self._buf[: _HDR.size + length]
+            out.append((kind, payload))
+        return out
+
+
+def connect_frame(headers: Mapping[str, str]) -> bytes:
+    base = {"accept-version": "1.2", "host": "amq-ha", "heart-beat": "0,0"}
+    base.update(headers)
+    return serialize(Frame.make("CONNECT", list(base.items())))
+
+
+# ---------------------------------------------------------------------- requests
+async def ha_request(
+    host: str, port: int, headers: Mapping[str, str], timeout: float
+) -> tuple[Frame, asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open a connection, send an HA CONNECT, return the answer and the open streams.
+
+    Raises :class:`ReplicaRefused` for an ERROR answer, ``OSError``/``TimeoutError``
+    when the node cannot be reached, :class:`ReplicationError` for nonsense.
+    """
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    try:
+        writer.write(connect_frame(headers))
+        parser = FrameParser("1.2")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                event = parser.next_event()
+            except RemoteProtocolError as exc:
+                raise ReplicationError(f"{host}:{port} sent invalid STOMP: {exc}") from exc
+            if isinstance(event, Frame):
+                break
+            if isinstance(event, NeedData):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no answer from {host}:{port} within {timeout} s")
+                # up to the frame's NUL only: binary link data may follow in the same segment
+                try:
+                    data = await asyncio.wait_for(reader.readuntil(b"\x00"), left)
+                except asyncio.IncompleteReadError as exc:
+                    raise ReplicationError(f"{host}:{port} closed the connection before answering") from exc
+                except asyncio.LimitOverrunError as exc:
+                    raise ReplicationError(f"{host}:{port} sent an oversized answer") from exc
+                parser.feed(data)
+        if event.command == "ERROR":
+            raise ReplicaRefused(event.get("message") or event.body.decode("utf-8", "replace"))
+        if event.command != "CONNECTED":
+            raise ReplicationError(f"{host}:{port} answered {event.command}, expected CONNECTED")
+        return event, reader, writer
+    except BaseException:
+        writer.close()
+        raise
+
+
+async def probe(host: str, port: int, timeout: float) -> dict[str, str] | None:
+    """The status headers of the HA node at host:port, or None when unreachable."""
+    try:
+        frame, _r, writer = await ha_request(host, port, {STATUS_HEADER: "1"}, timeout)
+    except (OSError, TimeoutError, ReplicationError, RemoteProtocolError):
+        return None
+    writer.close()
+    return {k: v for k, v in frame.headers}
+
+
+def ha_request_sync(
+    host: str, port: int, timeout: float = 3.0, headers: Mapping[str, str] | None = None
+) -> Frame:
+    """Blocking status request (for ``amq broker status``): the CONNECTED/ERROR frame."""
+    hdrs = {STATUS_HEADER: "1"}
+    hdrs.update(headers or {})
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(connect_frame(hdrs))
+        parser = FrameParser("1.2")
+        deadline = time.monotonic() + timeout
+        while True:
+            event = parser.next_event()
+            if isinstance(event, Frame):
+                return event
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from {host}:{port} within {timeout} s")
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError(f"{host}:{port} closed the connection without answering")
+            parser.feed(data)
+
+
+# ---------------------------------------------------------------------- master side
+class ReplicationMaster:
+    """Master half: store listener + journal gate + the attached slave link (at most one)."""
+
+    def __init__(
+        self,
+        server: BrokerServer,
+        *,
+        link_timeout: float,
+        shutdown_on_slave_failure: bool,
+        on_synced: Callable[[MasterLink], None],
+        on_lost: Callable[[MasterLink, str, bool], None],
+    ) -> None:
+        assert server.store is not None
+        self.server = server
+        self.store = server.store
+        self.loop = server.loop
+        self.link_timeout = link_timeout
+        self.shutdown_on_slave_failure = shutdown_on_slave_failure
+        self.on_synced = on_synced
+        self.on_lost = on_lost
+        journal = self.store.journal
+        with journal._cond:  # noqa: SLF001 - the append counter numbers the stream
+            self.seq = journal._appended  # noqa: SLF001
+        self._cond = threading.Condition()
+        self._acked = 0
+        self._gated: MasterLink | None = None
+        self._fatal: str | None = None
+        self.link: MasterLink | None = None
+        self.gate_timeouts = 0
+        self.store.add_listener(self)
+        journal.add_batch_hook(self._gate)
+
+    def close(self) -> None:
+        self.store.remove_listener(self)
+        self.store.journal.remove_batch_hook(self._gate)
+        link, self.link = self.link, None
+        with self._cond:
+            self._gated = None
+            self._cond.notify_all()
+        if link is not None:
+            link.abort("master stopping")
+
+    # loop thread -------------------------------------------------------
+    def on_record(self, record: Record, payload: bytes, segment: int) -> None:
+        self.seq += 1
+        link = self.link
+        if link is not None:
+            link.push(self.seq, payload)
+
+    def attach(
+        self, transport: asyncio.Transport, slave: str, answer: bytes, info: Mapping[str, str] | None = None
+    ) -> MasterLink:
+        old = self.link
+        if old is not None:
+            old.abort(f"replaced by a new connection from slave {slave}")
+        base = self.seq
+        link = MasterLink(self, transport, slave, base)
+        link.info = dict(info or {})
+        self.link = link
+        with self._cond:
+            self._acked = 0
+            self._gated = link
+            self._cond.notify_all()
+        snapshot = [encode(rec) for rec in self.store.snapshot()]
+        link.start(answer, snapshot)
+        log.info(
+            "replication: slave %s attached from %s; full sync of %d records (up to seq %d)",
+            slave, link.peer, len(snapshot), base,
+        )
+        return link
+
+    def _on_ack(self, link: MasterLink, seq: int) -> None:
+        if link is not self.link:
+            return
+        with self._cond:
+            if seq > self._acked:
+                self._acked = seq
+            self._cond.notify_all()
+        link.acked = seq
+        if not link.synced and seq >= link.base:
+            link.synced = True
+            link.synced_at = time.monotonic()
+            log.info("replication: slave %s is in sync (seq %d)", link.slave, seq)
+            _safe(self.on_synced, link)
+
+    def _link_lost(self, link: MasterLink, reason: str) -> None:
+        if link is not self.link:
+            return
+        self.link = None
+        was_synced = link.synced and not link.bye
+        with self._cond:
+            if self._gated is link:
+                self._gated = None
+            if was_synced and self.shutdown_on_slave_failure:
+                self._fatal = f"slave {link.slave} lost ({reason}) and --shutdown-on-slave-failure is set"
+            self._cond.notify_all()
+        level = logging.INFO if link.bye else logging.WARNING
+        log.log(level, "replication: slave %s detached: %s", link.slave, reason)
+        _safe(self.on_lost, link, reason, was_synced)
+
+    # writer thread -----------------------------------------------------
+    def _gate(self, payloads: Sequence[bytes]) -> None:
+        """Block the journal writer until the slave has this batch (see the module doc)."""
+        target = self.store.journal.records_written + len(payloads)
+        deadline = time.monotonic() + self.link_timeout
+        with self._cond:
+            while self._fatal is None and self._gated is not None and self._acked < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    link = self._gated
+                    self._gated = None
+                    self.gate_timeouts += 1
+                    if link is not None:
+                        self.loop.call_soon_threadsafe(
+                            link.abort, f"no ack for seq {target} within {self.link_timeout} s"
+                        )
+                    break
+                self._cond.wait(left)
+            if self._fatal is not None:
+                raise JournalError(self._fatal)
+        return None
+
+    @property
+    def acked(self) -> int:
+        return self._acked
+
+
+def _safe(fn: Callable[..., None], *args: object) -> None:
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - a node callback bug must not break replication
+        log.exception("replication callback %r failed", fn)
+
+
+class MasterLink(asyncio.Protocol):
+    """The master's end of one slave connection (takes over the accepted socket)."""
+
+    def __init__(self, master: ReplicationMaster, transport: asyncio.Transport, slave: str, base: int) -> None:
+        self.master = master
+        self.loop = master.loop
+        self.transport = transport
+        self.slave = slave
+        self.base = base
+        self.acked = 0
+        self.synced = False
+        self.synced_at = 0.0
+        self.bye = False
+        self.closed = False
+        self.info: dict[str, str] = {}
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._decoder = WireDecoder()
+        self._pending: list[bytes] = []
+        self._first = 0
+        self._flush_scheduled = False
+        self._last_read = self.loop.time()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, answer: bytes, snapshot: list[bytes]) -> None:
+        self.transport.set_protocol(self)
+        self.transport.resume_reading()
+        out = [answer]
+        for i in range(0, len(snapshot), _SNAP_CHUNK):
+            out.append(pack_records(SNAP, 0, snapshot[i : i + _SNAP_CHUNK]))
+        out.append(pack(SYNC_END, _Q.pack(self.base)))
+        self.transport.write(b"".join(out))
+        self._timer = self.loop.call_later(self.master.link_timeout / 4, self._tick)
+
+    def push(self, seq: int, payload: bytes) -> None:
+        if self.closed:
+            return
+        if not self._pending:
+            self._first = seq
+        self._pending.append(payload)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.closed or not self._pending:
+            return
+        data = pack_records(RECORDS, self._first, self._pending)
+        self._pending = []
+        self.transport.write(data)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        if self.loop.time() - self._last_read > self.master.link_timeout:
+            self.abort(f"slave silent for more than {self.master.link_timeout} s")
+            return
+        self.transport.write(pack(PING))
+        self._timer = self.loop.call_later(self.master.link_timeout / 4, self._tick)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self.loop.time()
+        try:
+            frames = self._decoder.feed(data)
+            for kind, payload in frames:
+                if kind == ACK:
+                    self.master._on_ack(self, unpack_seq(payload))  # noqa: SLF001
+                elif kind == BYE:
+                    self.bye = True
+                elif kind != PING:
+                    raise ReplicationError(f"unexpected {KINDS[kind]} from the slave")
+        except ReplicationError as exc:
+            self.abort(f"protocol error: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        reason = "slave said goodbye" if self.bye else (str(exc) if exc else "connection closed")
+        self.master._link_lost(self, reason)  # noqa: SLF001
+
+    def abort(self, reason: str) -> None:
+        if self.closed:
+            return
+        log.warning("replication: dropping slave %s: %s", self.slave, reason)
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.master._link_lost(self, reason)  # noqa: SLF001
+        with contextlib.suppress(Exception):
+            self.transport.abort()

@@ -1,0 +1,173 @@
+"""HA parts of ``amq broker``: the ``--ha`` options of ``run``, ``pair`` and ``status``.
+
+``amq broker run --ha replicated|shared-store ...`` runs one node of a pair
+(:mod:`amqtransport.broker.ha.node`); ``amq broker pair`` starts both nodes as child
+processes and prints the URI to use; ``amq broker status --port P`` asks a node (its
+client port when it is master, or any node's HA port) for its role, epoch, peer and
+message counts.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = ["ha_options", "run_ha", "pair", "status"]
+
+
+def ha_options(fn: F) -> F:
+    """Add the HA options to ``amq broker run`` (values arrive as keyword arguments)."""
+    opts = [
+        click.option("--ha", "ha", type=click.Choice(["shared-store", "replicated"]), default=None,
+                     help="Run as one node of a master/slave pair."),
+        click.option("--ha-port", type=int, default=None,
+                     help="HA port (status + replication), bound in every role [default: any free port]."),
+        click.option("--master-connector", default=None,
+                     help="Replicated: start as slave of this master (tcp://HOST:PORT, its client or HA port)."),
+        click.option("--master-user", default=None, help="Login for the replication link."),
+        click.option("--master-password", default=None, help="Passcode for the replication link."),
+        click.option("--wait-for-slave", is_flag=True, default=None,
+                     help="Master: no client port until a slave has synced."),
+        click.option("--shutdown-on-slave-failure", is_flag=True, default=None,
+                     help="Master: stop (and refuse receipts) when the synced slave is lost."),
+        click.option("--shutdown-on-master-failure", is_flag=True, default=None,
+                     help="Slave: do not take over; stop as a cold backup when the master is lost."),
+        click.option("--allow-failback", is_flag=True, default=None,
+                     help="Shared store: hand the store back when the primary node returns."),
+        click.option("--lock-interval", type=float, default=None,
+                     help="Seconds between lock polls / decision rounds [default: 0.1]."),
+        click.option("--link-timeout", type=float, default=None,
+                     help="Seconds without an ack/ping before the replication link counts as dead [default: 2]."),
+        click.option("--takeover-check", default=None,
+                     help="HOST:PORT both nodes must reach; a slave takes over only if it answers.")
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) -> int:
+    """Run one HA node (called by ``amq broker run`` when ``--ha`` is given)."""
+    from amqtransport.broker.config import BrokerConfig
+    from amqtransport.broker.ha.node import options_from_kwargs, run_node
+    from amqtransport.errors import ConfigError
+
+    assert isinstance(cfg, BrokerConfig)
+    kwargs = {("mode" if k == "ha" else k): v for k, v in ha.items()}
+    try:
+        options = options_from_kwargs(kwargs)
+        options.validate()
+        if cfg.port == 0:
+            raise ConfigError("--ha needs a fixed --port (clients list both nodes' ports)")
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    return run_node(cfg, users, options)
+
+
+@click.command("pair")
+@click.option("--mode", type=click.Choice(["replicated", "shared-store"]), default="replicated", show_default=True)
+@click.option("--port", type=int, default=61613, show_default=True, help="Client port of the first master.")
+@click.option("--slave-port", type=int, default=61614, show_default=True, help="Client port of the slave.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default="amq-pair-data", show_default=True)
+@click.option("--users", "users_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="users file for both nodes (the replication link then needs --master-user/--master-password).")
+@click.option("--master-user", default=None)
+@click.option("--master-password", default=None)
+@click.option("--takeover-check", default=None, help="HOST:PORT both nodes must reach to take over.")
+def pair(
+    mode: str,
+    port: int,
+    slave_port: int,
+    data_dir: str,
+    users_file: str | None,
+    master_user: str | None,
+    master_password: str | None,
+    takeover_check: str | None,
+) -> None:
+    """Start a master/slave pair as two child processes; Ctrl-C stops both.
+
+    Prints the client URI and each node's role and pid. Kill the master's pid and the
+    slave takes over; restart it with the same command line (shown in the log) and it
+    rejoins as slave.
+    """
+    from amqtransport.testing.broker_pair import BrokerPair
+
+    extra: list[str] = []
+    if users_file:
+        extra += ["--users", users_file]
+    bp = BrokerPair(
+        mode, data_dir, port=port, slave_port=slave_port, master_user=master_user,
+        master_password=master_password, takeover_check=takeover_check, extra_args=extra,
+    )
+    stop = {"flag": False}
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        stop["flag"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        bp.start()
+    except BaseException as exc:
+        bp.stop()
+        click.echo(f"error: the pair did not start: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"uri: {bp.uri}")
+    for node in bp.nodes:
+        click.echo(f"node {node.name}: role {node.role} pid {node.pid} client {node.uri} "
+                   f"ha-port tcp://{node.host}:{node.ha_port} data {node.data_dir} log {node.log_path}")
+    click.echo("Ctrl-C stops both nodes.")
+    sys.stdout.flush()
+    seen = {n.name: len(n.lines) for n in bp.nodes}
+    try:
+        while not stop["flag"]:
+            time.sleep(0.2)
+            for node in bp.nodes:
+                new = node.lines[seen[node.name]:]
+                seen[node.name] += len(new)
+                for line in new:
+                    click.echo(f"node {node.name} (pid {node.proc.pid if node.proc else '?'}): {line}")
+            sys.stdout.flush()
+    finally:
+        bp.stop()
+        click.echo("stopped both nodes")
+
+
+@click.command("status")
+@click.option("--port", type=int, required=True, help="A node's HA port, or the master's client port.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--timeout", type=float, default=3.0, show_default=True)
+def status(port: int, host: str, as_json: bool, timeout: float) -> None:
+    """Role, epoch, peer and message counts of one HA node."""
+    from amqtransport.broker.ha.replication import ha_request_sync
+
+    try:
+        frame = ha_request_sync(host, port, timeout)
+    except (OSError, TimeoutError) as exc:
+        click.echo(f"error: cannot reach {host}:{port}: {exc}", err=True)
+        sys.exit(1)
+    if frame.command != "CONNECTED":
+        click.echo(f"error: {host}:{port} answered {frame.command}: {frame.get('message')}", err=True)
+        sys.exit(1)
+    info = {k[len("amq-ha-"):]: v for k, v in frame.headers if k.startswith("amq-ha-")}
+    if not info:
+        click.echo(f"error: {host}:{port} is not an HA node (a single broker, or not ours)", err=True)
+        sys.exit(1)
+    data: dict[str, object] = {}
+    for k, v in info.items():
+        data[k] = int(v) if v.isdigit() else (v == "true" if v in ("true", "false") else v)
+    if as_json:
+        click.echo(json.dumps(data, sort_keys=True))
+        return
+    for k in sorted(data):
+        click.echo(f"{k:12} {data[k]}")
