@@ -1,0 +1,344 @@
+"""What a scenario runs against: brokers (a "cluster") behind Toxiproxy proxies (a "stage").
+
+Theory of operation
+-------------------
+A :class:`Cluster` is a set of broker nodes whose client ports never change (a killed
+node comes back on the same port), so one proxy per node can stay in front of it for
+the whole run:
+
+* :class:`EmbeddedPairCluster` — our :class:`~amqtransport.testing.broker_pair.BrokerPair`
+  in ``replicated`` or ``shared-store`` mode; ``kill_master`` SIGKILLs the master's
+  process and the slave takes over; ``recover`` starts the killed node again (it comes
+  back as the slave) before the next round.
+* :class:`SingleNodeCluster` — one :class:`~amqtransport.testing.broker_process.BrokerProcess`;
+  ``kill_master`` SIGKILLs it and restarts it at once on the same port and data
+  directory (there is no slave). It exercises the same client failover path and is
+  the fallback when no pair is available (``--mode single``).
+* :class:`ActiveMQCluster` — a real ActiveMQ Classic shared-store pair
+  (:class:`~amqtransport.testing.activemq.ActiveMQPair`).
+
+A :class:`Stage` puts a Toxiproxy proxy in front of every node, created through the
+PyPI ``toxiproxy-python`` client against our :class:`chaos.server.ToxiproxyServer`
+exactly as a user would drive it, and builds the clients' ``failover:`` URI whose
+leaves are the proxies' listen addresses. Faults act on the *master's* proxy (or its
+process).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from toxiproxy import Toxiproxy
+from toxiproxy.api import APIConsumer
+from toxiproxy.proxy import Proxy
+
+from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.testing.ports import free_port
+from chaos.server import ToxiproxyServer
+
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "SingleNodeCluster",
+    "EmbeddedPairCluster",
+    "ActiveMQCluster",
+    "Stage",
+    "make_cluster",
+    "EMBEDDED_MODES",
+    "ALL_KINDS",
+]
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_MODES = ("replicated", "shared-store", "single")
+ALL_KINDS = (*EMBEDDED_MODES, "activemq")
+
+
+def _nothing() -> None:
+    return None
+
+
+class ClusterError(RuntimeError):
+    """A cluster could not be started or brought back to health."""
+
+
+class Cluster(Protocol):
+    kind: str
+    names: list[str]
+    login: str | None
+    passcode: str | None
+
+    def upstreams(self) -> list[str]:
+        """``host:port`` of every node's client port, in a fixed order."""
+        ...
+
+    def master_index(self, timeout: float = 30.0) -> int:
+        """Index of the node serving clients now (waits for one)."""
+        ...
+
+    def kill_master(self, mark: Callable[[], None] = _nothing) -> str:
+        """SIGKILL the master's process (calling ``mark()`` just before the signal);
+        return a short description."""
+        ...
+
+    def recover(self, timeout: float = 60.0) -> None:
+        """Restart whatever was killed and wait until the cluster is whole again."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _wait_port(host: str, port: int, timeout: float) -> bool:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+class SingleNodeCluster:
+    """One broker process, SIGKILLed and restarted in place (see the module docstring)."""
+
+    kind = "single"
+
+    def __init__(self, workdir: Path) -> None:
+        self.names = ["node0"]
+        self.login: str | None = None
+        self.passcode: str | None = None
+        self.proc = BrokerProcess(workdir / "node0", port=free_port(), log_dir=workdir / "logs")
+        self.proc.start()
+
+    def upstreams(self) -> list[str]:
+        return [f"{self.proc.host}:{self.proc.port}"]
+
+    def master_index(self, timeout: float = 30.0) -> int:
+        if not self.proc.alive:
+            raise ClusterError("the broker process is not running\n" + self.proc.log_text()[-2000:])
+        return 0
+
+    def kill_master(self, mark: Callable[[], None] = _nothing) -> str:
+        pid = self.proc.pid
+        mark()
+        self.proc.kill()
+        self.proc.start()
+        return f"SIGKILL node0 (pid {pid}), restarted as pid {self.proc.pid}"
+
+    def recover(self, timeout: float = 60.0) -> None:
+        if not self.proc.alive:
+            self.proc.start()
+
+    def close(self) -> None:
+        self.proc.terminate()
+
+
+class EmbeddedPairCluster:
+    """Our HA pair (``BrokerPair``) in ``replicated`` or ``shared-store`` mode."""
+
+    def __init__(self, workdir: Path, mode: str) -> None:
+        try:
+            from amqtransport.testing.broker_pair import BrokerPair
+        except ImportError as exc:  # the pair is a separate piece of work
+            raise ClusterError(
+                f"the embedded HA pair (amqtransport.testing.broker_pair) is not available: {exc}; "
+                "use --mode single"
+            ) from exc
+        self.kind = mode
+        self.login: str | None = None
+        self.passcode: str | None = None
+        self.pair: Any = BrokerPair(mode=mode, data_dir=workdir / f"pair-{mode}")
+        try:
+            self.pair.start()
+        except BaseException as exc:
+            self.pair.stop()
+            raise ClusterError(f"the {mode} pair did not start: {exc}") from exc
+        self.names: list[str] = [f"node-{n.name}" for n in self.pair.nodes]
+        self._killed: list[Any] = []
+
+    def upstreams(self) -> list[str]:
+        return [f"{n.host}:{n.port}" for n in self.pair.nodes]
+
+    def master_index(self, timeout: float = 30.0) -> int:
+        master = self.pair.wait_master(timeout=timeout)
+        return list(self.pair.nodes).index(master)
+
+    def kill_master(self, mark: Callable[[], None] = _nothing) -> str:
+        index = self.master_index()
+        node = self.pair.nodes[index]
+        pid = node.pid
+        mark()
+        node.kill()
+        self._killed.append(node)
+        return f"SIGKILL {self.names[index]} (pid {pid})"
+
+    def recover(self, timeout: float = 60.0) -> None:
+        """Restart the killed node(s): each comes back as the slave of the survivor."""
+        self.pair.wait_master(timeout=timeout)
+        while self._killed:
+            node = self._killed.pop()
+            try:
+                self.pair.restart(node, timeout=timeout)
+                if self.kind == "replicated":
+                    self.pair.wait_in_sync(timeout=timeout)
+                else:
+                    node.wait_line("role slave", timeout)
+            except Exception as exc:
+                raise ClusterError(f"{node.name} did not come back as slave: {exc}") from exc
+
+    def close(self) -> None:
+        self.pair.stop()
+
+
+class ActiveMQCluster:
+    """A real ActiveMQ Classic 5.17 shared-store pair (no send dedupe on the broker)."""
+
+    kind = "activemq"
+
+    def __init__(self, workdir: Path) -> None:
+        from amqtransport.testing.activemq import ActiveMQPair, missing_reason
+
+        reason = missing_reason()
+        if reason is not None:
+            raise ClusterError(f"ActiveMQ is not available: {reason}")
+        self.login: str | None = None
+        self.passcode: str | None = None
+        self.pair = ActiveMQPair(workdir / "activemq")
+        try:
+            self.pair.start()
+        except BaseException:
+            self.pair.kill()
+            raise
+        self.names = [n.name for n in self.pair.nodes]
+
+    def upstreams(self) -> list[str]:
+        return [f"{n.host}:{n.stomp_port}" for n in self.pair.nodes]
+
+    def master_index(self, timeout: float = 30.0) -> int:
+        master = self.pair.wait_master(timeout=timeout)
+        return list(self.pair.nodes).index(master)
+
+    def kill_master(self, mark: Callable[[], None] = _nothing) -> str:
+        node = self.pair.wait_master()
+        pid = node.pid
+        mark()
+        node.kill()
+        return f"SIGKILL {node.name} (pid {pid})"
+
+    def recover(self, timeout: float = 60.0) -> None:
+        from amqtransport.testing.activemq import SLAVE_WAITING
+
+        master = self.pair.wait_master(timeout=timeout)
+        for node in self.pair.nodes:
+            if node is not master and not node.alive:
+                node.start(wait=False)
+                node.wait_for_log(SLAVE_WAITING, timeout=timeout)
+
+    def close(self) -> None:
+        self.pair.stop()
+
+
+def make_cluster(kind: str, workdir: Path) -> Cluster:
+    if kind == "single":
+        return SingleNodeCluster(workdir)
+    if kind in ("replicated", "shared-store"):
+        return EmbeddedPairCluster(workdir, kind)
+    if kind == "activemq":
+        return ActiveMQCluster(workdir)
+    raise ValueError(f"unknown cluster kind {kind!r}; expected one of {', '.join(ALL_KINDS)}")
+
+
+class Stage:
+    """A Toxiproxy server with one proxy per cluster node, driven by ``toxiproxy-python``."""
+
+    def __init__(self, cluster: Cluster, *, prefix: str = "chaos") -> None:
+        self.cluster = cluster
+        self.active: dict[str, Any] = {}  # what the current fault changed (for its heal)
+        self.server = ToxiproxyServer(port=0).start()
+        try:
+            self.toxi = Toxiproxy()
+            self.toxi.update_api_consumer("127.0.0.1", self.server.port)
+            self.proxies: list[Proxy] = [
+                self.toxi.create(upstream=upstream, name=f"{prefix}-{name}")
+                for name, upstream in zip(cluster.names, cluster.upstreams(), strict=True)
+            ]
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def _point_client(self) -> None:
+        # toxiproxy-python keeps its API address in a class attribute: re-point it in
+        # case another stage (or a test) moved it meanwhile.
+        APIConsumer.host, APIConsumer.port = "127.0.0.1", self.server.port
+
+    def uri(self, *, timeout_ms: int = -1, max_reconnect_delay_ms: int = 500) -> str:
+        """The clients' failover URI over the proxies (first node first, no shuffling)."""
+        leaves = ",".join(f"tcp://{p.listen}" for p in self.proxies)
+        return (
+            f"failover:({leaves})?randomize=false&initialReconnectDelay=20"
+            f"&maxReconnectDelay={max_reconnect_delay_ms}&timeout={timeout_ms}"
+        )
+
+    def master_proxy(self, timeout: float = 30.0) -> Proxy:
+        self._point_client()
+        return self.proxies[self.cluster.master_index(timeout)]
+
+    def reset(self) -> None:
+        """Enable every proxy and remove every toxic (Toxiproxy's ``POST /reset``)."""
+        self._point_client()
+        self.active.clear()
+        self.toxi.reset()
+
+    def add_toxic(self, proxy: Proxy, type: str, stream: str, attributes: dict[str, Any],
+                  name: str | None = None) -> str:
+        self._point_client()
+        name = name or f"{type}_{stream}"
+        proxy.add_toxic(type=type, stream=stream, name=name, toxicity=1.0, attributes=attributes)
+        return name
+
+    def mark_fault(self) -> None:
+        """Record now as the instant the current fault took effect."""
+        self.active["t_fault"] = time.monotonic()
+
+    def disable(self, proxy: Proxy) -> None:
+        self._point_client()
+        proxy.disable()
+
+    def enable(self, proxy: Proxy) -> None:
+        self._point_client()
+        proxy.enable()
+
+    def remove_toxics(self, proxy: Proxy) -> None:
+        self._point_client()
+        for name in list(proxy.toxics()):
+            proxy.destroy_toxic(name)
+
+    def close(self) -> None:
+        try:
+            self._point_client()
+            for proxy in self.proxies:
+                proxy.destroy()
+        except Exception:  # the server goes away next anyway
+            log.debug("destroying proxies failed", exc_info=True)
+        finally:
+            self.server.stop()
+
+    def __enter__(self) -> Stage:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def scratch_dir(base: str | Path | None = None) -> Path:
+    return Path(tempfile.mkdtemp(prefix="amq-chaos-", dir=base))
