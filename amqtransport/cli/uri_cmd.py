@@ -1,0 +1,105 @@
+"""``amq uri explain [--json] URI``: show the transport stack a URI builds.
+
+The human form is an indented tree, one node per line, with the effective options of
+every failover/static (non-default values marked ``*``), the given options of every
+broker URI and, for failover/static, the first delays of the reconnect schedule.
+``--json`` prints DESIGN.md's shape (``CompositeUri.to_json``).  A bad URI prints
+exactly one line ``error: ...`` on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import Any
+
+import click
+
+from amqtransport.backoff import describe_failover, describe_static
+from amqtransport.errors import UriError
+from amqtransport.options import FailoverOptions, StaticOptions
+from amqtransport.uri import CompositeUri, LeafUri, UriNode, parse_uri
+
+__all__ = ["uri", "explain", "explain_text"]
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value) if value else "(none)"
+    if value is None:
+        return "(none)"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _lines(node: UriNode, indent: str, out: list[str]) -> None:
+    if isinstance(node, LeafUri):
+        given = node.options.given()
+        text = f"{indent}{node.address}"
+        if given:
+            text += "  " + " ".join(f"{k}={_value(v)}*" for k, v in given.items())
+        out.append(text)
+        return
+    assert isinstance(node, CompositeUri)
+    head = f"{indent}{node.scheme}"
+    if node.desugared_from:
+        head += f"  (from {node.desugared_from}:)"
+    out.append(head)
+    options = node.options
+    changed = options.non_default()
+    opts = " ".join(
+        f"{k}={_value(v)}{'*' if k in changed else ''}" for k, v in options.effective().items()
+    )
+    out.extend(
+        textwrap.wrap(
+            opts,
+            width=100,
+            initial_indent=f"{indent}    options: ",
+            subsequent_indent=f"{indent}             ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    )
+    if isinstance(options, FailoverOptions):
+        out.append(f"{indent}    {describe_failover(options)}")
+    elif isinstance(options, StaticOptions):
+        out.append(f"{indent}    {describe_static(options)}")
+    for component in node.components:
+        _lines(component, indent + "    ", out)
+
+
+def explain_text(node: UriNode) -> str:
+    """The human form of ``amq uri explain`` for a parsed tree."""
+    out = [f"canonical: {node}"]
+    _lines(node, "", out)
+    out.append("(* = not the default)")
+    return "\n".join(out)
+
+
+@click.group()
+def uri() -> None:
+    """Parse and explain connection URIs."""
+
+
+@uri.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the desugared tree as JSON.")
+@click.argument("uri_text", metavar="URI")
+@click.pass_context
+def explain(ctx: click.Context, as_json: bool, uri_text: str) -> None:
+    """Show the stack URI builds, after desugaring, with effective options.
+
+    Example: amq uri explain 'masterslave:(tcp://a:61613,tcp://b:61613)'
+    """
+    try:
+        node = parse_uri(uri_text)
+    except UriError as exc:
+        message = " ".join(str(exc).split())
+        click.echo(f"error: {message}", err=True)
+        ctx.exit(2)
+    if as_json:
+        click.echo(json.dumps(node.to_json(), indent=2))
+    else:
+        click.echo(explain_text(node))

@@ -1,0 +1,263 @@
+"""Option models for connection URIs (pydantic v2, frozen, unknown keys rejected).
+
+Theory of operation
+-------------------
+Every model has snake_case attribute names (``initial_reconnect_delay``) and accepts
+ActiveMQ's camelCase names as aliases (``initialReconnectDelay``); both spellings are
+accepted when a model is built from Python (``FailoverOptions(randomize=False)`` or
+``FailoverOptions.model_validate({"randomize": False})``).  Values coming from a URI are
+strings, so every field has a strict *before* validator:
+
+* booleans accept ``true`` / ``false`` (any case) and real ``bool`` values only, not
+  ``1``, ``yes`` or ``on`` (pydantic's lax rules would take those);
+* integers accept an optional ``-`` and decimal digits (or a real ``int``), never a float
+  or a bool;
+* floats accept decimal / exponent notation, never ``nan`` or ``inf``.
+
+Times are milliseconds (ints).  ``amqtransport.uri`` turns pydantic's ``ValidationError``
+into a :class:`~amqtransport.errors.UriError`; nothing here knows about URI text.
+
+``model_fields_set`` records which options were *given*: the canonical URI (``str()`` of
+a parsed tree) writes exactly those, and ``amq uri explain`` marks non-default values.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+)
+
+__all__ = [
+    "FailoverOptions",
+    "StaticOptions",
+    "LeafOptions",
+    "option_names",
+    "SSL_ONLY_OPTIONS",
+]
+
+_INT_RE = re.compile(r"[+-]?[0-9]{1,18}")
+_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+_HEARTBEAT_RE = re.compile(r"\s*([0-9]{1,9})\s*,\s*([0-9]{1,9})\s*")
+
+
+def _strict_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if low == "true":
+            return True
+        if low == "false":
+            return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _strict_int(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
+        return int(value.strip())
+    raise ValueError(f"expected an integer, got {value!r}")
+
+
+def _strict_float(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    if isinstance(value, int | float):
+        result = float(value)
+    elif isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+        result = float(value.strip())
+    else:
+        raise ValueError(f"expected a number, got {value!r}")
+    if not math.isfinite(result):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return result
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, str):
+        if value == "":
+            raise ValueError("expected a non-empty value")
+        return value
+    raise ValueError(f"expected text, got {value!r}")
+
+
+def _uri_list(value: Any) -> Any:
+    """``priorityURIs``: a comma-separated string or a sequence of strings."""
+    if isinstance(value, str):
+        items = [part.strip() for part in value.split(",")]
+    elif isinstance(value, list | tuple):
+        items = []
+        for part in value:
+            if not isinstance(part, str):
+                raise ValueError(f"expected URI strings, got {part!r}")
+            items.append(part.strip())
+    else:
+        raise ValueError(f"expected a comma-separated list of URIs, got {value!r}")
+    return tuple(item for item in items if item)
+
+
+def _heartbeat(value: Any) -> Any:
+    if isinstance(value, tuple | list) and len(value) == 2:
+        value = f"{_strict_int(value[0])},{_strict_int(value[1])}"
+    if isinstance(value, str):
+        match = _HEARTBEAT_RE.fullmatch(value)
+        if match:
+            return f"{int(match.group(1))},{int(match.group(2))}"
+    raise ValueError(f"expected 'cx,cy' (two non-negative integers in ms), got {value!r}")
+
+
+Bool = Annotated[bool, BeforeValidator(_strict_bool)]
+Int = Annotated[int, BeforeValidator(_strict_int)]
+Float = Annotated[float, BeforeValidator(_strict_float)]
+Text = Annotated[str, BeforeValidator(_text)]
+UriList = Annotated[tuple[str, ...], BeforeValidator(_uri_list)]
+HeartBeat = Annotated[str, BeforeValidator(_heartbeat)]
+
+_CONFIG = ConfigDict(
+    frozen=True,
+    extra="forbid",
+    validate_by_name=True,
+    validate_by_alias=True,
+    serialize_by_alias=False,
+    validate_default=False,
+)
+
+
+class _Options(BaseModel):
+    model_config = _CONFIG
+
+    def given(self) -> dict[str, Any]:
+        """The options that were given explicitly, by ActiveMQ name, in field order."""
+        return {
+            activemq_name(type(self), name): getattr(self, name)
+            for name in type(self).model_fields
+            if name in self.model_fields_set
+        }
+
+    def effective(self) -> dict[str, Any]:
+        """Every option (defaults included) by ActiveMQ name, JSON-friendly values."""
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            out[activemq_name(type(self), name)] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def non_default(self) -> set[str]:
+        """ActiveMQ names of options whose value differs from the default."""
+        out: set[str] = set()
+        for name, info in type(self).model_fields.items():
+            if getattr(self, name) != info.default:
+                out.add(activemq_name(type(self), name))
+        return out
+
+
+class FailoverOptions(_Options):
+    """``failover:`` options with ActiveMQ's names and (5.6+) defaults."""
+
+    randomize: Bool = Field(True, alias="randomize")
+    initial_reconnect_delay: Int = Field(10, ge=0, alias="initialReconnectDelay")
+    max_reconnect_delay: Int = Field(30000, ge=0, alias="maxReconnectDelay")
+    use_exponential_backoff: Bool = Field(True, alias="useExponentialBackOff")
+    reconnect_delay_exponent: Float = Field(
+        2.0,
+        ge=1.0,
+        validation_alias=AliasChoices(
+            "reconnectDelayExponent", "backOffMultiplier"
+        ),
+        serialization_alias="reconnectDelayExponent",
+    )
+    max_reconnect_attempts: Int = Field(-1, ge=-1, alias="maxReconnectAttempts")
+    startup_max_reconnect_attempts: Int = Field(-1, ge=-1, alias="startupMaxReconnectAttempts")
+    timeout: Int = Field(-1, ge=-1, alias="timeout")
+    priority_backup: Bool = Field(False, alias="priorityBackup")
+    priority_uris: UriList = Field((), alias="priorityURIs")
+    backup: Bool = Field(False, alias="backup")
+    backup_pool_size: Int = Field(1, ge=0, alias="backupPoolSize")
+    track_messages: Bool = Field(False, alias="trackMessages")
+    max_cache_size: Int = Field(131072, ge=0, alias="maxCacheSize")
+    warn_after_reconnect_attempts: Int = Field(10, ge=0, alias="warnAfterReconnectAttempts")
+    update_uris_url: Text | None = Field(None, alias="updateURIsURL")
+    reconnect_jitter: Float = Field(0.0, ge=0.0, le=1.0, alias="reconnectJitter")
+
+
+class StaticOptions(_Options):
+    """``static:`` discovery options (ActiveMQ's SimpleDiscoveryAgent).
+
+    ``maxReconnectAttempts`` 0 means unlimited here (the opposite sign convention to
+    ``failover:``, as in ActiveMQ).
+    """
+
+    initial_reconnect_delay: Int = Field(1000, ge=0, alias="initialReconnectDelay")
+    max_reconnect_delay: Int = Field(30000, ge=0, alias="maxReconnectDelay")
+    use_exponential_backoff: Bool = Field(True, alias="useExponentialBackOff")
+    backoff_multiplier: Int = Field(2, ge=1, alias="backOffMultiplier")
+    max_reconnect_attempts: Int = Field(0, ge=0, alias="maxReconnectAttempts")
+    min_connect_time: Int = Field(5000, ge=0, alias="minConnectTime")
+
+
+class LeafOptions(_Options):
+    """Options of one broker URI (``tcp://``, ``ssl://``, ``vm://``).
+
+    ``caFile``, ``certFile``, ``keyFile``, ``verify`` and ``serverHostname`` apply to
+    ``ssl://`` only (the URI parser rejects them on other schemes).
+    """
+
+    connect_timeout: Int = Field(10000, ge=0, alias="connectTimeout")
+    heart_beat: HeartBeat = Field("10000,10000", alias="heartBeat")
+    host: Text | None = Field(None, alias="host")
+    ca_file: Text | None = Field(None, alias="caFile")
+    cert_file: Text | None = Field(None, alias="certFile")
+    key_file: Text | None = Field(None, alias="keyFile")
+    verify: Bool = Field(True, alias="verify")
+    server_hostname: Text | None = Field(None, alias="serverHostname")
+
+    @field_validator("host", "ca_file", "cert_file", "key_file", "server_hostname")
+    @classmethod
+    def _no_controls(cls, value: str | None) -> str | None:
+        if value is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise ValueError("control characters are not allowed")
+        return value
+
+    @property
+    def heartbeat(self) -> tuple[int, int]:
+        """``heartBeat`` as ``(cx, cy)`` milliseconds."""
+        cx, cy = self.heart_beat.split(",")
+        return int(cx), int(cy)
+
+
+SSL_ONLY_OPTIONS: frozenset[str] = frozenset(
+    {"caFile", "certFile", "keyFile", "verify", "serverHostname"}
+)
+
+
+def activemq_name(model: type[BaseModel], field: str) -> str:
+    """The ActiveMQ (camelCase) name of ``field``."""
+    info = model.model_fields[field]
+    return info.serialization_alias or info.alias or field
+
+
+def option_names(model: type[BaseModel]) -> dict[str, str]:
+    """Map every name accepted in a URI (ActiveMQ names and aliases) to the field name."""
+    out: dict[str, str] = {}
+    for field, info in model.model_fields.items():
+        out[activemq_name(model, field)] = field
+        if info.alias:
+            out[info.alias] = field
+        choices = info.validation_alias
+        if isinstance(choices, AliasChoices):
+            for choice in choices.choices:
+                if isinstance(choice, str) and choice != field:
+                    out[choice] = field
+    return out

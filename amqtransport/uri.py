@@ -1,0 +1,715 @@
+"""Connection URI grammar: ActiveMQ-style composite URIs parsed into a frozen tree.
+
+Theory of operation
+-------------------
+``parse_uri(text)`` returns a tree of :class:`LeafUri` (one broker: ``tcp://``,
+``ssl://``, ``vm://``) and :class:`CompositeUri` (``failover`` or ``static``) nodes,
+after desugaring.  It raises :class:`~amqtransport.errors.UriError` and nothing else.
+
+1. The whole text is checked once: surrounding whitespace is dropped, any other
+   non-printable character is refused, and parentheses are matched (an unmatched one is
+   reported with its 1-based column).  The matching table is kept, so ``(`` -> ``)`` is
+   a lookup afterwards.
+2. A node starts with ``scheme:``.  Composite schemes (``failover``, ``static``,
+   ``masterslave``) take an optional ``//`` and then either a parenthesised list
+   ``(u1,u2,...)?options`` or the parenthesis-free form:
+
+   * ``static:failover:(...)?q`` (the rest starts with a composite scheme) is a prefix
+     chain: the rest is the single component and ``?q`` belongs to the inner node;
+   * ``failover:u1,u2?q`` (the rest is a list of broker URIs) is a list; the ``?q``
+     after the last broker URI belongs to the *composite*, so the last broker URI of a
+     parenthesis-free list cannot carry options of its own (use parentheses).  This is
+     a deliberate choice: ActiveMQ 5.17's ``URISupport.parseComposite`` gives that
+     ``?q`` to the last broker URI, which then rejects failover options; since the two
+     option sets share no name, a URI that means something in ActiveMQ either means
+     the same here or is rejected with a message, never silently reinterpreted.
+
+   Lists are split on commas at parenthesis depth 0; a piece that does not start with
+   ``scheme:`` and follows a piece holding ``?`` is glued back (a comma inside an
+   option value, e.g. ``heartBeat=5000,5000``).
+3. Options are split on ``&``, keys and values URL-decoded (``+`` is a space, as in
+   ActiveMQ), checked against the model's ActiveMQ names (unknown / duplicate names
+   are errors that list the valid ones), then validated by the pydantic model; a
+   ``ValidationError`` becomes a ``UriError`` naming the option.
+4. Desugaring: ``masterslave:(a,b,...)`` (two or more broker URIs) becomes exactly
+   ``static:(failover:(a,b,...)?randomize=false&maxReconnectAttempts=0)``; options
+   given to ``masterslave:`` are ``static:`` options (ActiveMQ's MasterSlaveDiscoveryAgent
+   is a SimpleDiscoveryAgent) and go to the outer static.  ``nested.X=v`` on a
+   failover is applied to every broker URI below it (an option written on the broker
+   URI itself wins) and disappears from the tree.
+5. Structure rules: ``failover:`` lists broker URIs only; ``static:`` lists broker URIs
+   or failovers (a static inside a static means nothing).  Nesting depth is bounded.
+
+``str(node)`` is the canonical URI: parentheses always, lowercase canonical schemes
+(``stomp`` -> ``tcp``), explicit ports, IPv6 hosts in brackets, and exactly the options
+that were given, in model field order.  It parses back to an equal tree.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+from urllib.parse import quote, unquote_plus
+
+import yarl
+from pydantic import BaseModel, ValidationError
+
+from amqtransport.errors import UriError
+from amqtransport.options import (
+    SSL_ONLY_OPTIONS,
+    FailoverOptions,
+    LeafOptions,
+    StaticOptions,
+    activemq_name,
+    option_names,
+)
+
+__all__ = [
+    "parse_uri",
+    "UriNode",
+    "LeafUri",
+    "CompositeUri",
+    "LEAF_SCHEMES",
+    "COMPOSITE_SCHEMES",
+    "DEFAULT_PORTS",
+]
+
+#: accepted leaf schemes -> canonical scheme
+LEAF_SCHEMES: dict[str, str] = {
+    "tcp": "tcp",
+    "stomp": "tcp",
+    "ssl": "ssl",
+    "stomp+ssl": "ssl",
+    "vm": "vm",
+}
+COMPOSITE_SCHEMES: tuple[str, ...] = ("failover", "static", "masterslave")
+DEFAULT_PORTS: dict[str, int] = {"tcp": 61613, "ssl": 61612, "vm": 0}
+ALL_SCHEMES: tuple[str, ...] = (*LEAF_SCHEMES, *COMPOSITE_SCHEMES)
+
+MAX_DEPTH = 8
+
+_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+_VM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_HOST_RE = re.compile(r"[a-z0-9_](?:[a-z0-9_\-]*)(?:\.[a-z0-9_\-]+)*\.?")
+_PORT_RE = re.compile(r"[0-9]{1,5}")
+
+# characters left readable in canonical option values (everything else %-encoded)
+_SAFE_COMPOSITE = ":/[]@!$'*;,"
+_SAFE_LEAF = ":/[]@!$'*;"
+
+
+def _q(text: str) -> str:
+    """Quote a piece of user text for an error message (ASCII, one line)."""
+    return ascii(text)
+
+
+def _encode(value: Any, safe: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        sep = "," if "," in safe else "%2C"
+        return sep.join(quote(str(item), safe=safe) for item in value)
+    if isinstance(value, float):
+        return repr(value)
+    return quote(str(value), safe=safe)
+
+
+def _query(options: BaseModel, *, leaf: bool, nested: bool = False) -> str:
+    """Canonical ``k=v&...`` of the given options.
+
+    Commas stay readable where they cannot be mistaken for a list separator: in
+    ``heartBeat`` (digits only) and in the options of a top-level composite.  Inside a
+    list (a leaf, or a failover inside a static) a comma in a value is written ``%2C``
+    and ``priorityURIs`` goes first, never last (see ``_Parser.split``).
+    """
+    given = options.given() if hasattr(options, "given") else {}
+    if nested and "priorityURIs" in given:
+        # never end a failover inside a list with priorityURIs=...: the parser refuses a
+        # comma right after it as ambiguous, so put it first and something after it
+        rest = {k: v for k, v in given.items() if k != "priorityURIs"}
+        if not rest:
+            rest = {"randomize": getattr(options, "randomize", True)}
+        given = {"priorityURIs": given["priorityURIs"], **rest}
+    parts = []
+    for name, value in given.items():
+        if leaf and name == "heartBeat":
+            text = str(value)  # validated as digits,digits: a raw comma is safe
+        else:
+            text = _encode(value, _SAFE_LEAF if (leaf or nested) else _SAFE_COMPOSITE)
+        parts.append(f"{name}={text}")
+    return "&".join(parts)
+
+
+@dataclass(frozen=True)
+class LeafUri:
+    """One broker: ``tcp://host:port``, ``ssl://host:port`` or ``vm://NAME``.
+
+    For ``vm`` leaves ``host`` is ``""``, ``port`` 0 and ``name`` the broker name;
+    ``name`` is ``None`` for the others.
+    """
+
+    scheme: str
+    host: str
+    port: int
+    name: str | None = None
+    options: LeafOptions = field(default_factory=lambda: LeafOptions.model_validate({}))
+
+    @property
+    def address(self) -> str:
+        """``tcp://host:port`` (no options): for logs and bridge status."""
+        if self.scheme == "vm":
+            return f"vm://{self.name}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    def __str__(self) -> str:
+        query = _query(self.options, leaf=True)
+        return f"{self.address}?{query}" if query else self.address
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"scheme", "host", "port", "options"}`` (vm: ``{"scheme", "name", "options"}``);
+        options are the given ones only, by ActiveMQ name."""
+        options = self.options.given()
+        if self.scheme == "vm":
+            return {"scheme": "vm", "name": self.name, "options": options}
+        return {"scheme": self.scheme, "host": self.host, "port": self.port, "options": options}
+
+    def leaves(self) -> Iterator[LeafUri]:
+        yield self
+
+
+@dataclass(frozen=True)
+class CompositeUri:
+    """``failover`` or ``static`` over ``components`` (after desugaring).
+
+    ``desugared_from`` is ``"masterslave"`` for the static made from a masterslave URI
+    (information for ``amq uri explain``; not part of equality).
+    """
+
+    scheme: str
+    options: FailoverOptions | StaticOptions
+    components: tuple[UriNode, ...]
+    desugared_from: str | None = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        return self._render(nested=False)
+
+    def _render(self, *, nested: bool) -> str:
+        inner = ",".join(
+            c._render(nested=True) if isinstance(c, CompositeUri) else str(c)
+            for c in self.components
+        )
+        query = _query(self.options, leaf=False, nested=nested)
+        return f"{self.scheme}:({inner})" + (f"?{query}" if query else "")
+
+    def to_json(self) -> dict[str, Any]:
+        """DESIGN.md's explain JSON: every effective option by ActiveMQ name."""
+        return {
+            "scheme": self.scheme,
+            "options": self.options.effective(),
+            "components": [component.to_json() for component in self.components],
+        }
+
+    def leaves(self) -> Iterator[LeafUri]:
+        for component in self.components:
+            yield from component.leaves()
+
+
+UriNode: TypeAlias = LeafUri | CompositeUri
+
+
+def parse_uri(text: str) -> UriNode:
+    """Parse a connection URI into its (desugared) tree; raises ``UriError`` only."""
+    if not isinstance(text, str):
+        raise UriError(f"a connection URI must be a string, not {type(text).__name__}")
+    return _Parser(text).parse()
+
+
+@dataclass
+class _Option:
+    key: str
+    value: str
+    column: int  # 0-based index of the key in the text
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.match: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ errors
+    def error(
+        self,
+        message: str,
+        pos: int | None = None,
+        *,
+        option: str | None = None,
+        valid: Sequence[str] = (),
+    ) -> UriError:
+        column = None if pos is None else pos + 1
+        full = message
+        if column is not None:
+            full += f" (column {column})"
+        if valid:
+            full += "; valid: " + ", ".join(valid)
+        return UriError(full, uri=self.text, option=option, column=column, valid=valid)
+
+    # ------------------------------------------------------------------ entry
+    def parse(self) -> UriNode:
+        text = self.text
+        start = len(text) - len(text.lstrip())
+        end = len(text.rstrip())
+        if start >= end:
+            raise self.error("empty URI: expected e.g. failover:(tcp://host:61613,tcp://host2:61613)")
+        for i in range(start, end):
+            ch = text[i]
+            if ch != " " and not ch.isprintable():
+                raise self.error(f"unexpected character {_q(ch)} in the URI", i)
+        self._match_parentheses(start, end)
+        return self.node(start, end, depth=0)
+
+    def _match_parentheses(self, start: int, end: int) -> None:
+        stack: list[int] = []
+        for i in range(start, end):
+            ch = self.text[i]
+            if ch == "(":
+                stack.append(i)
+            elif ch == ")":
+                if not stack:
+                    raise self.error("unbalanced parentheses: ')' without a matching '('", i)
+                self.match[stack.pop()] = i
+        if stack:
+            raise self.error("unbalanced parentheses: '(' is never closed", stack[-1])
+
+    # ------------------------------------------------------------------ nodes
+    def node(self, s: int, e: int, depth: int) -> UriNode:
+        if depth > MAX_DEPTH:
+            raise self.error(f"URI nested more than {MAX_DEPTH} levels deep", s)
+        m = _SCHEME_RE.match(self.text, s, e)
+        if m is None:
+            piece = self.text[s:e]
+            raise self.error(
+                f"expected a URI such as tcp://host:61613, got {_q(piece[:60])} (no scheme)",
+                s,
+                valid=ALL_SCHEMES,
+            )
+        scheme = m.group(0)[:-1].lower()
+        if scheme in COMPOSITE_SCHEMES:
+            return self.composite(scheme, s, m.end(), e, depth)
+        if scheme in LEAF_SCHEMES:
+            return self.leaf(scheme, s, m.end(), e)
+        raise self.error(f"unknown scheme {_q(scheme)}", s, valid=ALL_SCHEMES)
+
+    def composite(self, scheme: str, s: int, p: int, e: int, depth: int) -> UriNode:
+        text = self.text
+        if text.startswith("//", p):
+            p += 2
+        while p < e and text[p] == " ":
+            p += 1
+        if p >= e:
+            raise self.error(f"{scheme}: needs a list of URIs, e.g. {scheme}:(tcp://a:61613,tcp://b:61613)", p)
+        options: list[_Option] = []
+        pieces: list[tuple[int, int]]
+        if text[p] == "(":
+            close = self.match[p]
+            if not text[p + 1 : close].strip():
+                raise self.error(f"{scheme}: empty list of URIs", p)
+            pieces = self.split(p + 1, close)
+            rest = close + 1
+            while rest < e and text[rest] == " ":
+                rest += 1
+            if rest < e:
+                if text[rest] != "?":
+                    raise self.error(f"unexpected text {_q(text[rest:e][:40])} after ')'", rest)
+                options = self.options(rest + 1, e)
+        else:
+            m = _SCHEME_RE.match(text, p, e)
+            if m is not None and m.group(0)[:-1].lower() in COMPOSITE_SCHEMES:
+                pieces = [(p, e)]  # prefix chain: static:failover:(...)?q
+            else:
+                pieces = self.split(p, e)
+                ls, le = pieces[-1]
+                lm = _SCHEME_RE.match(text, ls, le)
+                if lm is None or lm.group(0)[:-1].lower() not in COMPOSITE_SCHEMES:
+                    q = text.find("?", ls, le)
+                    if q >= 0:
+                        options = self.options(q + 1, le)
+                        le = q
+                        while le > ls and text[le - 1] == " ":
+                            le -= 1
+                        pieces[-1] = (ls, le)
+        components = [self.node(ps, pe, depth + 1) for ps, pe in pieces]
+        if scheme == "failover":
+            return self.failover(components, pieces, options, s)
+        if scheme == "static":
+            opts = self.model(StaticOptions, options, "static")
+            self.check_static_components(components, pieces)
+            return CompositeUri("static", opts, tuple(components))
+        # masterslave
+        self.check_leaves("masterslave", components, pieces)
+        if len(components) < 2:
+            raise self.error(
+                f"masterslave: needs two or more broker URIs (master and slaves), got {len(components)}",
+                s,
+            )
+        opts = self.model(StaticOptions, options, "masterslave (static)")
+        inner = CompositeUri(
+            "failover",
+            FailoverOptions.model_validate({"randomize": False, "maxReconnectAttempts": 0}),
+            tuple(components),
+        )
+        return CompositeUri("static", opts, (inner,), desugared_from="masterslave")
+
+    def failover(
+        self,
+        components: list[UriNode],
+        pieces: list[tuple[int, int]],
+        options: list[_Option],
+        s: int,
+    ) -> CompositeUri:
+        self.check_leaves("failover", components, pieces)
+        nested = [o for o in options if o.key.startswith("nested.")]
+        plain = [o for o in options if not o.key.startswith("nested.")]
+        opts = self.model(FailoverOptions, plain, "failover")
+        if nested:
+            components = self.apply_nested(components, nested)
+        if opts.priority_uris:
+            opts = self.priority(opts, components, plain)
+        return CompositeUri("failover", opts, tuple(components))
+
+    def priority(
+        self, opts: FailoverOptions, components: list[UriNode], plain: list[_Option]
+    ) -> FailoverOptions:
+        where = next(o.column for o in plain if o.key == "priorityURIs")
+        known = {leaf.address for c in components for leaf in c.leaves()}
+        addresses: list[str] = []
+        for item in opts.priority_uris:
+            try:
+                node = _Parser(item).parse()
+            except UriError as exc:
+                raise self.error(f"priorityURIs: {exc}", where, option="priorityURIs") from None
+            if not isinstance(node, LeafUri):
+                raise self.error(
+                    f"priorityURIs: {_q(item)} is not a broker URI", where, option="priorityURIs"
+                )
+            if node.address not in known and opts.update_uris_url is None:
+                raise self.error(
+                    f"priorityURIs: {_q(item)} is not in the failover list",
+                    where,
+                    option="priorityURIs",
+                    valid=sorted(known),
+                )
+            addresses.append(node.address)
+        return opts.model_copy(update={"priority_uris": tuple(addresses)})
+
+    def apply_nested(self, components: list[UriNode], nested: list[_Option]) -> list[UriNode]:
+        names = option_names(LeafOptions)
+        extra: dict[str, _Option] = {}
+        for o in nested:
+            key = o.key[len("nested.") :]
+            if key not in names:
+                raise self.unknown(o, names, "broker URI (nested.)", prefix="nested.")
+            if names[key] in extra:
+                raise self.error(f"option {_q(o.key)} given twice", o.column, option=o.key)
+            extra[names[key]] = o
+        out: list[UriNode] = []
+        for component in components:
+            assert isinstance(component, LeafUri)  # check_leaves ran before
+            leaf = component
+            for fname, o in extra.items():
+                if activemq_name(LeafOptions, fname) in SSL_ONLY_OPTIONS and leaf.scheme != "ssl":
+                    raise self.error(
+                        f"option {_q(o.key)} applies to ssl:// broker URIs only, and {leaf.address} is {leaf.scheme}://",
+                        o.column,
+                        option=o.key,
+                    )
+            data: dict[str, Any] = {fname: o.value for fname, o in extra.items()}
+            data.update({f: getattr(leaf.options, f) for f in leaf.options.model_fields_set})
+            try:
+                new = LeafOptions.model_validate(data)
+            except ValidationError as exc:
+                raise self.validation(exc, list(extra.values()), "broker URI (nested.)", LeafOptions, prefix="nested.") from None
+            out.append(LeafUri(leaf.scheme, leaf.host, leaf.port, leaf.name, new))
+        return out
+
+    def check_leaves(self, scheme: str, components: list[UriNode], pieces: list[tuple[int, int]]) -> None:
+        for component, (ps, _) in zip(components, pieces, strict=True):
+            if not isinstance(component, LeafUri):
+                raise self.error(
+                    f"{scheme}: lists broker URIs (tcp://, ssl://, vm://), not {component.scheme}:",
+                    ps,
+                    valid=tuple(LEAF_SCHEMES),
+                )
+
+    def check_static_components(self, components: list[UriNode], pieces: list[tuple[int, int]]) -> None:
+        for component, (ps, _) in zip(components, pieces, strict=True):
+            if isinstance(component, CompositeUri) and component.scheme != "failover":
+                raise self.error(
+                    "static: lists broker URIs or failover: URIs, not another static: "
+                    "(masterslave: is a static: itself)",
+                    ps,
+                    valid=(*LEAF_SCHEMES, "failover"),
+                )
+
+    # ------------------------------------------------------------------ leaves
+    def leaf(self, raw_scheme: str, s: int, p: int, e: int) -> LeafUri:
+        text = self.text
+        scheme = LEAF_SCHEMES[raw_scheme]
+        q = text.find("?", s, e)
+        head_end = q if q >= 0 else e
+        hash_pos = text.find("#", s, e)
+        if hash_pos >= 0:
+            raise self.error("a '#fragment' is not allowed in a broker URI", hash_pos)
+        options = self.options(q + 1, e) if q >= 0 else []
+        if not text.startswith("//", p):
+            raise self.error(
+                f"expected {raw_scheme}://{'NAME' if scheme == 'vm' else 'host:port'} after {raw_scheme}:",
+                p,
+            )
+        a = p + 2  # authority start
+        if scheme == "vm":
+            name = text[a:head_end].rstrip("/")
+            if not name:
+                raise self.error("vm:// needs a broker name: vm://NAME", a)
+            if not _VM_NAME_RE.fullmatch(name):
+                raise self.error(
+                    f"bad vm broker name {_q(name)}: use letters, digits, '_', '.', '-'", a
+                )
+            leaf_opts = self.leaf_options("vm", options)
+            return LeafUri("vm", "", 0, name, leaf_opts)
+        slash = text.find("/", a, head_end)
+        auth_end = slash if slash >= 0 else head_end
+        if slash >= 0 and text[slash:head_end].strip("/"):
+            raise self.error(
+                f"unexpected path {_q(text[slash:head_end])} in a broker URI", slash
+            )
+        authority = text[a:auth_end]
+        if "@" in authority:
+            raise self.error(
+                "user info is not allowed in a broker URI; pass login=/passcode= to connect()",
+                a + authority.index("@"),
+            )
+        # split host / port ourselves for precise columns; yarl validates and normalises
+        port_text: str | None = None
+        port_pos = a
+        if authority.startswith("["):
+            rb = authority.find("]")
+            if rb < 0:
+                raise self.error("IPv6 host without a closing ']'", a)
+            after = authority[rb + 1 :]
+            if after:
+                if not after.startswith(":"):
+                    raise self.error(f"unexpected {_q(after)} after the IPv6 host", a + rb + 1)
+                port_text = after[1:]
+                port_pos = a + rb + 2
+            host_text = authority[: rb + 1]
+        else:
+            host_text, colon, port_text_raw = authority.rpartition(":")
+            if colon:
+                port_text = port_text_raw
+                port_pos = a + len(host_text) + 1
+            else:
+                host_text = authority
+        if not host_text:
+            raise self.error(f"missing host: expected {raw_scheme}://host:port", a)
+        port = DEFAULT_PORTS[scheme]
+        if port_text:
+            if not _PORT_RE.fullmatch(port_text) or not 1 <= int(port_text) <= 65535:
+                raise self.error(f"bad port {_q(port_text)}: expected a number from 1 to 65535", port_pos)
+            port = int(port_text)
+        try:
+            url = yarl.URL(f"{scheme}://{host_text}")
+            host = url.raw_host
+        except (ValueError, TypeError, UnicodeError) as exc:
+            raise self.error(f"bad host {_q(host_text)}: {exc}", a) from None
+        if not host:
+            raise self.error(f"missing host: expected {raw_scheme}://host:port", a)
+        if ":" not in host and not _HOST_RE.fullmatch(host):
+            raise self.error(
+                f"bad host {_q(host_text)}: expected a host name, an IPv4 address or [IPv6]", a
+            )
+        leaf_opts = self.leaf_options(scheme, options)
+        return LeafUri(scheme, host, port, None, leaf_opts)
+
+    def leaf_options(self, scheme: str, options: list[_Option]) -> LeafOptions:
+        for o in options:
+            if o.key in SSL_ONLY_OPTIONS and scheme != "ssl":
+                raise self.error(
+                    f"option {_q(o.key)} applies to ssl:// broker URIs only",
+                    o.column,
+                    option=o.key,
+                    valid=self.valid_leaf_names(scheme),
+                )
+            if o.key.startswith("nested."):
+                raise self.error(
+                    f"{_q(o.key)}: nested.* options belong on a failover: URI", o.column, option=o.key
+                )
+        opts = self.model(LeafOptions, options, f"{scheme}://", valid=self.valid_leaf_names(scheme))
+        assert isinstance(opts, LeafOptions)
+        return opts
+
+    @staticmethod
+    def valid_leaf_names(scheme: str) -> tuple[str, ...]:
+        names = [activemq_name(LeafOptions, f) for f in LeafOptions.model_fields]
+        if scheme != "ssl":
+            names = [n for n in names if n not in SSL_ONLY_OPTIONS]
+        return tuple(names)
+
+    # ------------------------------------------------------------------ options
+    def split(self, s: int, e: int) -> list[tuple[int, int]]:
+        """Split text[s:e] on commas at depth 0; trimmed (start, end) pieces."""
+        text = self.text
+        raw: list[tuple[int, int]] = []
+        i = s
+        start = s
+        while i < e:
+            ch = text[i]
+            if ch == "(":
+                i = self.match[i] + 1
+                continue
+            if ch == ",":
+                raw.append((start, i))
+                start = i + 1
+            i += 1
+        raw.append((start, e))
+        pieces: list[tuple[int, int]] = []
+        for ps, pe in raw:
+            while ps < pe and text[ps] == " ":
+                ps += 1
+            while pe > ps and text[pe - 1] == " ":
+                pe -= 1
+            if ps == pe:
+                raise self.error("empty element in a list of URIs (two commas, or a trailing comma)", ps)
+            if pieces:
+                prev_s, prev_e = pieces[-1]
+                prev = text[prev_s:prev_e]
+                if "?" in prev and _SCHEME_RE.match(text, ps, pe) is None:
+                    pieces[-1] = (prev_s, pe)  # a comma inside an option value
+                    continue
+                last_option = re.split(r"[?&]", prev)[-1]
+                if "?" in prev and last_option.startswith("priorityURIs="):
+                    raise self.error(
+                        "ambiguous comma after priorityURIs= inside a list of URIs: write the "
+                        "commas between priority URIs as %2C (or give the failover its own "
+                        "parentheses at top level)",
+                        ps - 1 if text[ps - 1] == "," else ps,
+                        option="priorityURIs",
+                    )
+            pieces.append((ps, pe))
+        return pieces
+
+    def options(self, s: int, e: int) -> list[_Option]:
+        text = self.text
+        out: list[_Option] = []
+        seen: set[str] = set()
+        pos = s
+        for part in text[s:e].split("&"):
+            here = pos
+            pos += len(part) + 1
+            if not part.strip():
+                continue
+            key_raw, eq, value_raw = part.partition("=")
+            try:
+                key = unquote_plus(key_raw, errors="strict").strip()
+                value = unquote_plus(value_raw, errors="strict")
+            except UnicodeDecodeError:
+                raise self.error(f"option {_q(part[:40])} is not valid %-encoded UTF-8", here) from None
+            if not key:
+                raise self.error("option without a name", here)
+            if not eq:
+                raise self.error(f"option {_q(key)} needs a value ({key}=...)", here, option=key)
+            if key in seen:
+                raise self.error(f"option {_q(key)} given twice", here, option=key)
+            seen.add(key)
+            out.append(_Option(key, value, here))
+        return out
+
+    def model(
+        self,
+        model: type[FailoverOptions] | type[StaticOptions] | type[LeafOptions],
+        options: list[_Option],
+        kind: str,
+        *,
+        valid: Sequence[str] | None = None,
+    ) -> Any:
+        names = option_names(model)
+        data: dict[str, Any] = {}
+        by_field: dict[str, _Option] = {}
+        for o in options:
+            fname = names.get(o.key)
+            if fname is None:
+                raise self.unknown(o, names, kind, valid=valid)
+            if fname in by_field:
+                raise self.error(
+                    f"option {_q(o.key)} and {_q(by_field[fname].key)} are the same option, given twice",
+                    o.column,
+                    option=o.key,
+                )
+            by_field[fname] = o
+            data[fname] = o.value
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise self.validation(exc, options, kind, model) from None
+
+    def unknown(
+        self,
+        o: _Option,
+        names: dict[str, str],
+        kind: str,
+        *,
+        prefix: str = "",
+        valid: Sequence[str] | None = None,
+    ) -> UriError:
+        key = o.key[len(prefix) :] if prefix and o.key.startswith(prefix) else o.key
+        choices = list(valid) if valid is not None else list(names)
+        hint = ""
+        close = difflib.get_close_matches(key, choices, n=1)
+        if not close:
+            lowered = {c.lower(): c for c in choices}
+            if key.lower() in lowered:
+                close = [lowered[key.lower()]]
+        if close:
+            hint = f" (did you mean {prefix}{close[0]}?)"
+        if kind == "failover" and key in option_names(LeafOptions):
+            hint += (
+                " - a broker URI option; in failover:u1,u2?... the options after the last "
+                "URI belong to the failover: use failover:(u1,u2?" + key + "=...)"
+            )
+        return self.error(
+            f"unknown {kind} option {_q(o.key)}{hint}",
+            o.column,
+            option=o.key,
+            valid=[prefix + c for c in choices],
+        )
+
+    def validation(
+        self,
+        exc: ValidationError,
+        options: list[_Option],
+        kind: str,
+        model: type[BaseModel],
+        *,
+        prefix: str = "",
+    ) -> UriError:
+        names = option_names(model)
+        first = exc.errors()[0]
+        loc = str(first["loc"][0]) if first.get("loc") else ""
+        fname = names.get(loc, loc)
+        culprit = next(
+            (o for o in options if names.get(o.key[len(prefix) :] if prefix else o.key) == fname),
+            None,
+        )
+        msg = str(first.get("msg", "invalid value"))
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if culprit is None:
+            return self.error(f"bad {kind} options: {msg}")
+        return self.error(
+            f"bad value for {kind} option {culprit.key}={_q(culprit.value)[:80]}: {msg}",
+            culprit.column,
+            option=culprit.key,
+        )

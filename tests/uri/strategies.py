@@ -1,0 +1,114 @@
+"""Hypothesis strategies: random URI trees (canonical by construction)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from hypothesis import strategies as st
+
+from amqtransport.options import FailoverOptions, LeafOptions, StaticOptions
+from amqtransport.uri import CompositeUri, LeafUri, UriNode
+
+LABEL = st.from_regex(r"[a-z0-9_][a-z0-9_\-]{0,8}", fullmatch=True)
+HOSTNAME = st.lists(LABEL, min_size=1, max_size=3).map(".".join)
+IPV4 = st.ip_addresses(v=4).map(str)
+IPV6 = st.ip_addresses(v=6).map(lambda ip: ipaddress.IPv6Address(ip).compressed)
+HOST = st.one_of(HOSTNAME, IPV4, IPV6)
+PORT = st.integers(1, 65535)
+# option text: anything printable or not, but no control characters (rejected by the model)
+TEXT = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12
+)
+MS = st.integers(0, 10**9)
+
+
+@st.composite
+def leaf_options(draw: st.DrawFn, scheme: str) -> LeafOptions:
+    data: dict[str, Any] = {}
+    if draw(st.booleans()):
+        data["connect_timeout"] = draw(MS)
+    if draw(st.booleans()):
+        data["heart_beat"] = f"{draw(st.integers(0, 10**6))},{draw(st.integers(0, 10**6))}"
+    if draw(st.booleans()):
+        data["host"] = draw(TEXT)
+    if scheme == "ssl":
+        for name in ("ca_file", "cert_file", "key_file", "server_hostname"):
+            if draw(st.booleans()):
+                data[name] = draw(TEXT)
+        if draw(st.booleans()):
+            data["verify"] = draw(st.booleans())
+    return LeafOptions.model_validate(data)
+
+
+@st.composite
+def leaves(draw: st.DrawFn) -> LeafUri:
+    scheme = draw(st.sampled_from(["tcp", "ssl", "vm"]))
+    options = draw(leaf_options(scheme))
+    if scheme == "vm":
+        name = draw(st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,10}", fullmatch=True))
+        return LeafUri("vm", "", 0, name, options)
+    return LeafUri(scheme, draw(HOST), draw(PORT), None, options)
+
+
+@st.composite
+def failover_options(draw: st.DrawFn, addresses: list[str]) -> FailoverOptions:
+    data: dict[str, Any] = {}
+    optional = {
+        "initial_reconnect_delay": MS,
+        "max_reconnect_delay": MS,
+        "use_exponential_backoff": st.booleans(),
+        "reconnect_delay_exponent": st.floats(1.0, 1e6, allow_nan=False, allow_infinity=False),
+        "max_reconnect_attempts": st.integers(-1, 10**6),
+        "startup_max_reconnect_attempts": st.integers(-1, 10**6),
+        "randomize": st.booleans(),
+        "timeout": st.integers(-1, 10**9),
+        "priority_backup": st.booleans(),
+        "backup": st.booleans(),
+        "backup_pool_size": st.integers(0, 100),
+        "track_messages": st.booleans(),
+        "max_cache_size": MS,
+        "warn_after_reconnect_attempts": st.integers(0, 1000),
+        "update_uris_url": TEXT,
+        "reconnect_jitter": st.floats(0.0, 1.0, allow_nan=False),
+    }
+    for name, strategy in optional.items():
+        if draw(st.booleans()):
+            data[name] = draw(strategy)
+    if draw(st.booleans()):
+        data["priority_uris"] = tuple(draw(st.lists(st.sampled_from(addresses), min_size=1, max_size=3, unique=True)))
+    return FailoverOptions.model_validate(data)
+
+
+@st.composite
+def static_options(draw: st.DrawFn) -> StaticOptions:
+    data: dict[str, Any] = {}
+    optional = {
+        "initial_reconnect_delay": MS,
+        "max_reconnect_delay": MS,
+        "use_exponential_backoff": st.booleans(),
+        "backoff_multiplier": st.integers(1, 1000),
+        "max_reconnect_attempts": st.integers(0, 10**6),
+        "min_connect_time": MS,
+    }
+    for name, strategy in optional.items():
+        if draw(st.booleans()):
+            data[name] = draw(strategy)
+    return StaticOptions.model_validate(data)
+
+
+@st.composite
+def failovers(draw: st.DrawFn) -> CompositeUri:
+    components = draw(st.lists(leaves(), min_size=1, max_size=4))
+    options = draw(failover_options([c.address for c in components]))
+    return CompositeUri("failover", options, tuple(components))
+
+
+@st.composite
+def statics(draw: st.DrawFn) -> CompositeUri:
+    components = draw(st.lists(st.one_of(leaves(), failovers()), min_size=1, max_size=3))
+    return CompositeUri("static", draw(static_options()), tuple(components))
+
+
+def trees() -> st.SearchStrategy[UriNode]:
+    return st.one_of(leaves(), failovers(), statics())
