@@ -19,7 +19,8 @@ Example (every key of ``[[network_connector]]`` except ``name`` and ``uri`` is o
     passcode = "secret"
     local_login = "bridge"                    # for the local side
     local_passcode = "secret"
-    prefetch = 100                            # in-flight messages per forwarded destination
+    prefetch = 1000                           # unacknowledged messages per forwarded destination
+    #                                          # (ActiveMQ's networkConnector prefetchSize default)
     heartbeat_ms = 5000                       # STOMP heart-beats both ways, both sides
     advisories = "auto"                       # "on" | "off" | "auto": see bridge.connector
     loop_pause_ms = 1000                      # see "Loops" in bridge.forwarder
@@ -112,7 +113,7 @@ class NetworkConnectorConfig(BaseModel):
     passcode: str | None = None
     local_login: str | None = None
     local_passcode: str | None = None
-    prefetch: int = Field(default=100, ge=1, le=10000)
+    prefetch: int = Field(default=1000, ge=1, le=100000)
     heartbeat_ms: int = Field(default=5000, ge=0, le=3_600_000)
     advisories: Literal["auto", "on", "off"] = "auto"
     loop_pause_ms: int = Field(default=1000, ge=0, le=3_600_000)

@@ -254,8 +254,11 @@ class Bridge:
         status: BridgeStatus,
         connect: ConnectFn = _default_connect,
         watch_interval: float = 0.25,
+        previous_failures: int = 0,
     ) -> None:
         self.name = name
+        self.previous_failures = previous_failures  # connect failures in a row before this try
+        self.was_up = False
         self.config = config
         self.service = service
         self.local_uri = local_uri
@@ -310,12 +313,18 @@ class Bridge:
             self.local = self._connect(self.local_uri, login=cfg.local_login, passcode=cfg.local_passcode,
                                        heartbeat=hb, listener=_Listener("local", self.fail, self.name))
         except BaseException as exc:  # noqa: BLE001 - any failure to build goes back to the agent
-            log.warning("bridge %s: could not start a bridge to %s: %s", self.name, self.service, exc)
+            n = self.previous_failures + 1
+            # like failover's warnAfterReconnectAttempts: not a warning per retry (the seed's
+            # complaint about ActiveMQ's log), the first and every 10th
+            level = logging.WARNING if n == 1 or n % 10 == 0 else logging.DEBUG
+            log.log(level, "bridge %s: could not start a bridge to %s (attempt %d): %s", self.name, self.service,
+                    n, exc)
             self._teardown()
             self.status.down(exc)
             return exc
 
         remote, local = self.remote, self.local
+        self.was_up = True
         build = self.status.up(lambda: remote.connected_uri, lambda: local.connected_uri)
         what = "up" if build == 1 else f"rebuilt (rebuild #{build - 1})"
         log.info("bridge %s %s: %s -> %s (service %s)", self.name, what, local.connected_uri,
@@ -431,6 +440,7 @@ class NetworkConnector:
         self._lock = threading.Lock()
         self._bridges: dict[str, Bridge] = {}
         self._threads: dict[str, threading.Thread] = {}
+        self._failures: dict[str, int] = {}
         self._stopped = threading.Event()
         self.agent: Any = None
 
@@ -457,7 +467,8 @@ class NetworkConnector:
                 return
             name = self.names.get(service, self.config.name)
             bridge = Bridge(name=name, config=self.config, service=service, local_uri=self.local_uri,
-                            here=self.here, status=self.registry.get(name), connect=self._connect)
+                            here=self.here, status=self.registry.get(name), connect=self._connect,
+                            previous_failures=self._failures.get(service, 0))
             self._bridges[service] = bridge
             t = threading.Thread(target=self._run_bridge, args=(service, bridge), daemon=True, name=f"bridge {name}")
             self._threads[service] = t
@@ -469,6 +480,7 @@ class NetworkConnector:
         except BaseException as exc:  # noqa: BLE001 - never let a bridge thread die silently
             log.exception("bridge %s crashed", bridge.name)
             error = exc
+        self._failures[service] = 0 if bridge.was_up else self._failures.get(service, 0) + 1
         if self._stopped.is_set():
             return
         if error is None:

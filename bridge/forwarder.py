@@ -53,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -184,6 +185,9 @@ class DestinationForwarder:
         self._there = there
         self._ttl = ttl
         self._prefetch = prefetch
+        # pipelining: up to `depth` batches wait for receipts while the next is sent
+        self._depth = 4 if prefetch >= 8 else 1
+        self._batch_size = max(1, prefetch // (self._depth + 1))
         self._status = status
         self._on_failure = on_failure
         self._loop_pause = loop_pause
@@ -219,20 +223,35 @@ class DestinationForwarder:
 
     def _run(self) -> None:
         sub: Any = None
+        inflight: deque[_Batch] = deque()
         try:
             while not self._stop.is_set():
                 if sub is None:
                     sub = self._subscribe()
-                msg = sub.receive(timeout=self._poll)
-                if msg is None:
-                    continue
-                batch = [msg]
-                while len(batch) < self._prefetch:
-                    more = sub.receive(timeout=0)
-                    if more is None:
-                        break
-                    batch.append(more)
-                held = self._forward_batch(batch)
+                # block for the first message only when nothing is waiting for receipts
+                msg = sub.receive(timeout=0 if inflight else self._poll)
+                batch: list[Any] = []
+                if msg is not None:
+                    batch.append(msg)
+                    while len(batch) < self._batch_size:
+                        more = sub.receive(timeout=0)
+                        if more is None:
+                            break
+                        batch.append(more)
+                held = False
+                if batch:
+                    sent, held = self._start_batch(batch)
+                    if sent is not None:
+                        inflight.append(sent)
+                # complete the oldest batch(es): keep at most `depth` in flight; when
+                # nothing new came, complete one (its acks give the source credit again)
+                if held:
+                    while inflight:
+                        self._finish_batch(inflight.popleft())
+                elif not batch and inflight:
+                    self._finish_batch(inflight.popleft())
+                while len(inflight) > self._depth:
+                    self._finish_batch(inflight.popleft())
                 if held and not self._stop.is_set():
                     # a queue message that must stay on this broker: give it back
                     _quietly(sub.unsubscribe)
@@ -247,11 +266,10 @@ class DestinationForwarder:
             if sub is not None:
                 _quietly(sub.unsubscribe)
 
-    def _forward_batch(self, batch: list[Any]) -> bool:
-        """Forward what may cross, ack it after the receipts; returns True when a queue
-        message had to be held back (left unacknowledged)."""
+    def _start_batch(self, batch: list[Any]) -> tuple[_Batch | None, bool]:
+        """Send what may cross (without waiting for receipts), ack what is dropped;
+        returns the batch in flight and whether a queue message was held back."""
         to_send: list[tuple[Any, str, dict[str, str], bool, str]] = []
-        to_drop: list[Any] = []
         held = False
         for msg in batch:
             headers: Mapping[str, str] = msg.headers
@@ -260,43 +278,47 @@ class DestinationForwarder:
                 # a wildcard topic subscription saw an excluded topic: the local
                 # subscribers had their own copy; just do not forward it
                 self._status.add_suppressed(1)
-                to_drop.append(msg)
+                msg.ack()
                 continue
             decision = route(headers, here=self._here, there=self._there, ttl=self._ttl)
             if not decision.forward:
                 log.debug("forwarder %s: not forwarding %s: %s", self._label, headers.get("message-id"), decision.reason)
                 self._status.add_suppressed(1)
                 if self._is_queue:
-                    held = True
+                    held = True  # left unacknowledged: it goes back to the queue
                 else:
-                    to_drop.append(msg)
+                    msg.ack()
                 continue
-            dest = actual
             persistent = str(headers.get("persistent", "true")).lower() == "true"
             key = derive_key(headers, source=self._here)
-            to_send.append((msg, dest, forward_headers(headers, decision), persistent, key))
-        if to_send:
-            try:
-                self._send_all(to_send)
-            except BaseException:
-                self._status.add_failed(len(to_send))
-                raise
-            for msg, *_ in to_send:
-                msg.ack()
-            self._status.add_forwarded(len(to_send))
-        for msg in to_drop:
-            msg.ack()
-        return held
-
-    def _send_all(self, items: list[tuple[Any, str, dict[str, str], bool, str]]) -> None:
-        if len(items) == 1 or not hasattr(self._dst, "producer"):
-            for msg, dest, headers, persistent, key in items:
-                self._dst.send(dest, msg.body, headers, persistent=persistent, idempotency_key=key)
-            return
-        with self._dst.producer(window=len(items)) as producer:
-            for msg, dest, headers, persistent, key in items:
+            to_send.append((msg, actual, forward_headers(headers, decision), persistent, key))
+        if not to_send:
+            return None, held
+        producer = self._dst.producer(window=len(to_send))
+        try:
+            for msg, dest, headers, persistent, key in to_send:
                 producer.send(dest, msg.body, headers, persistent=persistent, idempotency_key=key)
-            producer.flush()
+        except BaseException:
+            self._status.add_failed(len(to_send))
+            raise
+        return _Batch(producer, [m for m, *_ in to_send]), held
+
+    def _finish_batch(self, batch: _Batch) -> None:
+        """Wait for the far broker's receipts, then acknowledge on the source."""
+        try:
+            batch.producer.flush()
+        except BaseException:
+            self._status.add_failed(len(batch.messages))
+            raise
+        for msg in batch.messages:
+            msg.ack()
+        self._status.add_forwarded(len(batch.messages))
+
+
+@dataclass
+class _Batch:
+    producer: Any
+    messages: list[Any]
 
 
 def _quietly(fn: Callable[[], Any]) -> None:

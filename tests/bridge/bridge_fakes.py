@@ -317,6 +317,9 @@ class FakeConn:
             body = body.encode()
         store.publish(destination, body, dict(headers or {}), idempotency_key or f"k{next(_ids)}")
 
+    def producer(self, window: int = 100) -> FakeProducer:
+        return FakeProducer(self)
+
     def close(self) -> None:
         if self.closed:
             return
@@ -332,6 +335,22 @@ class FakeConn:
         with self.net.lock:
             if self in self.net.conns:
                 self.net.conns.remove(self)
+
+
+class FakeProducer:
+    """Sends at once (the fake broker "receipts" synchronously); flush checks the link."""
+
+    def __init__(self, conn: FakeConn) -> None:
+        self.conn = conn
+
+    def send(self, destination: str, body: bytes | str, headers: dict[str, str] | None = None, *,
+             persistent: bool = True, idempotency_key: str | None = None) -> None:
+        self.conn.send(destination, body, headers, persistent=persistent, idempotency_key=idempotency_key)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.conn.check()
+        if self.conn.store is None:
+            raise ConnectionClosed("not connected")
 
 
 @dataclass

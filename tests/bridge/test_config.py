@@ -38,7 +38,7 @@ def test_good_config_loads(tmp_path: Path) -> None:
     assert nc.name == "spoke1-to-hub"
     assert nc.static_include == ["/queue/orders"]
     assert nc.network_ttl == 1 and nc.duplex is False
-    assert nc.prefetch == 100 and nc.advisories == "auto"
+    assert nc.prefetch == 1000 and nc.advisories == "auto"
     assert cfg.status_address == ("127.0.0.1", 8162)
 
 
