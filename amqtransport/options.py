@@ -33,7 +33,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    field_validator,
 )
 
 __all__ = [
@@ -89,6 +88,8 @@ def _text(value: Any) -> Any:
     if isinstance(value, str):
         if value == "":
             raise ValueError("expected a non-empty value")
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise ValueError("control characters are not allowed")
         return value
     raise ValueError(f"expected text, got {value!r}")
 
@@ -222,13 +223,6 @@ class LeafOptions(_Options):
     key_file: Text | None = Field(None, alias="keyFile")
     verify: Bool = Field(True, alias="verify")
     server_hostname: Text | None = Field(None, alias="serverHostname")
-
-    @field_validator("host", "ca_file", "cert_file", "key_file", "server_hostname")
-    @classmethod
-    def _no_controls(cls, value: str | None) -> str | None:
-        if value is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-            raise ValueError("control characters are not allowed")
-        return value
 
     @property
     def heartbeat(self) -> tuple[int, int]:

@@ -48,6 +48,7 @@ that were given, in model field order.  It parses back to an equal tree.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -95,6 +96,9 @@ _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 _VM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _HOST_RE = re.compile(r"[a-z0-9_](?:[a-z0-9_\-]*)(?:\.[a-z0-9_\-]+)*\.?")
 _PORT_RE = re.compile(r"[0-9]{1,5}")
+_ZONE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+#: whitespace allowed around list elements and options (a URI split over lines in a config file)
+_WS = " \t\r\n"
 
 # characters left readable in canonical option values (everything else %-encoded)
 _SAFE_COMPOSITE = ":/[]@!$'*;,"
@@ -260,13 +264,13 @@ class _Parser:
     # ------------------------------------------------------------------ entry
     def parse(self) -> UriNode:
         text = self.text
-        start = len(text) - len(text.lstrip())
-        end = len(text.rstrip())
+        start = len(text) - len(text.lstrip(_WS))
+        end = len(text.rstrip(_WS))
         if start >= end:
             raise self.error("empty URI: expected e.g. failover:(tcp://host:61613,tcp://host2:61613)")
         for i in range(start, end):
             ch = text[i]
-            if ch != " " and not ch.isprintable():
+            if ch not in _WS and not ch.isprintable():
                 raise self.error(f"unexpected character {_q(ch)} in the URI", i)
         self._match_parentheses(start, end)
         return self.node(start, end, depth=0)
@@ -307,7 +311,7 @@ class _Parser:
         text = self.text
         if text.startswith("//", p):
             p += 2
-        while p < e and text[p] == " ":
+        while p < e and text[p] in _WS:
             p += 1
         if p >= e:
             raise self.error(f"{scheme}: needs a list of URIs, e.g. {scheme}:(tcp://a:61613,tcp://b:61613)", p)
@@ -319,7 +323,7 @@ class _Parser:
                 raise self.error(f"{scheme}: empty list of URIs", p)
             pieces = self.split(p + 1, close)
             rest = close + 1
-            while rest < e and text[rest] == " ":
+            while rest < e and text[rest] in _WS:
                 rest += 1
             if rest < e:
                 if text[rest] != "?":
@@ -338,7 +342,7 @@ class _Parser:
                     if q >= 0:
                         options = self.options(q + 1, le)
                         le = q
-                        while le > ls and text[le - 1] == " ":
+                        while le > ls and text[le - 1] in _WS:
                             le -= 1
                         pieces[-1] = (ls, le)
         components = [self.node(ps, pe, depth + 1) for ps, pe in pieces]
@@ -463,6 +467,9 @@ class _Parser:
         hash_pos = text.find("#", s, e)
         if hash_pos >= 0:
             raise self.error("a '#fragment' is not allowed in a broker URI", hash_pos)
+        for i in range(s, head_end):
+            if text[i] in _WS:
+                raise self.error("whitespace inside a broker URI", i)
         options = self.options(q + 1, e) if q >= 0 else []
         if not text.startswith("//", p):
             raise self.error(
@@ -527,7 +534,18 @@ class _Parser:
             raise self.error(f"bad host {_q(host_text)}: {exc}", a) from None
         if not host:
             raise self.error(f"missing host: expected {raw_scheme}://host:port", a)
-        if ":" not in host and not _HOST_RE.fullmatch(host):
+        if ":" in host:
+            address, pct, zone = host.partition("%")
+            if zone.startswith("25"):
+                zone = zone[2:]  # RFC 6874 writes the zone separator as %25
+            try:
+                address = ipaddress.IPv6Address(address).compressed
+            except ValueError as exc:
+                raise self.error(f"bad IPv6 host {_q(host_text)}: {exc}", a) from None
+            if pct and not _ZONE_RE.fullmatch(zone):
+                raise self.error(f"bad IPv6 zone {_q(zone)} in {_q(host_text)}", a)
+            host = f"{address}%{zone}" if pct else address
+        elif not _HOST_RE.fullmatch(host):
             raise self.error(
                 f"bad host {_q(host_text)}: expected a host name, an IPv4 address or [IPv6]", a
             )
@@ -577,9 +595,9 @@ class _Parser:
         raw.append((start, e))
         pieces: list[tuple[int, int]] = []
         for ps, pe in raw:
-            while ps < pe and text[ps] == " ":
+            while ps < pe and text[ps] in _WS:
                 ps += 1
-            while pe > ps and text[pe - 1] == " ":
+            while pe > ps and text[pe - 1] in _WS:
                 pe -= 1
             if ps == pe:
                 raise self.error("empty element in a list of URIs (two commas, or a trailing comma)", ps)

@@ -123,6 +123,45 @@ def test_failover_without_parentheses_leaf_option_at_end_is_an_error_with_a_hint
     assert "failover:(" in str(e)
 
 
+def test_whitespace_and_newlines_between_elements() -> None:
+    text = "failover:(\n  tcp://a:1,\n\ttcp://b:2\n)\n?randomize=false&\n maxReconnectAttempts=3\n"
+    assert parse_uri(text) == parse_uri("failover:(tcp://a:1,tcp://b:2)?randomize=false&maxReconnectAttempts=3")
+    e = err("failover:(tcp://a:1,tcp://b\n:2)")
+    assert "column" in str(e) and "\n" not in str(e)
+
+
+def test_ipv6_zone() -> None:
+    a = parse_uri("tcp://[fe80::1%25eth0]:1")
+    assert a == parse_uri("tcp://[FE80::1%eth0]:1")
+    assert isinstance(a, LeafUri) and a.host == "fe80::1%eth0"
+    assert str(a) == "tcp://[fe80::1%eth0]:1"
+    assert "zone" in str(err("tcp://[fe80::1%e(t)h]:1"))
+
+
+def test_static_and_masterslave_without_parentheses() -> None:
+    assert parse_uri("static:tcp://a:1,tcp://b:2?minConnectTime=1") == parse_uri(
+        "static:(tcp://a:1,tcp://b:2)?minConnectTime=1"
+    )
+    assert parse_uri("masterslave:tcp://a:1,tcp://b:2") == parse_uri("masterslave:(tcp://a:1,tcp://b:2)")
+
+
+def test_priority_uris_inside_a_list_need_encoded_commas() -> None:
+    e = err("static:(failover:(tcp://a:1,tcp://b:2)?priorityURIs=tcp://a:1,tcp://b:2)")
+    assert e.option == "priorityURIs" and "%2C" in str(e)
+    node = parse_uri("static:(failover:(tcp://a:1,tcp://b:2)?priorityURIs=tcp://a:1%2Ctcp://b:2)")
+    inner = node.components[0]  # type: ignore[union-attr]
+    assert inner.options.priority_uris == ("tcp://a:1", "tcp://b:2")  # type: ignore[union-attr]
+    # the canonical form never trips over it
+    assert parse_uri(str(node)) == node
+    # priorityURIs as the only option, and a broker URI after the failover in the list
+    lone = parse_uri("static:(failover:(tcp://a:1,tcp://b:2)?priorityURIs=tcp://b:2&randomize=true,tcp://c:3)")
+    assert str(lone) == "static:(failover:(tcp://a:1,tcp://b:2)?priorityURIs=tcp://b:2&randomize=true,tcp://c:3)"
+    assert parse_uri(str(lone)) == lone
+    e = err("static:(failover:(tcp://a:1,tcp://b:2)?priorityURIs=tcp://b:2,tcp://c:3)")
+    assert e.option == "priorityURIs"
+    assert "%2C" in str(node)
+
+
 def test_static() -> None:
     node = parse_uri("static:(tcp://a:1,tcp://b:2)?initialReconnectDelay=5&backOffMultiplier=3")
     assert isinstance(node, CompositeUri) and isinstance(node.options, StaticOptions)
@@ -297,7 +336,9 @@ def test_all_failover_options_by_activemq_name() -> None:
         ("tcp://[::1]:99999", 13, "bad port"),
         ("tcp://[zz]:1", 7, "bad host"),
         ("tcp://[::1", 7, "']'"),
-        ("tcp://a b:1", 7, "bad host"),
+        ("tcp://a b:1", 8, "whitespace"),
+        ("tcp://a\tb:1", 8, "whitespace"),
+        ("tcp://a%20b:1", 7, "bad host"),
         ("tcp://a..b:1", 7, "bad host"),
         ("tcp://u:p@a:1", 10, "user info"),
         ("tcp://a:1/path", 10, "path"),
