@@ -412,6 +412,18 @@ class Bridge:
                 _quietly(conn.close)
 
 
+def _reconnects_by_itself(service: str) -> bool:
+    try:
+        from amqtransport.uri import CompositeUri, parse_uri
+
+        node = parse_uri(service)
+    except Exception:  # noqa: BLE001 - validated elsewhere
+        return False
+    if not isinstance(node, CompositeUri) or node.scheme != "failover":
+        return False
+    return getattr(node.options, "max_reconnect_attempts", 0) != 0
+
+
 class NetworkConnector:
     """A ``[[network_connector]]``: a discovery agent and a bridge per discovered service."""
 
@@ -433,6 +445,13 @@ class NetworkConnector:
         self._agent_factory = agent_factory
         self.services, self.options = services_and_options(config.uri)
         self.names: dict[str, str] = {}
+        for service in self.services:
+            if _reconnects_by_itself(service):
+                log.warning(
+                    "network connector %s: service %s is a failover that reconnects by itself "
+                    "(maxReconnectAttempts is not 0): when the remote master changes, the bridge will not be "
+                    "rebuilt (the seed's stale bridge); use masterslave:(...) or add maxReconnectAttempts=0",
+                    config.name, service)
         for i, service in enumerate(self.services):
             name = config.name if len(self.services) == 1 else f"{config.name}#{i + 1}"
             self.names[service] = name

@@ -165,13 +165,17 @@ def test_local_side_failover_keeps_forwarding_exactly_once(net: FakeNet, agents:
     wait_for(lambda: status(agent)["local"] == S2, what="status shows the new local address")
 
 
-def test_seed_pitfall_self_reconnecting_failover_keeps_a_stale_identity(net: FakeNet, agents: list[BridgeAgent]) -> None:
+def test_seed_pitfall_self_reconnecting_failover_keeps_a_stale_identity(
+        net: FakeNet, agents: list[BridgeAgent], caplog: pytest.LogCaptureFixture) -> None:
     """static:failover:(h1,h2) WITHOUT maxReconnectAttempts=0: the failover moves to h2 by
     itself, the bridge is never rebuilt, so its identity (service, rebuilds) is stale —
-    yet our status reports the address actually connected."""
+    yet our status reports the address actually connected. The connector warns about
+    that configuration at start."""
     net.pair(S1, S2)
     hub = net.pair(H1, H2)
-    agent = start(agents, net, config(S1, f"static:failover:({H1},{H2})?randomize=false"))
+    with caplog.at_level("WARNING", logger="bridge.connector"):
+        agent = start(agents, net, config(S1, f"static:failover:({H1},{H2})?randomize=false"))
+    assert any("reconnects by itself" in r.getMessage() for r in caplog.records)
     wait_for(lambda: status(agent)["state"] == "up")
     assert status(agent)["remote"] == H1
     hub.kill_master()
