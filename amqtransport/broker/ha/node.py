@@ -642,6 +642,15 @@ class HaNode:
                 return
 
     async def _decide(self) -> tuple[str, tuple[str, int] | None]:
+        action, join = await self._decide_claims()
+        if action == "master" and self.opts.takeover_check:
+            check = parse_address(self.opts.takeover_check, "--takeover-check")
+            if not await reachable(check, 1.0):
+                self._wait(f"takeover check {check[0]}:{check[1]} unreachable: not becoming master")
+                return "wait", None
+        return action, join
+
+    async def _decide_claims(self) -> tuple[str, tuple[str, int] | None]:
         addrs = self._peer_addresses()
         infos: list[tuple[tuple[str, int], dict[str, str]]] = []
         for addr in addrs:

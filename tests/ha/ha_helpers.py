@@ -1,0 +1,212 @@
+"""Helpers for the HA tests: traffic through a failover URI across a kill, a TCP forwarder."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import amqtransport
+from amqtransport.testing.ports import free_port
+
+
+def with_opts(uri: str, extra: str) -> str:
+    return uri + ("&" if "?" in uri else "?") + extra
+
+
+@dataclass
+class TrafficResult:
+    receipted: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    consumed: Counter[str] = field(default_factory=Counter)
+    recovery: list[float] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+
+    def check_exactly_once(self) -> None:
+        missing = [b for b in self.receipted if self.consumed[b] == 0]
+        dups = {b: n for b, n in self.consumed.items() if n > 1}
+        assert not missing, f"{len(missing)} receipted messages lost, e.g. {missing[:5]}"
+        assert not dups, f"duplicates delivered despite dedupe: {list(dups.items())[:5]}"
+        attempted = set(self.receipted) | set(self.failed)
+        strange = [b for b in self.consumed if b not in attempted]
+        assert not strange, f"consumed messages nobody sent: {strange[:5]}"
+
+
+def run_traffic(
+    uri: str,
+    kills: list[Callable[[], None]],
+    *,
+    total: int = 400,
+    kill_every: int = 120,
+    queue: str = "/queue/ha.test",
+    drain_timeout: float = 30.0,
+) -> TrafficResult:
+    """Produce ``total`` receipted messages while a consumer reads; run ``kills[i]`` after
+    every ``kill_every`` receipts and measure kill -> next receipted send."""
+    res = TrafficResult()
+    done_producing = threading.Event()
+    uri = with_opts(uri, "trackMessages=true&initialReconnectDelay=10&maxReconnectDelay=200")
+
+    def consume() -> None:
+        try:
+            with amqtransport.connect(uri, dedupe=True) as c:
+                sub = c.subscribe(queue, ack="client-individual")
+                deadline = None
+                while True:
+                    m = sub.receive(timeout=0.5)
+                    if m is not None:
+                        res.consumed[m.text] += 1
+                        m.ack()
+                    if done_producing.is_set():
+                        if all(res.consumed[b] for b in res.receipted):
+                            # a little longer to catch a late duplicate
+                            if deadline is None:
+                                deadline = time.monotonic() + 1.0
+                        if deadline is None:
+                            deadline = time.monotonic() + drain_timeout
+                        if time.monotonic() > deadline:
+                            return
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            res.errors.append(exc)
+
+    consumer = threading.Thread(target=consume, name="ha-consumer", daemon=True)
+    consumer.start()
+    pending_kills = list(kills)
+    try:
+        with amqtransport.connect(uri) as c:
+            killed_at: float | None = None
+            for i in range(total):
+                body = f"m{i:05d}"
+                try:
+                    c.send(queue, body, idempotency_key=f"key-{queue}-{body}")
+                except Exception:  # noqa: BLE001 - an unconfirmed send is allowed, not required
+                    res.failed.append(body)
+                    continue
+                res.receipted.append(body)
+                if killed_at is not None:
+                    res.recovery.append(time.monotonic() - killed_at)
+                    killed_at = None
+                if pending_kills and len(res.receipted) % kill_every == 0:
+                    kill = pending_kills.pop(0)
+                    kill()
+                    killed_at = time.monotonic()
+    finally:
+        done_producing.set()
+        consumer.join(drain_timeout + 10)
+    return res
+
+
+class Forwarder:
+    """A TCP forwarder we control: ``cut()`` drops every connection and refuses service
+    (accept + close at once) until ``restore()``."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = free_port()
+        self._srv = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
+        self._srv.settimeout(0.2)
+        self._cut = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._stop = False
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="forwarder")
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                client, _ = self._srv.accept()
+            except (TimeoutError, OSError):
+                continue
+            if self._cut:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=2)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data or self._cut:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self._cut = True
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def restore(self) -> None:
+        self._cut = False
+
+    def close(self) -> None:
+        self._stop = True
+        self.cut()
+        self._srv.close()
+        self._thread.join(2)
+
+
+class Listener:
+    """A bare TCP listener (the takeover-check address); close() makes it unreachable."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self._srv: socket.socket | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def open(self) -> Listener:
+        if self._srv is None:
+            self._srv = socket.create_server(("127.0.0.1", self.port))
+        return self
+
+    def close(self) -> None:
+        if self._srv is not None:
+            self._srv.close()
+            self._srv = None
+
+
+def refuses(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
+def never_master(node: object, seconds: float) -> None:
+    """Assert that ``node`` (HaNodeProcess) does not become master for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        role = node.status(timeout=1.0).get("amq-ha-role")  # type: ignore[attr-defined]
+        assert role != "master", f"{node.name} became master"  # type: ignore[attr-defined]
+        assert refuses(node.port), f"{node.name}'s client port accepts connections"  # type: ignore[attr-defined]
+        time.sleep(0.1)
