@@ -1,6 +1,7 @@
 """Broker throughput: our embedded broker against ActiveMQ Classic 5.17, same client, same run.
 
-Run: .venv/bin/python benchmarks/bench_broker.py [N]      (AMQ_BENCH_QUICK=1 for a smoke run)
+Run: .venv/bin/python benchmarks/bench_broker.py [N]
+(AMQ_BENCH_QUICK=1 for a smoke run; AMQ_BENCH_ROUNDS=R, default 5)
 
 Workloads (persistent 256-byte SENDs to a fresh queue per round, one connection):
 
@@ -19,6 +20,7 @@ and the table reports the medians and ``ours / ActiveMQ`` (higher is better).
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import tempfile
@@ -132,7 +134,7 @@ def start_activemq(workdir: Path) -> tuple[int, Callable[[], None]] | None:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else scale(20000, 2000)
     n_sync = scale(500, 100)
-    rounds = 3 if not quick() else 1
+    rounds = int(os.environ.get("AMQ_BENCH_ROUNDS", "5")) if not quick() else 1
     window = 100
     work = Path(tempfile.mkdtemp(prefix="bench-broker-"))
     ours = BrokerProcess(work / "ours", log_dir=work)
