@@ -1,0 +1,121 @@
+"""Replication credentials and the ActiveMQ master/slave options, on real processes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from ha_helpers import never_master, refuses
+
+import amqtransport
+from amqtransport.testing.broker_pair import BrokerPair
+
+pytestmark = pytest.mark.timeout(120)
+
+USERS = {"admin": "secret", "app": "apppw"}
+
+
+def _wait(pred: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_wrong_master_credentials_refused_with_clear_logs(tmp_path: Path) -> None:
+    bp = BrokerPair("replicated", tmp_path, users=USERS, master_user="admin", master_password="secret",
+                    slave_master_user="admin", slave_master_password="wrong")
+    try:
+        bp.a.start()
+        bp.wait_master()
+        bp.b.start()
+        _wait(lambda: "refused" in bp.b.log_text(), 15, "the slave's refusal log line")
+        slave_log = bp.b.log_text()
+        assert "replication link to master tcp://127.0.0.1:" in slave_log
+        assert "authentication failed" in slave_log and "--master-user/--master-password" in slave_log
+        master_log = bp.a.log_text()
+        assert "replication link from slave b" in master_log and "bad credentials for login 'admin'" in master_log
+        assert bp.a.status()["amq-ha-peer-state"] == "none"
+        assert bp.b.status()["amq-ha-role"] == "waiting"
+        never_master(bp.b, 1.0)
+    finally:
+        bp.stop()
+
+
+def test_right_credentials_and_no_credentials(tmp_path: Path) -> None:
+    with BrokerPair("replicated", tmp_path / "ok", users=USERS, master_user="app", master_password="apppw") as bp:
+        assert bp.b.status()["amq-ha-peer-state"] == "in-sync"
+        with amqtransport.connect(bp.uri, login="app", passcode="apppw") as c:
+            c.send("/queue/auth", "x")
+    bp = BrokerPair("replicated", tmp_path / "none", users=USERS)
+    try:
+        bp.a.start()
+        bp.wait_master()
+        bp.b.start()
+        _wait(lambda: "bad credentials for login None" in bp.a.log_text(), 15, "refusal of a login-less link")
+    finally:
+        bp.stop()
+
+
+def test_shutdown_on_master_failure_keeps_a_cold_backup(tmp_path: Path) -> None:
+    with BrokerPair("replicated", tmp_path, slave_args=["--shutdown-on-master-failure"]) as bp:
+        with amqtransport.connect(bp.uri) as c:
+            for i in range(5):
+                c.send("/queue/cold", f"m{i}")
+        bp.kill_master()
+        assert bp.b.proc is not None
+        assert bp.b.proc.wait(15) == 0
+        assert any(line.startswith("role cold-backup") for line in bp.b.lines)
+        assert "not taking over" in bp.b.log_text()
+        assert refuses(bp.b.port)
+        # the backup's store is complete: start it as a plain broker on a copy
+        from amqtransport.broker import EmbeddedBroker
+
+        with EmbeddedBroker(port=0, data_dir=bp.b.data_dir) as single:
+            with amqtransport.connect(single.uri) as c:
+                sub = c.subscribe("/queue/cold")
+                got = {m.text for m in iter(lambda: sub.receive(timeout=2), None)}
+        assert got == {f"m{i}" for i in range(5)}
+
+
+def test_wait_for_slave_and_shutdown_on_slave_failure(tmp_path: Path) -> None:
+    bp = BrokerPair("replicated", tmp_path, master_args=["--wait-for-slave", "--shutdown-on-slave-failure"])
+    try:
+        bp.a.start()
+        bp.a.wait_line("role master", 15)
+        time.sleep(0.5)
+        assert refuses(bp.a.port), "--wait-for-slave: no client port before a slave has synced"
+        assert bp.a.status()["amq-ha-listening"] == "false"
+        bp.b.start()
+        assert bp.wait_master(20) is bp.a
+        with amqtransport.connect(bp.uri) as c:
+            c.send("/queue/w", "one")
+        bp.b.kill()
+        assert bp.a.proc is not None
+        assert bp.a.proc.wait(15) == 3
+        assert "--shutdown-on-slave-failure" in bp.a.log_text()
+    finally:
+        bp.stop()
+
+
+def test_shared_store_clean_shutdown_hands_over_and_failback(tmp_path: Path) -> None:
+    with BrokerPair("shared-store", tmp_path, lock_interval=0.05, slave_args=["--allow-failback"]) as bp:
+        with amqtransport.connect(bp.uri) as c:
+            c.send("/queue/s", "one")
+        t0 = time.monotonic()
+        assert bp.a.terminate() == 0
+        assert bp.wait_master(10) is bp.b
+        print(f"\nclean-shutdown handover in {time.monotonic() - t0:.2f} s")
+        assert int(bp.b.status()["amq-ha-epoch"]) == 2
+        # failback: the primary (a) returns and b, started with --allow-failback, yields
+        bp.a.start()
+        _wait(lambda: bp.a.status().get("amq-ha-role") == "master", 15, "failback to the primary")
+        bp.b.wait_line("role slave", 10, start=2)
+        assert bp.wait_master(10) is bp.a
+        with amqtransport.connect(bp.uri) as c:
+            sub = c.subscribe("/queue/s")
+            m = sub.receive(timeout=5)
+            assert m is not None and m.text == "one"

@@ -1,0 +1,131 @@
+"""Pure parts of HA: the link's wire format (fuzzed), the state file, the lock, option checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amqtransport.broker.ha.epoch import STATE_FILE, HaState
+from amqtransport.broker.ha.lock import FileLock
+from amqtransport.broker.ha.node import HaOptions, parse_address
+from amqtransport.broker.ha.replication import (
+    ACK,
+    RECORDS,
+    SNAP,
+    ReplicationError,
+    WireDecoder,
+    pack,
+    pack_records,
+    unpack_records,
+    unpack_seq,
+)
+from amqtransport.errors import ConfigError
+
+payloads = st.lists(st.binary(max_size=64), max_size=20)
+
+
+@given(payloads, st.integers(0, 2**63), st.integers(1, 50))
+@settings(deadline=None, max_examples=200)
+def test_records_roundtrip_in_any_chunking(items: list[bytes], first: int, step: int) -> None:
+    wire = pack_records(RECORDS, first, items) + pack(ACK, (7).to_bytes(8, "big")) + pack_records(SNAP, 0, [])
+    dec = WireDecoder()
+    frames = []
+    for i in range(0, len(wire), step):
+        frames += dec.feed(wire[i : i + step])
+    assert [k for k, _ in frames] == [RECORDS, ACK, SNAP]
+    assert unpack_records(frames[0][1]) == (first, items)
+    assert unpack_seq(frames[1][1]) == 7
+    assert unpack_records(frames[2][1]) == (0, [])
+
+
+@given(st.binary(max_size=200))
+@settings(deadline=None, max_examples=300)
+def test_garbage_raises_replication_error_only(data: bytes) -> None:
+    dec = WireDecoder()
+    try:
+        for kind, payload in dec.feed(data):
+            if kind in (RECORDS, SNAP):
+                unpack_records(payload)
+            elif kind == ACK:
+                unpack_seq(payload)
+    except ReplicationError:
+        pass
+
+
+def test_bad_frames_are_named() -> None:
+    with pytest.raises(ReplicationError, match="unknown replication frame kind 99"):
+        WireDecoder().feed(bytes([99, 0, 0, 0, 0]))
+    with pytest.raises(ReplicationError, match="overruns"):
+        unpack_records((1).to_bytes(8, "big") + (50).to_bytes(4, "big") + b"abc")
+    with pytest.raises(ReplicationError, match="8-byte"):
+        unpack_seq(b"\x01")
+
+
+def test_state_roundtrip_and_garbage(tmp_path: Path) -> None:
+    assert HaState.load(tmp_path) == HaState()
+    s = HaState(epoch=4, synced=False, role="slave", peer_may_be_master=True, peer={"ha": "h:1"})
+    s.save(tmp_path)
+    assert HaState.load(tmp_path) == s
+    (tmp_path / STATE_FILE).write_text("{not json")
+    bad = HaState.load(tmp_path)
+    assert bad.synced is False and bad.peer_may_be_master is True, "garbage makes the node careful"
+
+
+def test_file_lock_is_exclusive_and_released(tmp_path: Path) -> None:
+    a, b = FileLock(tmp_path / "ha.lock"), FileLock(tmp_path / "ha.lock")
+    assert a.try_acquire()
+    assert not b.try_acquire()
+    assert b.is_locked_by_other()
+    a.release()
+    assert b.try_acquire()
+    b.release()
+
+
+def test_lock_released_when_holder_is_killed(tmp_path: Path) -> None:
+    code = (
+        "import sys,time; from amqtransport.broker.ha.lock import FileLock;"
+        f"l=FileLock({str(tmp_path / 'ha.lock')!r}); assert l.try_acquire(); print('held', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"held"
+        lock = FileLock(tmp_path / "ha.lock")
+        assert not lock.try_acquire()
+        proc.kill()
+        proc.wait(10)
+        assert lock.try_acquire()
+        lock.release()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_addresses_and_options_are_checked() -> None:
+    assert parse_address("tcp://h:1") == ("h", 1)
+    assert parse_address("h:61613") == ("h", 61613)
+    assert parse_address("stomp://[::1]:5?x=1") == ("::1", 5)
+    for bad in ("h", "tcp://h:", "h:0", "h:99999", ":5"):
+        with pytest.raises(ConfigError, match="expected tcp://HOST:PORT"):
+            parse_address(bad)
+    with pytest.raises(ConfigError, match="--ha must be one of"):
+        HaOptions(mode="both").validate()
+    with pytest.raises(ConfigError, match="--master-connector is for --ha replicated"):
+        HaOptions(mode="shared-store", master_connector="tcp://h:1").validate()
+    with pytest.raises(ConfigError, match="go together"):
+        HaOptions(master_user="u").validate()
+    with pytest.raises(ConfigError, match="--lock-interval"):
+        HaOptions(lock_interval=0).validate()
+
+
+def test_cli_rejects_bad_ha_flags(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "amqtransport", "broker", "run", "--data-dir", str(tmp_path)]
+    out = subprocess.run([*base, "--port", "0", "--ha", "replicated"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "fixed --port" in out.stderr
+    out = subprocess.run([*base, "--port", "5", "--ha", "replicated", "--master-connector", "nope"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "expected tcp://HOST:PORT" in out.stderr
