@@ -24,6 +24,8 @@ Example (every key of ``[[network_connector]]`` except ``name`` and ``uri`` is o
     heartbeat_ms = 5000                       # STOMP heart-beats both ways, both sides
     advisories = "auto"                       # "on" | "off" | "auto": see bridge.connector
     loop_pause_ms = 1000                      # see "Loops" in bridge.forwarder
+    ack_mode = "client-individual"            # or "client": one cumulative ACK per batch
+    #                                          # (half the frames; see bridge.forwarder)
     # remote_name = "hub"                     # the remote's identity in the hop path
 
 Reconnect timing of a bridge is not configured here: it comes from the ``static:``
@@ -116,6 +118,7 @@ class NetworkConnectorConfig(BaseModel):
     prefetch: int = Field(default=1000, ge=1, le=100000)
     heartbeat_ms: int = Field(default=5000, ge=0, le=3_600_000)
     advisories: Literal["auto", "on", "off"] = "auto"
+    ack_mode: Literal["client-individual", "client"] = "client-individual"
     loop_pause_ms: int = Field(default=1000, ge=0, le=3_600_000)
     remote_name: str | None = None
 

@@ -154,6 +154,7 @@ class _Direction:
                 ttl=cfg.network_ttl, prefetch=cfg.prefetch, status=self.bridge.status,
                 on_failure=self.bridge.fail, loop_pause=cfg.loop_pause_ms / 1000.0,
                 label=f"{self.bridge.name} {self.label} {destination}", excluded=self.bridge.excluded,
+                ack_mode=cfg.ack_mode,
             )
             self.forwarders[destination] = fwd
             fwd.start()

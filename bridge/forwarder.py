@@ -12,7 +12,12 @@ A :class:`DestinationForwarder` owns one subscription on the *source* connection
    connection through a producer window, with the message's own idempotency key (or one
    derived from the source broker and ``message-id``, stable across redeliveries);
 3. wait for every receipt of the batch (the producer's flush), and only then ACK each
-   source message.
+   source message. Up to four batches wait for their receipts while the next one is
+   sent (``prefetch`` bounds the total unacknowledged), in order.
+
+With ``ack_mode = "client"`` the subscription uses STOMP's cumulative ``client`` mode
+and a batch is acknowledged with a single ACK of its last message (half the frames on
+the source link; the batches complete in order, so that ACK covers nothing unreceipted).
 
 So a message is acknowledged on the source only once the far broker has it durably:
 at-least-once across any failure of either side. A failure between the receipts and
@@ -177,7 +182,11 @@ class DestinationForwarder:
         poll: float = 0.2,
         label: str = "",
         excluded: Callable[[str], bool] | None = None,
+        ack_mode: str = "client-individual",
     ) -> None:
+        if ack_mode not in ("client-individual", "client"):
+            raise ValueError(f"ack_mode must be 'client-individual' or 'client', got {ack_mode!r}")
+        self._ack_mode = ack_mode
         self.destination = destination
         self._src = src
         self._dst = dst
@@ -217,7 +226,7 @@ class DestinationForwarder:
     # ------------------------------------------------------------------ loop
 
     def _subscribe(self) -> Any:
-        sub = self._src.subscribe(self.destination, ack="client-individual", prefetch=self._prefetch)
+        sub = self._src.subscribe(self.destination, ack=self._ack_mode, prefetch=self._prefetch)
         self.subscribed.set()
         return sub
 
@@ -267,10 +276,13 @@ class DestinationForwarder:
                 _quietly(sub.unsubscribe)
 
     def _start_batch(self, batch: list[Any]) -> tuple[_Batch | None, bool]:
-        """Send what may cross (without waiting for receipts), ack what is dropped;
-        returns the batch in flight and whether a queue message was held back."""
+        """Send what may cross (without waiting for receipts); returns the batch in
+        flight (what to ack once its receipts are in) and whether a queue message was
+        held back."""
         to_send: list[tuple[Any, str, dict[str, str], bool, str]] = []
+        dropped: list[Any] = []
         held = False
+        cut: Any = None  # client (cumulative) mode: the last message that may be acked
         for msg in batch:
             headers: Mapping[str, str] = msg.headers
             actual = headers.get("destination") or self.destination
@@ -278,7 +290,8 @@ class DestinationForwarder:
                 # a wildcard topic subscription saw an excluded topic: the local
                 # subscribers had their own copy; just do not forward it
                 self._status.add_suppressed(1)
-                msg.ack()
+                dropped.append(msg)
+                cut = cut if held else msg
                 continue
             decision = route(headers, here=self._here, there=self._there, ttl=self._ttl)
             if not decision.forward:
@@ -287,13 +300,21 @@ class DestinationForwarder:
                 if self._is_queue:
                     held = True  # left unacknowledged: it goes back to the queue
                 else:
-                    msg.ack()
+                    dropped.append(msg)
+                    cut = cut if held else msg
                 continue
             persistent = str(headers.get("persistent", "true")).lower() == "true"
             key = derive_key(headers, source=self._here)
             to_send.append((msg, actual, forward_headers(headers, decision), persistent, key))
+            cut = cut if held else msg
+        if self._ack_mode == "client":
+            # one cumulative ACK; what follows a held message is not acked: it comes back
+            # with the held one and is sent again under the same key (dropped far away)
+            acks = [cut] if cut is not None else []
+        else:
+            acks = [m for m, *_ in to_send] + dropped
         if not to_send:
-            return None, held
+            return (_Batch(None, 0, acks) if acks else None), held
         producer = self._dst.producer(window=len(to_send))
         try:
             for msg, dest, headers, persistent, key in to_send:
@@ -301,24 +322,27 @@ class DestinationForwarder:
         except BaseException:
             self._status.add_failed(len(to_send))
             raise
-        return _Batch(producer, [m for m, *_ in to_send]), held
+        return _Batch(producer, len(to_send), acks), held
 
     def _finish_batch(self, batch: _Batch) -> None:
         """Wait for the far broker's receipts, then acknowledge on the source."""
-        try:
-            batch.producer.flush()
-        except BaseException:
-            self._status.add_failed(len(batch.messages))
-            raise
-        for msg in batch.messages:
+        if batch.producer is not None:
+            try:
+                batch.producer.flush()
+            except BaseException:
+                self._status.add_failed(batch.forwarded)
+                raise
+        for msg in batch.acks:
             msg.ack()
-        self._status.add_forwarded(len(batch.messages))
+        if batch.forwarded:
+            self._status.add_forwarded(batch.forwarded)
 
 
 @dataclass
 class _Batch:
-    producer: Any
-    messages: list[Any]
+    producer: Any  # None when nothing was sent (only drops to acknowledge)
+    forwarded: int
+    acks: list[Any]
 
 
 def _quietly(fn: Callable[[], Any]) -> None:

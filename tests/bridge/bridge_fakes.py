@@ -161,7 +161,11 @@ class FakeMessage:
         with store.cond:
             self._sub.conn.check()
             if self._m in self._sub.inflight:
-                self._sub.inflight.remove(self._m)
+                if self._sub.ack_mode == "client":  # cumulative
+                    i = self._sub.inflight.index(self._m)
+                    del self._sub.inflight[: i + 1]
+                else:
+                    self._sub.inflight.remove(self._m)
 
 
 class FakePair:

@@ -71,7 +71,7 @@ def pairs(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[tuple[Br
         yield spoke, hub
 
 
-def agent_for(spoke: BrokerPair, hub: BrokerPair) -> BridgeAgent:
+def agent_for(spoke: BrokerPair, hub: BrokerPair, ack_mode: str = "client-individual") -> BridgeAgent:
     cfg = parse_config(f'''
 local_uri = "failover:({spoke.a.uri},{spoke.b.uri})?randomize=false&initialReconnectDelay=50"
 status_listen = "127.0.0.1:0"
@@ -81,13 +81,16 @@ uri = "masterslave:({hub.a.uri},{hub.b.uri})?initialReconnectDelay=100"
 static_include = ["/queue/orders"]
 heartbeat_ms = 1000
 prefetch = 200
+ack_mode = "{ack_mode}"
 ''')
     return BridgeAgent(cfg)
 
 
-def test_hub_master_killed_under_traffic_bridge_rebuilt_exactly_once(pairs: tuple[BrokerPair, BrokerPair]) -> None:
+@pytest.mark.parametrize("ack_mode", ["client-individual", "client"])
+def test_hub_master_killed_under_traffic_bridge_rebuilt_exactly_once(pairs: tuple[BrokerPair, BrokerPair],
+                                                                     ack_mode: str) -> None:
     spoke, hub = pairs
-    with agent_for(spoke, hub) as agent:
+    with agent_for(spoke, hub, ack_mode) as agent:
         def st() -> dict[str, object]:
             return agent.registry.snapshot()["bridges"][0]
 

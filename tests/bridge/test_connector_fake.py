@@ -134,10 +134,13 @@ def test_masterslave_bridge_rebuilt_on_new_master_exactly_once(net: FakeNet, age
     assert spoke.store.queues["/queue/orders"] == type(spoke.store.queues["/queue/orders"])()
 
 
-def test_remote_dies_with_messages_in_flight_nothing_lost_no_duplicate(net: FakeNet, agents: list[BridgeAgent]) -> None:
+@pytest.mark.parametrize("ack_mode", ["client-individual", "client"])
+def test_remote_dies_with_messages_in_flight_nothing_lost_no_duplicate(
+        net: FakeNet, agents: list[BridgeAgent], ack_mode: str) -> None:
     net.pair(S1, S2)
     hub = net.pair(H1, H2)
-    agent = start(agents, net, config(S1, f"masterslave:({H1},{H2})?initialReconnectDelay=50", prefetch=7))
+    agent = start(agents, net, config(S1, f"masterslave:({H1},{H2})?initialReconnectDelay=50", prefetch=7,
+                                      ack_mode=ack_mode))
     wait_for(lambda: status(agent)["state"] == "up")
     conn = net.connect(S1)
     for i in range(400):
@@ -236,10 +239,12 @@ def test_duplex_topic_never_loops(net: FakeNet, agents: list[BridgeAgent]) -> No
     assert status(agent)["suppressed"] >= 2
 
 
-def test_duplex_queue_message_stays_where_it_arrived(net: FakeNet, agents: list[BridgeAgent]) -> None:
+@pytest.mark.parametrize("ack_mode", ["client-individual", "client"])
+def test_duplex_queue_message_stays_where_it_arrived(net: FakeNet, agents: list[BridgeAgent], ack_mode: str) -> None:
     net.pair(S1, S2)
     net.pair(H1, H2)
-    agent = start(agents, net, config(S1, f"masterslave:({H1},{H2})", duplex=True, network_ttl=5, loop_pause_ms=100))
+    agent = start(agents, net, config(S1, f"masterslave:({H1},{H2})", duplex=True, network_ttl=5, loop_pause_ms=100,
+                                      ack_mode=ack_mode))
     wait_for(lambda: status(agent)["state"] == "up" and len(status(agent)["destinations"]) == 2)  # type: ignore[arg-type]
     send(net, S1, "/queue/orders", 20)
     wait_for(lambda: status(agent)["forwarded"] >= 20)
