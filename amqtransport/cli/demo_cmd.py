@@ -7,8 +7,8 @@ Theory of operation
    and restarted on the same port and data directory (the output says which).
 2. Start a local SparkSession (``local[2,3]``) and write ``--rows`` rows
    (``body = "row-<i>"``) from ``--partitions`` partitions through
-   ``failover:(...)`` with the ``amq`` data source, in a background thread.
-3. Watch the job from Spark's status tracker (tasks done / running) and print progress;
+   ``failover:(...)`` with the ``amq`` data source.
+3. A watcher thread follows the job through Spark's status tracker (tasks done / running) and print progress;
    when ``--kill-at`` of the tasks are done (others are mid-flight), SIGKILL the master.
    A probe connection in this process measures the recovery time: from the kill to the
    first receipted send through the same failover URI.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -35,6 +36,7 @@ __all__ = ["demo", "DemoResult", "run_demo"]
 
 QUEUE = "/queue/demo.spark.orders"
 PROBE = "/queue/demo.probe"
+WARMUP = "/queue/demo.warmup"
 
 
 class Cluster(Protocol):
@@ -104,6 +106,16 @@ class DemoResult:
     @property
     def ok(self) -> bool:
         return self.job_error is None and self.lost == 0 and self.duplicates == 0 and self.consumed == self.rows
+
+
+def _short_error(exc: BaseException) -> str:
+    """The root cause out of a Py4J/Spark error: its last ``SomeError: message`` line."""
+    text = str(exc)
+    causes = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Exhausted|Timeout)): (.+)$", text, re.M)
+    if causes:
+        name, message = causes[-1]
+        return f"{name}: {message.strip()[:400]}"
+    return f"{type(exc).__name__}: {text.strip().splitlines()[0][:400] if text.strip() else ''}"
 
 
 def _say(quiet: bool, text: str) -> None:
@@ -194,44 +206,59 @@ def run_demo(
             .option("receiptWindow", str(window))
             .option("reportPath", str(report))
         )
+        # Warm-up (not timed, not counted): the first Python data-source write pays for
+        # starting Python workers and importing pyspark + amqtransport in them.
+        spark.range(0, 10, 1, 2).selectExpr("cast(id AS string) AS body").write.format("amq").mode(
+            "append"
+        ).option("uri", cluster.uri).option("destination", WARMUP).save()
         _say(quiet, f"job     : write {rows:,} rows from {partitions} partitions to {QUEUE} (receipt window {window})")
         error: list[BaseException] = []
-
-        def job() -> None:
-            try:
-                writer.save()
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                error.append(exc)
-
-        started = time.monotonic()
-        thread = threading.Thread(target=job, name="amq-demo-spark-job", daemon=True)
-        thread.start()
-        killed_at: float | None = None
+        state: dict[str, Any] = {"killed_at": None, "probe": None}
         probe: dict[str, float] = {}
-        probe_thread: threading.Thread | None = None
-        last = ""
-        while thread.is_alive():
-            thread.join(0.5)
-            done, active, total = _stage_progress(spark.sparkContext)
-            elapsed = time.monotonic() - started
-            if total:
-                line = f"  {elapsed:6.1f}s  tasks done {done}/{total}, running {active}"
+        finished = threading.Event()
+        per_task = rows / partitions
+
+        def watch() -> None:
+            """Progress from Spark's status tracker; the kill when enough tasks are done."""
+            last, last_at = "", 0.0
+            while not finished.wait(0.25):
+                done, active, total = _stage_progress(spark.sparkContext)
+                if not total:
+                    continue
+                elapsed = time.monotonic() - started
+                line = (
+                    f"  {elapsed:6.1f}s  tasks done {done}/{total} (~{int(done * per_task):,} rows receipted), "
+                    f"running {active}"
+                )
                 result.progress.append({"t": round(elapsed, 2), "done": done, "running": active, "total": total})
-                if line != last:
+                if line != last or time.monotonic() - last_at >= 2.0:
                     _say(quiet, line)
-                    last = line
+                    last, last_at = line, time.monotonic()
                 threshold = max(1, int(total * kill_at))
-                if kill and killed_at is None and done >= threshold and done < total:
+                if kill and state["killed_at"] is None and threshold <= done < total:
                     what = cluster.kill_master()
-                    killed_at = time.monotonic()
+                    killed_at = state["killed_at"] = time.monotonic()
                     result.killed = what
                     result.kill_at_seconds = round(killed_at - started, 2)
                     _say(quiet, f"  {elapsed:6.1f}s  KILL: {what} ({done}/{total} tasks done, {active} mid-flight)")
-                    probe_thread = threading.Thread(
+                    state["probe"] = threading.Thread(
                         target=_probe_recovery, args=(cluster.uri, killed_at, probe), daemon=True
                     )
-                    probe_thread.start()
+                    state["probe"].start()
                     cluster.after_kill()
+
+        started = time.monotonic()
+        watcher = threading.Thread(target=watch, name="amq-demo-watch", daemon=True)
+        watcher.start()
+        try:
+            writer.save()  # in this thread: the data source is registered on this thread's session
+        except Exception as exc:  # noqa: BLE001 - reported below
+            error.append(exc)
+        finally:
+            finished.set()
+            watcher.join(30)
+        killed_at = state["killed_at"]
+        probe_thread = state["probe"]
         result.write_seconds = round(time.monotonic() - started, 2)
         if kill and killed_at is None:
             _say(quiet, "  note: the job finished before the kill point; no kill happened (use more --rows)")
@@ -240,7 +267,9 @@ def run_demo(
             if "recovered" in probe:
                 result.recovery_seconds = round(probe["recovered"], 3)
         if error:
-            result.job_error = f"{type(error[0]).__name__}: {str(error[0]).splitlines()[0][:500]}"
+            result.job_error = _short_error(error[0])
+            if os.environ.get("AMQ_DEMO_DEBUG"):
+                click.echo(str(error[0]), err=True)
             _say(quiet, f"job FAILED: {result.job_error}")
         else:
             summary = json.loads(report.read_text()) if report.exists() else {}

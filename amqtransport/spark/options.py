@@ -44,6 +44,7 @@ _WRITER_SPELLING = {
     "idprefix": "idPrefix",
     "reportpath": "reportPath",
     "path": "path",
+    "checkpointlocation": "checkpointLocation",  # Spark's own (writeStream); ignored here
     TEST_FAIL_OPTION: "test.failFirstAttemptAfter",
 }
 _READER_SPELLING = {

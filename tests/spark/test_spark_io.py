@@ -111,14 +111,14 @@ def test_streaming_across_broker_kill_lands_every_row_once(spark: Any, tmp_path:
 
     src = tmp_path / "in"
     src.mkdir()
-    files, per_file = 6, 400
+    files, per_file = 4, 400
 
     def add_file(i: int) -> None:
         tmp = tmp_path / f"f{i}.tmp"
         tmp.write_text("".join(json.dumps({"body": f"s{i}-{j}"}) + "\n" for j in range(per_file)))
         tmp.rename(src / f"f{i}.json")
 
-    for i in range(3):
+    for i in range(2):
         add_file(i)
     dest = queue()
     with BrokerProcess(tmp_path / "broker", port=0) as proc:
@@ -133,13 +133,13 @@ def test_streaming_across_broker_kill_lands_every_row_once(spark: Any, tmp_path:
         )
         try:
             deadline = time.monotonic() + 60
-            while (query.lastProgress is None or query.lastProgress["batchId"] < 1) and time.monotonic() < deadline:
+            while (query.lastProgress is None or query.lastProgress["batchId"] < 0) and time.monotonic() < deadline:
                 assert query.exception() is None
                 time.sleep(0.1)
             proc.kill()  # mid-stream: later batches find the broker gone
             restart = threading.Timer(1.0, proc.restart)
             restart.start()
-            for i in range(3, files):
+            for i in range(2, files):
                 add_file(i)
             restart.join()
             query.processAllAvailable()
