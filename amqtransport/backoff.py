@@ -128,21 +128,23 @@ def _normalise(text: str) -> str:
 def _pass_order(
     endpoints: Sequence[T], options: FailoverOptions, rng: random.Random
 ) -> list[T]:
-    order = list(endpoints)
+    """One pass: indices shuffled (randomize), priority ones moved to the front.
+
+    Works on indices so that equal (or unhashable) endpoints each keep their slot.
+    """
+    order = list(range(len(endpoints)))
     if options.randomize:
         rng.shuffle(order)
     if options.priority_backup:
         if options.priority_uris:
-            wanted = [_normalise(uri) for uri in options.priority_uris]
+            keys = [_key(endpoint) for endpoint in endpoints]
+            first: list[int] = []
+            for wanted in (_normalise(uri) for uri in options.priority_uris):
+                first.extend(i for i in order if keys[i] == wanted and i not in first)
         else:
-            wanted = [_key(endpoints[0])]
-        first: list[T] = []
-        for key in wanted:
-            for endpoint in order:
-                if _key(endpoint) == key and endpoint not in first:
-                    first.append(endpoint)
-        order = first + [endpoint for endpoint in order if endpoint not in first]
-    return order
+            first = [0]
+        order = first + [i for i in order if i not in first]
+    return [endpoints[i] for i in order]
 
 
 def failover_schedule(

@@ -254,7 +254,8 @@ class _Parser:
         valid: Sequence[str] = (),
     ) -> UriError:
         column = None if pos is None else pos + 1
-        full = message
+        # one printable line whatever the input held (the CLI prints it as one line)
+        full = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in message)
         if column is not None:
             full += f" (column {column})"
         if valid:
@@ -638,7 +639,7 @@ class _Parser:
             if not key:
                 raise self.error("option without a name", here)
             if not eq:
-                raise self.error(f"option {_q(key)} needs a value ({key}=...)", here, option=key)
+                raise self.error(f"option {_q(key)} needs a value ({_q(key + '=...')})", here, option=key)
             if key in seen:
                 raise self.error(f"option {_q(key)} given twice", here, option=key)
             seen.add(key)
@@ -727,7 +728,7 @@ class _Parser:
         if culprit is None:
             return self.error(f"bad {kind} options: {msg}")
         return self.error(
-            f"bad value for {kind} option {culprit.key}={_q(culprit.value)[:80]}: {msg}",
+            f"bad value for {kind} option {_q(culprit.key)} = {_q(culprit.value[:80])}: {msg}",
             culprit.column,
             option=culprit.key,
         )

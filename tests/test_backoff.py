@@ -6,6 +6,8 @@ import itertools
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amqtransport.backoff import (
     Attempt,
@@ -177,6 +179,29 @@ def test_zero_jitter_is_exact() -> None:
     assert [a.delay for a in got] == [0.0, 0.01, 0.02, 0.04]
 
 
+def test_equal_endpoints_each_keep_their_slot() -> None:
+    o = opts(priorityBackup=True, maxReconnectAttempts=20)
+    eps = ["tcp://a:1", "tcp://a:1", "tcp://b:2"]
+    got = list(failover_schedule(eps, o, startup=False, rng=random.Random(5)))
+    for n in range(1, 21):
+        this_pass = [a.endpoint for a in got if a.pass_number == n]
+        assert sorted(this_pass) == sorted(eps)
+        assert this_pass[0] == "tcp://a:1"
+    o = FailoverOptions(priority_backup=True, priority_uris=("tcp://a:1",), max_reconnect_attempts=3)
+    got = list(failover_schedule(eps, o, startup=False, rng=random.Random(5)))
+    for n in range(1, 4):
+        this_pass = [a.endpoint for a in got if a.pass_number == n]
+        assert this_pass == ["tcp://a:1", "tcp://a:1", "tcp://b:2"]
+
+
+def test_unhashable_endpoints() -> None:
+    eps = [{"h": 1}, {"h": 2}]
+    o = opts(priorityBackup=True, maxReconnectAttempts=2)
+    got = list(failover_schedule(eps, o, startup=False, rng=random.Random(0)))
+    assert [a.endpoint for a in got][::2] == [{"h": 1}, {"h": 1}]
+    assert len(got) == 4
+
+
 def test_endpoints_of_any_type() -> None:
     o = opts(randomize=False, maxReconnectAttempts=2)
     got = list(failover_schedule([1, 2], o, startup=False))
@@ -211,3 +236,51 @@ def test_descriptions() -> None:
     assert describe_static(StaticOptions()).startswith(
         "re-add delays after a failure: 1000 ms, 2000 ms, 4000 ms, 8000 ms, 16000 ms, ... capped at 30000 ms; attempts: unlimited"
     )
+
+
+# ---------------------------------------------------------------- properties
+@st.composite
+def failover_opts(draw: st.DrawFn) -> FailoverOptions:
+    return FailoverOptions(
+        initial_reconnect_delay=draw(st.integers(0, 10**6)),
+        max_reconnect_delay=draw(st.integers(0, 10**7)),
+        use_exponential_backoff=draw(st.booleans()),
+        reconnect_delay_exponent=draw(st.floats(1.0, 100.0)),
+        max_reconnect_attempts=draw(st.integers(-1, 6)),
+        startup_max_reconnect_attempts=draw(st.integers(-1, 6)),
+        randomize=draw(st.booleans()),
+        priority_backup=draw(st.booleans()),
+        reconnect_jitter=draw(st.floats(0.0, 1.0)),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(failover_opts(), st.integers(1, 5), st.booleans(), st.integers(0, 2**32))
+def test_schedule_invariants(o: FailoverOptions, n: int, startup: bool, seed: int) -> None:
+    eps = [f"tcp://h{i}:1" for i in range(n)]
+    got = take(failover_schedule(eps, o, startup=startup, rng=random.Random(seed)), 8 * n)
+    limit = pass_limit(o, startup=startup)
+    passes = sorted({a.pass_number for a in got})
+    assert passes == list(range(1, len(passes) + 1))
+    if limit is not None:
+        assert len(got) == n * min(limit, 8)
+    previous = 0.0
+    for p in passes:
+        this_pass = [a for a in got if a.pass_number == p]
+        assert sorted(a.endpoint for a in this_pass) == eps  # every endpoint once per pass
+        assert all(a.delay == 0 for a in this_pass[1:])  # no delay inside a pass
+        if o.priority_backup:
+            assert this_pass[0].endpoint == eps[0]
+        if not o.randomize:
+            assert [a.endpoint for a in this_pass][1 if o.priority_backup else 0 :] == [
+                e for e in eps if not (o.priority_backup and e == eps[0])
+            ]
+        if p == 1:
+            assert this_pass[0].delay == 0
+            continue
+        base = failover_delay_ms(o, p - 1) / 1000
+        assert base <= this_pass[0].delay <= base * (1 + o.reconnect_jitter) + 1e-9
+        if o.use_exponential_backoff:
+            assert base <= o.max_reconnect_delay / 1000 + 1e-9
+            assert base >= previous - 1e-9  # never shrinks
+        previous = base

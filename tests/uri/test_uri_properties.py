@@ -90,7 +90,7 @@ TOKENS = st.sampled_from(
     ["failover:", "static:", "masterslave:", "tcp://", "ssl://", "stomp://", "vm://", "(", ")",
      ",", "?", "&", "=", "%", "%2C", "%zz", "[", "]", ":", "::1", "a", "b.c", "1", "61613", "-",
      " ", "randomize", "nested.", "connectTimeout", "heartBeat", "true", "false", "/", "@", "#",
-     "+", "\n", "\x00", "é", "\u2028", "priorityURIs", "maxReconnectAttempts", "0", "-1"]
+     "+", "\n", "\t", "\x00", "é", "\u2028", "priorityURIs", "maxReconnectAttempts", "0", "-1"]
 )
 
 
