@@ -459,7 +459,8 @@ class NetworkConnector:
             registry.register(name, connector=config.name, service=service)
         self._lock = threading.Lock()
         self._bridges: dict[str, Bridge] = {}
-        self._threads: dict[str, threading.Thread] = {}
+        self._threads: list[threading.Thread] = []
+        self._active: set[str] = set()
         self._failures: dict[str, int] = {}
         self._stopped = threading.Event()
         self.agent: Any = None
@@ -481,17 +482,18 @@ class NetworkConnector:
         with self._lock:
             if self._stopped.is_set():
                 return
-            t = self._threads.get(service)
-            if t is not None and t.is_alive():
+            if service in self._active:
                 log.debug("connector %s: %s already has a bridge", self.config.name, service)
                 return
+            self._active.add(service)
             name = self.names.get(service, self.config.name)
             bridge = Bridge(name=name, config=self.config, service=service, local_uri=self.local_uri,
                             here=self.here, status=self.registry.get(name), connect=self._connect,
                             previous_failures=self._failures.get(service, 0))
             self._bridges[service] = bridge
             t = threading.Thread(target=self._run_bridge, args=(service, bridge), daemon=True, name=f"bridge {name}")
-            self._threads[service] = t
+            self._threads = [x for x in self._threads if x.is_alive()]
+            self._threads.append(t)
             t.start()
 
     def _run_bridge(self, service: str, bridge: Bridge) -> None:
@@ -500,7 +502,9 @@ class NetworkConnector:
         except BaseException as exc:  # noqa: BLE001 - never let a bridge thread die silently
             log.exception("bridge %s crashed", bridge.name)
             error = exc
-        self._failures[service] = 0 if bridge.was_up else self._failures.get(service, 0) + 1
+        with self._lock:
+            self._failures[service] = 0 if bridge.was_up else self._failures.get(service, 0) + 1
+            self._active.discard(service)  # before service_failed: the re-add may come at once
         if self._stopped.is_set():
             return
         if error is None:
@@ -516,7 +520,7 @@ class NetworkConnector:
             _quietly(self.agent.stop)
         with self._lock:
             bridges = list(self._bridges.values())
-            threads = list(self._threads.values())
+            threads = list(self._threads)
         for b in bridges:
             b.stop()
         deadline = time.monotonic() + timeout

@@ -302,3 +302,22 @@ def test_advisories_off_forwards_dynamic_includes_statically(net: FakeNet, agent
     wait_for(lambda: status(agent)["destinations"] == ["local->remote /queue/events.eu"])
     send(net, S1, "/queue/events.eu", 3)
     assert len(drain(net.connect(H1), "/queue/events.eu", expect=3)) == 3
+
+
+def test_immediate_readd_still_rebuilds(net: FakeNet, agents: list[BridgeAgent]) -> None:
+    """A discovery agent that re-adds the service at once (delay 0) must get a new
+    bridge, even though the failed bridge's thread is still finishing."""
+    from bridge_fakes import FakeAgent
+
+    net.pair(S1, S2)
+    hub = net.pair(H1, H2)
+    agent = BridgeAgent(parse_config(config(S1, f"masterslave:({H1},{H2})")), connect=net.connect,
+                        agent_factory=lambda services, options, listener: FakeAgent(list(services), options, listener,
+                                                                                   delay=0.0))
+    agents.append(agent)
+    agent.start()
+    for i in range(3):
+        wait_for(lambda i=i: status(agent)["state"] == "up" and status(agent)["rebuilds"] == i, what=f"build {i + 1}")
+        hub.kill_master()
+    wait_for(lambda: status(agent)["state"] == "up" and status(agent)["rebuilds"] == 3, what="third rebuild")
+    assert status(agent)["remote"] == H2
