@@ -65,6 +65,7 @@ class BrokerConfig(BaseModel):
     fsync: bool = True
     segment_size: int = Field(default=32 * MiB, ge=4096)
     compact_interval_ms: int = Field(default=1000, ge=10)
+    compact_relocate_max: int = Field(default=10000, ge=0)
     dedupe_window_size: int = Field(default=100_000, ge=0)
     dedupe_window_seconds: float = Field(default=3600.0, ge=0)
 

@@ -147,7 +147,7 @@ class BrokerServer:
         if self.store is None:
             return
         try:
-            self.store.compact()
+            self.store.compact(relocate=self.config.compact_relocate_max)
         except Exception:  # noqa: BLE001 - compaction problems must not stop the broker
             log.exception("compaction failed")
         self._schedule_compaction()

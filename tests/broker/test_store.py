@@ -333,3 +333,28 @@ def test_enq_round_trip_any_headers(headers: list[tuple[str, str]], body: bytes,
     m = Message("id", "/queue/q", tuple(headers), body, key, 12.5)
     back = decode(encode(Enq(m)))
     assert isinstance(back, Enq) and same(back.message, m)
+
+
+def test_relocation_frees_segments_pinned_by_a_few_old_messages(tmp_path: Path) -> None:
+    s = open_store(tmp_path, segment_size=4096)
+    for i in range(300):
+        s.add(msg(i, dest="/queue/dlq" if i == 3 else "/queue/a", body=b"x" * 100))
+    s.add(msg(1000, dest="/queue/dlq", body=b"newer"))
+    s.flush()
+    # everything but m3 (a poison message nobody consumes) and m1000 is consumed
+    s.ack([f"m{i}" for i in range(300) if i != 3])
+    s.flush()
+    s.compact(force=True)
+    s.flush()
+    first = s.journal.segments[0]
+    assert s.live["m3"].segment == first  # without relocation the first segment stays ...
+    kept = len(s.journal.segments)
+    s.compact(relocate=100)
+    s.flush()
+    assert s.relocated == 1
+    assert first not in s.journal.segments  # ... with it, it goes
+    assert len(s.journal.segments) < kept
+    s.close()
+    s2 = open_store(tmp_path)
+    assert [m.id for m in s2.messages_by_destination()["/queue/dlq"]] == ["m3", "m1000"]  # original order
+    s2.close()

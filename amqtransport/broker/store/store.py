@@ -97,7 +97,9 @@ class MessageStore:
         self.live: dict[str, Message] = {}
         self.subs: dict[str, Sub] = {}
         self._sub_seg: dict[str, int] = {}
-        self._count: dict[int, int] = {}
+        self._members: dict[int, set[str]] = {}  # segment -> ids of live messages whose Enq it holds
+        self._enqs: dict[int, int] = {}  # segment -> Enq records written into it (relocation policy)
+        self.relocated = 0
         self._refs: dict[int, set[int]] = {}
         self._undurable: dict[str, list[Callback]] = {}
         self._listeners: list[StoreListener] = []
@@ -147,10 +149,10 @@ class MessageStore:
             m.persistent = True
             old = self.live.get(m.id)
             if old is not None:
-                self._dec(old.segment)
+                self._dec(old.segment, m.id)
             m.segment = seg
             self.live[m.id] = m
-            self._count[seg] = self._count.get(seg, 0) + 1
+            self._add_member(seg, m.id)
             if m.key:
                 self.dedupe.add(m.key, m.timestamp, seg)
         elif isinstance(rec, Ack):
@@ -158,7 +160,7 @@ class MessageStore:
                 gone = self.live.pop(mid, None)
                 if gone is None:
                     continue
-                self._dec(gone.segment)
+                self._dec(gone.segment, mid)
                 if gone.segment != seg:
                     self._refs.setdefault(seg, set()).add(gone.segment)
         elif isinstance(rec, Move):
@@ -186,13 +188,21 @@ class MessageStore:
             if old_seg is not None and old_seg != seg:
                 self._refs.setdefault(seg, set()).add(old_seg)
 
-    def _dec(self, seg: int) -> None:
-        left = self._count.get(seg, 0) - 1
-        if left <= 0:
-            self._count.pop(seg, None)
+    def _add_member(self, seg: int, mid: str) -> None:
+        members = self._members.get(seg)
+        if members is None:
+            members = self._members[seg] = set()
+        members.add(mid)
+        self._enqs[seg] = self._enqs.get(seg, 0) + 1
+
+    def _dec(self, seg: int, mid: str) -> None:
+        members = self._members.get(seg)
+        if members is None:
+            return
+        members.discard(mid)
+        if not members:
+            del self._members[seg]
             self._compact_due = True
-        else:
-            self._count[seg] = left
 
     def _write(self, records: Sequence[Record], callback: Callback | None) -> int:
         payloads = [encode(r) for r in records]
@@ -262,7 +272,7 @@ class MessageStore:
         message.persistent = True
         message.segment = seg
         self.live[message.id] = message
-        self._count[seg] = self._count.get(seg, 0) + 1
+        self._add_member(seg, message.id)
         if message.key:
             self.dedupe.add(message.key, message.timestamp, seg)
 
@@ -364,10 +374,16 @@ class MessageStore:
             yield Enq(m)
 
     def messages_by_destination(self) -> dict[str, list[Message]]:
-        """Live messages grouped by destination, in journal (acceptance) order."""
+        """Live messages grouped by destination, in acceptance order.
+
+        Journal order, stably sorted by acceptance time, so that messages relocated by
+        compaction come back in their original place.
+        """
         out: dict[str, list[Message]] = {}
         for m in self.live.values():
             out.setdefault(m.destination, []).append(m)
+        for msgs in out.values():
+            msgs.sort(key=lambda m: m.timestamp)
         return out
 
     def stats(self) -> StoreStats:
@@ -381,17 +397,52 @@ class MessageStore:
         )
 
     # ------------------------------------------------------------------ compaction
-    def compact(self, force: bool = False) -> list[int]:
-        """Delete segments that hold nothing still needed; returns their ids."""
-        if not self._opened or not (self._compact_due or force):
+    def relocate(self, budget: int) -> int:
+        """Re-append the few live messages that pin old segments; returns how many.
+
+        A segment whose live messages are at most a tenth of those written into it
+        (e.g. one poison message among thousands consumed) would otherwise stay
+        forever -- and with it every later segment holding acks for its messages.
+        Their ``Enq`` records are written again into the head segment (same id, same
+        content), which leaves the old segment dead for :meth:`compact`.
+        """
+        if budget <= 0:
+            return 0
+        head = self.journal.head
+        moved: list[Message] = []
+        for seg in [s for s in self.journal.segments if s != head and s != head - 1]:
+            members = self._members.get(seg)
+            if not members:
+                continue
+            if len(members) * 10 > self._enqs.get(seg, 0) or len(moved) + len(members) > budget:
+                continue
+            moved.extend(self.live[mid] for mid in members)
+        if not moved:
+            return 0
+        moved.sort(key=lambda m: m.timestamp)
+        for i in range(0, len(moved), 500):
+            self._write([Enq(m) for m in moved[i : i + 500]], None)
+        self.relocated += len(moved)
+        log.info("store %s: relocated %d long-lived messages out of old segments", self.directory, len(moved))
+        return len(moved)
+
+    def compact(self, force: bool = False, relocate: int = 0) -> list[int]:
+        """Delete segments that hold nothing still needed; returns their ids.
+
+        ``relocate`` > 0 first moves up to that many long-lived messages out of
+        mostly-dead old segments (:meth:`relocate`).
+        """
+        if not self._opened or not (self._compact_due or force or relocate):
             return []
         self._compact_due = False
+        if relocate:
+            self.relocate(relocate)
         head = self.journal.head
         candidates = [s for s in self.journal.segments if s != head]
         existing = set(self.journal.segments)
         dead: set[int] = set()
         for seg in candidates:
-            if self._count.get(seg, 0):
+            if seg in self._members:
                 continue
             refs = self._refs.get(seg, ())
             if all(r in dead or r not in existing for r in refs):
@@ -407,7 +458,8 @@ class MessageStore:
             self._write(carry, None)
         for seg in dead:
             self._refs.pop(seg, None)
-            self._count.pop(seg, None)
+            self._members.pop(seg, None)
+            self._enqs.pop(seg, None)
         for refs in self._refs.values():
             refs -= dead
         ordered = sorted(dead)
