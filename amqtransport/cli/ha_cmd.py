@@ -128,10 +128,19 @@ def pair(
     click.echo("Ctrl-C stops both nodes.")
     sys.stdout.flush()
     seen = {n.name: len(n.lines) for n in bp.nodes}
+    alive = {n.name: True for n in bp.nodes}
     try:
         while not stop["flag"]:
             time.sleep(0.2)
             for node in bp.nodes:
+                if alive[node.name] != node.alive:
+                    alive[node.name] = node.alive
+                    if node.alive:
+                        click.echo(f"node {node.name}: running again, pid {node.pid}")
+                    else:
+                        code = node.proc.returncode if node.proc else None
+                        click.echo(f"node {node.name}: pid {node.proc.pid if node.proc else '?'} exited "
+                                   f"(code {code}); restart it with: {' '.join(node.command())}")
                 new = node.lines[seen[node.name]:]
                 seen[node.name] += len(new)
                 for line in new:

@@ -117,3 +117,30 @@ def test_master_fences_itself_when_isolated(tmp_path: Path) -> None:
         assert bp.wait_master(20) is bp.a
         assert bp.wait_in_sync(20) is bp.b
     check.close()
+
+
+def test_frozen_master_is_replaced_and_demotes_itself_on_resume(tmp_path: Path) -> None:
+    """Case 2 then case 6's healing: the master freezes (SIGSTOP: its sockets stay open
+    but nothing answers), the slave takes over after --link-timeout; when the old master
+    resumes it finds a master with a higher epoch, stops serving and resyncs as slave."""
+    import os
+    import signal
+
+    with BrokerPair("replicated", tmp_path, link_timeout=1.0) as bp:
+        with amqtransport.connect(bp.uri) as c:
+            for i in range(10):
+                c.send("/queue/f", f"m{i}")
+        assert bp.a.proc is not None
+        os.kill(bp.a.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            assert bp.wait_master(30, exclude=bp.a) is bp.b
+            print(f"\nfrozen master replaced after {time.monotonic() - t0:.2f} s")
+            assert int(bp.b.status()["amq-ha-epoch"]) == 2
+        finally:
+            os.kill(bp.a.pid, signal.SIGCONT)
+        _wait(lambda: bp.a.status().get("amq-ha-role") == "slave", 20, "the old master to rejoin as slave")
+        assert "demoting to slave" in bp.a.log_text()
+        assert bp.wait_in_sync(20) is bp.a
+        assert bp.a.status()["amq-ha-messages"] == "10"
+        assert refuses(bp.a.port)
