@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from broker_helpers import Raw, StompPy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from amqtransport.broker import EmbeddedBroker
 from amqtransport.broker.config import hash_password
@@ -579,3 +581,86 @@ def test_a_consumer_that_does_not_read_does_not_stall_the_queue(broker: Embedded
     for x in (p, reader):
         x.close()
     stuck.close()
+
+
+# ---------------------------------------------------------------------- frame-level details
+
+
+def test_binary_body_with_nul_and_escaped_headers_round_trip(broker: EmbeddedBroker) -> None:
+    r = Raw(broker.port)
+    r.connect()
+    r.send(Frame.make("SUBSCRIBE", {"destination": "/queue/bin", "id": "s:1"}))
+    body = bytes(range(256)) * 4
+    r.send(
+        Frame.make(
+            "SEND",
+            [("destination", "/queue/bin"), ("weird", "a:b\\c\nd\re"), ("weird", "second loses"), ("receipt", "1")],
+            body,
+        )
+    )
+    frames = [r.read(), r.read()]
+    msg = next(f for f in frames if f.command == "MESSAGE")
+    assert msg.body == body
+    assert msg.get("weird") == "a:b\\c\nd\re"
+    assert msg.get_all("weird") == ["a:b\\c\nd\re"]  # repeated header: the first one wins
+    assert msg.get("subscription") == "s:1"
+    assert any(f.command == "RECEIPT" for f in frames)
+
+
+def test_stomp_10_subscribe_without_id_and_unsubscribe_by_destination(broker: EmbeddedBroker) -> None:
+    r = Raw(broker.port, version="1.0")
+    r.send(Frame.make("CONNECT", {}))
+    assert r.read().get("version") == "1.0"
+    r.send(Frame.make("SUBSCRIBE", {"destination": "/queue/ten", "ack": "client"}))
+    r.send(Frame.make("SEND", {"destination": "/queue/ten"}, b"one"))
+    m = r.read()
+    assert m.command == "MESSAGE" and m.get("subscription") == "/queue/ten" and m.get("ack") is None
+    r.send(Frame.make("ACK", {"message-id": m.get("message-id") or "", "receipt": "a"}))
+    assert r.read().get("receipt-id") == "a"
+    r.send(Frame.make("UNSUBSCRIBE", {"destination": "/queue/ten", "receipt": "u"}))
+    assert r.read().get("receipt-id") == "u"
+    r.send(Frame.make("NACK", {"message-id": "x"}))
+    f = r.read()
+    assert f.command == "ERROR" and "1.0" in (f.get("message") or "")
+
+
+def test_duplicate_subscription_id_is_an_error(broker: EmbeddedBroker) -> None:
+    r = Raw(broker.port)
+    r.connect()
+    r.send(Frame.make("SUBSCRIBE", {"destination": "/queue/a", "id": "1"}))
+    r.send(Frame.make("SUBSCRIBE", {"destination": "/queue/b", "id": "1"}))
+    f = r.read()
+    assert f.command == "ERROR" and "already in use" in (f.get("message") or "")
+
+
+def test_expired_messages_are_not_delivered(broker: EmbeddedBroker) -> None:
+    c = StompPy(broker.port)
+    past = str(int(time.time() * 1000) - 1000)
+    future = str(int(time.time() * 1000) + 60000)
+    c.wait_receipts([c.send("/queue/exp", "stale", expires=past), c.send("/queue/exp", "fresh", expires=future)])
+    c.conn.subscribe("/queue/exp", id="1")
+    assert c.get().body == "fresh"
+    c.none(0.3)
+    c.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(garbage=st.binary(min_size=1, max_size=2000), connect_first=st.booleans())
+def test_hypothesis_garbage_never_hurts_the_broker(broker: EmbeddedBroker, garbage: bytes, connect_first: bool) -> None:
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+    try:
+        if connect_first:
+            s.sendall(b"CONNECT\naccept-version:1.2\nhost:x\n\n\x00")
+        s.sendall(garbage)
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(2)
+        try:
+            while s.recv(65536):
+                pass
+        except OSError:
+            pass
+    finally:
+        s.close()
+    probe = Raw(broker.port)
+    assert probe.connect().command == "CONNECTED"
+    probe.close()
