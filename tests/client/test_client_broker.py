@@ -222,3 +222,33 @@ def test_server_header_is_exposed(broker: BrokerProcess) -> None:
     with amqtransport.connect(f"failover:({broker.uri})") as conn:
         assert conn.server is not None and conn.server.startswith("amqtransport/")
         assert conn.transport.connected_frame is not None
+
+
+@pytest.mark.parametrize("mode", ["replicated", "shared-store"])
+def test_master_kill_of_our_ha_pair_under_producer_and_consumer(mode: str, tmp_path: Path) -> None:
+    from amqtransport.testing.broker_pair import BrokerPair
+
+    with BrokerPair(mode, tmp_path / "pair") as pair:
+        uri = pair.uri + "&" + FAST
+        master = pair.wait_master()
+        events = Events()
+        received: list[str] = []
+        total = 400
+        with amqtransport.connect(uri, heartbeat=(500, 500)) as consumer, \
+                amqtransport.connect(uri, listener=events, heartbeat=(500, 500)) as producer:
+            sub = consumer.subscribe("/queue/pair", ack="client-individual")
+            with producer.producer(window=20) as p:
+                for i in range(total):
+                    p.send("/queue/pair", f"m{i}", idempotency_key=f"pair-{i}")
+                    if i == 150:
+                        master.kill()
+            assert [c[0] for c in events.calls] == ["interrupted", "resumed"]
+            assert producer.connected_uri == pair.other(master).uri
+            deadline = time.monotonic() + 30
+            while len(set(received)) < total and time.monotonic() < deadline:
+                msg = sub.receive(0.5)
+                if msg is not None:
+                    received.append(msg.text)
+                    msg.ack()
+            assert set(received) == {f"m{i}" for i in range(total)}
+            assert len(received) == total  # the broker's dedupe and ours: no visible copy
