@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-1. Start a broker cluster on 127.0.0.1 (free ports, a private temp dir): the embedded
-   replicated pair when it is available, otherwise one broker process that is killed
-   and restarted on the same port and data directory (the output says which).
+1. Start a broker cluster on 127.0.0.1 (free ports, a private temp dir): by default the
+   embedded replicated pair (two ``amq broker run --ha replicated`` processes; the
+   master's journal is replicated to the slave before a receipt); ``--cluster restart``
+   uses one broker process killed and restarted on the same port and data directory.
 2. Start a local SparkSession (``local[2,3]``) and write ``--rows`` rows
    (``body = "row-<i>"``) from ``--partitions`` partitions through
    ``failover:(...)`` with the ``amq`` data source.
@@ -45,6 +46,7 @@ class Cluster(Protocol):
 
     def kill_master(self) -> str: ...
     def after_kill(self) -> None: ...
+    def new_master(self) -> str: ...
     def stop(self) -> None: ...
 
 
@@ -63,9 +65,8 @@ class RestartedNode:
         self.proc.start()
         self.uri = _failover([f"tcp://127.0.0.1:{self.proc.port}"])
         self.description = (
-            f"one embedded broker process (pid {self.proc.pid}, port {self.proc.port}); the HA pair is not "
-            "available in this build, so the 'master kill' is a SIGKILL followed by a restart on the same "
-            "port and data directory"
+            f"one embedded broker process (pid {self.proc.pid}, port {self.proc.port}), no slave: the "
+            "'master kill' is a SIGKILL followed by a restart on the same port and data directory"
         )
 
     def kill_master(self) -> str:
@@ -77,11 +78,56 @@ class RestartedNode:
         time.sleep(0.5)  # let the clients notice and retry at least once
         self.proc.restart()
 
+    def new_master(self) -> str:
+        return f"the same node, restarted (pid {self.proc.pid})"
+
     def stop(self) -> None:
         self.proc.terminate()
 
 
-def _start_cluster(workdir: Path) -> Cluster:
+class ReplicatedPair:
+    """The embedded replicated pair: a master and an in-sync slave, each its own process."""
+
+    def __init__(self, workdir: Path) -> None:
+        from amqtransport.testing.broker_pair import BrokerPair
+
+        self.pair = BrokerPair("replicated", workdir / "pair")
+        self.pair.start()
+        master = self.pair.wait_master()
+        slave = self.pair.other(master)
+        self.uri = _failover([self.pair.a.uri, self.pair.b.uri])
+        self.description = (
+            f"embedded replicated pair: master {master.name} (pid {_pid(master)}, port {master.port}), "
+            f"slave {slave.name} (pid {_pid(slave)}, port {slave.port}) in sync; own store each, "
+            "journal replicated before a receipt"
+        )
+
+    def kill_master(self) -> str:
+        node = self.pair.kill_master()
+        return f"SIGKILL master {node.name} (pid {_pid(node)}, port {node.port}); slave takes over"
+
+    def after_kill(self) -> None:
+        pass  # the slave promotes itself; nothing to do
+
+    def new_master(self) -> str:
+        try:
+            node = self.pair.wait_master(timeout=10)
+        except TimeoutError:
+            return "none"
+        return f"{node.name} (port {node.port})"
+
+    def stop(self) -> None:
+        self.pair.stop()
+
+
+def _pid(node: Any) -> int | None:
+    proc = getattr(node, "proc", None)
+    return None if proc is None else int(proc.pid)
+
+
+def _start_cluster(workdir: Path, kind: str) -> Cluster:
+    if kind == "pair":
+        return ReplicatedPair(workdir)
     return RestartedNode(workdir)
 
 
@@ -91,6 +137,7 @@ class DemoResult:
     partitions: int
     cluster: str = ""
     killed: str = ""
+    new_master: str = ""
     kill_at_seconds: float | None = None
     recovery_seconds: float | None = None
     write_seconds: float = 0.0
@@ -181,6 +228,7 @@ def run_demo(
     master: str = "local[2,3]",
     quiet: bool = False,
     kill: bool = True,
+    cluster_kind: str = "pair",
 ) -> DemoResult:
     from amqtransport.spark.session import local_session
 
@@ -190,7 +238,7 @@ def run_demo(
     spark = None
     try:
         _say(quiet, "== amq demo: a PySpark producer through failover:(...) while the master dies ==")
-        cluster = _start_cluster(workdir)
+        cluster = _start_cluster(workdir, cluster_kind)
         result.cluster = cluster.description
         _say(quiet, f"cluster : {cluster.description}")
         _say(quiet, f"uri     : {cluster.uri}")
@@ -220,7 +268,7 @@ def run_demo(
 
         def watch() -> None:
             """Progress from Spark's status tracker; the kill when enough tasks are done."""
-            last, last_at = "", 0.0
+            last_done, last_at = -1, 0.0
             while not finished.wait(0.25):
                 done, active, total = _stage_progress(spark.sparkContext)
                 if not total:
@@ -231,9 +279,9 @@ def run_demo(
                     f"running {active}"
                 )
                 result.progress.append({"t": round(elapsed, 2), "done": done, "running": active, "total": total})
-                if line != last or time.monotonic() - last_at >= 2.0:
+                if done != last_done or time.monotonic() - last_at >= 2.0:
                     _say(quiet, line)
-                    last, last_at = line, time.monotonic()
+                    last_done, last_at = done, time.monotonic()
                 threshold = max(1, int(total * kill_at))
                 if kill and state["killed_at"] is None and threshold <= done < total:
                     what = cluster.kill_master()
@@ -266,6 +314,8 @@ def run_demo(
             probe_thread.join(60)
             if "recovered" in probe:
                 result.recovery_seconds = round(probe["recovered"], 3)
+        if killed_at is not None:
+            result.new_master = cluster.new_master()
         if error:
             result.job_error = _short_error(error[0])
             if os.environ.get("AMQ_DEMO_DEBUG"):
@@ -306,6 +356,7 @@ def _print_result(r: DemoResult) -> None:
         f"duplicates       : {r.duplicates:,}",
         f"lost             : {r.lost:,}",
         f"master killed    : {r.killed or 'no'}" + (f" at {r.kill_at_seconds:.1f}s" if r.kill_at_seconds is not None else ""),
+        f"serving now      : {r.new_master or 'n/a'}",
         f"recovery time    : {rec}",
         f"write job        : {r.write_seconds:.1f} s" + (f"  FAILED: {r.job_error}" if r.job_error else ""),
         f"verdict          : {'OK: nothing lost, nothing duplicated' if r.ok else 'FAILED'}",
@@ -320,11 +371,30 @@ def _print_result(r: DemoResult) -> None:
 @click.option("--window", default=200, show_default=True, help="receiptWindow of the writer.")
 @click.option("--master", default="local[2,3]", show_default=True, help="Spark master.")
 @click.option("--no-kill", is_flag=True, help="Do not kill anything (baseline).")
+@click.option(
+    "--cluster",
+    "cluster_kind",
+    type=click.Choice(["pair", "restart"]),
+    default="pair",
+    show_default=True,
+    help="pair: the embedded replicated pair (master killed, slave takes over); "
+    "restart: one node killed and restarted on the same port.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON at the end.")
-def demo(rows: int, partitions: int, kill_at: float, window: int, master: str, no_kill: bool, as_json: bool) -> None:
+def demo(
+    rows: int, partitions: int, kill_at: float, window: int, master: str, no_kill: bool, cluster_kind: str, as_json: bool
+) -> None:
     """Spark producer surviving a master kill: rows written, receipted, consumed, duplicates, lost."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    result = run_demo(rows=rows, partitions=partitions, kill_at=kill_at, window=window, master=master, kill=not no_kill)
+    result = run_demo(
+        rows=rows,
+        partitions=partitions,
+        kill_at=kill_at,
+        window=window,
+        master=master,
+        kill=not no_kill,
+        cluster_kind=cluster_kind,
+    )
     _print_result(result)
     if as_json:
         click.echo(json.dumps(result.__dict__ | {"ok": result.ok}, default=str))
