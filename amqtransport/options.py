@@ -40,6 +40,7 @@ __all__ = [
     "StaticOptions",
     "LeafOptions",
     "option_names",
+    "activemq_name",
     "SSL_ONLY_OPTIONS",
 ]
 
@@ -164,33 +165,40 @@ class _Options(BaseModel):
         return out
 
 
+def _opt(default: Any, name: str, *aliases: str, **constraints: Any) -> Any:
+    """A field known as ``name`` (its ActiveMQ name) in URIs, JSON and error messages.
+
+    Only ``validation_alias`` / ``serialization_alias`` are set (not ``alias``), so type
+    checkers see the snake_case names in ``__init__`` while both spellings validate.
+    """
+    validation: str | AliasChoices = AliasChoices(name, *aliases) if aliases else name
+    return Field(
+        default=default, validation_alias=validation, serialization_alias=name, **constraints
+    )
+
+
 class FailoverOptions(_Options):
     """``failover:`` options with ActiveMQ's names and (5.6+) defaults."""
 
-    randomize: Bool = Field(True, alias="randomize")
-    initial_reconnect_delay: Int = Field(10, ge=0, alias="initialReconnectDelay")
-    max_reconnect_delay: Int = Field(30000, ge=0, alias="maxReconnectDelay")
-    use_exponential_backoff: Bool = Field(True, alias="useExponentialBackOff")
-    reconnect_delay_exponent: Float = Field(
-        2.0,
-        ge=1.0,
-        validation_alias=AliasChoices(
-            "reconnectDelayExponent", "backOffMultiplier"
-        ),
-        serialization_alias="reconnectDelayExponent",
+    randomize: Bool = _opt(True, "randomize")
+    initial_reconnect_delay: Int = _opt(10, "initialReconnectDelay", ge=0)
+    max_reconnect_delay: Int = _opt(30000, "maxReconnectDelay", ge=0)
+    use_exponential_backoff: Bool = _opt(True, "useExponentialBackOff")
+    reconnect_delay_exponent: Float = _opt(
+        2.0, "reconnectDelayExponent", "backOffMultiplier", ge=1.0
     )
-    max_reconnect_attempts: Int = Field(-1, ge=-1, alias="maxReconnectAttempts")
-    startup_max_reconnect_attempts: Int = Field(-1, ge=-1, alias="startupMaxReconnectAttempts")
-    timeout: Int = Field(-1, ge=-1, alias="timeout")
-    priority_backup: Bool = Field(False, alias="priorityBackup")
-    priority_uris: UriList = Field((), alias="priorityURIs")
-    backup: Bool = Field(False, alias="backup")
-    backup_pool_size: Int = Field(1, ge=0, alias="backupPoolSize")
-    track_messages: Bool = Field(False, alias="trackMessages")
-    max_cache_size: Int = Field(131072, ge=0, alias="maxCacheSize")
-    warn_after_reconnect_attempts: Int = Field(10, ge=0, alias="warnAfterReconnectAttempts")
-    update_uris_url: Text | None = Field(None, alias="updateURIsURL")
-    reconnect_jitter: Float = Field(0.0, ge=0.0, le=1.0, alias="reconnectJitter")
+    max_reconnect_attempts: Int = _opt(-1, "maxReconnectAttempts", ge=-1)
+    startup_max_reconnect_attempts: Int = _opt(-1, "startupMaxReconnectAttempts", ge=-1)
+    timeout: Int = _opt(-1, "timeout", ge=-1)
+    priority_backup: Bool = _opt(False, "priorityBackup")
+    priority_uris: UriList = _opt((), "priorityURIs")
+    backup: Bool = _opt(False, "backup")
+    backup_pool_size: Int = _opt(1, "backupPoolSize", ge=0)
+    track_messages: Bool = _opt(False, "trackMessages")
+    max_cache_size: Int = _opt(131072, "maxCacheSize", ge=0)
+    warn_after_reconnect_attempts: Int = _opt(10, "warnAfterReconnectAttempts", ge=0)
+    update_uris_url: Text | None = _opt(None, "updateURIsURL")
+    reconnect_jitter: Float = _opt(0.0, "reconnectJitter", ge=0.0, le=1.0)
 
 
 class StaticOptions(_Options):
@@ -200,12 +208,12 @@ class StaticOptions(_Options):
     ``failover:``, as in ActiveMQ).
     """
 
-    initial_reconnect_delay: Int = Field(1000, ge=0, alias="initialReconnectDelay")
-    max_reconnect_delay: Int = Field(30000, ge=0, alias="maxReconnectDelay")
-    use_exponential_backoff: Bool = Field(True, alias="useExponentialBackOff")
-    backoff_multiplier: Int = Field(2, ge=1, alias="backOffMultiplier")
-    max_reconnect_attempts: Int = Field(0, ge=0, alias="maxReconnectAttempts")
-    min_connect_time: Int = Field(5000, ge=0, alias="minConnectTime")
+    initial_reconnect_delay: Int = _opt(1000, "initialReconnectDelay", ge=0)
+    max_reconnect_delay: Int = _opt(30000, "maxReconnectDelay", ge=0)
+    use_exponential_backoff: Bool = _opt(True, "useExponentialBackOff")
+    backoff_multiplier: Int = _opt(2, "backOffMultiplier", ge=1)
+    max_reconnect_attempts: Int = _opt(0, "maxReconnectAttempts", ge=0)
+    min_connect_time: Int = _opt(5000, "minConnectTime", ge=0)
 
 
 class LeafOptions(_Options):
@@ -215,14 +223,14 @@ class LeafOptions(_Options):
     ``ssl://`` only (the URI parser rejects them on other schemes).
     """
 
-    connect_timeout: Int = Field(10000, ge=0, alias="connectTimeout")
-    heart_beat: HeartBeat = Field("10000,10000", alias="heartBeat")
-    host: Text | None = Field(None, alias="host")
-    ca_file: Text | None = Field(None, alias="caFile")
-    cert_file: Text | None = Field(None, alias="certFile")
-    key_file: Text | None = Field(None, alias="keyFile")
-    verify: Bool = Field(True, alias="verify")
-    server_hostname: Text | None = Field(None, alias="serverHostname")
+    connect_timeout: Int = _opt(10000, "connectTimeout", ge=0)
+    heart_beat: HeartBeat = _opt("10000,10000", "heartBeat")
+    host: Text | None = _opt(None, "host")
+    ca_file: Text | None = _opt(None, "caFile")
+    cert_file: Text | None = _opt(None, "certFile")
+    key_file: Text | None = _opt(None, "keyFile")
+    verify: Bool = _opt(True, "verify")
+    server_hostname: Text | None = _opt(None, "serverHostname")
 
     @property
     def heartbeat(self) -> tuple[int, int]:
@@ -239,7 +247,8 @@ SSL_ONLY_OPTIONS: frozenset[str] = frozenset(
 def activemq_name(model: type[BaseModel], field: str) -> str:
     """The ActiveMQ (camelCase) name of ``field``."""
     info = model.model_fields[field]
-    return info.serialization_alias or info.alias or field
+    alias = info.serialization_alias or info.alias
+    return alias if alias else field
 
 
 def option_names(model: type[BaseModel]) -> dict[str, str]:
@@ -247,10 +256,10 @@ def option_names(model: type[BaseModel]) -> dict[str, str]:
     out: dict[str, str] = {}
     for field, info in model.model_fields.items():
         out[activemq_name(model, field)] = field
-        if info.alias:
-            out[info.alias] = field
         choices = info.validation_alias
-        if isinstance(choices, AliasChoices):
+        if isinstance(choices, str):
+            out[choices] = field
+        elif isinstance(choices, AliasChoices):
             for choice in choices.choices:
                 if isinstance(choice, str) and choice != field:
                     out[choice] = field
