@@ -14,7 +14,7 @@ from amqtransport.errors import UriError
 from amqtransport.uri import CompositeUri, LeafUri, UriNode, parse_uri
 
 sys.path.insert(0, str(Path(__file__).parent))
-from strategies import trees  # noqa: E402
+from uri_strategies import trees  # noqa: E402
 
 SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
