@@ -283,9 +283,10 @@ class Journal:
                 self._head_records = 0
                 self.segments.append(self._head)
                 self._queue.append(("roll", self._head))
+            queue = self._queue
             for p in payloads:
-                self._queue.append(_FRAME.pack(len(p), zlib.crc32(p)))
-                self._queue.append(p)
+                queue.append(_FRAME.pack(len(p), zlib.crc32(p)))
+                queue.append(p)
             self._payloads.extend(payloads)
             self._head_size += size
             self._head_records += len(payloads)
@@ -388,7 +389,7 @@ class Journal:
                 error = exc if isinstance(exc, JournalError) else JournalError(str(exc))
                 self._failed = error
             self.batches += 1
-            self.records_written += len(payloads)
+            self.records_written = target  # every record appended before this batch, plus it
             if callbacks:
                 try:
                     self._notify([(cb, error) for cb in callbacks])
