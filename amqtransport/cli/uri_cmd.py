@@ -1,7 +1,7 @@
 """``amq uri explain [--json] URI``: show the transport stack a URI builds.
 
 The human form is an indented tree, one node per line, with the effective options of
-every failover/static (non-default values marked ``*``), the given options of every
+every failover/static (non-default values marked ``*name=value``), the given options of every
 broker URI and, for failover/static, the first delays of the reconnect schedule.
 ``--json`` prints DESIGN.md's shape (``CompositeUri.to_json``).  A bad URI prints
 exactly one line ``error: ...`` on stderr and exits 2.
@@ -10,6 +10,7 @@ exactly one line ``error: ...`` on stderr and exits 2.
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from typing import Any
 
@@ -32,7 +33,10 @@ def _value(value: Any) -> str:
         return "(none)"
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value)
+    text = str(value)
+    if not text or any(ch.isspace() or not ch.isprintable() for ch in text):
+        return json.dumps(text)  # quoted, one line
+    return text
 
 
 def _lines(node: UriNode, indent: str, out: list[str]) -> None:
@@ -40,7 +44,7 @@ def _lines(node: UriNode, indent: str, out: list[str]) -> None:
         given = node.options.given()
         text = f"{indent}{node.address}"
         if given:
-            text += "  " + " ".join(f"{k}={_value(v)}*" for k, v in given.items())
+            text += "  " + " ".join(f"*{k}={_value(v)}" for k, v in given.items())
         out.append(text)
         return
     assert isinstance(node, CompositeUri)
@@ -51,7 +55,7 @@ def _lines(node: UriNode, indent: str, out: list[str]) -> None:
     options = node.options
     changed = options.non_default()
     opts = " ".join(
-        f"{k}={_value(v)}{'*' if k in changed else ''}" for k, v in options.effective().items()
+        f"{'*' if k in changed else ''}{k}={_value(v)}" for k, v in options.effective().items()
     )
     out.extend(
         textwrap.wrap(
@@ -75,7 +79,8 @@ def explain_text(node: UriNode) -> str:
     """The human form of ``amq uri explain`` for a parsed tree."""
     out = [f"canonical: {node}"]
     _lines(node, "", out)
-    out.append("(* = not the default)")
+    if any(re.search(r"(^|\s)\*[A-Za-z]", line) for line in out[1:]):
+        out.append("(*name = not the default)")
     return "\n".join(out)
 
 
@@ -89,7 +94,7 @@ def uri() -> None:
 @click.argument("uri_text", metavar="URI")
 @click.pass_context
 def explain(ctx: click.Context, as_json: bool, uri_text: str) -> None:
-    """Show the stack URI builds, after desugaring, with effective options.
+    """Show the transport stack a URI builds (desugared, effective options, delays).
 
     Example: amq uri explain 'masterslave:(tcp://a:61613,tcp://b:61613)'
     """

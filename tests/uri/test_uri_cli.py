@@ -98,10 +98,20 @@ def test_human_form() -> None:
     assert "re-add delays after a failure: 1000 ms, 2000 ms, 4000 ms" in out
     failover_line = next(i for i, line in enumerate(lines) if line.strip() == "failover")
     assert lines[failover_line].startswith("    failover")  # indented under static
-    assert "randomize=false*" in out and "maxReconnectAttempts=0*" in out  # non-defaults marked
+    assert "*randomize=false" in out and "*maxReconnectAttempts=0" in out  # non-defaults marked
+    assert out.rstrip().endswith("(*name = not the default)")
     assert "initialReconnectDelay=10 " in out  # defaults shown unmarked
     assert "reconnect delays: none" in out and "attempts: 1 pass" in out
     assert "        tcp://a:61613" in lines and "        tcp://b:61613" in lines
+
+
+def test_human_form_quotes_odd_values_and_omits_the_legend_when_nothing_is_marked() -> None:
+    code, out, _ = run("tcp://a:1?host=a%20b%0A")
+    assert code == 2  # control characters are refused
+    code, out, _ = run("tcp://a:1?host=a%20b")
+    assert code == 0 and 'tcp://a:1  *host="a b"' in out
+    code, out, _ = run("tcp://a:1")
+    assert code == 0 and out == "canonical: tcp://a:1\ntcp://a:1\n"
 
 
 def test_human_form_schedule_line() -> None:
@@ -109,7 +119,7 @@ def test_human_form_schedule_line() -> None:
     assert code == 0
     assert "reconnect delays: 0 (pass 1), 10 ms, 20 ms, 40 ms, 80 ms, 160 ms, ... capped at 30000 ms; attempts: unlimited" in out
     code, out, _ = run("failover:(tcp://a:1?connectTimeout=5)?maxReconnectDelay=50&maxReconnectAttempts=3")
-    assert "maxReconnectDelay=50*" in out and "connectTimeout=5*" in out
+    assert "*maxReconnectDelay=50" in out and "*connectTimeout=5" in out
     assert "attempts: 3 passes" in out
 
 
@@ -212,3 +222,15 @@ def test_real_process_error_exit_2() -> None:
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
+
+
+def test_readme_example_is_the_real_output() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    if "## Connection URIs" not in readme:
+        pytest.skip("README has no 'Connection URIs' section")
+    section = readme.split("## Connection URIs", 1)[1]
+    marker = "$ amq uri explain 'masterslave:(tcp://a:61613,tcp://b:61613)'\n"
+    shown = section.split(marker, 1)[1].split("\n\n", 1)[0] + "\n"
+    code, out, _ = run("masterslave:(tcp://a:61613,tcp://b:61613)")
+    assert code == 0
+    assert out == shown
