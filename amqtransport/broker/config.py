@@ -86,6 +86,7 @@ def _describe(exc: ValidationError, source: str) -> str:
 
 def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> BrokerConfig:
     """Validate a mapping (top-level keys or a ``broker`` table)."""
+    data = {k: v for k, v in data.items() if k != "ha"}  # [ha]: validated by amqtransport.broker.ha.config
     if "broker" in data and isinstance(data["broker"], Mapping):
         extra = [k for k in data if k != "broker"]
         if extra:

@@ -9,6 +9,7 @@ message counts.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sys
@@ -49,9 +50,29 @@ def ha_options(fn: F) -> F:
         click.option("--takeover-check", default=None,
                      help="HOST:PORT both nodes must reach; a slave takes over only if it answers.")
     ]
+    @functools.wraps(fn)
+    def with_config_table(**kwargs: Any) -> Any:
+        # the config file's [ha] table fills in what the command line did not set
+        config_file = kwargs.get("config_file")
+        if config_file:
+            from amqtransport.broker.ha.config import load_ha_table
+            from amqtransport.errors import ConfigError
+
+            try:
+                table = load_ha_table(config_file)
+            except ConfigError as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(2)
+            for key, value in table.items():
+                name = "ha" if key == "mode" else key
+                if kwargs.get(name) is None:
+                    kwargs[name] = value
+        return fn(**kwargs)
+
+    wrapped: Any = with_config_table
     for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+        wrapped = opt(wrapped)
+    return wrapped  # type: ignore[no-any-return]
 
 
 def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) -> int:

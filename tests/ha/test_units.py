@@ -129,3 +129,45 @@ def test_cli_rejects_bad_ha_flags(tmp_path: Path) -> None:
     out = subprocess.run([*base, "--port", "5", "--ha", "replicated", "--master-connector", "nope"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "expected tcp://HOST:PORT" in out.stderr
+
+
+def test_config_file_ha_table(tmp_path: Path) -> None:
+    from amqtransport.broker.config import load_config
+    from amqtransport.broker.ha.config import load_ha_table
+
+    cfg = tmp_path / "b.toml"
+    cfg.write_text('[broker]\nport = 61999\n\n[ha]\nmode = "replicated"\nmasterConnectorURI = "tcp://h:1"\n'
+                   'userName = "u"\npassword = "p"\nshutdownOnMasterFailure = true\nlock_interval = 0.2\n')
+    assert load_config(cfg).port == 61999, "the broker's own loader ignores [ha]"
+    assert load_ha_table(cfg) == {
+        "mode": "replicated", "master_connector": "tcp://h:1", "master_user": "u", "master_password": "p",
+        "shutdown_on_master_failure": True, "lock_interval": 0.2,
+    }
+    cfg.write_text('[ha]\nmasterConector = "tcp://h:1"\n')
+    with pytest.raises(ConfigError, match=r"unknown key 'ha.masterConector' \(valid keys: mode, master_connector"):
+        load_ha_table(cfg)
+    cfg.write_text('[ha]\nmode = "both"\n')
+    with pytest.raises(ConfigError, match="key 'ha.mode'"):
+        load_ha_table(cfg)
+    out = subprocess.run([sys.executable, "-m", "amqtransport", "broker", "run", "--port", "5", "--config", str(cfg),
+                          "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "ha.mode" in out.stderr
+
+
+def test_slave_configured_by_file_only(tmp_path: Path) -> None:
+    from amqtransport.testing.broker_pair import BrokerPair
+
+    with BrokerPair("replicated", tmp_path / "pair") as bp:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'[ha]\nmode = "replicated"\nmasterConnectorURI = "tcp://127.0.0.1:{bp.a.ha_port}"\n')
+        from amqtransport.testing.broker_pair import HaNodeProcess
+        from amqtransport.testing.ports import free_port
+
+        node = HaNodeProcess("c", tmp_path / "c", free_port(), free_port(), ["--config", str(cfg)], tmp_path / "logs")
+        try:
+            bp.b.terminate()  # make room: one slave at a time
+            node.start()
+            node.wait_line("synced", 30)
+            assert node.status()["amq-ha-role"] == "slave"
+        finally:
+            node.terminate()
