@@ -92,6 +92,12 @@ ALL_SCHEMES: tuple[str, ...] = (*LEAF_SCHEMES, *COMPOSITE_SCHEMES)
 
 MAX_DEPTH = 8
 
+# ActiveMQ 5.17 FailoverTransport setters we do not implement (named in the error)
+_ACTIVEMQ_ONLY_FAILOVER = frozenset(
+    {"rebalanceUpdateURIs", "reconnectSupported", "updateURIsSupported", "trackTransactionProducers"}
+)
+_OPENWIRE_PREFIXES = frozenset({"wireFormat", "jms", "transport", "socket"})
+
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 _VM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _HOST_RE = re.compile(r"[a-z0-9_](?:[a-z0-9_\-]*)(?:\.[a-z0-9_\-]+)*\.?")
@@ -693,6 +699,10 @@ class _Parser:
                 close = [lowered[key.lower()]]
         if close:
             hint = f" (did you mean {prefix}{close[0]}?)"
+        if kind == "failover" and key in _ACTIVEMQ_ONLY_FAILOVER:
+            hint += " - an ActiveMQ failover option that amqtransport does not implement"
+        if key.split(".", 1)[0] in _OPENWIRE_PREFIXES and "." in key:
+            hint += " - ActiveMQ OpenWire/JMS settings do not apply to STOMP"
         if kind == "failover" and key in option_names(LeafOptions):
             hint += (
                 " - a broker URI option; in failover:u1,u2?... the options after the last "

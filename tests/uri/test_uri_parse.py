@@ -405,6 +405,15 @@ def test_option_errors_name_the_option_and_list_valid_names(text: str, option: s
             assert name in str(e)
 
 
+def test_activemq_only_options_are_named_as_such() -> None:
+    e = err("failover:(tcp://a:1)?updateURIsSupported=false")
+    assert "does not implement" in str(e) and e.option == "updateURIsSupported"
+    e = err("tcp://a:1?wireFormat.maxInactivityDuration=0")
+    assert "OpenWire" in str(e)
+    e = err("failover:(tcp://a:1)?nested.wireFormat.maxInactivityDuration=0")
+    assert "OpenWire" in str(e)
+
+
 def test_unknown_failover_option_lists_every_failover_name() -> None:
     e = err("failover:(tcp://a:1)?bogus=1")
     for name in FailoverOptions.model_fields:
