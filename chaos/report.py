@@ -2,7 +2,9 @@
 
 * :func:`summarize` folds the rounds of each ``scenario[mode]`` into one row: rounds,
   sent, receipted, received, lost, duplicates (reached the application), deduped
-  (dropped by the client's duplicate filter), recovery p50/p95/max, failed rounds.
+  (dropped by the client's duplicate filter), stored twice (copies the broker kept
+  under a new message-id: a replayed send it did not drop — ActiveMQ does this, ours
+  must not), recovery p50/p95/max, failed rounds.
 * :func:`format_table` prints those rows as a fixed-width table.
 * :func:`write_report` writes ``report.json`` (parameters, summary rows, every round
   with its timeline samples) and ``timeline.png``: for every ``scenario[mode]`` its
@@ -49,6 +51,7 @@ class Summary:
     lost: int
     duplicates: int
     deduped: int
+    stored_twice: int
     recovery_p50: float | None
     recovery_p95: float | None
     recovery_max: float | None
@@ -76,6 +79,7 @@ def summarize(results: Sequence[RoundResult]) -> list[Summary]:
             sent=sum(r.sent for r in rs), receipted=sum(r.receipted for r in rs),
             received=sum(r.received for r in rs), lost=sum(r.lost for r in rs),
             duplicates=sum(r.duplicates for r in rs), deduped=sum(r.deduped for r in rs),
+            stored_twice=sum(r.stored_twice for r in rs),
             recovery_p50=percentile(recoveries, 50), recovery_p95=percentile(recoveries, 95),
             recovery_max=max(recoveries) if recoveries else None,
             recovery_bound_s=max(r.recovery_bound_s for r in rs),
@@ -90,10 +94,10 @@ def _secs(x: float | None) -> str:
 
 def format_table(summaries: Sequence[Summary]) -> str:
     headers = ["scenario", "rounds", "sent", "receipted", "received", "lost", "duplicates",
-               "deduped", "recovery p50", "p95", "max", "result"]
+               "deduped", "stored twice", "recovery p50", "p95", "max", "result"]
     rows = [
         [s.label, str(s.rounds), str(s.sent), str(s.receipted), str(s.received), str(s.lost),
-         str(s.duplicates), str(s.deduped), _secs(s.recovery_p50), _secs(s.recovery_p95),
+         str(s.duplicates), str(s.deduped), str(s.stored_twice), _secs(s.recovery_p50), _secs(s.recovery_p95),
          _secs(s.recovery_max), "ok" if s.ok else f"FAIL ({s.failed_rounds} rounds)"]
         for s in summaries
     ]
@@ -113,6 +117,11 @@ def _worst(rounds: Sequence[RoundResult]) -> RoundResult:
     if failed:
         return failed[0]
     return max(rounds, key=lambda r: -1.0 if r.recovery_s is None else r.recovery_s)
+
+
+def _short(text: str, limit: int = 70) -> str:
+    text = text.split(" (", 1)[0] if len(text) > limit else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def plot_timeline(results: Sequence[RoundResult], path: str | Path) -> Path:
@@ -142,10 +151,11 @@ def plot_timeline(results: Sequence[RoundResult], path: str | Path) -> Path:
         if r.recovery_s is not None:
             ax.axvspan(r.fault_at, r.fault_at + r.recovery_s, color="red", alpha=0.12,
                        label=f"recovery {r.recovery_s:.2f}s")
-        verdict = "ok" if r.ok else "FAILED"
+        verdict = "ok" if r.ok else "FAILED: " + _short(r.failures[0])
         which = f"round {r.round} of {len(rounds)}" + (" (slowest recovery)" if len(rounds) > 1 and r.ok else "")
+        stored = f", stored twice {r.stored_twice}" if r.stored_twice else ""
         ax.set_title(f"{label} — {which}: lost {r.lost}, duplicates {r.duplicates}, "
-                     f"deduped {r.deduped} — {verdict}", fontsize=10, loc="left")
+                     f"deduped {r.deduped}{stored} — {verdict}", fontsize=10, loc="left")
         ax.set_ylabel("messages/s")
         ax.set_ylim(0, top * 1.45)  # headroom for the legend
         ax.set_xlim(0, (ts[-1] + width) if ts else 1.0)

@@ -32,6 +32,13 @@ class Scenario:
     kinds: tuple[str, ...] = EMBEDDED_MODES
     kills: bool = False  # the cluster needs ``recover()`` after the round
     detection_bound_s: float | None = None  # half-open: heart-beats must notice within this
+    # "broker": the cluster behind the proxies is what the clients use; "bridge": the
+    # producer sends to a spoke broker bridged to the pair behind the proxies
+    topology: str = "broker"
+    # "receipt": recovery = fault -> receipt of the first send after it; "delivery":
+    # fault -> arrival at the consumer of the first message sent after it (a bridge:
+    # the producer's own broker is not hit by the fault)
+    recovery_by: str = "receipt"
     # Copies of a message that reach the consumer's duplicate filter because the
     # broker does not drop a replayed send (ActiveMQ): reported, not a failure.
     broker_dedupes: bool = True
@@ -198,4 +205,17 @@ register(Scenario(
     heal=_remove_toxics,
     hold_s=3.0,
     recovery_bound_s=6.0,
+))
+
+register(Scenario(
+    name="bridge-remote-master-kill",
+    summary="producer on a spoke broker, bridged (network connector, masterslave: over the proxies) "
+            "to a hub pair where the consumer reads; SIGKILL the hub master: the bridge is torn down "
+            "and rebuilt on the new master (recovery measured by delivery at the hub)",
+    inject=_kill_master,
+    kills=True,
+    kinds=("replicated", "shared-store"),
+    topology="bridge",
+    recovery_by="delivery",
+    recovery_bound_s=15.0,
 ))

@@ -44,7 +44,9 @@ def run_cli(names: Sequence[str], *, rounds: int, report_dir: Path | None, mode:
         echo(f"error: unknown scenario(s) {', '.join(unknown) or '(none given)'}; known:\n" + list_scenarios())
         return 2
     modes = expand_mode(mode)
-    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    # the per-round lines say what happened; component logs (e.g. a bridge's failover giving
+    # up by design, maxReconnectAttempts=0) would only add noise here
+    logging.basicConfig(level=logging.CRITICAL, format="%(levelname)s %(name)s: %(message)s")
 
     results: list[RoundResult] = []
     errors: list[str] = []

@@ -48,6 +48,7 @@ __all__ = [
     "SingleNodeCluster",
     "EmbeddedPairCluster",
     "ActiveMQCluster",
+    "BridgeCluster",
     "Stage",
     "make_cluster",
     "EMBEDDED_MODES",
@@ -247,7 +248,85 @@ class ActiveMQCluster:
         self.pair.stop()
 
 
-def make_cluster(kind: str, workdir: Path) -> Cluster:
+class BridgeCluster:
+    """A spoke broker bridged to a hub pair (``bridge`` topology).
+
+    The hub is an :class:`EmbeddedPairCluster` (its nodes are the ones behind the
+    proxies and the ones faults act on); the spoke is one broker process the producer
+    sends to directly (``producer_uri``). Once the stage exists, :meth:`attach` starts
+    a :class:`bridge.agent.BridgeAgent` in this process with one network connector
+    whose remote URI is ``masterslave:`` over the hub's *proxies*, forwarding one
+    queue (``destination``) from the spoke to the hub, where the consumer reads
+    (through the same proxies).
+    """
+
+    def __init__(self, workdir: Path, mode: str) -> None:
+        self.hub = EmbeddedPairCluster(workdir / "hub", mode)
+        self.kind = mode
+        self.names = self.hub.names
+        self.login: str | None = None
+        self.passcode: str | None = None
+        self.agent: Any = None
+        try:
+            self.spoke = BrokerProcess(workdir / "spoke", port=free_port(), log_dir=workdir / "logs")
+            self.spoke.start()
+        except BaseException:
+            self.hub.close()
+            raise
+        # our broker has no wildcard queue subscriptions: one fixed forwarded queue (the
+        # bodies carry the round, so a straggler from an earlier round is "foreign")
+        self.destination = "/queue/chaos.bridged"
+        self.producer_uri: str | None = (
+            f"failover:({self.spoke.uri})?initialReconnectDelay=20&maxReconnectDelay=500"
+        )
+
+    def attach(self, stage: Stage) -> None:
+        from bridge.agent import BridgeAgent
+        from bridge.config import config_from_mapping
+
+        leaves = ",".join(f"tcp://{p.listen}" for p in stage.proxies)
+        config = config_from_mapping({
+            "local_uri": self.spoke.uri,
+            "status_listen": "",
+            "broker_name": "spoke",
+            "network_connector": [{
+                "name": "spoke-to-hub",
+                "uri": f"masterslave:({leaves})?initialReconnectDelay=100&maxReconnectDelay=1000",
+                "static_include": [self.destination],
+                "heartbeat_ms": 1000,
+                "remote_name": "hub",
+            }],
+        })
+        self.agent = BridgeAgent(config).start()
+
+    def upstreams(self) -> list[str]:
+        return self.hub.upstreams()
+
+    def master_index(self, timeout: float = 30.0) -> int:
+        return self.hub.master_index(timeout)
+
+    def kill_master(self, mark: Callable[[], None] = _nothing) -> str:
+        return "hub " + self.hub.kill_master(mark)
+
+    def recover(self, timeout: float = 60.0) -> None:
+        self.hub.recover(timeout)
+
+    def close(self) -> None:
+        try:
+            if self.agent is not None:
+                self.agent.stop()
+        finally:
+            try:
+                self.spoke.terminate()
+            finally:
+                self.hub.close()
+
+
+def make_cluster(kind: str, workdir: Path, topology: str = "broker") -> Cluster:
+    if topology == "bridge":
+        if kind not in ("replicated", "shared-store"):
+            raise ValueError(f"the bridge topology needs a pair mode, got {kind!r}")
+        return BridgeCluster(workdir, kind)
     if kind == "single":
         return SingleNodeCluster(workdir)
     if kind in ("replicated", "shared-store"):
@@ -271,6 +350,9 @@ class Stage:
                 self.toxi.create(upstream=upstream, name=f"{prefix}-{name}")
                 for name, upstream in zip(cluster.names, cluster.upstreams(), strict=True)
             ]
+            attach = getattr(cluster, "attach", None)
+            if attach is not None:  # e.g. a bridge whose remote side goes through the proxies
+                attach(self)
         except BaseException:
             self.server.stop()
             raise

@@ -34,8 +34,8 @@ import math
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from chaos.scenarios.catalog import Scenario, get_scenario
 from chaos.scenarios.cluster import Stage, make_cluster, scratch_dir
 from chaos.scenarios.workload import ClientSettings, ConsumerThread, ProducerThread
 
-__all__ = ["RunParams", "RoundResult", "Observations", "judge", "recovery_time", "samples_of",
+__all__ = ["RunParams", "RoundResult", "Observations", "judge", "recovery_time", "delivery_time", "samples_of",
            "run_round", "run_scenario", "run_scenarios", "modes_for"]
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,10 @@ class RoundResult:
     lost: int = 0
     lost_sample: list[int] = field(default_factory=list)
     duplicates: int = 0
-    deduped: int = 0
+    deduped: int = 0  # copies dropped by the client's duplicate filter
+    redelivered: int = 0  # copies on the wire with a message-id seen before
+    stored_twice: int = 0  # copies on the wire with a new message-id: a send stored twice
+    stored_twice_sample: list[str] = field(default_factory=list)  # "seq: id1, id2"
     foreign: int = 0
     recovery_s: float | None = None
     recovery_bound_s: float = 0.0
@@ -105,6 +108,7 @@ class RoundResult:
         return (
             f"{self.label} round {self.round}{of}: sent {self.sent} receipted {self.receipted} "
             f"received {self.received} lost {self.lost} dup {self.duplicates} deduped {self.deduped} "
+            f"(stored twice {self.stored_twice}) "
             f"recovery {rec} (bound {self.recovery_bound_s:g}s){det} "
             f"reconnects {self.reconnects} {verdict}"
         )
@@ -159,7 +163,7 @@ def run_round(stage: Stage, scenario: Scenario, round_no: int, params: RunParams
                          recovery_bound_s=scenario.recovery_bound_s,
                          detection_bound_s=scenario.detection_bound_s)
     round_id = f"{scenario.name}-{result.mode}-{round_no}-{uuid.uuid4().hex[:6]}"
-    destination = f"/queue/chaos.{round_id}"
+    destination = getattr(stage.cluster, "destination", None) or f"/queue/chaos.{round_id}"
     stage.reset()
     master = stage.cluster.master_index(timeout=60)
     result.master_before = stage.cluster.names[master]
@@ -171,9 +175,18 @@ def run_round(stage: Stage, scenario: Scenario, round_no: int, params: RunParams
         login=stage.cluster.login,
         passcode=stage.cluster.passcode,
     )
+    producer_uri = getattr(stage.cluster, "producer_uri", None)
+    producer_settings = replace(settings, uri=producer_uri) if producer_uri else settings
     consumer = ConsumerThread(settings, destination, round_id, clock=clock)
-    producer = ProducerThread(settings, destination, round_id, rate=params.rate, window=params.window,
-                              clock=clock, flush_timeout_s=bound + params.recovery_grace_s)
+    producer = ProducerThread(producer_settings, destination, round_id, rate=params.rate,
+                              window=params.window, clock=clock,
+                              flush_timeout_s=bound + params.recovery_grace_s)
+
+    def recovered_now() -> float | None:
+        if scenario.recovery_by == "delivery":
+            with consumer.lock:
+                return delivery_time(producer.send_times, consumer.received, t_fault)
+        return _recovery(producer, t_fault)
     consumer.start()
     consumer.subscribed.wait(60)
     t0 = clock()
@@ -190,8 +203,10 @@ def run_round(stage: Stage, scenario: Scenario, round_no: int, params: RunParams
         t0 = clock()
         _wait(lambda: clock() - t0 >= params.warmup_s and producer.receipted >= 5,
               params.warmup_s + 30)
-        if producer.receipted < 5:
-            result.failures.append(f"no traffic before the fault ({producer.receipted} receipts in warm-up)")
+        _wait(lambda: consumer.count() >= 5, 30)  # end to end (a bridge may take a moment)
+        if producer.receipted < 5 or consumer.count() < 5:
+            result.failures.append(f"no traffic before the fault ({producer.receipted} receipts, "
+                                   f"{consumer.count()} received in warm-up)")
             return result
 
         t_fault = clock()
@@ -211,9 +226,9 @@ def run_round(stage: Stage, scenario: Scenario, round_no: int, params: RunParams
             result.failures.append(f"fault injection/heal failed: {exc!r}")
         result.fault_at = t_fault - t0
         limit = t_fault + bound + params.recovery_grace_s
-        _wait(lambda: _recovery(producer, t_fault) is not None or producer.error is not None
+        _wait(lambda: recovered_now() is not None or producer.error is not None
               or not producer.is_alive(), max(0.0, limit - clock()))
-        recovered = _recovery(producer, t_fault)
+        recovered = recovered_now()
         post_from = clock() if recovered is None else t_fault + recovered
         if result.heal_at is not None:
             post_from = max(post_from, t0 + result.heal_at)
@@ -236,10 +251,12 @@ def run_round(stage: Stage, scenario: Scenario, round_no: int, params: RunParams
         consumer.join(10)
         t_end = clock()
 
+    wire = consumer.wire_counts()
     obs = Observations(
         send_times=list(producer.send_times), receipt_times=list(producer.receipt_times),
         received=dict(consumer.received), duplicates=consumer.duplicates, deduped=consumer.deduped,
-        foreign=consumer.foreign, producer_interruptions=list(producer.events.interrupted),
+        foreign=consumer.foreign, redelivered=wire[0], stored_twice=wire[1], stored_twice_sample=wire[2],
+        producer_interruptions=list(producer.events.interrupted),
         consumer_interruptions=list(consumer.events.interrupted), producer_error=producer.error,
         consumer_error=consumer.error, t0=t0, t_fault=t_fault, t_end=t_end,
     )
@@ -258,6 +275,9 @@ class Observations:
     received: dict[int, float]  # seq -> first arrival at the application
     duplicates: int = 0
     deduped: int = 0
+    redelivered: int = 0
+    stored_twice: int = 0
+    stored_twice_sample: list[str] = field(default_factory=list)
     foreign: int = 0
     producer_interruptions: list[float] = field(default_factory=list)
     consumer_interruptions: list[float] = field(default_factory=list)
@@ -276,6 +296,14 @@ def recovery_time(send_times: Sequence[float], receipt_times: Sequence[float], t
     return receipt_times[seq] - t_fault
 
 
+def delivery_time(send_times: Sequence[float], received: Mapping[int, float], t_fault: float) -> float | None:
+    """Fault to the arrival at the consumer of the first message sent at or after it."""
+    seq = next((i for i, t in enumerate(send_times) if t >= t_fault), None)
+    if seq is None or seq not in received:
+        return None
+    return received[seq] - t_fault
+
+
 def judge(result: RoundResult, obs: Observations, scenario: Scenario, params: RunParams) -> RoundResult:
     """Fill ``result``'s counts, recovery, samples and invariant failures from ``obs``."""
     t_fault = obs.t_fault
@@ -288,9 +316,15 @@ def judge(result: RoundResult, obs: Observations, scenario: Scenario, params: Ru
     result.lost_sample = missing[:10]
     result.duplicates = obs.duplicates
     result.deduped = obs.deduped
+    result.redelivered = obs.redelivered
+    result.stored_twice = obs.stored_twice
+    result.stored_twice_sample = obs.stored_twice_sample
     result.foreign = obs.foreign
     result.fault_at = t_fault - obs.t0
-    result.recovery_s = recovery_time(obs.send_times, obs.receipt_times, t_fault)
+    if scenario.recovery_by == "delivery":
+        result.recovery_s = delivery_time(obs.send_times, obs.received, t_fault)
+    else:
+        result.recovery_s = recovery_time(obs.send_times, obs.receipt_times, t_fault)
     result.reconnects = len([t for t in obs.producer_interruptions if t >= t_fault])
     result.duration_s = obs.t_end - obs.t0
     result.samples = samples_of(obs.send_times, obs.receipt_times, list(obs.received.values()),
@@ -300,8 +334,13 @@ def judge(result: RoundResult, obs: Observations, scenario: Scenario, params: Ru
         result.failures.append(f"{result.lost} receipted message(s) never received (e.g. seq {missing[:5]})")
     if result.duplicates:
         result.failures.append(f"{result.duplicates} duplicate(s) delivered to the application")
+    if result.stored_twice and scenario.broker_dedupes:
+        result.failures.append(
+            f"the broker stored {result.stored_twice} replayed send(s) twice (idempotency key ignored; "
+            f"seq: message-ids {result.stored_twice_sample[:2]})")
     if result.recovery_s is None:
-        result.failures.append(f"no receipted send after the fault within {bound + params.recovery_grace_s:g}s")
+        what = "delivery" if scenario.recovery_by == "delivery" else "receipted send"
+        result.failures.append(f"no {what} after the fault within {bound + params.recovery_grace_s:g}s")
     elif result.recovery_s > bound:
         result.failures.append(f"recovery {result.recovery_s:.2f}s exceeds its bound {bound:g}s")
     if scenario.detection_bound_s is not None:
@@ -341,7 +380,7 @@ def run_scenario(scenario: Scenario | str, mode: str, rounds: int = 1, params: R
     results: list[RoundResult] = []
     failed = True
     try:
-        cluster = make_cluster(mode, base)
+        cluster = make_cluster(mode, base, sc.topology)
         try:
             with Stage(cluster, prefix=sc.name) as stage:
                 for n in range(1, rounds + 1):

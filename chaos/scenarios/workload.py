@@ -39,6 +39,7 @@ from typing import Any
 import amqtransport
 from amqtransport.client import Connection
 from amqtransport.errors import AmqTransportError
+from amqtransport.stomp import Frame
 
 __all__ = ["ClientSettings", "ConnectionEvents", "ProducerThread", "ConsumerThread"]
 
@@ -218,11 +219,15 @@ class ConsumerThread(threading.Thread):
         self.events = ConnectionEvents(clock)
         self.received: dict[int, float] = {}  # seq -> first arrival
         self.duplicates = 0  # copies that reached the application
+        # every MESSAGE frame as it arrived, before the client's duplicate filter:
+        # seq -> message-ids seen (one per copy), to tell redeliveries (same id) from
+        # sends the broker stored twice (a new id for the same message)
+        self.wire_ids: dict[int, list[str]] = {}
         self.foreign = 0
         self.error: BaseException | None = None
         self.subscribed = threading.Event()
         self._stop_event = threading.Event()
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._conn: Connection | None = None
 
     @property
@@ -231,19 +236,50 @@ class ConsumerThread(threading.Thread):
         return self._conn.duplicates if self._conn is not None else 0
 
     def count(self) -> int:
-        with self._lock:
+        with self.lock:
             return len(self.received)
 
     def has_all(self, seqs: range) -> bool:
-        with self._lock:
+        with self.lock:
             return all(s in self.received for s in seqs)
 
     def stop(self) -> None:
         self._stop_event.set()
 
+    def _tap(self, conn: Connection) -> None:
+        """Look at each MESSAGE before the duplicate filter (read-only; same thread)."""
+        transport = conn.transport
+        inner = transport.on_message
+
+        def tap(frame: Frame, generation: int) -> None:
+            seq = seq_of(self.round_id, frame.body.decode("utf-8", "replace"))
+            if seq is not None:
+                with self.lock:
+                    self.wire_ids.setdefault(seq, []).append(frame.get("message-id") or "")
+            if inner is not None:
+                inner(frame, generation)
+
+        transport.on_message = tap
+
+    def wire_counts(self) -> tuple[int, int, list[str]]:
+        """(copies the broker delivered again under the same message-id,
+        extra copies under a new message-id, i.e. a send stored twice,
+        a few examples of the latter as "seq: id1, id2")."""
+        with self.lock:
+            redelivered = stored_twice = 0
+            examples: list[str] = []
+            for seq, ids in sorted(self.wire_ids.items()):
+                distinct = list(dict.fromkeys(ids))
+                stored_twice += len(distinct) - 1
+                redelivered += len(ids) - len(distinct)
+                if len(distinct) > 1 and len(examples) < 5:
+                    examples.append(f"{seq}: {', '.join(distinct)}")
+            return redelivered, stored_twice, examples
+
     def run(self) -> None:
         try:
             self._conn = self.settings.connect(self.events)
+            self._tap(self._conn)
             sub = self._conn.subscribe(self.destination, ack="client-individual")
         except BaseException as exc:
             self.error = exc
@@ -260,7 +296,7 @@ class ConsumerThread(threading.Thread):
                     continue
                 now = self.clock()
                 seq = seq_of(self.round_id, msg.body.decode("utf-8", "replace"))
-                with self._lock:
+                with self.lock:
                     if seq is None:
                         self.foreign += 1
                     elif seq in self.received:

@@ -199,3 +199,21 @@ def test_cli_rejects_an_unknown_scenario_and_lists_the_known_ones() -> None:
     assert res.exit_code == 2 and "--mode" in res.output
     res = CliRunner().invoke(cli, ["chaos", "run", "--list"])
     assert res.exit_code == 0 and "bandwidth-starve" in res.output
+
+
+def test_a_send_stored_twice_fails_where_the_broker_dedupes_only() -> None:
+    ours = _judge(_obs(stored_twice=1, stored_twice_sample=["4: a-1, b-7"]))
+    assert not ours.ok and any("stored 1 replayed send(s) twice" in f for f in ours.failures)
+    activemq = _judge(_obs(stored_twice=1), _scenario(broker_dedupes=False))
+    assert activemq.ok and activemq.stored_twice == 1
+
+
+def test_recovery_by_delivery() -> None:
+    sc = _scenario(recovery_by="delivery", recovery_bound_s=5.0)
+    obs = _obs(10, fault=5.0, gap=0.2)
+    obs.received[5] = 8.0  # the first message sent after the fault arrived 3 s after it
+    r = _judge(obs, sc)
+    assert r.ok and r.recovery_s == pytest.approx(3.0)
+    del obs.received[5]
+    obs.receipt_times = obs.receipt_times[:5]
+    assert _judge(obs, sc).recovery_s is None
