@@ -3,8 +3,10 @@
 * :func:`summarize` folds the rounds of each ``scenario[mode]`` into one row: rounds,
   sent, receipted, received, lost, duplicates (reached the application), deduped
   (dropped by the client's duplicate filter), stored twice (copies the broker kept
-  under a new message-id: a replayed send it did not drop — ActiveMQ does this, ours
-  must not), recovery p50/p95/max, failed rounds.
+  under a new message-id: a replayed send it stored again — ActiveMQ does this for any
+  replay; ours only for a send that was in flight, never receipted, when its master
+  died, see ``RoundResult.stored_twice_after_receipt``), recovery p50/p95/max, failed
+  rounds.
 * :func:`format_table` prints those rows as a fixed-width table.
 * :func:`write_report` writes ``report.json`` (parameters, summary rows, every round
   with its timeline samples) and ``timeline.png``: for every ``scenario[mode]`` its

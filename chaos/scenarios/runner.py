@@ -76,7 +76,13 @@ class RoundResult:
     duplicates: int = 0
     deduped: int = 0  # copies dropped by the client's duplicate filter
     redelivered: int = 0  # copies on the wire with a message-id seen before
-    stored_twice: int = 0  # copies on the wire with a new message-id: a send stored twice
+    stored_twice: int = 0  # extra copies on the wire under a new message-id: a send stored twice
+    # ... of which the original had been receipted before the fault: the broker knew
+    # the idempotency key durably and still stored the replay (a dedupe failure). The
+    # others were in flight: dispatched to the consumer before they were durable (store
+    # and dispatch run concurrently), lost with the killed process, replayed by the
+    # client and stored once more: at-least-once, which the client's dedupe absorbs.
+    stored_twice_after_receipt: int = 0
     stored_twice_sample: list[str] = field(default_factory=list)  # "seq: id1, id2"
     foreign: int = 0
     recovery_s: float | None = None
@@ -255,7 +261,7 @@ def run_round(stage: Stage, scenario: Scenario, round_no: int, params: RunParams
     obs = Observations(
         send_times=list(producer.send_times), receipt_times=list(producer.receipt_times),
         received=dict(consumer.received), duplicates=consumer.duplicates, deduped=consumer.deduped,
-        foreign=consumer.foreign, redelivered=wire[0], stored_twice=wire[1], stored_twice_sample=wire[2],
+        foreign=consumer.foreign, redelivered=wire[0], stored_twice_ids=wire[1],
         producer_interruptions=list(producer.events.interrupted),
         consumer_interruptions=list(consumer.events.interrupted), producer_error=producer.error,
         consumer_error=consumer.error, t0=t0, t_fault=t_fault, t_end=t_end,
@@ -276,8 +282,7 @@ class Observations:
     duplicates: int = 0
     deduped: int = 0
     redelivered: int = 0
-    stored_twice: int = 0
-    stored_twice_sample: list[str] = field(default_factory=list)
+    stored_twice_ids: dict[int, list[str]] = field(default_factory=dict)  # seq -> message-ids
     foreign: int = 0
     producer_interruptions: list[float] = field(default_factory=list)
     consumer_interruptions: list[float] = field(default_factory=list)
@@ -317,8 +322,11 @@ def judge(result: RoundResult, obs: Observations, scenario: Scenario, params: Ru
     result.duplicates = obs.duplicates
     result.deduped = obs.deduped
     result.redelivered = obs.redelivered
-    result.stored_twice = obs.stored_twice
-    result.stored_twice_sample = obs.stored_twice_sample
+    result.stored_twice = sum(len(ids) - 1 for ids in obs.stored_twice_ids.values())
+    after_receipt = [s for s in obs.stored_twice_ids
+                     if s < len(obs.receipt_times) and obs.receipt_times[s] < t_fault]
+    result.stored_twice_after_receipt = sum(len(obs.stored_twice_ids[s]) - 1 for s in after_receipt)
+    result.stored_twice_sample = [f"{s}: {', '.join(ids)}" for s, ids in list(obs.stored_twice_ids.items())[:5]]
     result.foreign = obs.foreign
     result.fault_at = t_fault - obs.t0
     if scenario.recovery_by == "delivery":
@@ -334,10 +342,11 @@ def judge(result: RoundResult, obs: Observations, scenario: Scenario, params: Ru
         result.failures.append(f"{result.lost} receipted message(s) never received (e.g. seq {missing[:5]})")
     if result.duplicates:
         result.failures.append(f"{result.duplicates} duplicate(s) delivered to the application")
-    if result.stored_twice and scenario.broker_dedupes:
+    if result.stored_twice_after_receipt and scenario.broker_dedupes:
+        examples = [f"{s}: {', '.join(obs.stored_twice_ids[s])}" for s in after_receipt[:2]]
         result.failures.append(
-            f"the broker stored {result.stored_twice} replayed send(s) twice (idempotency key ignored; "
-            f"seq: message-ids {result.stored_twice_sample[:2]})")
+            f"the broker stored {result.stored_twice_after_receipt} send(s) twice although the "
+            f"original was receipted before the fault (seq: message-ids {examples})")
     if result.recovery_s is None:
         what = "delivery" if scenario.recovery_by == "delivery" else "receipted send"
         result.failures.append(f"no {what} after the fault within {bound + params.recovery_grace_s:g}s")

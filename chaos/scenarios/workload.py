@@ -261,20 +261,19 @@ class ConsumerThread(threading.Thread):
 
         transport.on_message = tap
 
-    def wire_counts(self) -> tuple[int, int, list[str]]:
+    def wire_counts(self) -> tuple[int, dict[int, list[str]]]:
         """(copies the broker delivered again under the same message-id,
-        extra copies under a new message-id, i.e. a send stored twice,
-        a few examples of the latter as "seq: id1, id2")."""
+        {seq: its distinct message-ids} for every message that came under more than one
+        id, i.e. a send the broker stored twice)."""
         with self.lock:
-            redelivered = stored_twice = 0
-            examples: list[str] = []
+            redelivered = 0
+            twice: dict[int, list[str]] = {}
             for seq, ids in sorted(self.wire_ids.items()):
                 distinct = list(dict.fromkeys(ids))
-                stored_twice += len(distinct) - 1
                 redelivered += len(ids) - len(distinct)
-                if len(distinct) > 1 and len(examples) < 5:
-                    examples.append(f"{seq}: {', '.join(distinct)}")
-            return redelivered, stored_twice, examples
+                if len(distinct) > 1:
+                    twice[seq] = distinct
+            return redelivered, twice
 
     def run(self) -> None:
         try:

@@ -36,7 +36,8 @@ def _one_round(name: str, mode: str, tmp_path: Path) -> RoundResult:
     assert r.ok, r.line(1)
     assert r.receipted >= 100 and r.received >= r.receipted and r.lost == 0 and r.duplicates == 0
     if SCENARIOS[name].broker_dedupes:
-        assert r.stored_twice == 0  # our broker drops a replayed send (same idempotency key)
+        # our broker drops the replay of a send it had receipted (same idempotency key)
+        assert r.stored_twice_after_receipt == 0
     assert r.recovery_s is not None and 0 < r.recovery_s <= r.recovery_bound_s
     return r
 

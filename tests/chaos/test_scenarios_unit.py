@@ -201,11 +201,20 @@ def test_cli_rejects_an_unknown_scenario_and_lists_the_known_ones() -> None:
     assert res.exit_code == 0 and "bandwidth-starve" in res.output
 
 
-def test_a_send_stored_twice_fails_where_the_broker_dedupes_only() -> None:
-    ours = _judge(_obs(stored_twice=1, stored_twice_sample=["4: a-1, b-7"]))
-    assert not ours.ok and any("stored 1 replayed send(s) twice" in f for f in ours.failures)
-    activemq = _judge(_obs(stored_twice=1), _scenario(broker_dedupes=False))
+def test_a_receipted_send_stored_twice_fails_where_the_broker_dedupes_only() -> None:
+    # seq 2 was receipted at 2.01 (before the fault at 5): a second copy is a dedupe failure
+    ours = _judge(_obs(stored_twice_ids={2: ["ID:a-3", "ID:b-1"]}))
+    assert not ours.ok and ours.stored_twice == 1 and ours.stored_twice_after_receipt == 1
+    assert any("stored 1 send(s) twice" in f and "ID:b-1" in f for f in ours.failures)
+    activemq = _judge(_obs(stored_twice_ids={2: ["x", "y"]}), _scenario(broker_dedupes=False))
     assert activemq.ok and activemq.stored_twice == 1
+
+
+def test_an_in_flight_send_stored_again_is_at_least_once_not_a_failure() -> None:
+    # seq 5 was sent at the fault and receipted only after it (by the new master)
+    r = _judge(_obs(stored_twice_ids={5: ["ID:a-9", "ID:b-1", "ID:b-2"]}))
+    assert r.ok and r.stored_twice == 2 and r.stored_twice_after_receipt == 0
+    assert r.stored_twice_sample == ["5: ID:a-9, ID:b-1, ID:b-2"]
 
 
 def test_recovery_by_delivery() -> None:
