@@ -299,6 +299,11 @@ class HaNode:
         )
         self.ha_port = self._ha_server.sockets[0].getsockname()[1]
         self.say(f"ha node {self.name} mode {self.opts.mode} ha-port tcp://{self.host}:{self.ha_port} pid {os.getpid()}")
+        argv = list(sys.argv[1:])
+        for i, arg in enumerate(argv[:-1]):
+            if arg == "--master-password":
+                argv[i + 1] = "***"
+        log.info("node %s: started as: amq %s", self.name, " ".join(argv))
         try:
             if self.opts.mode == "shared-store":
                 await self._run_shared_store()
