@@ -28,6 +28,7 @@ __all__ = [
     "parse_request_head",
     "json_response",
     "error_response",
+    "HttpServer",
     "start_http_server",
     "MAX_HEAD",
     "MAX_BODY",
@@ -249,10 +250,49 @@ async def _serve_connection(
             writer.close()
 
 
-async def start_http_server(handler: Handler, host: str, port: int) -> asyncio.Server:
-    """Serve ``handler`` on ``host:port`` (0 picks a free port); returns the server."""
+class HttpServer:
+    """A listening HTTP server; :meth:`close` also closes every open connection."""
 
-    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _serve_connection(handler, reader, writer)
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._closing = False
 
-    return await asyncio.start_server(on_connection, host, port, limit=MAX_HEAD)
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("HTTP server is not listening")
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._on_connection, host, port, limit=MAX_HEAD)
+
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if self._closing:  # accepted just before close(): the task only starts now
+            writer.transport.abort()
+            return
+        self._writers.add(writer)
+        try:
+            await _serve_connection(self._handler, reader, writer)
+        finally:
+            self._writers.discard(writer)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        await asyncio.sleep(0)  # let the transports run connection_lost
+
+
+async def start_http_server(handler: Handler, host: str, port: int) -> HttpServer:
+    """Serve ``handler`` on ``host:port`` (0 picks a free port)."""
+    server = HttpServer(handler)
+    await server.start(host, port)
+    return server

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from chaos.collection import ProxyCollection
 from chaos.http_api import ToxiproxyApi
-from chaos.http_server import start_http_server
+from chaos.http_server import HttpServer, start_http_server
 
 __all__ = ["ChaosServer", "ToxiproxyServer", "serve_forever"]
 
@@ -42,11 +42,11 @@ class ChaosServer:
         self.host = host
         self.port = port
         self.collection = ProxyCollection()
-        self._http: asyncio.Server | None = None
+        self._http: HttpServer | None = None
 
     async def start(self) -> None:
         self._http = await start_http_server(ToxiproxyApi(self.collection), self.host, self.port)
-        self.port = self._http.sockets[0].getsockname()[1]
+        self.port = self._http.port
 
     @property
     def url(self) -> str:
@@ -55,10 +55,11 @@ class ChaosServer:
 
     async def close(self) -> None:
         if self._http is not None:
-            self._http.close()
+            await self._http.close()
             self._http = None
         self.collection.close()
-        await asyncio.sleep(0)  # let aborted connections run their cancellations
+        for _ in range(3):  # let aborted connections run their cancellations and close
+            await asyncio.sleep(0)
 
 
 class ToxiproxyServer:
@@ -108,15 +109,12 @@ class ToxiproxyServer:
         return self
 
     def _run(self, ready: concurrent.futures.Future[None]) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._main(ready))
-        finally:
-            loop.close()
+        # asyncio.run cancels whatever is still pending (open connections) on the way out.
+        asyncio.run(self._main(ready))
 
     async def _main(self, ready: concurrent.futures.Future[None]) -> None:
         server = ChaosServer(self.host, self._requested_port)
+        self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         try:
             await server.start()
