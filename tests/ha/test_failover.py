@@ -13,6 +13,7 @@ import time
 import pytest
 from ha_helpers import run_traffic
 
+import amqtransport
 from amqtransport.testing.broker_pair import BrokerPair
 
 pytestmark = pytest.mark.timeout(120)
@@ -98,3 +99,33 @@ def test_status_command_and_pair_uri(tmp_path: object) -> None:
         )
         assert bad.returncode == 1 and "cannot reach" in bad.stderr, "slave's client port is closed"
         assert time.monotonic() - t0 < 25
+
+
+def test_slave_joining_mid_stream_then_master_killed(tmp_path: object) -> None:
+    """The seam between the snapshot and the stream: a slave attaches while a producer
+    and a consumer run, then the master is killed; nothing receipted is lost."""
+    bp = BrokerPair("replicated", tmp_path)  # type: ignore[arg-type]
+    try:
+        bp.a.start()
+        bp.wait_master()
+        with amqtransport.connect(bp.uri) as c:
+            for i in range(300):
+                c.send("/queue/backlog", f"b{i}")  # a snapshot worth the name
+
+        def start_slave() -> None:
+            bp.b.start()
+
+        def kill_after_sync() -> None:
+            bp.wait_in_sync(30)
+            bp.kill_master()
+
+        res = run_traffic(bp.uri, [start_slave, kill_after_sync], total=450, kill_every=150)
+        assert not res.errors, res.errors
+        res.check_exactly_once()
+        assert bp.wait_master() is bp.b
+        with amqtransport.connect(bp.uri) as c:
+            sub = c.subscribe("/queue/backlog", ack="auto")
+            got = {m.text for m in iter(lambda: sub.receive(timeout=2), None)}
+        assert got == {f"b{i}" for i in range(300)}
+    finally:
+        bp.stop()

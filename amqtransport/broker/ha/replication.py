@@ -36,6 +36,9 @@ master's own fsync), so the two fsyncs overlap and group commit covers both: whi
 batch waits for the slave, the next accumulates. If the slave does not ack within
 ``link_timeout`` the master drops it and carries on alone (or, with
 ``--shutdown-on-slave-failure``, fails the batch so no receipt is given and stops).
+During the full sync the gate waits without a deadline: ActiveMQ's rule, a master
+does not answer a client until the event is forwarded, and a slave that has not
+finished its sync cannot take over anyway.
 
 Every numbered record counts: the master's listener counts from the journal's
 append counter at install time, and the gate counts ``records_written`` of the
@@ -352,20 +355,29 @@ class ReplicationMaster:
 
     # writer thread -----------------------------------------------------
     def _gate(self, payloads: Sequence[bytes]) -> None:
-        """Block the journal writer until the slave has this batch (see the module doc)."""
+        """Block the journal writer until the slave has this batch (see the module doc).
+
+        While the slave is still importing its snapshot there is no deadline (a big
+        store takes as long as it takes; the link's pings prove the slave alive); once
+        it is in sync, a batch not acked within ``link_timeout`` gets the slave dropped.
+        """
         target = self.store.journal.records_written + len(payloads)
-        deadline = time.monotonic() + self.link_timeout
+        deadline: float | None = None
         with self._cond:
             while self._fatal is None and self._gated is not None and self._acked < target:
+                link = self._gated
+                if link.synced and deadline is None:
+                    deadline = time.monotonic() + self.link_timeout
+                if deadline is None:
+                    self._cond.wait(0.1)
+                    continue
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    link = self._gated
                     self._gated = None
                     self.gate_timeouts += 1
-                    if link is not None:
-                        self.loop.call_soon_threadsafe(
-                            link.abort, f"no ack for seq {target} within {self.link_timeout} s"
-                        )
+                    self.loop.call_soon_threadsafe(
+                        link.abort, f"no ack for seq {target} within {self.link_timeout} s"
+                    )
                     break
                 self._cond.wait(left)
             if self._fatal is not None:
