@@ -9,8 +9,9 @@ Theory of operation
 2. Start a local SparkSession (``local[2,3]``) and write ``--rows`` rows
    (``body = "row-<i>"``) from ``--partitions`` partitions through
    ``failover:(...)`` with the ``amq`` data source.
-3. A watcher thread follows the job through Spark's status tracker (tasks done / running) and print progress;
-   when ``--kill-at`` of the tasks are done (others are mid-flight), SIGKILL the master.
+3. A watcher thread prints progress (the messages the master holds, from its HA status;
+   Spark's task counts) and SIGKILLs the master once ``--kill-at`` of the rows are
+   stored (tasks are then mid-flight).
    A probe connection in this process measures the recovery time: from the kill to the
    first receipted send through the same failover URI.
 4. When the job has committed, consume the queue and count: consumed, distinct,
@@ -47,6 +48,7 @@ class Cluster(Protocol):
     def kill_master(self) -> str: ...
     def after_kill(self) -> None: ...
     def new_master(self) -> str: ...
+    def stored(self) -> int | None: ...
     def stop(self) -> None: ...
 
 
@@ -81,6 +83,9 @@ class RestartedNode:
     def new_master(self) -> str:
         return f"the same node, restarted (pid {self.proc.pid})"
 
+    def stored(self) -> int | None:
+        return None  # no status endpoint: progress comes from Spark's task counts
+
     def stop(self) -> None:
         self.proc.terminate()
 
@@ -108,6 +113,15 @@ class ReplicatedPair:
 
     def after_kill(self) -> None:
         pass  # the slave promotes itself; nothing to do
+
+    def stored(self) -> int | None:
+        """Messages held by the serving master (its ``amq-ha-messages`` status), None if none serves."""
+        for node in self.pair.nodes:
+            if node.alive:
+                st = node.status(timeout=0.5)
+                if st.get("amq-ha-role") == "master" and "amq-ha-messages" in st:
+                    return int(st["amq-ha-messages"])
+        return None
 
     def new_master(self) -> str:
         try:
@@ -229,13 +243,15 @@ def run_demo(
     quiet: bool = False,
     kill: bool = True,
     cluster_kind: str = "pair",
+    spark: Any = None,
 ) -> DemoResult:
+    """Run the demo; ``spark`` reuses a session (left running), else one is made and stopped."""
     from amqtransport.spark.session import local_session
 
     result = DemoResult(rows=rows, partitions=partitions)
     workdir = Path(tempfile.mkdtemp(prefix="amq-demo-"))
     cluster: Cluster | None = None
-    spark = None
+    own_session = spark is None
     try:
         _say(quiet, "== amq demo: a PySpark producer through failover:(...) while the master dies ==")
         cluster = _start_cluster(workdir, cluster_kind)
@@ -243,7 +259,8 @@ def run_demo(
         _say(quiet, f"cluster : {cluster.description}")
         _say(quiet, f"uri     : {cluster.uri}")
         _say(quiet, "spark   : starting a local session (first start takes a few seconds)...")
-        spark = local_session(master=master, app="amq-demo")
+        if spark is None:
+            spark = local_session(master=master, app="amq-demo")
         report = workdir / "commit-report.json"
         df = spark.range(0, rows, 1, partitions).selectExpr("concat('row-', cast(id as string)) AS body")
         writer = (
@@ -264,31 +281,42 @@ def run_demo(
         state: dict[str, Any] = {"killed_at": None, "probe": None}
         probe: dict[str, float] = {}
         finished = threading.Event()
-        per_task = rows / partitions
+
+        baseline = cluster.stored()
 
         def watch() -> None:
-            """Progress from Spark's status tracker; the kill when enough tasks are done."""
-            last_done, last_at = -1, 0.0
+            """Progress (messages the master holds, else Spark's task counts); the kill."""
+            last_at = 0.0
             while not finished.wait(0.25):
                 done, active, total = _stage_progress(spark.sparkContext)
                 if not total:
                     continue
+                held = cluster.stored()
+                landed = None if held is None or baseline is None else max(0, held - baseline)
                 elapsed = time.monotonic() - started
+                tasks = f"tasks done {done}/{total}, running {active}"
                 line = (
-                    f"  {elapsed:6.1f}s  tasks done {done}/{total} (~{int(done * per_task):,} rows receipted), "
-                    f"running {active}"
+                    f"  {elapsed:6.1f}s  {tasks}"
+                    if landed is None
+                    else f"  {elapsed:6.1f}s  {landed:>7,} / {rows:,} rows stored on the master; {tasks}"
                 )
-                result.progress.append({"t": round(elapsed, 2), "done": done, "running": active, "total": total})
-                if done != last_done or time.monotonic() - last_at >= 2.0:
+                result.progress.append(
+                    {"t": round(elapsed, 2), "done": done, "running": active, "total": total, "stored": landed}
+                )
+                if time.monotonic() - last_at >= 1.0:
                     _say(quiet, line)
-                    last_done, last_at = done, time.monotonic()
-                threshold = max(1, int(total * kill_at))
-                if kill and state["killed_at"] is None and threshold <= done < total:
+                    last_at = time.monotonic()
+                if landed is not None:
+                    due = landed >= rows * kill_at
+                else:
+                    due = done >= max(1, int(total * kill_at))
+                if kill and state["killed_at"] is None and due and done < total:
                     what = cluster.kill_master()
                     killed_at = state["killed_at"] = time.monotonic()
                     result.killed = what
                     result.kill_at_seconds = round(killed_at - started, 2)
-                    _say(quiet, f"  {elapsed:6.1f}s  KILL: {what} ({done}/{total} tasks done, {active} mid-flight)")
+                    progress = f"{landed:,} rows stored" if landed is not None else f"{done}/{total} tasks done"
+                    _say(quiet, f"  {elapsed:6.1f}s  KILL: {what} ({progress}, {active} task(s) mid-flight)")
                     state["probe"] = threading.Thread(
                         target=_probe_recovery, args=(cluster.uri, killed_at, probe), daemon=True
                     )
@@ -335,7 +363,7 @@ def run_demo(
         result.lost = len(expected - seen)
         return result
     finally:
-        if spark is not None:
+        if own_session and spark is not None:
             try:
                 spark.stop()
             except Exception:  # noqa: BLE001
@@ -367,7 +395,12 @@ def _print_result(r: DemoResult) -> None:
 @click.command("demo")
 @click.option("--rows", default=100_000, show_default=True, help="Rows to write.")
 @click.option("--partitions", default=8, show_default=True, help="Spark partitions (one connection each).")
-@click.option("--kill-at", default=0.4, show_default=True, help="Kill the master when this fraction of tasks is done.")
+@click.option(
+    "--kill-at",
+    default=0.4,
+    show_default=True,
+    help="Kill the master when this fraction of the rows is stored (of the tasks done, without a status endpoint).",
+)
 @click.option("--window", default=200, show_default=True, help="receiptWindow of the writer.")
 @click.option("--master", default="local[2,3]", show_default=True, help="Spark master.")
 @click.option("--no-kill", is_flag=True, help="Do not kill anything (baseline).")
