@@ -26,6 +26,9 @@ Example (every key of ``[[network_connector]]`` except ``name`` and ``uri`` is o
     loop_pause_ms = 1000                      # see "Loops" in bridge.forwarder
     ack_mode = "client-individual"            # or "client": one cumulative ACK per batch
     #                                          # (half the frames; see bridge.forwarder)
+    probe_interval_ms = 100                   # during the static back-off, TCP-probe the remote
+    #                                          # brokers this often and rebuild as soon as one
+    #                                          # accepts (0: ActiveMQ's behaviour, wait it out)
     # remote_name = "hub"                     # the remote's identity in the hop path
 
 Reconnect timing of a bridge is not configured here: it comes from the ``static:``
@@ -119,6 +122,7 @@ class NetworkConnectorConfig(BaseModel):
     heartbeat_ms: int = Field(default=5000, ge=0, le=3_600_000)
     advisories: Literal["auto", "on", "off"] = "auto"
     ack_mode: Literal["client-individual", "client"] = "client-individual"
+    probe_interval_ms: int = Field(default=100, ge=0, le=60_000)
     loop_pause_ms: int = Field(default=1000, ge=0, le=3_600_000)
     remote_name: str | None = None
 

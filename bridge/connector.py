@@ -24,6 +24,13 @@ node is master by then. This is the seed's fix (AMQ-3542/AMQ-3564): the failover
 a bridge must not reconnect by itself, or the layer that owns the bridge never learns
 that the remote changed.
 
+Going beyond ActiveMQ: while the back-off runs, a silent prober tries a bare TCP
+connect to the service's brokers every ``probe_interval_ms`` (100 ms by default; 0
+turns it off). A slave binds its client port only when it takes over, so as soon as
+one accepts, the service is added at once — the bridge forwards again about one probe
+interval after the new master is up, however far the exponential back-off has grown.
+One early attempt per back-off: if it fails, the agent's schedule decides again.
+
 A bridge is two connections (``local_uri`` with its own failover — normally
 reconnecting forever — and the service), one :class:`DestinationForwarder` per
 forwarded destination and direction, and, for dynamic includes, a consumer-advisory
@@ -51,6 +58,7 @@ reports. ``connect`` and the agent factory are injectable for tests.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -413,6 +421,18 @@ class Bridge:
                 _quietly(conn.close)
 
 
+def _host_ports(service: str) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for addr in leaf_addresses(service):
+        hostport = addr.split("://", 1)[-1]
+        host, _, port = hostport.rpartition(":")
+        try:
+            out.append((host.strip("[]"), int(port)))
+        except ValueError:
+            continue
+    return out
+
+
 def _reconnects_by_itself(service: str) -> bool:
     try:
         from amqtransport.uri import CompositeUri, parse_uri
@@ -461,6 +481,8 @@ class NetworkConnector:
         self._bridges: dict[str, Bridge] = {}
         self._threads: list[threading.Thread] = []
         self._active: set[str] = set()
+        self._probe_added: dict[str, bool] = {}
+        self.probe_interval = config.probe_interval_ms / 1000.0
         self._failures: dict[str, int] = {}
         self._stopped = threading.Event()
         self.agent: Any = None
@@ -479,6 +501,9 @@ class NetworkConnector:
 
     # DiscoveryListener
     def on_service_added(self, service: str) -> None:
+        self._add(service, via_probe=False)
+
+    def _add(self, service: str, *, via_probe: bool) -> None:
         with self._lock:
             if self._stopped.is_set():
                 return
@@ -486,6 +511,7 @@ class NetworkConnector:
                 log.debug("connector %s: %s already has a bridge", self.config.name, service)
                 return
             self._active.add(service)
+            self._probe_added[service] = via_probe
             name = self.names.get(service, self.config.name)
             bridge = Bridge(name=name, config=self.config, service=service, local_uri=self.local_uri,
                             here=self.here, status=self.registry.get(name), connect=self._connect,
@@ -505,6 +531,8 @@ class NetworkConnector:
         with self._lock:
             self._failures[service] = 0 if bridge.was_up else self._failures.get(service, 0) + 1
             self._active.discard(service)  # before service_failed: the re-add may come at once
+            # a probe-triggered attempt that failed waits for the agent's own re-add
+            probe = self.probe_interval > 0 and (bridge.was_up or not self._probe_added.get(service, False))
         if self._stopped.is_set():
             return
         if error is None:
@@ -513,6 +541,31 @@ class NetworkConnector:
             self.agent.service_failed(service, error)
         except Exception:  # noqa: BLE001
             log.exception("connector %s: discovery agent refused service_failed", self.config.name)
+        if probe:
+            threading.Thread(target=self._probe, args=(service,), daemon=True, name=f"probe {service}").start()
+
+    def _probe(self, service: str) -> None:
+        """Beyond ActiveMQ: while the static back-off runs, try a bare TCP connect to the
+        service's brokers every ``probe_interval_ms``; as soon as one accepts (a slave
+        binds its port only when it takes over), add the service at once instead of at
+        the end of a back-off that may have grown to seconds. Silent, and at most one
+        early attempt per back-off: if it fails, the agent's schedule decides again."""
+        addresses = _host_ports(service)
+        while not self._stopped.is_set():
+            with self._lock:
+                if service in self._active:
+                    return  # the agent re-added it meanwhile
+            for host, port in addresses:
+                try:
+                    with socket.create_connection((host, port), timeout=max(self.probe_interval, 0.05)):
+                        pass
+                except OSError:
+                    continue
+                log.info("connector %s: %s:%d accepts connections: adding %s now", self.config.name, host, port,
+                         service)
+                self._add(service, via_probe=True)
+                return
+            self._stopped.wait(self.probe_interval)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopped.set()

@@ -326,3 +326,29 @@ def test_cli_run_bad_config_exits_2(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "network_connector[0].network_ttl: must be >= 1" in out.stderr
+
+
+def test_probe_rebuilds_as_soon_as_the_new_master_accepts(tmp_path: Path, spoke: EmbeddedBroker,
+                                                         agents: list[BridgeAgent]) -> None:
+    """With a long static back-off (initialReconnectDelay=5000) the agent alone would
+    re-add the service only seconds after the new node is up; the TCP prober adds it
+    about probe_interval_ms after the node accepts connections."""
+    from amqtransport.testing.ports import free_port
+
+    h2_port = free_port()
+    with BrokerProcess(tmp_path / "h1", args=("--name", "h1"), log_dir=tmp_path) as h1, \
+            BrokerProcess(tmp_path / "h2", port=h2_port, args=("--name", "h2"), log_dir=tmp_path) as h2:
+        agent = start_agent(agents, make_config(
+            spoke.uri, f"masterslave:({h1.uri},tcp://127.0.0.1:{h2_port})?initialReconnectDelay=5000",
+            probe_interval_ms=100))
+        h2.kill()  # the "slave" is not serving yet
+        wait_for(lambda: http_status(agent)["remote"] == h1.uri, what="bridge up on h1")
+        h1.kill()
+        wait_for(lambda: http_status(agent)["state"] != "up", what="bridge down")
+        time.sleep(1.0)  # the agent's re-add is 5 s away
+        h2.start()
+        up = time.monotonic()
+        wait_for(lambda: http_status(agent)["remote"] == h2.uri, timeout=3.0, what="bridge rebuilt on h2 early")
+        print(f"bridge up on h2 {time.monotonic() - up:.3f}s after it accepted connections (back-off was 5 s)")
+        send(spoke.uri, "/queue/orders", ["after"])
+        assert drain(h2.uri, "/queue/orders", expect=1) == ["after"]

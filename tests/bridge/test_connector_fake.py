@@ -37,6 +37,7 @@ def config(local: str, remote: str, **extra: object) -> str:
     lines = [f'local_uri = "{local}"', 'status_listen = "127.0.0.1:0"', "[[network_connector]]",
              'name = "nc"', f'uri = "{remote}"']
     extra.setdefault("static_include", ["/queue/orders"])
+    extra.setdefault("probe_interval_ms", 0)  # fake addresses: no TCP probing
     for k, v in extra.items():
         if isinstance(v, bool):
             lines.append(f"{k} = {'true' if v else 'false'}")
