@@ -558,6 +558,8 @@ class BrokerCore:
                 self._destroy_durable(sub.durable_queue)
             elif q is not None and sub.durable_queue is None:
                 self._advise(sub.name, len(q.consumers))
+                if not q.consumers and not q.messages:
+                    del self.queues[sub.name]  # nothing to keep: unique names must not leak
         else:
             if sub.pattern is not None:
                 if sub in self.wildcard_subs:

@@ -529,6 +529,9 @@ def test_durable_subscription_and_dlq_survive_a_restart(make_broker: Callable[..
     c.conn.subscribe("/topic/ev", id="1", headers={"activemq.subscriptionName": "keep", "receipt": "s"})
     c.wait_receipts(["s"])
     c.close()
+    deadline = time.monotonic() + 10  # the broker must have seen the disconnect (else: a delivery)
+    while b1.call(lambda: bool(b1.server.core.durable_active)) and time.monotonic() < deadline:
+        time.sleep(0.02)
     p = StompPy(b1.port)
     p.wait_receipts([p.send("/topic/ev", "while offline"), p.send("/queue/poison", "bad")])
     k = StompPy(b1.port)
