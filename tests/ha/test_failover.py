@@ -129,3 +129,39 @@ def test_slave_joining_mid_stream_then_master_killed(tmp_path: object) -> None:
         assert got == {f"b{i}" for i in range(300)}
     finally:
         bp.stop()
+
+
+def test_replicated_state_beyond_sends(tmp_path: object) -> None:
+    """Acks, transactions and durable subscriptions reach the slave too."""
+    with BrokerPair("replicated", tmp_path) as bp:  # type: ignore[arg-type]
+        with amqtransport.connect(bp.uri, client_id="dur-client") as c:
+            sub = c.subscribe("/topic/news", headers={"activemq.subscriptionName": "s1"})
+            c.send("/topic/news", "n0")
+            m = sub.receive(timeout=5)
+            assert m is not None and m.text == "n0"
+        with amqtransport.connect(bp.uri) as c:
+            c.send("/topic/news", "n1-while-offline")
+            with c.transaction() as tx:
+                tx.send("/queue/tx", "t1")
+                tx.send("/queue/tx", "t2")
+            for i in range(4):
+                c.send("/queue/acked", f"a{i}")
+            q = c.subscribe("/queue/acked", ack="client-individual")
+            for _ in range(2):
+                m = q.receive(timeout=5)
+                assert m is not None
+                m.ack()
+            # the acks went before this send on the same connection: its receipt (both
+            # disks) covers their journal records too
+            c.send("/queue/fence", "x")
+        bp.kill_master()
+        assert bp.wait_master(20) is bp.b
+        with amqtransport.connect(bp.uri, client_id="dur-client") as c:
+            sub = c.subscribe("/topic/news", headers={"activemq.subscriptionName": "s1"})
+            m = sub.receive(timeout=5)
+            assert m is not None and m.text == "n1-while-offline"
+            tx = c.subscribe("/queue/tx")
+            assert {x.text for x in iter(lambda: tx.receive(timeout=2), None)} == {"t1", "t2"}
+            q = c.subscribe("/queue/acked")
+            rest = {x.text for x in iter(lambda: q.receive(timeout=2), None)}
+            assert len(rest) == 2 and rest < {f"a{i}" for i in range(4)}, rest
