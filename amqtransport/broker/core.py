@@ -702,10 +702,10 @@ class BrokerCore:
             else:
                 back.append(m)
         if back:
-            q = self.queues.get(sub.name)
-            if q is None:
+            if sub.durable_queue is not None and sub.durable_queue not in self.durable_subs:
+                self.store_ack([m.id for m in back if m.persistent])  # its subscription is gone
                 return
-            q.requeue(back)
+            self.queue(sub.name).requeue(back)  # re-created if it was forgotten meanwhile
 
     def _dead_letter(self, m: Message) -> None:
         src = m.destination

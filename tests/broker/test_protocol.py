@@ -667,3 +667,19 @@ def test_hypothesis_garbage_never_hurts_the_broker(broker: EmbeddedBroker, garba
     probe = Raw(broker.port)
     assert probe.connect().command == "CONNECTED"
     probe.close()
+
+
+def test_abort_after_unsubscribe_still_returns_the_messages(broker: EmbeddedBroker) -> None:
+    c = StompPy(broker.port)
+    c.conn.subscribe("/queue/late", id="1", ack="client-individual")
+    c.wait_receipts([c.send("/queue/late", "keep me")])
+    m = c.get()
+    c.conn.begin("t")
+    c.conn.ack(m.headers["ack"], transaction="t")
+    c.conn.unsubscribe("1")  # the queue is empty and consumer-less now
+    c.conn.abort("t", headers={"receipt": "ab"})
+    c.wait_receipts(["ab"])
+    c.conn.subscribe("/queue/late", id="2")
+    again = c.get()
+    assert again.body == "keep me" and again.headers["redelivered"] == "true"
+    c.close()
