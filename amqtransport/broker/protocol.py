@@ -153,12 +153,12 @@ class StompConnection(asyncio.Protocol):
                 # a Heartbeat needs nothing: last_read is updated already
         except RemoteProtocolError as exc:
             log.info("client %s sent invalid STOMP: %s", self.peer, exc)
-            self._error(f"malformed frame: {exc}", close=True)
+            self._error_no_raise(f"malformed frame: {exc}")
         except _Close:
             pass
         except Exception as exc:  # noqa: BLE001 - one bad frame must not take the broker down
             log.exception("internal error handling a frame from %s", self.peer)
-            self._error(f"internal broker error: {exc.__class__.__name__}: {exc}", close=True)
+            self._error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 import socket
 import threading
@@ -462,7 +463,10 @@ def test_too_many_headers_and_connections(make_broker: Callable[..., EmbeddedBro
         k.close()
 
 
-def test_fuzzed_garbage_from_one_client_while_another_keeps_working(broker: EmbeddedBroker) -> None:
+def test_fuzzed_garbage_from_one_client_while_another_keeps_working(
+    broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     good = StompPy(broker.port)
     good.conn.subscribe("/queue/fz", id="1")
     stop = threading.Event()
@@ -514,6 +518,9 @@ def test_fuzzed_garbage_from_one_client_while_another_keeps_working(broker: Embe
             t.join(30)
     assert not errors, errors[:3]
     assert good.conn.is_connected()
+    bad_logs = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert bad_logs == []  # garbage is the client's problem: no broker-side error or traceback
+    assert any("sent invalid STOMP" in r.getMessage() for r in caplog.records)
     good.close()
     after = StompPy(broker.port)
     after.close()
