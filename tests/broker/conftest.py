@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,3 +35,15 @@ def make_broker(tmp_path: Path) -> Iterator[Callable[..., EmbeddedBroker]]:
 @pytest.fixture
 def broker(make_broker: Callable[..., EmbeddedBroker]) -> EmbeddedBroker:
     return make_broker()
+
+
+@pytest.fixture(autouse=True)
+def no_broker_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Whatever a test's clients do, the broker (in this process) must not log an error."""
+    yield
+    bad = [
+        f"{r.name}: {r.getMessage()}"
+        for r in [*caplog.get_records("call"), *caplog.get_records("teardown")]
+        if r.levelno >= logging.ERROR and r.name.startswith(("amqtransport.broker", "asyncio"))
+    ]
+    assert bad == [], bad
