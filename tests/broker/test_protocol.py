@@ -529,11 +529,15 @@ def test_fuzzed_garbage_from_one_client_while_another_keeps_working(
 # ---------------------------------------------------------------------- restart (in process) and back-pressure
 
 
-def test_durable_subscription_and_dlq_survive_a_restart(make_broker: Callable[..., EmbeddedBroker], tmp_path: Path) -> None:
+def test_durable_subscription_and_dlq_survive_a_restart(
+    make_broker: Callable[..., EmbeddedBroker], tmp_path: Path
+) -> None:
     data = tmp_path / "shared"
     b1 = make_broker(data_dir=data, max_redeliveries=0)
     c = StompPy(b1.port, client_id="svc")
-    c.conn.subscribe("/topic/ev", id="1", headers={"activemq.subscriptionName": "keep", "receipt": "s"})
+    c.conn.subscribe(
+        "/topic/ev", id="1", headers={"activemq.subscriptionName": "keep", "receipt": "s"}
+    )
     c.wait_receipts(["s"])
     c.close()
     deadline = time.monotonic() + 10  # the broker must have seen the disconnect (else: a delivery)
@@ -563,7 +567,11 @@ def test_durable_subscription_and_dlq_survive_a_restart(make_broker: Callable[..
 def test_a_consumer_that_does_not_read_does_not_stall_the_queue(broker: EmbeddedBroker) -> None:
     stuck = Raw(broker.port)
     stuck.connect()
-    stuck.send(Frame.make("SUBSCRIBE", {"destination": "/queue/bp", "id": "1", "ack": "auto", "receipt": "s"}))
+    stuck.send(
+        Frame.make(
+            "SUBSCRIBE", {"destination": "/queue/bp", "id": "1", "ack": "auto", "receipt": "s"}
+        )
+    )
     assert stuck.read().get("receipt-id") == "s"
     p = StompPy(broker.port)
     body = "y" * 8000
@@ -604,7 +612,12 @@ def test_binary_body_with_nul_and_escaped_headers_round_trip(broker: EmbeddedBro
     r.send(
         Frame.make(
             "SEND",
-            [("destination", "/queue/bin"), ("weird", "a:b\\c\nd\re"), ("weird", "second loses"), ("receipt", "1")],
+            [
+                ("destination", "/queue/bin"),
+                ("weird", "a:b\\c\nd\re"),
+                ("weird", "second loses"),
+                ("receipt", "1"),
+            ],
             body,
         )
     )
@@ -617,7 +630,9 @@ def test_binary_body_with_nul_and_escaped_headers_round_trip(broker: EmbeddedBro
     assert any(f.command == "RECEIPT" for f in frames)
 
 
-def test_stomp_10_subscribe_without_id_and_unsubscribe_by_destination(broker: EmbeddedBroker) -> None:
+def test_stomp_10_subscribe_without_id_and_unsubscribe_by_destination(
+    broker: EmbeddedBroker,
+) -> None:
     r = Raw(broker.port, version="1.0")
     r.send(Frame.make("CONNECT", {}))
     assert r.read().get("version") == "1.0"
@@ -647,16 +662,22 @@ def test_expired_messages_are_not_delivered(broker: EmbeddedBroker) -> None:
     c = StompPy(broker.port)
     past = str(int(time.time() * 1000) - 1000)
     future = str(int(time.time() * 1000) + 60000)
-    c.wait_receipts([c.send("/queue/exp", "stale", expires=past), c.send("/queue/exp", "fresh", expires=future)])
+    c.wait_receipts(
+        [c.send("/queue/exp", "stale", expires=past), c.send("/queue/exp", "fresh", expires=future)]
+    )
     c.conn.subscribe("/queue/exp", id="1")
     assert c.get().body == "fresh"
     c.none(0.3)
     c.close()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(garbage=st.binary(min_size=1, max_size=2000), connect_first=st.booleans())
-def test_hypothesis_garbage_never_hurts_the_broker(broker: EmbeddedBroker, garbage: bytes, connect_first: bool) -> None:
+def test_hypothesis_garbage_never_hurts_the_broker(
+    broker: EmbeddedBroker, garbage: bytes, connect_first: bool
+) -> None:
     s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
     try:
         if connect_first:
@@ -690,3 +711,52 @@ def test_abort_after_unsubscribe_still_returns_the_messages(broker: EmbeddedBrok
     again = c.get()
     assert again.body == "keep me" and again.headers["redelivered"] == "true"
     c.close()
+
+
+def test_stomp_command_and_connect_timeout(make_broker: Callable[..., EmbeddedBroker]) -> None:
+    broker = make_broker(connect_timeout_ms=300)
+    r = Raw(broker.port)
+    r.send(Frame.make("STOMP", {"accept-version": "1.2", "host": "x"}))
+    assert r.read().command == "CONNECTED"
+    idle = Raw(broker.port)  # connects and says nothing
+    f = idle.read(timeout=5)
+    assert f.command == "ERROR" and "CONNECT" in (f.get("message") or "")
+    assert idle.closed()
+    r.close()
+
+
+def test_slow_topic_subscriber_loses_only_its_own_oldest_messages(
+    make_broker: Callable[..., EmbeddedBroker],
+) -> None:
+    broker = make_broker(topic_backlog_limit=5)
+    slow = Raw(broker.port)
+    slow.connect()
+    slow.send(
+        Frame.make(
+            "SUBSCRIBE",
+            {
+                "destination": "/topic/fast",
+                "id": "1",
+                "ack": "client",
+                "activemq.prefetchSize": "1",
+                "receipt": "s",
+            },
+        )
+    )
+    assert slow.read().get("receipt-id") == "s"
+    fast = StompPy(broker.port)
+    fast.conn.subscribe("/topic/fast", id="1", headers={"receipt": "f"})
+    fast.wait_receipts(["f"])
+    fast.wait_receipts([fast.send("/topic/fast", f"m{i}", persistent=False) for i in range(20)])
+    assert [m.body for m in fast.get_n(20)] == [f"m{i}" for i in range(20)]
+    first = slow.read()  # its one prefetched message; the backlog holds the newest 5
+    assert first.body == b"m0"
+    slow.send(Frame.make("ACK", {"id": first.get("ack") or ""}))
+    rest = []
+    for _ in range(5):
+        f = slow.read()
+        rest.append(f.body.decode())
+        slow.send(Frame.make("ACK", {"id": f.get("ack") or ""}))
+    assert rest == [f"m{i}" for i in range(15, 20)]
+    fast.close()
+    slow.close()
