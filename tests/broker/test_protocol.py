@@ -760,3 +760,32 @@ def test_slow_topic_subscriber_loses_only_its_own_oldest_messages(
     assert rest == [f"m{i}" for i in range(15, 20)]
     fast.close()
     slow.close()
+
+
+def test_receipt_for_a_persistent_send_waits_for_fsync(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    real = os.fdatasync
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def slow_fdatasync(fd: int) -> None:
+        entered.set()
+        gate.wait(10)
+        real(fd)
+
+    c = StompPy(broker.port)
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    try:
+        nonpersistent = c.send("/queue/fs", "np", persistent=False)
+        c.wait_receipts([nonpersistent])  # no disk involved: at once
+        rid = c.send("/queue/fs", "p")
+        assert entered.wait(5)  # the journal writer is inside fdatasync now
+        time.sleep(0.3)
+        assert rid not in c.receipts  # ... and the receipt has not gone out
+    finally:
+        gate.set()
+    c.wait_receipts([rid])
+    c.close()
