@@ -789,3 +789,23 @@ def test_receipt_for_a_persistent_send_waits_for_fsync(
         gate.set()
     c.wait_receipts([rid])
     c.close()
+
+
+def test_non_persistent_messages_never_touch_the_journal(broker: EmbeddedBroker) -> None:
+    def records() -> int:
+        store = broker.stats()["store"]
+        assert isinstance(store, dict)
+        return int(store["records"])
+
+    c = StompPy(broker.port)
+    c.conn.subscribe("/queue/np", id="1", ack="client-individual")
+    before = records()
+    c.wait_receipts([c.send("/queue/np", f"m{i}", persistent=False) for i in range(50)])
+    for m in c.get_n(50):
+        c.conn.ack(m.headers["ack"])
+    c.wait_receipts([c.send("/queue/np", "last", persistent=False)])
+    c.get()
+    assert records() == before
+    c.wait_receipts([c.send("/queue/np", "persistent one")])
+    assert records() == before + 1
+    c.close()
