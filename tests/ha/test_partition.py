@@ -144,3 +144,26 @@ def test_frozen_master_is_replaced_and_demotes_itself_on_resume(tmp_path: Path) 
         assert bp.wait_in_sync(20) is bp.a
         assert bp.a.status()["amq-ha-messages"] == "10"
         assert refuses(bp.a.port)
+
+
+def test_master_with_a_wiped_store_is_told_to_step_down(tmp_path: Path) -> None:
+    """A configured master that comes back with an empty data dir knows nothing of its
+    peer and starts as master at epoch 1; the real master (epoch 2) finds it on its next
+    probe and asks it to step down; it rejoins as slave and resyncs."""
+    import shutil
+
+    with BrokerPair("replicated", tmp_path, users={"admin": "pw"}, master_user="admin",
+                    master_password="pw") as bp:
+        with amqtransport.connect(bp.uri, login="admin", passcode="pw") as c:
+            for i in range(10):
+                c.send("/queue/w", f"m{i}")
+        bp.kill_master()
+        assert bp.wait_master(20) is bp.b
+        shutil.rmtree(bp.a.data_dir)
+        bp.a.start()
+        _wait(lambda: bp.a.status().get("amq-ha-peer-state") == "in-sync", 30,
+              "the wiped node to step down and resync")
+        assert bp.a.status()["amq-ha-role"] == "slave"
+        assert "asks us to step down" in bp.a.log_text()
+        assert bp.a.status()["amq-ha-messages"] == "10"
+        assert bp.wait_master() is bp.b

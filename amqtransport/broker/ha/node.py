@@ -47,7 +47,10 @@ at once, or with ``--wait-for-slave`` only when a slave has synced. When a synce
 is lost the master carries on alone, or with ``--shutdown-on-slave-failure`` stops
 (receipts for unreplicated records are refused). With no slave attached it probes its
 known peer every second and demotes itself if the peer is a master with a higher
-epoch (the end of a split brain).
+epoch (the end of a split brain); if the peer is a master with a *lower* epoch (it came
+back knowing nothing of us, e.g. with a wiped store), it sends it a demote request
+(``amq-ha-demote``, authenticated like a replication link) and the stale master steps
+down, learns our address and joins us as slave.
 
 A slave connects, wipes its store, imports the snapshot, acks, then applies and acks
 every record. It starts no client connector. When the link breaks after it was in
@@ -141,6 +144,8 @@ __all__ = ["HaOptions", "HaNode", "run_node", "parse_address"]
 log = logging.getLogger(__name__)
 
 MODES = ("shared-store", "replicated")
+#: a master with a higher epoch asks a stale master to step down (the end of a split brain)
+DEMOTE_HEADER = "amq-ha-demote"
 
 
 @dataclass(frozen=True)
@@ -413,6 +418,9 @@ class HaNode:
         if frame.get(REPLICA_HEADER) is not None:
             self._accept_replica(transport, frame, peer)
             return
+        if frame.get(DEMOTE_HEADER) is not None:
+            self._demote_request(transport, frame, peer)
+            return
         if frame.get(STATUS_HEADER) is not None:
             answer = Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])
             transport.write(serialize(answer))
@@ -420,19 +428,46 @@ class HaNode:
             return
         _error(transport, f"this is the HA port of node {self.name}; clients connect to tcp://{self.host}:{self.port}")
 
+    def _authorized(self, transport: asyncio.Transport, frame: Frame, what: str) -> bool:
+        if not self.users:
+            return True
+        login = frame.get("login")
+        stored = self.users.get(login or "")
+        if login is None or stored is None or not verify_password(stored, frame.get("passcode") or ""):
+            log.error(
+                "%s refused: bad credentials for login %r "
+                "(the peer's --master-user/--master-password must be a user of this broker)", what, login,
+            )
+            _error(transport, f"{what.split(' ')[0]} refused: authentication failed: bad login or passcode")
+            return False
+        return True
+
+    def _demote_request(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
+        who = frame.get(DEMOTE_HEADER) or "?"
+        if not self._authorized(transport, frame, f"demote request from node {who} ({peer})"):
+            return
+        theirs = int(frame.get("amq-ha-epoch") or 0)
+        ours = self.state.epoch
+        if self.role != "master" or not (theirs > ours or (theirs == ours and who < self.name)):
+            _error(transport, f"not demoting: node {self.name} is {self.role} at epoch {ours}")
+            return
+        log.error(
+            "node %s: master %s at epoch %d > ours %d asks us to step down (split brain or a wiped "
+            "store): demoting to slave and resyncing from it", self.name, who, theirs, ours,
+        )
+        self.state.peer = {k: v for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port"))
+                           if (v := frame.get(h) or "")}
+        self.state.peer_may_be_master = True
+        self.state.save(self.data_dir)
+        transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])))
+        transport.close()
+        if self._demote is not None:
+            self._demote.set()
+
     def _accept_replica(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
         slave = frame.get(REPLICA_HEADER) or "?"
-        if self.users:
-            login = frame.get("login")
-            stored = self.users.get(login or "")
-            if login is None or stored is None or not verify_password(stored, frame.get("passcode") or ""):
-                log.error(
-                    "replication link from slave %s (%s) refused: bad credentials for login %r "
-                    "(the slave's --master-user/--master-password must be a user of this broker)",
-                    slave, peer, login,
-                )
-                _error(transport, "replication refused: authentication failed: bad login or passcode")
-                return
+        if not self._authorized(transport, frame, f"replication link from slave {slave} ({peer})"):
+            return
         if self.role != "master" or self.repl is None:
             _error(transport, f"replication refused: node {self.name} is not the master (role {self.role})")
             return
@@ -611,6 +646,28 @@ class HaNode:
                 if self._demote is not None:
                     self._demote.set()
                 return
+            # a master with an older epoch (it came back without knowing about us, e.g. with
+            # a wiped store): ask it to step down and join us
+            ha = info.get("amq-ha-port")
+            target = parse_address(ha) if ha else addr
+            headers = {
+                DEMOTE_HEADER: self.name,
+                "amq-ha-epoch": str(self.state.epoch),
+                "amq-ha-client": f"{self.host}:{self.port}",
+                "amq-ha-port": f"{self.host}:{self.ha_port}",
+            }
+            if self.opts.master_user is not None:
+                headers["login"] = self.opts.master_user
+                headers["passcode"] = self.opts.master_password or ""
+            try:
+                _answer, _r, writer = await ha_request(*target, headers, timeout=1.0)
+                writer.close()
+                log.warning("node %s: stale master %s (epoch %d < %d) at %s:%d agreed to step down",
+                            self.name, info.get("amq-ha-name"), theirs, self.state.epoch, *target)
+            except (OSError, TimeoutError, ReplicationError) as exc:
+                log.error("node %s: a second master %s (epoch %d) at %s:%d refused to step down: %s",
+                          self.name, info.get("amq-ha-name"), theirs, *target, exc)
+            return
 
     # ------------------------------------------------------------------ replicated
     def _peer_addresses(self) -> list[tuple[str, int]]:
