@@ -119,3 +119,49 @@ def test_shared_store_clean_shutdown_hands_over_and_failback(tmp_path: Path) -> 
             sub = c.subscribe("/queue/s")
             m = sub.receive(timeout=5)
             assert m is not None and m.text == "one"
+
+
+def test_receipt_waits_for_the_slave(tmp_path: Path) -> None:
+    """A receipt means both disks: with the slave frozen (SIGSTOP) a receipted send
+    stays blocked until the master gives up on the slave (--link-timeout)."""
+    import os
+    import signal
+    import threading
+
+    with BrokerPair("replicated", tmp_path, link_timeout=2.0) as bp:
+        with amqtransport.connect(bp.uri) as c:
+            c.send("/queue/r", "warm-up")
+            os.kill(bp.b.pid, signal.SIGSTOP)
+            try:
+                done = threading.Event()
+                t = threading.Thread(target=lambda: (c.send("/queue/r", "gated"), done.set()), daemon=True)
+                t.start()
+                assert not done.wait(0.5), "receipt came while the slave could not have the message"
+                st = bp.a.status()
+                assert int(st["amq-ha-seq"]) > int(st["amq-ha-acked"]), st
+                assert done.wait(20), "the master never dropped the frozen slave"
+            finally:
+                os.kill(bp.b.pid, signal.SIGCONT)
+            assert "no ack for seq" in bp.a.log_text() or "slave silent" in bp.a.log_text()
+        # the slave comes back, relinks and resyncs both messages
+        _wait(lambda: bp.b.status().get("amq-ha-peer-state") == "in-sync"
+              and bp.b.status().get("amq-ha-messages") == "2", 30, "the thawed slave to resync")
+
+
+def test_garbage_on_the_ha_port_is_answered_and_harmless(tmp_path: Path) -> None:
+    import socket
+
+    from amqtransport.broker.ha.replication import ha_request_sync
+
+    with BrokerPair("replicated", tmp_path) as bp:
+        for junk in (b"\x00\x01garbage\n\n\x00", b"SEND\ndestination:/queue/x\n\nhi\x00",
+                     b"CONNECT\naccept-version:1.2\n\n\x00"):
+            with socket.create_connection(("127.0.0.1", bp.a.ha_port), timeout=5) as s:
+                s.sendall(junk)
+                data = b""
+                while chunk := s.recv(4096):
+                    data += chunk
+            assert data.startswith(b"ERROR"), data
+        frame = ha_request_sync("127.0.0.1", bp.a.ha_port)
+        assert frame.get("amq-ha-role") == "master"
+        assert bp.a.alive and bp.b.status()["amq-ha-peer-state"] == "in-sync"
