@@ -91,7 +91,8 @@ class HaNodeProcess:
         env.setdefault("PYTHONUNBUFFERED", "1")
         with open(self.log_path, "wb") as log_file:
             self.proc = subprocess.Popen(
-                self.command(), stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, env=env
+                self.command(), stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,  # a terminal's Ctrl-C reaches `amq broker pair`, which stops us in order
             )
         self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True,
                                         name=f"ha-node-reader:{self.name}")
