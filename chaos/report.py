@@ -76,17 +76,25 @@ def summarize(results: Sequence[RoundResult]) -> list[Summary]:
     out = []
     for (scenario, mode), rs in groups.items():
         recoveries = [r.recovery_s for r in rs if r.recovery_s is not None]
-        out.append(Summary(
-            scenario=scenario, mode=mode, rounds=len(rs),
-            sent=sum(r.sent for r in rs), receipted=sum(r.receipted for r in rs),
-            received=sum(r.received for r in rs), lost=sum(r.lost for r in rs),
-            duplicates=sum(r.duplicates for r in rs), deduped=sum(r.deduped for r in rs),
-            stored_twice=sum(r.stored_twice for r in rs),
-            recovery_p50=percentile(recoveries, 50), recovery_p95=percentile(recoveries, 95),
-            recovery_max=max(recoveries) if recoveries else None,
-            recovery_bound_s=max(r.recovery_bound_s for r in rs),
-            failed_rounds=sum(1 for r in rs if not r.ok),
-        ))
+        out.append(
+            Summary(
+                scenario=scenario,
+                mode=mode,
+                rounds=len(rs),
+                sent=sum(r.sent for r in rs),
+                receipted=sum(r.receipted for r in rs),
+                received=sum(r.received for r in rs),
+                lost=sum(r.lost for r in rs),
+                duplicates=sum(r.duplicates for r in rs),
+                deduped=sum(r.deduped for r in rs),
+                stored_twice=sum(r.stored_twice for r in rs),
+                recovery_p50=percentile(recoveries, 50),
+                recovery_p95=percentile(recoveries, 95),
+                recovery_max=max(recoveries) if recoveries else None,
+                recovery_bound_s=max(r.recovery_bound_s for r in rs),
+                failed_rounds=sum(1 for r in rs if not r.ok),
+            )
+        )
     return out
 
 
@@ -95,19 +103,48 @@ def _secs(x: float | None) -> str:
 
 
 def format_table(summaries: Sequence[Summary]) -> str:
-    headers = ["scenario", "rounds", "sent", "receipted", "received", "lost", "duplicates",
-               "deduped", "stored twice", "recovery p50", "p95", "max", "result"]
+    headers = [
+        "scenario",
+        "rounds",
+        "sent",
+        "receipted",
+        "received",
+        "lost",
+        "duplicates",
+        "deduped",
+        "stored twice",
+        "recovery p50",
+        "p95",
+        "max",
+        "result",
+    ]
     rows = [
-        [s.label, str(s.rounds), str(s.sent), str(s.receipted), str(s.received), str(s.lost),
-         str(s.duplicates), str(s.deduped), str(s.stored_twice), _secs(s.recovery_p50), _secs(s.recovery_p95),
-         _secs(s.recovery_max), "ok" if s.ok else f"FAIL ({s.failed_rounds} rounds)"]
+        [
+            s.label,
+            str(s.rounds),
+            str(s.sent),
+            str(s.receipted),
+            str(s.received),
+            str(s.lost),
+            str(s.duplicates),
+            str(s.deduped),
+            str(s.stored_twice),
+            _secs(s.recovery_p50),
+            _secs(s.recovery_p95),
+            _secs(s.recovery_max),
+            "ok" if s.ok else f"FAIL ({s.failed_rounds} rounds)",
+        ]
         for s in summaries
     ]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
 
     def fmt(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 or i == len(cells) - 1 else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+        return "  ".join(
+            c.ljust(w) if i == 0 or i == len(cells) - 1 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
 
     lines = [fmt(headers), fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
@@ -142,22 +179,46 @@ def plot_timeline(results: Sequence[RoundResult], path: str | Path) -> Path:
         r = _worst(rounds)
         ts = [s["t"] for s in r.samples]
         width = (ts[1] - ts[0]) if len(ts) > 1 else 1.0
-        ax.step(ts, [s["receipted"] for s in r.samples], where="post", color="tab:blue",
-                linewidth=1.6, label="receipted sends/s")
-        ax.step(ts, [s["received"] for s in r.samples], where="post", color="tab:orange",
-                linewidth=1.2, linestyle="--", label="received/s")
+        ax.step(
+            ts,
+            [s["receipted"] for s in r.samples],
+            where="post",
+            color="tab:blue",
+            linewidth=1.6,
+            label="receipted sends/s",
+        )
+        ax.step(
+            ts,
+            [s["received"] for s in r.samples],
+            where="post",
+            color="tab:orange",
+            linewidth=1.2,
+            linestyle="--",
+            label="received/s",
+        )
         top = max([1.0] + [max(s["receipted"], s["received"]) for s in r.samples])
         ax.axvline(r.fault_at, color="red", linewidth=1.5, label="fault")
         if r.heal_at is not None:
             ax.axvline(r.heal_at, color="green", linewidth=1.2, linestyle=":", label="healed")
         if r.recovery_s is not None:
-            ax.axvspan(r.fault_at, r.fault_at + r.recovery_s, color="red", alpha=0.12,
-                       label=f"recovery {r.recovery_s:.2f}s")
+            ax.axvspan(
+                r.fault_at,
+                r.fault_at + r.recovery_s,
+                color="red",
+                alpha=0.12,
+                label=f"recovery {r.recovery_s:.2f}s",
+            )
         verdict = "ok" if r.ok else "FAILED: " + _short(r.failures[0])
-        which = f"round {r.round} of {len(rounds)}" + (" (slowest recovery)" if len(rounds) > 1 and r.ok else "")
+        which = f"round {r.round} of {len(rounds)}" + (
+            " (slowest recovery)" if len(rounds) > 1 and r.ok else ""
+        )
         stored = f", stored twice {r.stored_twice}" if r.stored_twice else ""
-        ax.set_title(f"{label} — {which}: lost {r.lost}, duplicates {r.duplicates}, "
-                     f"deduped {r.deduped}{stored} — {verdict}", fontsize=10, loc="left")
+        ax.set_title(
+            f"{label} — {which}: lost {r.lost}, duplicates {r.duplicates}, "
+            f"deduped {r.deduped}{stored} — {verdict}",
+            fontsize=10,
+            loc="left",
+        )
         ax.set_ylabel("messages/s")
         ax.set_ylim(0, top * 1.45)  # headroom for the legend
         ax.set_xlim(0, (ts[-1] + width) if ts else 1.0)
@@ -178,8 +239,12 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def write_report(directory: str | Path, results: Sequence[RoundResult],
-                 params: Any = None, extra: Mapping[str, Any] | None = None) -> dict[str, Path]:
+def write_report(
+    directory: str | Path,
+    results: Sequence[RoundResult],
+    params: Any = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
     """Write ``report.json`` and ``timeline.png`` into ``directory``; return their paths."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
