@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -171,3 +172,33 @@ def test_slave_configured_by_file_only(tmp_path: Path) -> None:
             assert node.status()["amq-ha-role"] == "slave"
         finally:
             node.terminate()
+
+
+@given(st.text(max_size=60))
+@settings(deadline=None, max_examples=300)
+def test_parse_address_fuzz(text: str) -> None:
+    try:
+        host, port = parse_address(text)
+    except ConfigError as exc:
+        assert "expected tcp://HOST:PORT" in str(exc)
+    else:
+        assert host and 0 < port < 65536
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+                           max_leaves=8)
+
+
+@given(st.binary(max_size=120) | st.dictionaries(
+    st.sampled_from(["epoch", "synced", "role", "peer", "peer_may_be_master", "x"]), json_values
+).map(lambda d: json.dumps(d).encode()))
+@settings(deadline=None, max_examples=300)
+def test_state_file_fuzz_never_raises(data: bytes) -> None:
+    import tempfile
+
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / STATE_FILE).write_bytes(data)
+        state = HaState.load(d)
+        assert isinstance(state.epoch, int)

@@ -67,13 +67,17 @@ class HaState:
         if not isinstance(raw, dict):
             return cls(synced=False, peer_may_be_master=True)
         peer = raw.get("peer") or {}
-        return cls(
-            epoch=int(raw.get("epoch", 0)),
-            synced=bool(raw.get("synced", True)),
-            role=str(raw.get("role", "none")),
-            peer_may_be_master=bool(raw.get("peer_may_be_master", False)),
-            peer={str(k): str(v) for k, v in peer.items()} if isinstance(peer, dict) else {},
-        )
+        try:
+            return cls(
+                epoch=int(raw.get("epoch", 0)),
+                synced=bool(raw.get("synced", True)),
+                role=str(raw.get("role", "none")),
+                peer_may_be_master=bool(raw.get("peer_may_be_master", False)),
+                peer={str(k): str(v) for k, v in peer.items()} if isinstance(peer, dict) else {},
+            )
+        except (TypeError, ValueError, OverflowError) as exc:
+            log.error("HA state file %s has bad values (%s): treating the store as unsynced", path, exc)
+            return cls(synced=False, peer_may_be_master=True)
 
     def save(self, directory: str | Path) -> None:
         d = Path(directory)
