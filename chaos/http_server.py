@@ -14,10 +14,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import unquote, urlsplit
+
+from chaos.listener import Listener
 
 __all__ = [
     "HttpError",
@@ -255,40 +258,48 @@ class HttpServer:
 
     def __init__(self, handler: Handler) -> None:
         self._handler = handler
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def port(self) -> int:
-        if self._server is None:
+        if self._listener is None:
             raise RuntimeError("HTTP server is not listening")
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        return self._listener.address[1]
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._on_connection, host, port, limit=MAX_HEAD)
+        sock = socket.create_server((host, port), family=_family(host), reuse_port=False)
+        self._listener = Listener(sock, self._on_connection, limit=MAX_HEAD)
+        self._listener.start()
 
-    async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        if self._closing:  # accepted just before close(): the task only starts now
-            writer.transport.abort()
-            return
+    def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
-        try:
-            await _serve_connection(self._handler, reader, writer)
-        finally:
+        task = asyncio.get_running_loop().create_task(
+            _serve_connection(self._handler, reader, writer)
+        )
+        self._tasks.add(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
             self._writers.discard(writer)
 
+        task.add_done_callback(done)
+
     async def close(self) -> None:
-        self._closing = True
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        if self._listener is not None:
+            self._listener.close()
+            await self._listener.wait_setups()
+            self._listener = None
+        for task in list(self._tasks):
+            task.cancel()
         for writer in list(self._writers):
             writer.transport.abort()
         await asyncio.sleep(0)  # let the transports run connection_lost
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 async def start_http_server(handler: Handler, host: str, port: int) -> HttpServer:

@@ -65,6 +65,7 @@ from typing import Any
 
 from chaos.addresses import format_hostport, parse_hostport
 from chaos.errors import ApiError, BadRequest, Conflict, NotFound
+from chaos.listener import Listener
 from chaos.toxics import STREAMS, Chunk, EndOfStream, ResetPeerToxic, Toxic, make_toxic
 
 __all__ = ["ToxicSpec", "Proxy", "ProxyConnection", "DIAL_TIMEOUT"]
@@ -439,9 +440,8 @@ class Proxy:
         self.enabled = False
         self.toxics: dict[str, ToxicSpec] = {}
         self.connections: set[ProxyConnection] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._listener: Listener | None = None
         self._seq = 0
-        self._accepts: set[asyncio.Task[None]] = set()
 
     # -- JSON ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -459,7 +459,7 @@ class Proxy:
 
         Raises :class:`~chaos.errors.ApiError` (500) when the address cannot be bound.
         """
-        if self._server is not None:
+        if self._listener is not None:
             return
         host, port = parse_hostport(self.listen, "listen")
         loop = asyncio.get_running_loop()
@@ -476,14 +476,14 @@ class Proxy:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(sockaddr)
             sock.listen(128)
-            sock.setblocking(False)
-            self._server = await asyncio.start_server(self._accept, sock=sock)
         except OSError as exc:
             sock.close()
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             if exc.errno == errno.EADDRINUSE:
                 reason = "address already in use"
             raise ApiError(f"listen tcp {self.listen}: bind: {reason.lower()}") from exc
+        self._listener = Listener(sock, self._accept)
+        self._listener.start()
         bound = sock.getsockname()
         self.listen = format_hostport(bound[0], bound[1])
         self.enabled = True
@@ -491,30 +491,21 @@ class Proxy:
 
     def stop(self) -> None:
         """Close the listener (new connects are refused) and every open connection."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
             log.info("proxy %s stopped listening on %s", self.name, self.listen)
         for conn in list(self.connections):
             conn.abort()
-        for task in list(self._accepts):
-            task.cancel()
         self.enabled = False
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._server is None:
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._listener is None:
             writer.transport.abort()
             return
         conn = ProxyConnection(self, reader, writer)
         self.connections.add(conn)
-        task = asyncio.current_task()
-        if task is not None:
-            self._accepts.add(task)
-        try:
-            await conn.run()
-        finally:
-            if task is not None:
-                self._accepts.discard(task)
+        conn.spawn(conn.run())
 
     # -- toxics ----------------------------------------------------------------------------
     def add_toxic(

@@ -58,7 +58,7 @@ class ChaosServer:
             await self._http.close()
             self._http = None
         self.collection.close()
-        for _ in range(3):  # let aborted connections run their cancellations and close
+        for _ in range(5):  # let aborted connections and pending accepts finish closing
             await asyncio.sleep(0)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -340,3 +341,51 @@ def test_unknown_path_and_wrong_method(toxiproxy_server: ToxiproxyServer) -> Non
         "error": "proxy not found",
         "status": 404,
     }
+
+
+def test_disable_enable_during_a_connect_storm_leaves_nothing_behind(
+    toxi: Toxiproxy, toxiproxy_server: ToxiproxyServer, echo_server: UpstreamServer
+) -> None:
+    """Clients reconnect in a tight loop while the proxy flaps: every connection the
+    proxy accepted is closed by the final disable, upstream side included."""
+    proxy = toxi.create(upstream=echo_server.address, name="storm")
+    stop = threading.Event()
+    held: list[socket.socket] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                sock = socket.create_connection(listen_addr(proxy.listen), timeout=2)
+            except OSError:
+                time.sleep(0.005)
+                continue
+            with lock:
+                held.append(sock)  # kept open: the proxy must close it
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(15):
+            time.sleep(0.04)
+            proxy.disable()
+            time.sleep(0.01)
+            proxy.enable()
+        time.sleep(0.05)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
+    proxy.disable()
+    assert len(held) > 15, "the storm did not connect often enough to test anything"
+    for sock in held:
+        sock.settimeout(5)
+        assert_closed(sock)
+        sock.close()
+    assert toxiproxy_server.call(lambda c: len(c.get("storm").connections)) == 0
+    assert wait_for(lambda: echo_server.open == 0)
+    proxy.enable()
+    with connect(proxy.listen) as sock:
+        sock.sendall(b"calm")
+        assert recv_exactly(sock, 4) == b"calm"
