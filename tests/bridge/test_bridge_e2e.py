@@ -352,3 +352,20 @@ def test_probe_rebuilds_as_soon_as_the_new_master_accepts(tmp_path: Path, spoke:
         print(f"bridge up on h2 {time.monotonic() - up:.3f}s after it accepted connections (back-off was 5 s)")
         send(spoke.uri, "/queue/orders", ["after"])
         assert drain(h2.uri, "/queue/orders", expect=1) == ["after"]
+
+
+def test_static_list_one_bridge_per_broker(spoke: EmbeddedBroker, agents: list[BridgeAgent]) -> None:
+    """static:(h1,h2): ActiveMQ's plain static network connector: a bridge to each
+    broker (named spoke-to-hub#1 and #2), the spoke's queue consumed by both."""
+    with EmbeddedBroker(port=0, name="h1") as h1, EmbeddedBroker(port=0, name="h2") as h2:
+        agent = start_agent(agents, make_config(spoke.uri, f"static:({h1.uri},{h2.uri})?initialReconnectDelay=100",
+                                                prefetch=10))
+        snap = lambda: {b["name"]: b for b in agent.registry.snapshot()["bridges"]}  # noqa: E731
+        wait_for(lambda: all(b["state"] == "up" for b in snap().values()), what="both bridges up")
+        assert {n: b["remote"] for n, b in snap().items()} == {"spoke-to-hub#1": h1.uri, "spoke-to-hub#2": h2.uri}
+        bodies = [f"m{i}" for i in range(400)]
+        send(spoke.uri, "/queue/orders", bodies)
+        wait_for(lambda: sum(int(b["forwarded"]) for b in snap().values()) == 400, what="all forwarded")
+        got = drain(h1.uri, "/queue/orders", expect=1, timeout=2) + drain(h2.uri, "/queue/orders", expect=1, timeout=2)
+        assert Counter(got) == Counter(bodies)
+        assert all(int(b["forwarded"]) > 0 for b in snap().values())  # both bridges carried traffic

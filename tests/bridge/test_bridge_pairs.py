@@ -139,3 +139,32 @@ def test_spoke_master_killed_bridge_keeps_forwarding_exactly_once(pairs: tuple[B
         assert not missing, f"{len(missing)} lost, e.g. {sorted(missing)[:5]}"
         dups = {k: n for k, n in got.items() if n > 1}
         assert not dups, f"{len(dups)} duplicated at the hub, e.g. {list(dups.items())[:5]}"
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_soak_hub_master_killed_repeatedly(tmp_path: object) -> None:
+    """Five SIGKILLs of whichever hub node is master, each under traffic, the killed
+    node restarted as the new slave; everything arrives exactly once."""
+    with BrokerPair("replicated", data_dir=f"{tmp_path}/spoke") as spoke, \
+            BrokerPair("replicated", data_dir=f"{tmp_path}/hub") as hub, agent_for(spoke, hub) as agent:
+        def st() -> dict[str, object]:
+            return agent.registry.snapshot()["bridges"][0]
+
+        wait_for(lambda: st()["state"] == "up", 30, "bridge up")
+        bodies = [f"m{i}" for i in range(20000)]
+        errors: list[BaseException] = []
+        t = threading.Thread(target=producer, args=(spoke.uri, bodies, errors))
+        t.start()
+        for k in range(5):
+            wait_for(lambda k=k: int(st()["forwarded"]) >= 2000 * (k + 1), 120, "traffic")  # type: ignore[call-overload]
+            killed = hub.kill_master()
+            new = hub.wait_master(60)
+            wait_for(lambda new=new: st()["state"] == "up" and st()["remote"] == new.uri, 60, "rebuilt")
+            hub.restart(killed)
+            hub.wait_in_sync(60)
+        t.join(300)
+        assert not errors, errors
+        assert int(st()["rebuilds"]) >= 5  # type: ignore[call-overload]
+        got = consume_all(hub.uri, set(bodies), timeout=180)
+        assert set(got) == set(bodies) and max(got.values()) == 1
