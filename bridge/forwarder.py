@@ -5,8 +5,9 @@ Theory of operation
 A :class:`DestinationForwarder` owns one subscription on the *source* connection
 (``ack=client-individual``, ``prefetch`` in flight) and a thread that loops:
 
-1. receive one message (0.2 s poll so a stop is noticed), then drain what is already
-   there, up to ``prefetch`` messages: that is one batch;
+1. receive one message (0.2 s poll so a stop is noticed; no wait while batches are in
+   flight), then drain what is already there, up to ``prefetch / 5`` messages: that
+   is one batch;
 2. for each message decide with :func:`route` whether it may cross this bridge
    (``network_ttl`` and the hop path, below); if so, send it on the *destination*
    connection through a producer window, with the message's own idempotency key (or one
