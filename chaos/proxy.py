@@ -44,7 +44,9 @@ error) or a toxic ends it (``limit_data``, ``reset_peer``, a ``timeout`` timer),
 stages after that point get ``on_eof`` (``slow_close`` waits there), then the
 direction closes its destination socket. That socket is the other direction's
 source, which therefore sees EOF, drains what it already read through its own
-chain, and closes the remaining socket. Disabling or deleting a proxy closes its
+chain, and closes the remaining socket. A failed write ends only its own direction
+(the destination is aborted), so the other direction still runs its ``slow_close``
+before closing the client, as Toxiproxy does. Disabling or deleting a proxy closes its
 listener and aborts every connection at once, both ways. Connections opened while a
 ``reset_peer`` toxic exists get SO_LINGER 0 on both sockets, so their close is an RST.
 """
@@ -287,8 +289,11 @@ class _Direction:
         except EndOfStream as end:
             after = end.after_seq if end.after_seq is not None else -1
         except OSError as exc:
+            # The destination is gone: end this direction only. The other direction
+            # then sees EOF on that socket and closes its own destination in turn
+            # (after its slow_close, if any), as Toxiproxy's links do.
             log.debug("%s %s: write failed: %s", self.conn.label, self.stream, exc)
-            self.conn.abort()
+            await self._finish(after, broken=True)
             return
         await self._finish(after)
 
@@ -300,19 +305,23 @@ class _Direction:
             self._pump.cancel()
         self.conn.spawn(self._finish(seq))
 
-    async def _finish(self, after_seq: int) -> None:
+    async def _finish(self, after_seq: int, broken: bool = False) -> None:
         if self.finishing:
             return
         self.finishing = True
-        if self._reader is not None:
+        if self._reader is not None and self._reader is not asyncio.current_task():
             self._reader.cancel()
         try:
-            for stage in list(self.chain):
-                if stage.seq > after_seq:
-                    await stage.on_eof()
+            if not broken:
+                for stage in list(self.chain):
+                    if stage.seq > after_seq:
+                        await stage.on_eof()
         finally:
             with contextlib.suppress(OSError, RuntimeError):
-                self.dest.close()
+                if broken:
+                    self.dest.transport.abort()
+                else:
+                    self.dest.close()
             self.done = True
             self.conn.direction_done()
 

@@ -109,6 +109,25 @@ def test_slow_close_delays_the_close(toxi: Toxiproxy, greet_server: UpstreamServ
         assert recv_until_closed(sock) == b"bye"
 
 
+def test_slow_close_holds_while_the_client_keeps_writing(
+    toxi: Toxiproxy, greet_server: UpstreamServer
+) -> None:
+    """Writes towards the closed server fail, but the client's close still waits."""
+    proxy = toxi.create(upstream=greet_server.address, name="greet")
+    proxy.add_toxic(type="slow_close", attributes={"delay": 600})
+    with connect(proxy.listen) as sock:
+        start = time.monotonic()
+        assert recv_exactly(sock, 3) == b"bye"
+        for _ in range(10):
+            time.sleep(0.03)
+            sock.sendall(b"still talking")
+        try:
+            assert recv_until_closed(sock) == b""
+        except ConnectionResetError:
+            pass
+        assert time.monotonic() - start >= 0.55
+
+
 def test_timeout_zero_is_half_open_until_removed(
     toxi: Toxiproxy, toxiproxy_server: ToxiproxyServer, echo_server: UpstreamServer
 ) -> None:
