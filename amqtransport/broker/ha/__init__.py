@@ -1,1 +1,13 @@
-"""amqtransport/broker/ha."""
+"""Two-node high availability for the embedded broker (master/slave pairs).
+
+- :mod:`.node`: one node's role state machine (master / slave / cold backup) for both
+  kinds of pair, with the theory of operation and every partition case;
+  :func:`~.node.run_node` is what ``amq broker run --ha ...`` calls.
+- :mod:`.lock`: the exclusive file lock that elects the master of a shared-store pair.
+- :mod:`.epoch`: ``ha-state.json``, the store epoch and what a node knows of its peer.
+- :mod:`.replication`: the replication link (full sync, record stream, receipt gate).
+- :mod:`.config`: the ``[ha]`` table of a broker config file.
+
+Processes for tests: :class:`amqtransport.testing.broker_pair.BrokerPair`; commands:
+``amq broker pair`` and ``amq broker status``.
+"""
