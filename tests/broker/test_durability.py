@@ -185,3 +185,79 @@ def test_cli_with_users_file(tmp_path: Path) -> None:
         assert bad.wait_disconnected(5)
         err = bad.errors.get(timeout=5)
         assert "authentication failed" in err.headers["message"]
+
+
+def test_kill_9_under_concurrent_producers_and_consumers(tmp_path: Path) -> None:
+    """Receipted sends survive, receipted acks stay acked, while everything runs at once."""
+    import threading
+
+    with BrokerProcess(tmp_path / "data", log_dir=tmp_path) as bp:
+        receipted: set[str] = set()
+        acked: set[str] = set()  # ack receipted: must never come back
+        ack_sent: set[str] = set()  # ack sent: may or may not have made it
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def produce(pid: int) -> None:
+            p = StompPy(bp.port)
+            i = 0
+            while not stop.is_set() and i < 400:
+                body = f"p{pid}-{i}"
+                rid = p.send("/queue/chaos", body)
+                try:
+                    p.wait_receipts([rid], timeout=2)
+                except AssertionError:
+                    return  # the broker died under us
+                with lock:
+                    receipted.add(body)
+                i += 1
+
+        def consume() -> None:
+            c = StompPy(bp.port)
+            c.conn.subscribe("/queue/chaos", id="1", ack="client-individual", headers={"activemq.prefetchSize": "10"})
+            while not stop.is_set():
+                try:
+                    m = c.messages.get(timeout=0.2)
+                except Exception:  # noqa: BLE001 - queue.Empty
+                    continue
+                rid = f"a-{m.body}"
+                with lock:
+                    ack_sent.add(m.body)
+                c.conn.ack(m.headers["ack"], receipt=rid)
+                try:
+                    c.wait_receipts([rid], timeout=2)
+                except AssertionError:
+                    return
+                with lock:
+                    acked.add(m.body)
+
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(3)]
+        threads += [threading.Thread(target=consume) for _ in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with lock:
+                if len(receipted) >= 300 and len(acked) >= 100:
+                    break
+            time.sleep(0.05)
+        bp.kill()
+        stop.set()
+        for t in threads:
+            t.join(10)
+        with lock:
+            sent, done, tried = set(receipted), set(acked), set(ack_sent)
+        assert len(sent) >= 300 and len(done) >= 100, (len(sent), len(done))
+        bp.start()
+        c = StompPy(bp.port)
+        c.conn.subscribe("/queue/chaos", id="1", ack="auto")
+        left: list[str] = []
+        while True:
+            try:
+                left.append(c.messages.get(timeout=1.0).body)
+            except Exception:  # noqa: BLE001 - queue.Empty: drained
+                break
+        c.close()
+        assert not (set(left) & done), "a message whose ack was receipted came back"
+        assert sent - tried <= set(left), f"lost: {sorted(sent - tried - set(left))[:5]}"
+        assert len(left) == len(set(left))
