@@ -87,6 +87,9 @@ class RoundResult:
     foreign: int = 0
     recovery_s: float | None = None
     recovery_bound_s: float = 0.0
+    # fault -> arrival at the consumer of the first message sent after it (the
+    # consumer's own outage, e.g. a quiet link only heart-beats can find)
+    delivery_s: float | None = None
     detection_s: float | None = None
     detection_bound_s: float | None = None
     reconnects: int = 0
@@ -110,6 +113,8 @@ class RoundResult:
         of = f"/{rounds}" if rounds else ""
         rec = "-" if self.recovery_s is None else f"{self.recovery_s:.2f}s"
         det = "" if self.detection_s is None else f" detect {self.detection_s:.2f}s"
+        if self.delivery_s is not None:
+            det += f" delivery {self.delivery_s:.2f}s"
         verdict = "OK" if self.ok else "FAIL: " + "; ".join(self.failures)
         return (
             f"{self.label} round {self.round}{of}: sent {self.sent} receipted {self.receipted} "
@@ -329,8 +334,9 @@ def judge(result: RoundResult, obs: Observations, scenario: Scenario, params: Ru
     result.stored_twice_sample = [f"{s}: {', '.join(ids)}" for s, ids in list(obs.stored_twice_ids.items())[:5]]
     result.foreign = obs.foreign
     result.fault_at = t_fault - obs.t0
+    result.delivery_s = delivery_time(obs.send_times, obs.received, t_fault)
     if scenario.recovery_by == "delivery":
-        result.recovery_s = delivery_time(obs.send_times, obs.received, t_fault)
+        result.recovery_s = result.delivery_s
     else:
         result.recovery_s = recovery_time(obs.send_times, obs.receipt_times, t_fault)
     result.reconnects = len([t for t in obs.producer_interruptions if t >= t_fault])

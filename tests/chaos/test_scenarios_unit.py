@@ -56,6 +56,7 @@ def test_a_clean_round_passes_and_counts() -> None:
     assert r.ok, r.failures
     assert (r.sent, r.receipted, r.received, r.lost, r.duplicates) == (10, 10, 10, 0, 0)
     assert r.recovery_s == pytest.approx(1.5)
+    assert r.delivery_s == pytest.approx(1.51)  # the consumer's view of the same outage
     assert r.fault_at == 5.0
 
 
