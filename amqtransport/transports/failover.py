@@ -151,6 +151,7 @@ class FailoverTransport(Transport):
         self._probing = False
         self._backups: list[StompConnection] = []
         self._threads: list[threading.Thread] = []
+        self._timeout_ms = int(getattr(options, "timeout", -1))
         self.failed_attempts = 0  # connect attempts that failed since the last success
         self.reconnects = 0
 
@@ -337,7 +338,7 @@ class FailoverTransport(Transport):
                 return False
             self.generation += 1
             gen = self.generation
-            conn.tag = gen  # type: ignore[attr-defined]
+            conn.tag = gen
             old, self._conn = self._conn, conn
             frames: list[Frame] = []
             # transactions the broker had acknowledged on a dead link are gone
@@ -559,16 +560,19 @@ class FailoverTransport(Transport):
     # -- frames from links -----------------------------------------------------------------
 
     def _on_frame(self, conn: StompConnection, frame: Frame) -> None:
-        gen = getattr(conn, "tag", 0)
+        gen = conn.tag
         if frame.command == "RECEIPT":
             rid = frame.get("receipt-id")
-            rec = self._pending.get(rid) if rid is not None else None  # a dict read: atomic
-            if rec is not None and rec.tx is not None:
-                with self._lock:
+            with self._lock:
+                rec = self._pending.pop(rid, None) if rid is not None else None
+                if rec is not None and rec.tx is not None:
                     tx = self._txs.get(rec.tx)
                     if tx is not None and tx.acked_gen is None:
                         tx.acked_gen = gen
-        elif frame.command == "MESSAGE" and conn is not self._conn:
+            if rec is not None:
+                rec.set_result(frame)
+            return
+        if frame.command == "MESSAGE" and conn is not self._conn:
             return  # from a retired link: the broker redelivers on the current one
         self._dispatch(frame, gen)
 
@@ -654,7 +658,18 @@ class FailoverTransport(Transport):
                 self._cache_bytes -= len(old.body) + sum(len(k) + len(v) for k, v in old.headers)
 
     def wait(self, receipt: Receipt, timeout: float | None = None) -> Frame:
-        timeout_ms = int(getattr(self.options, "timeout", -1))
+        if not receipt.done:
+            if self._timeout_ms < 0 and timeout is None:
+                receipt.wait_event(None)  # failed with the error on close / give-up
+            else:
+                self._wait_bounded(receipt, timeout)
+        if receipt.error is not None:
+            raise receipt.error
+        assert receipt.result is not None
+        return receipt.result
+
+    def _wait_bounded(self, receipt: Receipt, timeout: float | None) -> None:
+        timeout_ms = self._timeout_ms
         start = self._clock()
         deadline = None if timeout is None else start + timeout
         down_since: float | None = None
@@ -677,10 +692,6 @@ class FailoverTransport(Transport):
                                 f"waiting for receipt {receipt.receipt_id}")
                 else:
                     down_since = None
-        if receipt.error is not None:
-            raise receipt.error
-        assert receipt.result is not None
-        return receipt.result
 
     def _withdraw(self, receipt: Receipt) -> bool:
         with self._lock:

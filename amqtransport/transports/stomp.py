@@ -149,6 +149,8 @@ class StompConnection:
         self._on_lost = on_lost
         self._clock = clock
         self._name = name or self.address
+        #: the owner's generation number for this link (set by the failover transport)
+        self.tag = 0
         self._stream: NetworkStream | None = None
         self._parser = FrameParser("1.2")
         self.version = "1.2"
