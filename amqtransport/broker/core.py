@@ -95,10 +95,6 @@ class Sink(Protocol):
     def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None: ...
 
 
-def _noop(_err: BaseException | None) -> None:
-    return None
-
-
 class Subscription:
     """One SUBSCRIBE of one connection."""
 

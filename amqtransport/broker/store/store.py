@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -69,11 +69,7 @@ class StoreStats:
     duplicates: int = 0
     records: int = 0
     batches: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
-
-
-def _noop(_err: BaseException | None) -> None:
-    return None
+    relocated: int = 0
 
 
 class MessageStore:
@@ -394,6 +390,7 @@ class MessageStore:
             duplicates=self.dedupe.dropped,
             records=self.journal.records_written,
             batches=self.journal.batches,
+            relocated=self.relocated,
         )
 
     # ------------------------------------------------------------------ compaction
