@@ -29,6 +29,7 @@ __all__ = [
     "Response",
     "Handler",
     "parse_request_head",
+    "read_body",
     "json_response",
     "error_response",
     "HttpServer",
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 MAX_HEAD = 64 * 1024
 MAX_BODY = 8 * 1024 * 1024
 MAX_HEADERS = 100
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -158,7 +160,11 @@ def error_response(status: int, message: str) -> Response:
     return json_response(status, {"error": message, "status": status})
 
 
-async def _read_body(reader: asyncio.StreamReader, head: RequestHead) -> bytes:
+async def read_body(reader: asyncio.StreamReader, head: RequestHead) -> bytes:
+    """Read the body ``head`` announces (``Content-Length`` or ``chunked``; none: empty).
+
+    Raises :class:`HttpError` (400, 413, 501) naming what is wrong.
+    """
     if head.header("transfer-encoding") is not None:
         if (head.header("transfer-encoding") or "").lower() != "chunked":
             raise HttpError(501, "only chunked transfer-encoding is supported")
@@ -182,12 +188,11 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
     try:
         while True:
             size_line = (await reader.readuntil(b"\r\n"))[:-2]
-            size_text = size_line.split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError as exc:
-                raise HttpError(400, f"invalid chunk size: {size_text[:20]!r}") from exc
-            if size < 0 or len(body) + size > MAX_BODY:
+            size_text = size_line.split(b";", 1)[0].strip(b" \t")
+            if not size_text or len(size_text) > 16 or not set(size_text) <= _HEX:
+                raise HttpError(400, f"invalid chunk size: {size_text[:20]!r}")
+            size = int(size_text, 16)
+            if len(body) + size > MAX_BODY:
                 raise HttpError(413, f"body too large (at most {MAX_BODY} bytes)")
             if size == 0:
                 while (await reader.readuntil(b"\r\n")) != b"\r\n":
@@ -231,7 +236,9 @@ async def _serve_connection(
             except asyncio.LimitOverrunError as exc:
                 raise HttpError(431, f"request head larger than {MAX_HEAD} bytes") from exc
             head = parse_request_head(raw[:-4])
-            body = await _read_body(reader, head)
+            if (head.header("expect") or "").lower() == "100-continue":
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            body = await read_body(reader, head)
             try:
                 response = await handler(Request(head, body))
             except Exception:

@@ -22,7 +22,14 @@ from chaos.addresses import format_hostport, parse_hostport
 from chaos.collection import ProxyCollection, ProxyConfig
 from chaos.errors import BadRequest
 from chaos.http_api import ToxiproxyApi
-from chaos.http_server import HttpError, Request, RequestHead, parse_request_head
+from chaos.http_server import (
+    MAX_HEAD,
+    HttpError,
+    Request,
+    RequestHead,
+    parse_request_head,
+    read_body,
+)
 from chaos.server import ToxiproxyServer
 from chaos.testing import UpstreamServer
 from chaos.toxics import TOXIC_TYPES, ToxicConfigError, make_toxic
@@ -312,7 +319,7 @@ toxic_bodies = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.tuples(
@@ -359,3 +366,54 @@ def test_fuzz_api_bodies_never_cause_500(requests_: list[tuple[str, str, object]
             collection.close()
 
     asyncio.run(run())
+
+
+def _read_body_from(data: bytes, head: RequestHead) -> bytes:
+    async def run() -> bytes:
+        reader = asyncio.StreamReader(limit=MAX_HEAD)
+        reader.feed_data(data)
+        reader.feed_eof()
+        return await read_body(reader, head)
+
+    return asyncio.run(run())
+
+
+CHUNKED = RequestHead("POST", "/p", "HTTP/1.1", (("transfer-encoding", "chunked"),))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_chunked_body_only_raises_http_error(data: bytes) -> None:
+    try:
+        body = _read_body_from(data, CHUNKED)
+    except HttpError as exc:
+        assert exc.status in (400, 413) and exc.message
+    else:
+        assert len(body) <= len(data)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=300), st.lists(st.integers(1, 50), max_size=10), st.booleans())
+def test_fuzz_chunked_roundtrip(body: bytes, sizes: list[int], upper: bool) -> None:
+    pieces, rest = [], body
+    for size in sizes:
+        if rest:
+            pieces.append(rest[:size])
+            rest = rest[size:]
+    if rest:
+        pieces.append(rest)
+    fmt = "%X" if upper else "%x"
+    encoded = b"".join((fmt % len(p)).encode() + b"\r\n" + p + b"\r\n" for p in pieces)
+    assert _read_body_from(encoded + b"0\r\n\r\n", CHUNKED) == body
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet="0123456789 +-_xa", max_size=12), st.binary(max_size=50))
+def test_fuzz_content_length(length: str, data: bytes) -> None:
+    head = RequestHead("POST", "/p", "HTTP/1.1", (("content-length", length),))
+    try:
+        body = _read_body_from(data, head)
+    except HttpError as exc:
+        assert exc.status in (400, 413)
+    else:
+        assert body == data[: int(length)]

@@ -66,3 +66,13 @@ def test_cli_help_lists_proxy() -> None:
     assert result.exit_code == 0 and "proxy" in result.output
     result = CliRunner().invoke(chaos, ["proxy", "--help"])
     assert "--host" in result.output and "--port" in result.output
+
+
+def test_cli_port_in_use_is_a_clear_error() -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(chaos, ["proxy", "--port", str(port)])
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
