@@ -218,7 +218,7 @@ def test_priority_backup_returns_to_first_uri(backend: MemoryBackend) -> None:
         wait_for(lambda: len(sleeps) >= 3)
         a.up = True
         wait_for(lambda: conn.connected_uri == "tcp://a:1")
-        assert ("resumed", "tcp://a:1") in rec.calls
+        wait_for(lambda: ("resumed", "tcp://a:1") in rec.calls)  # told right after the switch
         assert [f.get("id") for f in a.frames("SUBSCRIBE")] == [sub.id]
         wait_for(lambda: not b.live)  # the backup link was retired
         a.deliver("/queue/p", "back home", {IDEMPOTENCY_HEADER: "k"})
