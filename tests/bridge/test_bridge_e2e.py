@@ -369,3 +369,23 @@ def test_static_list_one_bridge_per_broker(spoke: EmbeddedBroker, agents: list[B
         got = drain(h1.uri, "/queue/orders", expect=1, timeout=2) + drain(h2.uri, "/queue/orders", expect=1, timeout=2)
         assert Counter(got) == Counter(bodies)
         assert all(int(b["forwarded"]) > 0 for b in snap().values())  # both bridges carried traffic
+
+
+def test_duplex_dynamic_follows_real_consumers_only(agents: list[BridgeAgent]) -> None:
+    with EmbeddedBroker(port=0, name="a") as a, EmbeddedBroker(port=0, name="b") as b:
+        agent = start_agent(agents, make_config(a.uri, f"masterslave:({b.uri},tcp://127.0.0.1:9)", static_include=[],
+                                                dynamic_include=["/queue/jobs.>"], duplex=True, network_ttl=3))
+
+        def dests() -> list[str]:
+            return agent.registry.snapshot()["bridges"][0]["destinations"]  # type: ignore[no-any-return]
+
+        wait_for(lambda: agent.registry.snapshot()["bridges"][0]["state"] == "up", what="up")
+        with amqtransport.connect(b.uri) as cb:
+            sub = cb.subscribe("/queue/jobs.x", ack="auto")
+            wait_for(lambda: dests() == ["local->remote /queue/jobs.x"], what="forward demand")
+            time.sleep(0.5)
+            assert dests() == ["local->remote /queue/jobs.x"]  # our own consumer on a is not demand
+            send(a.uri, "/queue/jobs.x", [f"j{i}" for i in range(10)])
+            got = [m.text for m in (sub.receive(timeout=5) for _ in range(10)) if m is not None]
+            assert sorted(got) == sorted(f"j{i}" for i in range(10))
+        wait_for(lambda: dests() == [], what="demand gone")

@@ -322,3 +322,27 @@ def test_immediate_readd_still_rebuilds(net: FakeNet, agents: list[BridgeAgent])
         hub.kill_master()
     wait_for(lambda: status(agent)["state"] == "up" and status(agent)["rebuilds"] == 3, what="third rebuild")
     assert status(agent)["remote"] == H2
+
+
+def test_duplex_dynamic_demand_ignores_the_bridges_own_subscriptions(net: FakeNet, agents: list[BridgeAgent]) -> None:
+    """In a duplex bridge each forwarder is a consumer on its source broker; counting it
+    as demand would pull every message back and forth. Only real consumers count."""
+    net.pair(S1, S2)
+    net.pair(H1, H2)
+    agent = start(agents, net, config(S1, f"masterslave:({H1},{H2})", static_include=[],
+                                      dynamic_include=["/queue/jobs"], duplex=True, network_ttl=3))
+    wait_for(lambda: status(agent)["state"] == "up")
+    hub_sub = net.connect(H1).subscribe("/queue/jobs", ack="auto")
+    wait_for(lambda: status(agent)["destinations"] == ["local->remote /queue/jobs"], what="forward demand")
+    time.sleep(0.5)  # the forwarder's own consumer on the spoke must not start the reverse direction
+    assert status(agent)["destinations"] == ["local->remote /queue/jobs"]
+    send(net, S1, "/queue/jobs", 10)
+    got = [m for m in (hub_sub.receive(timeout=2) for _ in range(10)) if m is not None]
+    assert len(got) == 10
+    hub_sub.unsubscribe()
+    wait_for(lambda: status(agent)["destinations"] == [], what="no demand either way")
+    spoke_sub = net.connect(S1).subscribe("/queue/jobs", ack="auto")
+    wait_for(lambda: status(agent)["destinations"] == ["remote->local /queue/jobs"], what="reverse demand")
+    send(net, H1, "/queue/jobs", 3)
+    got = [m for m in (spoke_sub.receive(timeout=2) for _ in range(3)) if m is not None]
+    assert len(got) == 3
