@@ -119,16 +119,20 @@ def _quietly(fn: Callable[[], Any]) -> None:
 class _Listener:
     """Connection listener: turns on_failed into a bridge failure (wrapped: never raises)."""
 
-    def __init__(self, side: str, fail: Callable[[BaseException], None], bridge_name: str) -> None:
+    def __init__(self, side: str, fail: Callable[[BaseException], None], bridge_name: str,
+                 resumed: Callable[[str | None], None] | None = None) -> None:
         self._side = side
         self._fail = fail
         self._name = bridge_name
+        self._resumed = resumed
 
     def on_interrupted(self, error: BaseException | None = None) -> None:
         log.info("bridge %s: %s connection interrupted: %s", self._name, self._side, error)
 
     def on_resumed(self, address: str | None = None) -> None:
         log.info("bridge %s: %s connection resumed on %s", self._name, self._side, address)
+        if self._resumed is not None:
+            self._resumed(address)
 
     def on_failed(self, error: BaseException | None = None) -> None:
         self._fail(error if error is not None else ConnectionClosed(f"{self._side} connection failed"))
@@ -264,8 +268,11 @@ class Bridge:
         connect: ConnectFn = _default_connect,
         watch_interval: float = 0.25,
         previous_failures: int = 0,
+        previous_remote: str | None = None,
     ) -> None:
         self.name = name
+        self.previous_remote = previous_remote  # where the bridge before this one was connected
+        self.last_remote: str | None = None  # where this one is (kept up to date by on_resumed)
         self.previous_failures = previous_failures  # connect failures in a row before this try
         self.was_up = False
         self.config = config
@@ -303,6 +310,10 @@ class Bridge:
     def stop(self) -> None:
         self._stop.set()
 
+    def _remote_resumed(self, address: str | None) -> None:
+        if address:
+            self.last_remote = address
+
     # ------------------------------------------------------------------ run
 
     def _advisories_enabled(self, conn: Any) -> bool:
@@ -318,7 +329,7 @@ class Bridge:
         hb = (cfg.heartbeat_ms, cfg.heartbeat_ms)
         try:
             self.remote = self._connect(self.service, login=cfg.login, passcode=cfg.passcode, heartbeat=hb,
-                                        listener=_Listener("remote", self.fail, self.name))
+                                        listener=_Listener("remote", self.fail, self.name, self._remote_resumed))
             self.local = self._connect(self.local_uri, login=cfg.local_login, passcode=cfg.local_passcode,
                                        heartbeat=hb, listener=_Listener("local", self.fail, self.name))
         except BaseException as exc:  # noqa: BLE001 - any failure to build goes back to the agent
@@ -335,9 +346,11 @@ class Bridge:
         remote, local = self.remote, self.local
         self.was_up = True
         build = self.status.up(lambda: remote.connected_uri, lambda: local.connected_uri)
+        self.last_remote = remote.connected_uri
         what = "up" if build == 1 else f"rebuilt (rebuild #{build - 1})"
-        log.info("bridge %s %s: %s -> %s (service %s)", self.name, what, local.connected_uri,
-                 remote.connected_uri, self.service)
+        was = f", was {self.previous_remote}" if build > 1 and self.previous_remote else ""
+        log.info("bridge %s %s: %s -> %s (service %s%s)", self.name, what, local.connected_uri,
+                 remote.connected_uri, self.service, was)
         try:
             self._start_forwarding()
             self.ready.set()
@@ -350,7 +363,7 @@ class Bridge:
         error = self._error if self._failed.is_set() else None
         self._teardown()
         if error is not None:
-            log.warning("bridge %s down (was on %s): %s", self.name, self.status.service, error)
+            log.warning("bridge %s down (was on %s): %s", self.name, self.last_remote, error)
         else:
             log.info("bridge %s stopped", self.name)
         self.status.down(error)
@@ -482,6 +495,7 @@ class NetworkConnector:
         self._threads: list[threading.Thread] = []
         self._active: set[str] = set()
         self._probe_added: dict[str, bool] = {}
+        self._last_remote: dict[str, str] = {}
         self.probe_interval = config.probe_interval_ms / 1000.0
         self._failures: dict[str, int] = {}
         self._stopped = threading.Event()
@@ -515,7 +529,8 @@ class NetworkConnector:
             name = self.names.get(service, self.config.name)
             bridge = Bridge(name=name, config=self.config, service=service, local_uri=self.local_uri,
                             here=self.here, status=self.registry.get(name), connect=self._connect,
-                            previous_failures=self._failures.get(service, 0))
+                            previous_failures=self._failures.get(service, 0),
+                            previous_remote=self._last_remote.get(service))
             self._bridges[service] = bridge
             t = threading.Thread(target=self._run_bridge, args=(service, bridge), daemon=True, name=f"bridge {name}")
             self._threads = [x for x in self._threads if x.is_alive()]
@@ -530,6 +545,8 @@ class NetworkConnector:
             error = exc
         with self._lock:
             self._failures[service] = 0 if bridge.was_up else self._failures.get(service, 0) + 1
+            if bridge.last_remote:
+                self._last_remote[service] = bridge.last_remote
             self._active.discard(service)  # before service_failed: the re-add may come at once
             # a probe-triggered attempt that failed waits for the agent's own re-add
             probe = self.probe_interval > 0 and (bridge.was_up or not self._probe_added.get(service, False))

@@ -138,7 +138,9 @@ def test_traffic_flows_and_status_over_http(spoke: EmbeddedBroker, hub: tuple[Br
 
 
 def test_sigkill_remote_bridge_rebuilt_on_other_node_exactly_once(
-        spoke: EmbeddedBroker, hub: tuple[BrokerProcess, BrokerProcess], agents: list[BridgeAgent]) -> None:
+        spoke: EmbeddedBroker, hub: tuple[BrokerProcess, BrokerProcess], agents: list[BridgeAgent],
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="bridge.connector")
     h1, h2 = hub
     agent = start_agent(agents, make_config(spoke.uri, f"masterslave:({h1.uri},{h2.uri})?initialReconnectDelay={DELAY_MS}"))
     wait_for(lambda: http_status(agent)["state"] == "up", what="bridge up")
@@ -156,6 +158,10 @@ def test_sigkill_remote_bridge_rebuilt_on_other_node_exactly_once(
     # detection and one connect); generous bound for a loaded 2-core machine
     assert rebuild_s < 10, rebuild_s
     print(f"bridge rebuilt {rebuild_s * 1000:.0f} ms after SIGKILL of the connected remote")
+    logs = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"bridge spoke-to-hub down (was on {h1.uri})") for m in logs), logs
+    assert any(m.startswith(f"bridge spoke-to-hub rebuilt (rebuild #1): {spoke.uri} -> {h2.uri}") and f"was {h1.uri}" in m
+               for m in logs), logs
 
     second = [f"b{i}" for i in range(200)]
     send(spoke.uri, "/queue/orders", second)
