@@ -27,21 +27,25 @@ is the only writer of the store. The slave wipes its store, imports the snapshot
 fsyncs, marks itself synced at the master's epoch and acks ``base``; then it appends
 every streamed batch to its own journal and acks once it is fsynced.
 
-The receipt gate. The master's journal writer calls :meth:`ReplicationMaster._gate`
-after each local fsync with the batch; while a slave is attached the gate blocks the
-writer until the slave has acked the batch's last sequence number. Receipts are sent
-from the batch's completion callbacks, so *a receipt means the record is on both
-disks*. Records are streamed to the slave as soon as they are appended (before the
-master's own fsync), so the two fsyncs overlap and group commit covers both: while one
-batch waits for the slave, the next accumulates. If the slave does not ack within
-``link_timeout`` the master drops it and carries on alone (or, with
-``--shutdown-on-slave-failure``, fails the batch so no receipt is given and stops).
-During the full sync the gate waits without a deadline: ActiveMQ's rule, a master
-does not answer a client until the event is forwarded, and a slave that has not
-finished its sync cannot take over anyway.
+The receipt gate. Receipts are sent from the journal's completion callbacks, which
+the journal hands to its ``notify`` function after each local fsync. The
+:class:`ReplicationMaster` takes that function's place: its batch hook numbers the
+batch (the last sequence number in it) and the completions are queued on the event
+loop until the slave's ``ACK`` covers that number; acks arrive on the loop and release
+them in order. So *a receipt means the record is on both disks*, and nothing blocks:
+the master's writer goes on fsyncing the next batch while the slave works (the journal
+pipeline is not stalled by the network), and records are streamed to the slave as soon
+as they are appended, before the master's own fsync, so the two fsyncs overlap. A slave
+in sync that leaves a batch unacknowledged for ``link_timeout`` is dropped and the
+held completions are released (the master carries on alone), or, with
+``--shutdown-on-slave-failure``, they fail with an error (no receipt) and the node
+stops. During the full sync there is no deadline: ActiveMQ's rule, a master does not
+answer a client until the event is forwarded, and a slave that has not finished its
+sync cannot take over anyway. (``Journal.on_durable`` with nothing queued completes at
+once on the loop: such a completion waits for the slave to have every record so far.)
 
 Every numbered record counts: the master's listener counts from the journal's
-append counter at install time, and the gate counts ``records_written`` of the
+append counter at install time, and the batch hook counts ``records_written`` of the
 journal, so both number exactly the payloads that went through the store.
 """
 
@@ -54,13 +58,14 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from amqtransport.errors import RemoteProtocolError
 from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
 
-from ..store import JournalError, Record
+from ..store import Callback, JournalError, Record
 from ..store.records import encode
 
 if TYPE_CHECKING:
@@ -254,7 +259,7 @@ def ha_request_sync(
 
 # ---------------------------------------------------------------------- master side
 class ReplicationMaster:
-    """Master half: store listener + journal gate + the attached slave link (at most one)."""
+    """Master half: store listener + receipt gate + the attached slave link (at most one)."""
 
     def __init__(
         self,
@@ -276,26 +281,92 @@ class ReplicationMaster:
         journal = self.store.journal
         with journal._cond:  # noqa: SLF001 - the append counter numbers the stream
             self.seq = journal._appended  # noqa: SLF001
-        self._cond = threading.Condition()
+        self._loop_thread = threading.get_ident()
+        self._batch_target = 0  # writer thread: last record number of the batch being completed
         self._acked = 0
         self._gated: MasterLink | None = None
         self._fatal: str | None = None
+        self._held: deque[tuple[int, float, list[tuple[Callback, BaseException | None]]]] = deque()
         self.link: MasterLink | None = None
         self.gate_timeouts = 0
+        self.held_max = 0
         self.store.add_listener(self)
-        journal.add_batch_hook(self._gate)
+        journal.add_batch_hook(self._hook)
+        self._orig_notify = journal._notify  # noqa: SLF001
+        journal._notify = self._notify  # noqa: SLF001 - completions pass through the gate
+        self._timer: asyncio.TimerHandle | None = self.loop.call_later(self._tick_every, self._tick)
+
+    @property
+    def _tick_every(self) -> float:
+        return max(0.02, self.link_timeout / 4)
 
     def close(self) -> None:
+        journal = self.store.journal
         self.store.remove_listener(self)
-        self.store.journal.remove_batch_hook(self._gate)
+        journal.remove_batch_hook(self._hook)
+        journal._notify = self._orig_notify  # noqa: SLF001
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         link, self.link = self.link, None
-        with self._cond:
-            self._gated = None
-            self._cond.notify_all()
+        self._gated = None
         if link is not None:
             link.abort("master stopping")
+        self._release_all()
+
+    # writer thread -----------------------------------------------------
+    def _hook(self, payloads: Sequence[bytes]) -> None:
+        """Called by the journal writer after each local fsync: number the batch."""
+        self._batch_target = self.store.journal.records_written + len(payloads)
+        return None
+
+    def _notify(self, items: list[tuple[Callback, BaseException | None]]) -> None:
+        """Replaces the journal's ``notify``: completions wait on the loop for the slave."""
+        if threading.get_ident() == self._loop_thread:
+            # Journal.on_durable with nothing queued: all appended records are on our
+            # disk; the caller must still wait for the slave to have them all
+            self._hold(self.seq, items)
+            return
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self._hold, self._batch_target, items)
 
     # loop thread -------------------------------------------------------
+    def _hold(self, target: int, items: list[tuple[Callback, BaseException | None]]) -> None:
+        if self._fatal is not None:
+            _run_completions([(cb, err or JournalError(self._fatal)) for cb, err in items])
+            return
+        if not self._held and (self._gated is None or self._acked >= target):
+            _run_completions(items)
+            return
+        self._held.append((target, self.loop.time(), items))
+        self.held_max = max(self.held_max, len(self._held))
+
+    def _release(self) -> None:
+        held = self._held
+        while held and (self._gated is None or held[0][0] <= self._acked):
+            _run_completions(held.popleft()[2])
+
+    def _release_all(self) -> None:
+        held, self._held = self._held, deque()
+        fatal = self._fatal
+        for _target, _t, items in held:
+            if fatal is not None:
+                items = [(cb, err or JournalError(fatal)) for cb, err in items]
+            _run_completions(items)
+
+    def _tick(self) -> None:
+        """Drop an in-sync slave that leaves a batch unacknowledged for ``link_timeout``."""
+        self._timer = self.loop.call_later(self._tick_every, self._tick)
+        link = self._gated
+        if link is None or not link.synced or not self._held:
+            return
+        target, since, _items = self._held[0]
+        waited = self.loop.time() - max(since, link.synced_loop_time)
+        if waited > self.link_timeout:
+            self.gate_timeouts += 1
+            link.abort(f"no ack for seq {target} within {self.link_timeout} s")
+
     def on_record(self, record: Record, payload: bytes, segment: int) -> None:
         self.seq += 1
         link = self.link
@@ -312,10 +383,8 @@ class ReplicationMaster:
         link = MasterLink(self, transport, slave, base)
         link.info = dict(info or {})
         self.link = link
-        with self._cond:
-            self._acked = 0
-            self._gated = link
-            self._cond.notify_all()
+        self._acked = 0
+        self._gated = link
         snapshot = [encode(rec) for rec in self.store.snapshot()]
         link.start(answer, snapshot)
         log.info(
@@ -327,66 +396,42 @@ class ReplicationMaster:
     def _on_ack(self, link: MasterLink, seq: int) -> None:
         if link is not self.link:
             return
-        with self._cond:
-            if seq > self._acked:
-                self._acked = seq
-            self._cond.notify_all()
+        if seq > self._acked:
+            self._acked = seq
         link.acked = seq
         if not link.synced and seq >= link.base:
             link.synced = True
             link.synced_at = time.monotonic()
+            link.synced_loop_time = self.loop.time()
             log.info("replication: slave %s is in sync (seq %d)", link.slave, seq)
             _safe(self.on_synced, link)
+        self._release()
 
     def _link_lost(self, link: MasterLink, reason: str) -> None:
         if link is not self.link:
             return
         self.link = None
         was_synced = link.synced and not link.bye
-        with self._cond:
-            if self._gated is link:
-                self._gated = None
-            if was_synced and self.shutdown_on_slave_failure:
-                self._fatal = f"slave {link.slave} lost ({reason}) and --shutdown-on-slave-failure is set"
-            self._cond.notify_all()
+        if self._gated is link:
+            self._gated = None
+        if was_synced and self.shutdown_on_slave_failure:
+            self._fatal = f"slave {link.slave} lost ({reason}) and --shutdown-on-slave-failure is set"
         level = logging.INFO if link.bye else logging.WARNING
         log.log(level, "replication: slave %s detached: %s", link.slave, reason)
+        self._release_all()
         _safe(self.on_lost, link, reason, was_synced)
-
-    # writer thread -----------------------------------------------------
-    def _gate(self, payloads: Sequence[bytes]) -> None:
-        """Block the journal writer until the slave has this batch (see the module doc).
-
-        While the slave is still importing its snapshot there is no deadline (a big
-        store takes as long as it takes; the link's pings prove the slave alive); once
-        it is in sync, a batch not acked within ``link_timeout`` gets the slave dropped.
-        """
-        target = self.store.journal.records_written + len(payloads)
-        deadline: float | None = None
-        with self._cond:
-            while self._fatal is None and self._gated is not None and self._acked < target:
-                link = self._gated
-                if link.synced and deadline is None:
-                    deadline = time.monotonic() + self.link_timeout
-                if deadline is None:
-                    self._cond.wait(0.1)
-                    continue
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._gated = None
-                    self.gate_timeouts += 1
-                    self.loop.call_soon_threadsafe(
-                        link.abort, f"no ack for seq {target} within {self.link_timeout} s"
-                    )
-                    break
-                self._cond.wait(left)
-            if self._fatal is not None:
-                raise JournalError(self._fatal)
-        return None
 
     @property
     def acked(self) -> int:
         return self._acked
+
+
+def _run_completions(items: list[tuple[Callback, BaseException | None]]) -> None:
+    for cb, err in items:
+        try:
+            cb(err)
+        except Exception:  # noqa: BLE001 - one failing completion must not skip the rest
+            log.exception("completion callback failed")
 
 
 def _safe(fn: Callable[..., None], *args: object) -> None:
@@ -408,6 +453,7 @@ class MasterLink(asyncio.Protocol):
         self.acked = 0
         self.synced = False
         self.synced_at = 0.0
+        self.synced_loop_time = 0.0
         self.bye = False
         self.closed = False
         self.info: dict[str, str] = {}
