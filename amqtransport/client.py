@@ -21,6 +21,11 @@ already acked the original, the copy is acked on arrival; if not, it is remember
 and acked when the application acks the original (an ACK for a message from a dead
 link cannot be sent on the new one: the broker no longer knows that delivery).
 ``nack()`` forgets the key, so the broker's redelivery reaches the application.
+(With ``ack="client"`` an ACK is cumulative on most brokers: acking a dropped copy on
+arrival also acks what the broker delivered before it on that subscription. After a
+failover the broker redelivers the unacked messages first, so in practice that is
+only other copies; ``client-individual`` has no such caveat and is what ``amq recv``
+uses.)
 
 Transactions (:meth:`Connection.transaction`) wait for a receipt on every frame; a
 failover while one is open makes its next send or its commit raise
