@@ -191,7 +191,10 @@ class Subscription:
 
 class Producer:
     """Pipelined receipted sends: ``send`` blocks only while ``window`` receipts are
-    outstanding; ``flush`` waits for all; leaving the ``with`` block flushes."""
+    outstanding; ``flush`` waits for all; leaving the ``with`` block flushes.
+
+    A producer belongs to one thread (use one per thread); the :class:`Connection`
+    itself may be shared: ``send``/``subscribe``/``transaction`` are thread-safe."""
 
     def __init__(self, conn: Connection, window: int = 100) -> None:
         if window < 1:
