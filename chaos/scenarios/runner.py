@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.scenarios.catalog import Scenario, get_scenario
-from chaos.scenarios.cluster import Stage, make_cluster, scratch_dir
+from chaos.scenarios.cluster import ClusterError, Stage, make_cluster, scratch_dir
 from chaos.scenarios.workload import ClientSettings, ConsumerThread, ProducerThread
 
 __all__ = ["RunParams", "RoundResult", "Observations", "judge", "recovery_time", "delivery_time", "samples_of",
@@ -395,16 +395,34 @@ def run_scenario(scenario: Scenario | str, mode: str, rounds: int = 1, params: R
     results: list[RoundResult] = []
     failed = True
     try:
-        cluster = make_cluster(mode, base, sc.topology)
+        try:
+            cluster = make_cluster(mode, base, sc.topology)
+        except ClusterError:
+            raise
+        except Exception as exc:  # e.g. ActiveMQError, a pair that never elects a master
+            raise ClusterError(f"{sc.name}[{mode}]: the cluster did not start: {exc}") from exc
         try:
             with Stage(cluster, prefix=sc.name) as stage:
                 for n in range(1, rounds + 1):
-                    result = run_round(stage, sc, n, params, mode=mode)
+                    try:
+                        result = run_round(stage, sc, n, params, mode=mode)
+                    except Exception as exc:  # the cluster is in an unknown state: stop here
+                        log.exception("round %d of %s[%s] aborted", n, sc.name, mode)
+                        result = RoundResult(scenario=sc.name, mode=mode, round=n,
+                                             recovery_bound_s=sc.recovery_bound_s,
+                                             failures=[f"round aborted: {exc!r}"])
+                    broken = not result.ok and result.failures[0].startswith("round aborted")
+                    if sc.kills and not broken:
+                        try:
+                            cluster.recover(timeout=60)
+                        except Exception as exc:
+                            result.failures.append(f"the cluster did not recover after the round: {exc}")
+                            broken = True
                     results.append(result)
                     if on_round is not None:
                         on_round(result)
-                    if sc.kills:
-                        cluster.recover(timeout=60)
+                    if broken:
+                        break
         finally:
             cluster.close()
         failed = any(not r.ok for r in results)

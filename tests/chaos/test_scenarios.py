@@ -124,16 +124,23 @@ def test_cli_run_prints_rounds_and_table_and_writes_the_report(tmp_path: Path) -
 
 def test_a_broken_invariant_fails_the_run(tmp_path: Path) -> None:
     """A kill cannot recover within 1 ms: the round fails and the exit status is 1."""
-    name = "test-impossible-recovery"
+    name, broken = "test-impossible-recovery", "test-broken-fault"
     base = SCENARIOS["kill-master"]
+
+    def explode(stage: object) -> str:
+        raise RuntimeError("the fault itself broke")
+
     SCENARIOS[name] = Scenario(name=name, summary="kill-master with a 1 ms bound", inject=base.inject,
                                kills=True, recovery_bound_s=0.001)
+    SCENARIOS[broken] = Scenario(name=broken, summary="a fault that raises", inject=explode)
     lines: list[str] = []
     try:
-        code = run_cli([name], rounds=1, report_dir=tmp_path / "rep", mode="single", params=FAST,
-                       echo=lines.append)
+        code = run_cli([name, broken], rounds=1, report_dir=tmp_path / "rep", mode="single",
+                       params=FAST, echo=lines.append)
     finally:
-        del SCENARIOS[name]
+        del SCENARIOS[name], SCENARIOS[broken]
     assert code == 1
     assert any("FAIL: recovery" in line and "exceeds its bound" in line for line in lines), lines
+    assert any(line.startswith(broken) and "fault injection/heal failed" in line
+               and "the fault itself broke" in line for line in lines), lines
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["ok"] is False
