@@ -81,7 +81,16 @@ def main() -> None:
                     f"relayed batch {r and r['batchId']}: {r and r['numInputRows']} rows"
                 )
             produce.stop()
+            relay.processAllAvailable()  # relay what the producer wrote before it stopped
             relay.stop()
+            import amqtransport
+
+            bodies: list[str] = []
+            with amqtransport.connect(uri, dedupe=False) as conn:
+                sub = conn.subscribe("/queue/examples.stream.out", prefetch=1000)
+                while (msg := sub.receive(timeout=2.0)) is not None:
+                    bodies.append(msg.text)
+            print(f"/queue/examples.stream.out holds {len(bodies)} messages, {len(set(bodies))} distinct")
             print(f"checkpoints under {root}")
         finally:
             spark.stop()

@@ -12,8 +12,8 @@ Theory of operation
 3. A watcher thread prints progress (the messages the master holds, from its HA status;
    Spark's task counts) and SIGKILLs the master once ``--kill-at`` of the rows are
    stored (tasks are then mid-flight).
-   A probe connection in this process measures the recovery time: from the kill to the
-   first receipted send through the same failover URI.
+   A probe connection of this process, connected before the kill, measures the recovery
+   time: from the kill to its first receipted send afterwards (same failover URI).
 4. When the job has committed, consume the queue and count: consumed, distinct,
    duplicates, lost. Exit 0 only when lost == 0 and duplicates == 0.
 """
@@ -53,7 +53,7 @@ class Cluster(Protocol):
 
 
 def _failover(addresses: list[str]) -> str:
-    opts = "randomize=false&initialReconnectDelay=50&maxReconnectDelay=1000&maxReconnectAttempts=-1"
+    opts = "randomize=false&initialReconnectDelay=20&maxReconnectDelay=250&maxReconnectAttempts=-1"
     return f"failover:({','.join(addresses)})?{opts}"
 
 
@@ -185,16 +185,12 @@ def _say(quiet: bool, text: str) -> None:
         sys.stdout.flush()
 
 
-def _probe_recovery(uri: str, killed_at: float, out: dict[str, float]) -> None:
-    """From the kill to the first receipted send through the failover URI."""
-    import amqtransport
-
+def _probe_recovery(conn: Any, killed_at: float, out: dict[str, float]) -> None:
+    """From the kill to the first receipted send on a connection that was up before it."""
     try:
-        with amqtransport.connect(uri) as conn:
-            conn.send(PROBE, b"probe", idempotency_key=f"probe-{killed_at}")
-            out["recovered"] = time.monotonic() - killed_at
+        conn.send(PROBE, b"probe", idempotency_key=f"probe-{killed_at}")
+        out["recovered"] = time.monotonic() - killed_at
     except Exception as exc:  # noqa: BLE001 - reported, never fatal for the demo
-        out["error"] = float("nan")
         click.echo(f"  probe failed: {exc!r}", err=True)
 
 
@@ -282,6 +278,11 @@ def run_demo(
         probe: dict[str, float] = {}
         finished = threading.Event()
 
+        import amqtransport
+
+        # Connected (to the master) before the kill, like the job's own connections.
+        probe_conn = amqtransport.connect(cluster.uri)
+        probe_conn.send(PROBE, b"probe", idempotency_key="probe-start")
         baseline = cluster.stored()
 
         def watch() -> None:
@@ -318,7 +319,7 @@ def run_demo(
                     progress = f"{landed:,} rows stored" if landed is not None else f"{done}/{total} tasks done"
                     _say(quiet, f"  {elapsed:6.1f}s  KILL: {what} ({progress}, {active} task(s) mid-flight)")
                     state["probe"] = threading.Thread(
-                        target=_probe_recovery, args=(cluster.uri, killed_at, probe), daemon=True
+                        target=_probe_recovery, args=(probe_conn, killed_at, probe), daemon=True
                     )
                     state["probe"].start()
                     cluster.after_kill()
@@ -342,6 +343,7 @@ def run_demo(
             probe_thread.join(60)
             if "recovered" in probe:
                 result.recovery_seconds = round(probe["recovered"], 3)
+        probe_conn.close()
         if killed_at is not None:
             result.new_master = cluster.new_master()
         if error:
@@ -374,7 +376,7 @@ def run_demo(
 
 
 def _print_result(r: DemoResult) -> None:
-    rec = "n/a" if r.recovery_seconds is None else f"{r.recovery_seconds:.3f} s (kill -> first receipted send on the new master)"
+    rec = "n/a" if r.recovery_seconds is None else f"{r.recovery_seconds:.3f} s (kill -> next receipted send of a connection that was up)"
     lines = [
         "",
         "== result ==",
