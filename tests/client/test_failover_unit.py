@@ -579,3 +579,31 @@ def test_vm_uri_starts_an_in_process_broker() -> None:
         assert conn.connected_uri == f"vm://{name}"
     with amqtransport.connect(f"vm://{name}") as again:  # the same broker, still running
         assert again.is_connected
+
+
+def test_concurrent_senders_share_a_connection_through_a_failover(backend: MemoryBackend) -> None:
+    a, b = two(backend)
+    rec = Recorder()
+    errors: list[BaseException] = []
+    with amqtransport.connect(URI2, backend=backend, sleep=lambda s: None, listener=rec) as conn:
+        def worker(n: int) -> None:
+            try:
+                for i in range(100):
+                    conn.send("/queue/mt", f"{n}-{i}", idempotency_key=f"{n}-{i}")
+                    if n == 0 and i == 30:
+                        a.up = False
+                        a.drop()
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert errors == []
+        keys = {f.get(IDEMPOTENCY_HEADER) for f in a.frames("SEND") + b.frames("SEND")}
+        assert keys == {f"{n}-{i}" for n in range(4) for i in range(100)}
+        # a writer or the reader notices first: either way one interruption, one resume
+        assert [c[0] for c in rec.calls] == ["interrupted", "resumed"]
+        assert rec.calls[0][1] in ("ConnectionClosed", "WriteError") and rec.calls[1] == ("resumed", "tcp://b:2")
