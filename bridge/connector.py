@@ -94,6 +94,10 @@ def _default_connect(uri: str, **kwargs: Any) -> Any:
 def _default_agent_factory(services: Sequence[str], options: Any, listener: Any) -> Any:
     from amqtransport.transports.discovery import StaticDiscoveryAgent
 
+    # the connector's sleep wakes up when it is stopped: stopping never waits out a back-off
+    sleep = getattr(listener, "sleep", None)
+    if sleep is not None:
+        return StaticDiscoveryAgent(services, options, listener, sleep=sleep)
     return StaticDiscoveryAgent(services, options, listener)
 
 
@@ -512,6 +516,10 @@ class NetworkConnector:
             if service is None:
                 service = self.services[0]
             return self._bridges.get(service)
+
+    def sleep(self, seconds: float) -> None:
+        """The discovery agent's sleep: returns early when the connector stops."""
+        self._stopped.wait(seconds)
 
     # DiscoveryListener
     def on_service_added(self, service: str) -> None:

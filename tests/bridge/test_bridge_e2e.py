@@ -395,3 +395,43 @@ def test_duplex_dynamic_follows_real_consumers_only(agents: list[BridgeAgent]) -
             got = [m.text for m in (sub.receive(timeout=5) for _ in range(10)) if m is not None]
             assert sorted(got) == sorted(f"j{i}" for i in range(10))
         wait_for(lambda: dests() == [], what="demand gone")
+
+
+def test_ring_of_three_never_loops(agents: list[BridgeAgent]) -> None:
+    """A -> B -> C -> A, network_ttl 5, a topic and a queue: each broker's subscribers see a
+    topic message once, and the queue message goes round until it would re-enter a
+    broker on its path, then stays where it is."""
+    with EmbeddedBroker(port=0, name="a") as a, EmbeddedBroker(port=0, name="b") as b, \
+            EmbeddedBroker(port=0, name="c") as c:
+        ring = [(a, b), (b, c), (c, a)]
+        for src, dst in ring:
+            start_agent(agents, make_config(src.uri, f"masterslave:({dst.uri},tcp://127.0.0.1:9)",
+                                            static_include=["/topic/news", "/queue/work"], network_ttl=5,
+                                            loop_pause_ms=300))
+        wait_for(lambda: all(ag.registry.snapshot()["bridges"][0]["state"] == "up" for ag in agents), what="ring up")
+        time.sleep(0.3)
+        conns = [amqtransport.connect(x.uri) for x in (a, b, c)]
+        try:
+            subs = [cn.subscribe("/topic/news") for cn in conns]
+            conns[0].send("/topic/news", "hello")
+            seen: list[list[str]] = [[], [], []]
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                for i, sub in enumerate(subs):
+                    m = sub.receive(timeout=0.03)
+                    if m is not None:
+                        seen[i].append(m.text)
+            assert seen == [["hello"], ["hello"], ["hello"]]
+            conns[0].send("/queue/work", "job")
+            # a -> b -> c; c -> a is refused (a is on the path): the job waits on c
+            q = conns[2].subscribe("/queue/work", ack="auto")
+            m = q.receive(timeout=10)
+            assert m is not None and m.text == "job"
+            assert m.headers["amq-network-hops"] == "2"
+            assert drain(a.uri, "/queue/work", expect=0, timeout=0.1, grace=1.0) == []
+            assert drain(b.uri, "/queue/work", expect=0, timeout=0.1, grace=0.5) == []
+        finally:
+            for cn in conns:
+                cn.close()
+        forwarded = [ag.registry.snapshot()["bridges"][0]["forwarded"] for ag in agents]
+        assert forwarded == [2, 2, 0], forwarded  # news + job: a->b, b->c; nothing back into a
