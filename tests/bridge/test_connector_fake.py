@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from bridge_fakes import FakeNet, FakePair, drain
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bridge.agent import BridgeAgent
 from bridge.config import parse_config
-from bridge.forwarder import HOPS_HEADER, PATH_HEADER, NodeId, derive_key, route
+from bridge.forwarder import HOPS_HEADER, PATH_HEADER, NodeId, derive_key, forward_headers, route
 
 S1, S2 = "tcp://127.0.0.1:10001", "tcp://127.0.0.1:10002"
 H1, H2 = "tcp://127.0.0.1:20001", "tcp://127.0.0.1:20002"
@@ -346,3 +348,24 @@ def test_duplex_dynamic_demand_ignores_the_bridges_own_subscriptions(net: FakeNe
     send(net, H1, "/queue/jobs", 3)
     got = [m for m in (spoke_sub.receive(timeout=2) for _ in range(3)) if m is not None]
     assert len(got) == 3
+
+
+NODES = ["a", "b", "c", f"{S1}+{S2}", f"{H1}+{H2}"]
+
+
+@given(st.lists(st.sampled_from(NODES), max_size=5), st.integers(min_value=0, max_value=8),
+       st.sampled_from(NODES), st.sampled_from(NODES), st.integers(min_value=1, max_value=6))
+def test_route_properties(path: list[str], hops: int, here_label: str, there_label: str, ttl: int) -> None:
+    here, there = NodeId(here_label), NodeId(there_label)
+    headers = {HOPS_HEADER: str(hops), PATH_HEADER: ",".join(path)} if path or hops else {}
+    d = route(headers, here=here, there=there, ttl=ttl)
+    on_path = any(there.same_as(p) for p in path)
+    assert d.forward == (hops < ttl and not on_path)
+    if d.forward:
+        assert d.hops == hops + 1
+        assert here.same_as(d.path[-1])
+        assert not any(there.same_as(p) for p in d.path[:-1])
+        # walking on never comes back: the next hop to any broker on the new path is refused
+        nxt = forward_headers({}, d)
+        for p in d.path:
+            assert not route(nxt, here=there, there=NodeId(p), ttl=100).forward
