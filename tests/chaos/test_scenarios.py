@@ -1,7 +1,8 @@
 """Chaos scenarios against real brokers behind our Toxiproxy-compatible proxy.
 
 Each test runs one short round (100 msg/s, about 1 s of traffic either side of the
-fault) of a scenario on a real cluster: our HA pair (child processes), one broker
+fault) of a scenario on a real cluster (the proxy faults alternate between the two HA
+modes, kill-master runs on both): our HA pair (child processes), one broker
 killed and restarted in place (``single``), or a real ActiveMQ pair. The round's
 invariants are the assertion: no receipted message lost, no duplicate delivered with
 the client's dedupe on, recovery within the scenario's bound (and, for half-open,
@@ -55,7 +56,7 @@ def test_kill_master_single_node_restart(tmp_path: Path) -> None:
 
 
 def test_partition_master(tmp_path: Path) -> None:
-    r = _one_round("partition-master", "shared-store", tmp_path)
+    r = _one_round("partition-master", "replicated", tmp_path)
     assert r.master_after == r.master_before  # the master lived through it
     assert r.recovery_s is not None and r.recovery_s >= SCENARIOS["partition-master"].hold_s * 0.9
 
@@ -66,7 +67,7 @@ def test_latency_spike(tmp_path: Path) -> None:
 
 
 def test_half_open_is_found_by_heartbeats(tmp_path: Path) -> None:
-    r = _one_round("half-open", "shared-store", tmp_path)
+    r = _one_round("half-open", "replicated", tmp_path)
     sc = SCENARIOS["half-open"]
     assert r.detection_s is not None and sc.detection_bound_s is not None
     assert r.detection_s <= sc.detection_bound_s
@@ -79,7 +80,7 @@ def test_reset_peer(tmp_path: Path) -> None:
 
 
 def test_slow_close(tmp_path: Path) -> None:
-    r = _one_round("slow-close", "shared-store", tmp_path)
+    r = _one_round("slow-close", "replicated", tmp_path)
     assert r.master_after != r.master_before
 
 
@@ -93,7 +94,7 @@ def test_bandwidth_starve(tmp_path: Path) -> None:
 def test_bridge_remote_master_kill(tmp_path: Path) -> None:
     """Producer on a spoke, consumer on the hub pair, the bridge between them rebuilt
     on the new hub master after the SIGKILL: every receipted message arrives once."""
-    r = _one_round("bridge-remote-master-kill", "shared-store", tmp_path)
+    r = _one_round("bridge-remote-master-kill", "replicated", tmp_path)
     assert r.master_after != r.master_before
 
 
