@@ -308,11 +308,15 @@ class ReplicationMaster:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        # completions still waiting for the slave are dropped, never run: the master is
+        # stopping, its clients are about to be cut off, and a receipt now could claim a
+        # copy the slave (which may take over) does not have
+        self._held.clear()
+        self._fatal = "master stopping"
         link, self.link = self.link, None
         self._gated = None
         if link is not None:
             link.abort("master stopping")
-        self._release_all()
 
     # writer thread -----------------------------------------------------
     def _hook(self, payloads: Sequence[bytes]) -> None:
