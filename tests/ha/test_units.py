@@ -202,3 +202,12 @@ def test_state_file_fuzz_never_raises(data: bytes) -> None:
         (Path(d) / STATE_FILE).write_bytes(data)
         state = HaState.load(d)
         assert isinstance(state.epoch, int)
+
+
+def test_status_of_a_plain_broker_says_so() -> None:
+    from amqtransport.broker import EmbeddedBroker
+
+    with EmbeddedBroker(port=0) as b:
+        out = subprocess.run([sys.executable, "-m", "amqtransport", "broker", "status", "--port", str(b.port)],
+                             capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "is not an HA node" in out.stderr, out.stderr
