@@ -43,6 +43,7 @@ _WRITER_SPELLING = {
     "receiptwindow": "receiptWindow",
     "idprefix": "idPrefix",
     "reportpath": "reportPath",
+    "duplicateidheader": "duplicateIdHeader",
     "path": "path",
     "checkpointlocation": "checkpointLocation",  # Spark's own (writeStream); ignored here
     TEST_FAIL_OPTION: "test.failFirstAttemptAfter",
@@ -86,6 +87,7 @@ class WriterOptions:
     receipt_window: int = 100
     id_prefix: str | None = None
     report_path: str | None = None
+    duplicate_id_header: str | None = None
     fail_first_attempt_after: int | None = None
 
     def __repr__(self) -> str:  # never print the passcode
@@ -234,6 +236,12 @@ def parse_writer_options(options: Mapping[str, str]) -> WriterOptions:
     id_prefix = _text(opts, "idprefix")
     if id_prefix is not None and any(c in id_prefix for c in "\r\n\0:"):
         raise AmqSparkOptionError(f"amq: option idPrefix must not contain ':', CR, LF or NUL: {id_prefix!r}", option="idPrefix")
+    dup_header = _text(opts, "duplicateidheader")
+    if dup_header is not None and any(c in dup_header for c in "\r\n\0:"):
+        raise AmqSparkOptionError(
+            f"amq: option duplicateIdHeader must be a header name without ':', CR, LF or NUL: {dup_header!r}",
+            option="duplicateIdHeader",
+        )
     fail_after = None
     if TEST_FAIL_OPTION in opts:
         fail_after = _int(opts, TEST_FAIL_OPTION, "test.failFirstAttemptAfter", 0, 0, 2**31 - 1)
@@ -246,6 +254,7 @@ def parse_writer_options(options: Mapping[str, str]) -> WriterOptions:
         receipt_window=_int(opts, "receiptwindow", "receiptWindow", 100, 1, 1_000_000),
         id_prefix=id_prefix,
         report_path=_text(opts, "reportpath"),
+        duplicate_id_header=dup_header,
         fail_first_attempt_after=fail_after,
     )
 

@@ -253,6 +253,8 @@ def _send_partition(
                         raise AmqDataError(f"{exc} (partition {partition}, row {row_no})") from None
                 else:
                     key = key_of_row(row_no)
+                if options.duplicate_id_header:  # e.g. _AMQ_DUPL_ID for Artemis' duplicate detection
+                    headers = {**(headers or {}), options.duplicate_id_header: key}
                 assert dest is not None  # resolve_columns guarantees an option or a column
                 producer.send(dest, body, headers=headers, persistent=options.persistent, idempotency_key=key)
                 sent += 1

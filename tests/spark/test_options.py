@@ -31,6 +31,8 @@ def test_writer_defaults_and_lowercased_keys() -> None:
     )
     assert (o.destination, o.receipt_window, o.persistent, o.id_prefix, o.login, o.passcode) == (
         "/topic/t", 7, False, "job1", "u", "p")
+    assert parse_writer_options({"uri": URI, "destination": "q", "duplicateidheader": "_AMQ_DUPL_ID"}
+                                ).duplicate_id_header == "_AMQ_DUPL_ID"
     # camelCase keys (when called outside Spark) mean the same
     assert parse_writer_options({"uri": URI, "receiptWindow": "3", "destination": "x"}).receipt_window == 3
 
@@ -70,6 +72,7 @@ def test_unknown_option_lists_valid_ones() -> None:
         ({"uri": URI, "destination": "q", "persistent": "maybe"}, "persistent must be true or false"),
         ({"uri": URI, "destination": "q", "idprefix": "a:b"}, "idPrefix must not contain"),
         ({"uri": URI, "destination": "q\nx"}, "must not contain CR"),
+        ({"uri": URI, "destination": "q", "duplicateidheader": "a:b"}, "duplicateIdHeader must be a header name"),
     ],
 )
 def test_bad_writer_values(opts: dict[str, str], needle: str) -> None:

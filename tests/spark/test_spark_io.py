@@ -94,14 +94,18 @@ def test_id_column_makes_a_rerun_a_no_op(spark: Any, broker: Any) -> None:
 
 
 def test_destination_column_and_binary_body(spark: Any, broker: Any) -> None:
+    """Also: duplicateIdHeader copies each key into a second header (Artemis' _AMQ_DUPL_ID)."""
     qa, qb = queue(), queue()
     df = spark.createDataFrame(
         [(bytes([0, 1, 2, i]), qa if i % 2 else qb) for i in range(10)], "body binary, destination string"
     )
-    df.write.format("amq").mode("append").option("uri", failover(broker)).save()
+    df.write.format("amq").mode("append").option("uri", failover(broker)).option(
+        "duplicateIdHeader", "_AMQ_DUPL_ID"
+    ).save()
     a, b = drain(failover(broker), qa, idle=1.0), drain(failover(broker), qb, idle=1.0)
     assert sorted(m.body for m in a) == [bytes([0, 1, 2, i]) for i in range(1, 10, 2)]
     assert len(b) == 5
+    assert all(m.headers["_AMQ_DUPL_ID"] == m.headers["amq-idempotency-key"] for m in a + b)
 
 
 def test_streaming_across_broker_kill_lands_every_row_once(spark: Any, tmp_path: Path) -> None:
