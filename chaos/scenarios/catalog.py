@@ -31,7 +31,7 @@ class Scenario:
     connect_timeout_s: float = 2.0
     kinds: tuple[str, ...] = EMBEDDED_MODES
     kills: bool = False  # the cluster needs ``recover()`` after the round
-    detection_bound_s: float | None = None  # half-open: heart-beats must notice within this
+    detection_bound_s: float | None = None  # half-open, slow-close: heart-beats must notice within this
     # "broker": the cluster behind the proxies is what the clients use; "bridge": the
     # producer sends to a spoke broker bridged to the pair behind the proxies
     topology: str = "broker"
@@ -183,15 +183,19 @@ register(Scenario(
     recovery_bound_s=8.0,
 ))
 
+SLOW_CLOSE_MS = 4000
+
 register(Scenario(
     name="slow-close",
-    summary="slow_close 2.5 s on the master's proxy, then SIGKILL the master: the close reaches the "
-            "clients late (heart-beats notice first)",
-    inject=_slow_close_then_kill(2500),
+    summary=f"slow_close {SLOW_CLOSE_MS / 1000:g} s on the master's proxy, then SIGKILL the master: "
+            "the close reaches the clients late, so their heart-beats (1 s) must find the dead "
+            "link first, within about two intervals",
+    inject=_slow_close_then_kill(SLOW_CLOSE_MS),
     heal=_remove_toxics,
-    hold_s=4.0,  # keep the toxic until the delayed close has happened
+    hold_s=SLOW_CLOSE_MS / 1000 + 1.0,  # keep the toxic until the delayed close has happened
     kills=True,
     recovery_bound_s=15.0,
+    detection_bound_s=2 * 1.0 + 0.5,
 ))
 
 register(Scenario(

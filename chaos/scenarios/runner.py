@@ -16,9 +16,11 @@ One **round** (:func:`run_round`) on a ready :class:`~chaos.scenarios.cluster.St
    until it has every receipted message (or ``drain_timeout_s``);
 7. judge the **invariants**: every receipted message was received (*lost* = 0); no
    message reached the application twice (*duplicates* = 0; the client's dedupe is
-   on); recovery within the scenario's bound; for half-open, both clients noticed the
-   dead link within the detection bound; neither client died (``SendTimeout``,
-   ``ReconnectExhausted``). A failed round keeps running the others.
+   on); recovery within the scenario's bound; for half-open and slow-close, both
+   clients noticed the dead link within the detection bound; neither client died
+   (``SendTimeout``, ``ReconnectExhausted``); our broker did not store again a send it
+   had receipted before the fault (see ``RoundResult.stored_twice_after_receipt``).
+   A failed round keeps running the others.
 8. after a kill, ``cluster.recover()`` restarts the killed node for the next round
    (not timed).
 
@@ -362,12 +364,12 @@ def judge(result: RoundResult, obs: Observations, scenario: Scenario, params: Ru
         detections = [next((t for t in ts if t >= t_fault), None)
                       for ts in (obs.producer_interruptions, obs.consumer_interruptions)]
         if any(d is None for d in detections):
-            result.failures.append("a client never noticed the half-open link")
+            result.failures.append("a client never noticed the dead link (no heart-beat timeout)")
         else:
             result.detection_s = max(d - t_fault for d in detections if d is not None)
             if result.detection_s > scenario.detection_bound_s:
                 result.failures.append(
-                    f"half-open link noticed after {result.detection_s:.2f}s "
+                    f"dead link noticed after {result.detection_s:.2f}s "
                     f"(bound {scenario.detection_bound_s:g}s)")
     if obs.producer_error is not None:
         result.failures.append(f"producer failed: {obs.producer_error!r}")

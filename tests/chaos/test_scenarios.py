@@ -79,9 +79,12 @@ def test_reset_peer(tmp_path: Path) -> None:
     assert r.reconnects >= 1
 
 
-def test_slow_close(tmp_path: Path) -> None:
+def test_slow_close_is_found_by_heartbeats_before_the_late_close(tmp_path: Path) -> None:
     r = _one_round("slow-close", "replicated", tmp_path)
     assert r.master_after != r.master_before
+    # nothing told the clients for 4 s: their heart-beats (2 x 1 s) noticed
+    assert r.detection_s is not None and 1.5 <= r.detection_s <= 2.5
+    assert r.recovery_s is not None and r.recovery_s >= 1.5
 
 
 def test_bandwidth_starve(tmp_path: Path) -> None:
