@@ -60,11 +60,16 @@ def test_send_through_a_broker_kill_then_recv_gets_all(broker: BrokerProcess, tm
     proc = subprocess.Popen([*amq, "send", uri, "/queue/kill", "--count", str(count), "--window", "50",
                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)  # the interpreter starts, connects and sends for a while
-        broker.kill()
-        time.sleep(0.3)
-        broker.start()
-        out, err = proc.communicate(timeout=60)
+        # kill and restart every second while it runs (a kill before the child has
+        # connected only delays its start; one landing mid-run is asserted below)
+        for _ in range(5):
+            time.sleep(1.0)
+            if proc.poll() is not None:
+                break
+            broker.kill()
+            time.sleep(0.3)
+            broker.start()
+        out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()

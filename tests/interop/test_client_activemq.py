@@ -133,7 +133,8 @@ def test_amq_send_through_a_master_kill_then_amq_recv_gets_all(activemq_pair: Ac
     proc = subprocess.Popen([*amq, "send", pair.uri, "/queue/interop.cli", "--count", str(count), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.5)
+        _wait_client_connected(pair.master.stomp_port, proc)
+        time.sleep(0.5)  # let it send for a while
         pair.master.kill()
         out, err = proc.communicate(timeout=120)
     finally:
@@ -150,3 +151,20 @@ def test_amq_send_through_a_master_kill_then_amq_recv_gets_all(activemq_pair: Ac
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["received"] == count
+
+
+def _wait_client_connected(port: int, proc: Any, timeout: float = 30.0) -> None:
+    """Wait until some process holds an ESTABLISHED TCP connection to 127.0.0.1:port
+    (read from /proc/net/tcp; nothing else talks to the master during the test)."""
+    deadline = time.monotonic() + timeout
+    want = f"{port:04X}"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return
+        with open("/proc/net/tcp") as fh:
+            for line in fh.readlines()[1:]:
+                parts = line.split()
+                if parts[2].endswith(":" + want) and parts[3] == "01":
+                    return
+        time.sleep(0.05)
+    raise AssertionError(f"no client connected to port {port} within {timeout}s")
