@@ -83,6 +83,8 @@ def test_direct_connection_reports_a_killed_broker(broker: BrokerProcess) -> Non
         while conn.is_connected and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not conn.is_connected
+        while not events.calls and time.monotonic() < deadline:  # told right after
+            time.sleep(0.01)
         assert events.calls == [("failed", "ConnectionClosed")]
         with pytest.raises(ConnectionClosed):
             conn.send("/queue/x", "nope")
@@ -135,6 +137,7 @@ def test_sigkill_under_producer_and_consumer_then_restart_loses_nothing(broker: 
         assert set(received) == set(receipted), f"lost {sorted(set(receipted) - set(received))[:10]}"
         assert len(received) == len(set(received)), "the duplicate filter let a copy through"
         for ev in (prod_events, cons_events):  # a SIGKILL shows up as a close or a reset
+            assert ev.resumed.wait(10)
             assert ev.calls[0] in (("interrupted", "ConnectionClosed"), ("interrupted", "ReadError"))
             assert ev.calls[1] == ("resumed", broker.uri)
         # the consumer acked everything: nothing is left on the broker
@@ -161,6 +164,7 @@ def test_failover_between_two_independent_brokers(tmp_path: Path) -> None:
                     if i == 100:
                         a.kill()
             assert conn.connected_uri == b.uri
+            assert events.resumed.wait(10)
             assert [c[0] for c in events.calls] == ["interrupted", "resumed"]
             assert events.calls[1] == ("resumed", b.uri)
             # the subscription followed us to b without user code
@@ -242,6 +246,7 @@ def test_master_kill_of_our_ha_pair_under_producer_and_consumer(mode: str, tmp_p
                     p.send("/queue/pair", f"m{i}", idempotency_key=f"pair-{i}")
                     if i == 150:
                         master.kill()
+            assert events.resumed.wait(10)
             assert [c[0] for c in events.calls] == ["interrupted", "resumed"]
             assert producer.connected_uri == pair.other(master).uri
             deadline = time.monotonic() + 30
