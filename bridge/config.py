@@ -283,6 +283,10 @@ def _cross_checks(cfg: BridgeConfig) -> list[tuple[str, str]]:
                         f"wildcard queue include {inc!r} overlaps exclude[{k}] {nc.exclude[k]!r}: the bridge would "
                         "consume excluded queue messages; list the queues explicitly or use dynamic_include",
                     ))
+        same = set(leaf_addresses(cfg.local_uri)) & set(leaf_addresses(nc.uri))
+        if same:
+            problems.append((f"{base}.uri", f"points at the local broker ({', '.join(sorted(same))}): "
+                                            "a bridge must connect two different brokers"))
         if (nc.login is None) != (nc.passcode is None):
             problems.append((f"{base}.passcode" if nc.passcode is None else f"{base}.login", "login and passcode go together"))
         if (nc.local_login is None) != (nc.local_passcode is None):

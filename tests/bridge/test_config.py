@@ -70,6 +70,7 @@ def _with(replace: str, by: str) -> str:
         (_with('static_include = ["/queue/orders"]\ndynamic_include = ["/queue/events.>"]', ""), "network_connector[0]", "nothing to forward"),
         (_with("network_ttl = 1", 'advisories = "maybe"'), "network_connector[0].advisories", "must be one of"),
         (_with('name = "spoke1-to-hub"', 'name = "two words"'), "network_connector[0].name", "letters, digits"),
+        (_with("tcp://127.0.0.1:61633,", "tcp://127.0.0.1:61623,"), "network_connector[0].uri", "points at the local broker"),
     ],
 )
 def test_errors_name_their_path(text: str, path: str, fragment: str) -> None:
