@@ -186,7 +186,10 @@ class StompConnection:
                 headers.append(("client-id", self._params.client_id))
             headers.append(("heart-beat", f"{int(ours[0])},{int(ours[1])}"))
             headers.extend(self._params.extra_headers)
-            stream.write(serialize(Frame.make("CONNECT", headers), "1.2"))
+            try:
+                stream.write(serialize(Frame.make("CONNECT", headers), "1.2"))
+            except TransportError as exc:  # e.g. a TLS peer that rejected our certificate
+                raise ConnectError(f"{self.address}: handshake failed: {exc}") from exc
             frame = self._read_handshake(stream, deadline)
             if frame.command == "ERROR":
                 raise error_from_frame(frame, f"{self.address}: CONNECT refused: ")
