@@ -62,7 +62,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from amqtransport.stomp import IDEMPOTENCY_HEADER, IDEMPOTENCY_HEADER_ALIASES
 
@@ -155,13 +155,6 @@ def forward_headers(headers: Mapping[str, str], decision: Decision) -> dict[str,
     out[HOPS_HEADER] = str(decision.hops)
     out[PATH_HEADER] = ",".join(decision.path)
     return out
-
-
-class _Message(Protocol):
-    headers: Any
-    body: bytes
-
-    def ack(self) -> None: ...
 
 
 class DestinationForwarder:
