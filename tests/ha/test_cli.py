@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from amqtransport.broker.ha.replication import ha_request_sync
 from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(150)
@@ -60,10 +61,17 @@ def test_pair_command_kill_master_nothing_lost(mode: str, tmp_path: Path) -> Non
         assert roles == {"a": "master", "b": "slave"}, text
         master_pid = pids[0]
 
-        n = 6000
+        ha_port = int(re.findall(r"^node a: .* ha-port tcp://127\.0\.0\.1:(\d+)", text, re.M)[0])
+        n = 12000
         send = subprocess.Popen([*AMQ, "send", "-n", str(n), "--no-progress", "--json", uri.group(1), "/queue/demo"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)
+        # kill once the master has taken a good part of the stream, not after a fixed sleep
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            sent = int(ha_request_sync("127.0.0.1", ha_port).get("amq-ha-sent") or 0)
+            if sent >= 2000 or send.poll() is not None:
+                break
+            time.sleep(0.02)
         assert send.poll() is None, "the sender finished before the kill: make n larger"
         os.kill(master_pid, signal.SIGKILL)
         stdout, stderr = send.communicate(timeout=120)
