@@ -32,11 +32,14 @@ def list_scenarios() -> str:
 
 
 def run_cli(names: Sequence[str], *, rounds: int, report_dir: Path | None, mode: str,
-            params: RunParams, echo: Callable[[str], None] = print) -> int:
+            params: RunParams, echo: Callable[[str], None] = print,
+            workdir: Path | None = None) -> int:
     """Run the scenarios, print one line per round and the table, write the report.
 
     Returns the exit status: 0 all invariants held, 1 one failed, 2 bad arguments or
-    a cluster that could not be started."""
+    a cluster that could not be started. Scratch directories (broker data and logs)
+    go under ``workdir`` (default: the system's temp dir); a failed scenario's is kept
+    and its path logged."""
     from chaos.report import format_table, summarize, write_report
 
     unknown = [n for n in names if n not in SCENARIOS]
@@ -58,7 +61,7 @@ def run_cli(names: Sequence[str], *, rounds: int, report_dir: Path | None, mode:
             continue
         for m in chosen:
             try:
-                results.extend(run_scenario(sc, m, rounds, params,
+                results.extend(run_scenario(sc, m, rounds, params, workdir=workdir,
                                             on_round=lambda r: echo(r.line(rounds))))
             except ClusterError as exc:
                 errors.append(f"{name}[{m}]: {exc}")

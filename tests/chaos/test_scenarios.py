@@ -140,7 +140,7 @@ def test_a_broken_invariant_fails_the_run(tmp_path: Path) -> None:
     lines: list[str] = []
     try:
         code = run_cli([name, broken], rounds=1, report_dir=tmp_path / "rep", mode="single",
-                       params=FAST, echo=lines.append)
+                       params=FAST, echo=lines.append, workdir=tmp_path)
     finally:
         del SCENARIOS[name], SCENARIOS[broken]
     assert code == 1
