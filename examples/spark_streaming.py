@@ -72,6 +72,16 @@ def main() -> None:
                 .trigger(processingTime="1 second")
                 .start()
             )
+            # Spark and its Python workers take a while to start on a busy machine: count the
+            # run time from the producer's first rows.
+            start_by = time.monotonic() + 180
+            while not (produce.lastProgress and produce.lastProgress["numInputRows"]):
+                for q in (produce, relay):
+                    if q.exception() is not None:
+                        raise SystemExit(f"query {q.name or q.id} failed: {q.exception()}")
+                if time.monotonic() > start_by:
+                    raise SystemExit("the producer query made no progress in 180 s")
+                time.sleep(0.5)
             deadline = time.monotonic() + args.seconds
             while time.monotonic() < deadline:
                 time.sleep(2)

@@ -288,7 +288,7 @@ def run_demo(
         def watch() -> None:
             """Progress (messages the master holds, else Spark's task counts); the kill."""
             last_at = 0.0
-            while not finished.wait(0.25):
+            while not finished.wait(0.1):
                 done, active, total = _stage_progress(spark.sparkContext)
                 if not total:
                     continue
