@@ -41,7 +41,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, Wri
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from amqtransport.spark.ids import batch_key, column_key, new_run_id, stream_key
-from amqtransport.spark.options import AmqSparkOptionError, WriterOptions
+from amqtransport.spark.options import AmqSparkOptionError, WriterOptions, normalize_destination
 
 __all__ = [
     "AmqCommitMessage",
@@ -216,6 +216,7 @@ def _send_partition(
     conn = _connection(options, fresh=attempt > 0)
     sent = 0
     per_dest: dict[str, int] = {}
+    dest_cache: dict[str, str] = {}
     fail_after = options.fail_first_attempt_after if attempt == 0 else None
     try:
         producer = conn.producer(window=options.receipt_window)
@@ -236,11 +237,17 @@ def _send_partition(
                 if cols.destination is None:
                     dest = options.destination
                 else:
-                    dest = row[cols.destination]
-                    if not dest:
-                        raise AmqDataError(
-                            f"amq writer: destination column is null/empty in partition {partition}, row {row_no}"
-                        )
+                    raw = row[cols.destination]
+                    dest = dest_cache.get(raw)
+                    if dest is None:
+                        if not raw or not raw.strip():
+                            raise AmqDataError(
+                                f"amq writer: destination column is null/empty in partition {partition}, row {row_no}"
+                            )
+                        try:
+                            dest = dest_cache[raw] = normalize_destination(raw)
+                        except AmqSparkOptionError as exc:
+                            raise AmqDataError(f"{exc} (partition {partition}, row {row_no})") from None
                 headers = None
                 if cols.headers is not None:
                     hm = row[cols.headers]

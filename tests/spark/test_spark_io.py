@@ -97,7 +97,8 @@ def test_destination_column_and_binary_body(spark: Any, broker: Any) -> None:
     """Also: duplicateIdHeader copies each key into a second header (Artemis' _AMQ_DUPL_ID)."""
     qa, qb = queue(), queue()
     df = spark.createDataFrame(
-        [(bytes([0, 1, 2, i]), qa if i % 2 else qb) for i in range(10)], "body binary, destination string"
+        [(bytes([0, 1, 2, i]), qa if i % 2 else qb[len("/queue/"):]) for i in range(10)],  # "x" means /queue/x
+        "body binary, destination string",
     )
     df.write.format("amq").mode("append").option("uri", failover(broker)).option(
         "duplicateIdHeader", "_AMQ_DUPL_ID"
@@ -227,3 +228,13 @@ def test_stream_reader_across_broker_kill_loses_nothing(spark: Any, tmp_path: Pa
         assert sorted(r["body"] for r in rows) == sorted(f"k-{i}" for i in range(n))
         assert len({r["seq"] for r in rows}) == n
         assert drain(uri, src, idle=1.0) == []
+
+
+def test_bad_rows_fail_the_job_with_a_clear_error(spark: Any, broker: Any) -> None:
+    dest = queue()
+    df = spark.createDataFrame([("ok",), (None,)], "body string").coalesce(1)
+    with pytest.raises(Exception, match=r"body is null in partition 0, row 1"):
+        df.write.format("amq").mode("append").option("uri", failover(broker)).option("destination", dest).save()
+    bad_dest = spark.createDataFrame([("x", " ")], "body string, destination string").coalesce(1)
+    with pytest.raises(Exception, match=r"destination column is null/empty in partition 0, row 0"):
+        bad_dest.write.format("amq").mode("append").option("uri", failover(broker)).save()
