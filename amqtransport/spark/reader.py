@@ -92,13 +92,20 @@ class WalRecord:
 
     @classmethod
     def from_json(cls, line: str) -> WalRecord:
-        d = json.loads(line)
+        """Parse one log line; ValueError (only) for anything that is not a whole record."""
+        try:
+            return cls._from_dict(json.loads(line))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a WAL record: {line[:80]!r}") from exc
+
+    @classmethod
+    def _from_dict(cls, d: Any) -> WalRecord:
         return cls(
             seq=int(d["seq"]),
             key=str(d["key"]),
             destination=str(d["dest"]),
             message_id=str(d["mid"]),
-            body=base64.b64decode(d["body"]),
+            body=base64.b64decode(d["body"], validate=True),
             headers={str(k): str(v) for k, v in d["headers"].items()},
             redelivered=bool(d["redelivered"]),
         )
@@ -157,6 +164,7 @@ class WriteAheadLog:
             with open(self.done_path, encoding="utf-8") as fh:
                 for key in json.load(fh):
                     self.done[str(key)] = None
+        torn = False
         if os.path.exists(self.log_path):
             with open(self.log_path, encoding="utf-8") as fh:
                 for line in fh:
@@ -165,14 +173,17 @@ class WriteAheadLog:
                         continue
                     try:
                         rec = WalRecord.from_json(line)
-                    except (ValueError, KeyError):
-                        log.warning("amq reader: ignoring a torn last line in %s", self.log_path)
+                    except ValueError:
+                        log.warning("amq reader: dropping a torn last line of %s", self.log_path)
+                        torn = True
                         break
                     if rec.seq <= self.acked_through:
                         self.done[rec.key] = None
                         continue
                     self.records[rec.seq] = rec
                     self.by_key[rec.key] = rec.seq
+        if torn:  # rewrite without it, or the next append would extend the torn line
+            _atomic_write(self.log_path, "".join(r.to_json() + "\n" for r in self.records.values()))
         self._trim_done()
 
     @property
