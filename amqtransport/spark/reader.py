@@ -31,8 +31,9 @@ Limits, honestly: (a) the WAL lives on the driver's disk: point ``walPath`` at d
 storage next to the checkpoint (Spark does not tell a Python source its checkpoint
 location, so it is an option); losing it while batches are planned-but-uncommitted
 makes the replay fail with a clear error instead of silently skipping; (b) the
-committed-keys set is bounded (``_DONE_KEEP`` keys), so a message acked long ago and
-redelivered after more than that many later messages would be read again; (c) a
+committed-keys set is bounded (``_DONE_KEEP`` keys in memory, the newest
+``_DONE_PERSIST`` across a restart), so a message acked long ago and redelivered after
+more than that many later messages would be read again; (c) a
 message's ack is lost if our connection fails over after ``commit`` sent it but before
 the broker processed it: it is then redelivered and dropped by (b); (d) the sink side
 decides end-to-end exactly-once: write to ``amq`` again with an ``id`` column holding
@@ -63,7 +64,8 @@ READER_SCHEMA = (
     "idempotency_key string, redelivered boolean, seq long"
 )
 
-_DONE_KEEP = 100_000
+_DONE_KEEP = 100_000  # recently committed keys kept in memory
+_DONE_PERSIST = 20_000  # ... and the newest of them kept across a restart (done.json)
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,8 @@ class WriteAheadLog:
             self.by_key.pop(rec.key, None)
             self.done[rec.key] = None
         self._trim_done()
-        _atomic_write(self.done_path, json.dumps(list(self.done)))
+        recent = list(self.done)[-_DONE_PERSIST:]
+        _atomic_write(self.done_path, json.dumps(recent))
         _atomic_write(self.acked_path, json.dumps({"acked_through": end}))
         self.acked_through = end
         _atomic_write(self.log_path, "".join(r.to_json() + "\n" for r in self.records.values()))
