@@ -15,15 +15,14 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import signal
-import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from amqtransport._loop_thread import LoopThread
 from chaos.collection import ProxyCollection
 from chaos.http_api import ToxiproxyApi
 from chaos.http_server import HttpServer, start_http_server
@@ -72,9 +71,8 @@ class ToxiproxyServer:
         self.host = host
         self._requested_port = port
         self._server: ChaosServer | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped: asyncio.Event | None = None
+        # cancel_pending: open connections still pending after close() are cancelled on the way out.
+        self._runner = LoopThread(f"toxiproxy-{host}:{port}", cancel_pending=True)
 
     @property
     def port(self) -> int:
@@ -90,68 +88,32 @@ class ToxiproxyServer:
 
     def start(self) -> ToxiproxyServer:
         """Start the loop thread and bind the API; raises ``OSError`` if the bind fails."""
-        if self._thread is not None:
-            return self
-        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._thread = threading.Thread(
-            target=self._run,
-            args=(ready,),
-            name=f"toxiproxy-{self.host}:{self._requested_port}",
-            daemon=True,
-        )
-        self._thread.start()
-        try:
-            ready.result(timeout=30)
-        except BaseException:
-            self._thread.join(timeout=5)
-            self._thread = None
-            raise
+        self._runner.start(self._open, self._close, timeout=30)
         return self
 
-    def _run(self, ready: concurrent.futures.Future[None]) -> None:
-        # asyncio.run cancels whatever is still pending (open connections) on the way out.
-        asyncio.run(self._main(ready))
-
-    async def _main(self, ready: concurrent.futures.Future[None]) -> None:
+    async def _open(self) -> None:
         server = ChaosServer(self.host, self._requested_port)
-        self._loop = asyncio.get_running_loop()
-        self._stopped = asyncio.Event()
-        try:
-            await server.start()
-        except BaseException as exc:
-            ready.set_exception(exc)
-            return
+        await server.start()
         self._server = server
-        ready.set_result(None)
-        try:
-            await self._stopped.wait()
-        finally:
-            await server.close()
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            await self._server.close()
 
     def call(self, fn: Callable[[ProxyCollection], T], timeout: float = 10.0) -> T:
         """Run ``fn(collection)`` on the server's loop and return its result.
 
         For tests that look inside (e.g. count a proxy's live connections).
         """
-        if self._loop is None or self._server is None:
+        if self._server is None:
             raise RuntimeError("ToxiproxyServer is not started")
-        collection = self._server.collection
-
-        async def run() -> T:
-            return fn(collection)
-
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+        return self._runner.call(fn, self._server.collection, timeout=timeout)
 
     def stop(self) -> None:
         """Close the API, every proxy and every connection; join the thread."""
-        thread, loop, stopped = self._thread, self._loop, self._stopped
-        if thread is None:
+        if not self._runner.started:
             return
-        if loop is not None and stopped is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stopped.set)
-        thread.join(timeout=10)
-        self._thread = None
+        self._runner.stop(timeout=10)
         self._server = None
 
     def __enter__(self) -> ToxiproxyServer:

@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.uri", 2),
     ("amqtransport.options", 2),
     ("amqtransport.backoff", 2),
+    ("amqtransport._loop_thread", 3),  # an asyncio service on a daemon thread (embedded broker, chaos proxy)
     ("amqtransport.broker", 3),
     ("amqtransport._backends", 4),
     ("amqtransport.transports", 5),
