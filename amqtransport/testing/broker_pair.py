@@ -13,8 +13,6 @@ Logs go to ``<data_dir>/<name>-<n>.log``. Everything is stopped by pid on exit.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +24,7 @@ from types import TracebackType
 
 from amqtransport.broker.ha.replication import ha_request_sync
 
+from ._process import kill_and_reap, read_log, spawn_logged, terminate_and_reap
 from .ports import free_port
 
 __all__ = ["BrokerPair", "HaNodeProcess"]
@@ -87,13 +86,8 @@ class HaNodeProcess:
         self.log_path = self.log_dir / f"{self.name}-{self._starts}.log"
         with self._cond:
             self.lines = []
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        with open(self.log_path, "wb") as log_file:
-            self.proc = subprocess.Popen(
-                self.command(), stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True,  # a terminal's Ctrl-C reaches `amq broker pair`, which stops us in order
-            )
+        # new session: a terminal's Ctrl-C reaches `amq broker pair`, which stops us in order
+        self.proc = spawn_logged(self.command(), self.log_path, new_session=True)
         self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True,
                                         name=f"ha-node-reader:{self.name}")
         self._reader.start()
@@ -150,9 +144,7 @@ class HaNodeProcess:
         return self.status().get("amq-ha-role", "down") if self.alive else "down"
 
     def log_text(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
+        return read_log(self.log_path)
 
     def all_logs(self) -> str:
         return "".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob(f"{self.name}-*.log")))
@@ -161,22 +153,13 @@ class HaNodeProcess:
         """SIGKILL and wait (a crash)."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
+        kill_and_reap(self.proc)
         self._close()
 
     def terminate(self, timeout: float = 20.0) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        code = self.proc.returncode
+        code = terminate_and_reap(self.proc, timeout, kill_wait=10)
         self._close()
         return code
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import selectors
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+
+from ._process import kill_and_reap, read_log, spawn_logged, terminate_and_reap
 
 __all__ = ["BrokerProcess"]
 
@@ -80,17 +81,7 @@ class BrokerProcess:
         self._starts += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / f"broker-{self._starts}.log"
-        env = dict(os.environ)
-        env.update(self.env or {})
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        with open(self.log_path, "wb") as log_file:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=subprocess.PIPE,
-                stderr=log_file,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
+        self.proc = spawn_logged(self.command(), self.log_path, self.env)
         try:
             line = self._read_listening_line()
         except BaseException:
@@ -129,32 +120,22 @@ class BrokerProcess:
         )
 
     def log_text(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
+        return read_log(self.log_path)
 
     def kill(self) -> None:
         """SIGKILL (no flush, no cleanup: a crash) and wait."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
+        kill_and_reap(self.proc)
         self._close_pipes()
 
     def terminate(self, timeout: float = 20.0) -> int | None:
         """SIGTERM (a clean stop that flushes the journal); SIGKILL after ``timeout``."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
+        code = terminate_and_reap(self.proc, timeout, kill_wait=30)
         self._close_pipes()
-        return self.proc.returncode
+        return code
 
     stop = terminate
 
