@@ -103,14 +103,8 @@ def _default_agent_factory(services: Sequence[str], options: Any, listener: Any)
 
 def server_of(conn: Any) -> str:
     """The ``server`` header of the CONNECTED frame (e.g. ``ActiveMQ/5.17.2``), or ""."""
-    value = getattr(conn, "server", None)
-    if isinstance(value, str):
-        return value
-    try:  # the client does not expose it publicly (yet): look at the live STOMP link
-        frame = conn.transport._conn.connected_frame
-        return str(frame.get("server") or "")
-    except Exception:  # noqa: BLE001 - unknown: assume a broker with advisories
-        return ""
+    value = getattr(conn, "server", None)  # Connection.server; None while the link is down
+    return value if isinstance(value, str) else ""  # unknown: assume a broker with advisories
 
 
 def _quietly(fn: Callable[[], Any]) -> None:
