@@ -49,6 +49,12 @@ class BrokerConfig(BaseModel):
     max_transactions: int = Field(default=100, ge=1)
     connect_timeout_ms: int = Field(default=10000, ge=1)
 
+    # memory limits / producer flow control (see amqtransport.broker.memory)
+    memory_limit: int = Field(default=256 * MiB, ge=4096)
+    destination_memory_limit: int = Field(default=0, ge=0)  # 0: only the global limit
+    memory_low_water: float = Field(default=0.7, gt=0.0, lt=1.0)
+    send_fail_if_no_space: bool = False
+
     # heart-beats: the broker can send / wants to receive no faster than these
     heartbeat_send_min_ms: int = Field(default=100, ge=0)
     heartbeat_receive_min_ms: int = Field(default=100, ge=0)

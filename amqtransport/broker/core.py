@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .config import BrokerConfig
+from .memory import MemoryGauge
 from .message import Message
 from .store import Ack, Enq, MessageStore, Move, Sub
 from .store.journal import Callback
@@ -160,6 +161,7 @@ class Queue:
         self.dequeued = 0
 
     def enqueue(self, msg: Message) -> None:
+        self.core.memory.charge(msg)
         self.messages.append(msg)
         self.enqueued += 1
         if self.ready:
@@ -199,6 +201,7 @@ class Queue:
                 if msg.persistent:
                     auto_acked.append(msg.id)
                 self.dequeued += 1
+                self.core.memory.release(msg)
             else:
                 sub.unacked[msg.id] = msg
             sub.conn.deliver(sub, msg, msg.delivery_count)
@@ -303,6 +306,7 @@ class BrokerCore:
         self.dead_lettered = 0
         self.expired = 0
         self.shutting_down = False  # set by the server: no dead-lettering while it closes
+        self.memory = MemoryGauge(config.memory_limit, config.destination_memory_limit, config.memory_low_water)
 
     # ------------------------------------------------------------------ startup
     def load_from_store(self) -> int:
@@ -314,6 +318,8 @@ class BrokerCore:
         n = 0
         for dest, msgs in self.store.messages_by_destination().items():
             q = self.queue(dest)
+            for m in msgs:
+                self.memory.charge(m)
             q.messages.extend(msgs)
             q.enqueued += len(msgs)
             n += len(msgs)
@@ -349,6 +355,7 @@ class BrokerCore:
 
     def drop_expired(self, msg: Message) -> None:
         self.expired += 1
+        self.memory.release(msg)
         if msg.persistent:
             self.store_ack([msg.id])
 
@@ -589,6 +596,7 @@ class BrokerCore:
             t.durable.pop(qkey, None)
         q = self.queues.pop(qkey, None)
         if q is not None:
+            self.memory.release_all(list(q.messages))
             ids = [m.id for m in q.messages if m.persistent]
             if ids:
                 self.store_ack(ids)
@@ -647,6 +655,8 @@ class BrokerCore:
         return True
 
     def _consumed(self, sub: Subscription, msgs: Sequence[Message], callback: Callback | None) -> None:
+        for m in msgs:
+            self.memory.release(m)
         if sub.kind == "queue":
             q = self.queues.get(sub.name)
             if q is not None:
@@ -699,6 +709,8 @@ class BrokerCore:
                 back.append(m)
         if back:
             if sub.durable_queue is not None and sub.durable_queue not in self.durable_subs:
+                for m in back:
+                    self.memory.release(m)
                 self.store_ack([m.id for m in back if m.persistent])  # its subscription is gone
                 return
             self.queue(sub.name).requeue(back)  # re-created if it was forgotten meanwhile
@@ -710,6 +722,7 @@ class BrokerCore:
         else:
             name = split_destination(src)[1]
         self.dead_lettered += 1
+        self.memory.release(m)  # charged again to the DLQ by enqueue (or gone)
         if name.startswith(self.config.dlq_prefix):
             log.warning("message %s exceeded redeliveries in dead-letter queue %s; discarded", m.id, src)
             if m.persistent:
@@ -750,6 +763,7 @@ class BrokerCore:
             routed.append((kind, name, msg))
         ack_ids: list[str] = []
         for sub, m in tx.acked:
+            self.memory.release(m)
             if sub.kind == "queue":
                 q = self.queues.get(sub.name)
                 if q is not None:
@@ -835,6 +849,7 @@ class BrokerCore:
                     "consumers": len(q.consumers),
                     "enqueued": q.enqueued,
                     "dequeued": q.dequeued,
+                    "memory": self.memory.by_destination.get(k, 0),
                 }
                 for k, q in self.queues.items()
             },
@@ -843,4 +858,5 @@ class BrokerCore:
             "duplicates": self.duplicates,
             "dead_lettered": self.dead_lettered,
             "expired": self.expired,
+            "memory": self.memory.stats(),
         }

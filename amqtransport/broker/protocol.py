@@ -24,6 +24,25 @@ dispatching to its subscriptions and we stop reading from the socket, so a clien
 that does not read cannot make the broker buffer without bound; more than
 ``max_pending_frames`` frames held for it closes the connection.
 
+Producer flow control. Before a SEND (or a COMMIT with sends) is processed the
+core's :class:`~.memory.MemoryGauge` is asked whether memory is over its limit (for
+all destinations, or for this one). If it is, the frame is *parked* in this
+connection's ``_held`` list -- no receipt, nothing enqueued -- and every later frame
+joins it, in order, except ACK and NACK, which are processed at once: they only free
+memory, and a connection that both produces and consumes would otherwise deadlock
+with its own acks stuck behind its parked SENDs. We keep reading (so those acks and
+heart-beats get through) until the parked frames pass ``write_buffer_high`` bytes or
+``max_pending_frames`` frames; then the socket is paused and TCP back-pressure blocks
+the producer. (We chose "keep reading, park SENDs" over "pause connections whose last
+frame was a SEND" because the latter cannot see an ack queued behind a send.) When
+the gauge releases (usage down to the low-water mark) the connection is woken via
+``call_soon`` and replays its parked frames until one must wait again. The limit on
+what a parked connection may buffer means a client that writes more than that many
+SENDs ahead of its own acks can still stall itself -- ActiveMQ has the same caveat
+and the same advice: produce and consume on separate connections. With
+``send_fail_if_no_space`` a SEND that would wait gets an ERROR naming the limit
+instead (and, as after every ERROR, the connection is closed).
+
 Receipts. A RECEIPT for a persistent SEND (or a COMMIT, an ACK of persistent
 messages, a DISCONNECT) is written from the store's completion callback, i.e. only
 once the journal has fsynced the record. Heart-beats: a timer per connection sends
@@ -35,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import TYPE_CHECKING
 
 from amqtransport.errors import RemoteProtocolError
@@ -120,6 +140,9 @@ class StompConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.frames_in = 0
         self.messages_out = 0
+        self._held: deque[tuple[StompFrame, int]] = deque()  # frames parked by flow control
+        self._held_bytes = 0
+        self._held_wake_scheduled = False
 
     # ------------------------------------------------------------------ asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -147,7 +170,7 @@ class StompConnection(asyncio.Protocol):
                 event = parser.next_event()
                 if isinstance(event, StompFrame):
                     self.frames_in += 1
-                    self._handle(event)
+                    self._admit(event)
                 elif isinstance(event, NeedData):
                     break
                 # a Heartbeat needs nothing: last_read is updated already
@@ -168,6 +191,9 @@ class StompConnection(asyncio.Protocol):
         for tx in self.txs.values():
             self.core.abort(tx)
         self.txs.clear()
+        self._held.clear()
+        self._held_bytes = 0
+        self.core.memory.remove_waiter(id(self))
         for sub in list(self.subs.values()):
             self.core.unsubscribe(sub)
         self.subs.clear()
@@ -234,6 +260,8 @@ class StompConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _resume_reading(self) -> None:
+        if self._hold_full() or self._stop_reading:
+            return
         if self._reading_paused and self.transport is not None and not self.closing:
             self._reading_paused = False
             self.transport.resume_reading()
@@ -337,6 +365,88 @@ class StompConnection(asyncio.Protocol):
             lines.append(f"timestamp:{int(msg.timestamp * 1000)}")
         lines.append(f"content-length:{len(msg.body)}\n\n")
         return "\n".join(lines).encode("utf-8")
+
+    # ------------------------------------------------------------------ flow control
+    def _admit(self, frame: StompFrame) -> None:
+        """Process a frame now, or park it while producer flow control holds this connection."""
+        if self._held:
+            if frame.command in ("ACK", "NACK"):
+                self._handle(frame)  # acks free memory: never behind a parked SEND
+            else:
+                self._hold(frame)
+            return
+        if self.connected and self._must_wait(frame):
+            if self.config.send_fail_if_no_space:
+                self._error(self._no_space_message(frame), receipt=frame.get("receipt"))
+            self._hold(frame)
+            return
+        self._handle(frame)
+
+    def _must_wait(self, frame: StompFrame) -> bool:
+        memory = self.core.memory
+        cmd = frame.command
+        if cmd == "SEND":
+            return memory.blocked(frame.get("destination"))
+        if cmd == "COMMIT":
+            tx = self.txs.get(frame.get("transaction") or "")
+            return tx is not None and any(memory.blocked(s[0]) for s in tx.sends)
+        return False
+
+    def _no_space_message(self, frame: StompFrame) -> str:
+        memory = self.core.memory
+        if memory.full:
+            return (
+                f"producer flow control: broker memory limit reached "
+                f"({memory.usage} bytes in use, memory_limit={memory.limit}); send refused (send_fail_if_no_space)"
+            )
+        dest = frame.get("destination") or "(transaction)"
+        return (
+            f"producer flow control: destination {dest} is over its memory limit "
+            f"(destination_memory_limit={memory.destination_limit}); send refused (send_fail_if_no_space)"
+        )
+
+    def _hold(self, frame: StompFrame) -> None:
+        size = len(frame.body) + 64
+        for k, v in frame.headers:
+            size += len(k) + len(v)
+        self._held.append((frame, size))
+        self._held_bytes += size
+        self.core.memory.add_waiter(id(self), self._flow_wake)
+        if self._hold_full():
+            self._pause_reading()
+
+    def _hold_full(self) -> bool:
+        return self._held_bytes > self.config.write_buffer_high or len(self._held) > self.config.max_pending_frames
+
+    def _flow_wake(self) -> None:
+        """Called by the gauge when memory was released (inside dispatch: defer)."""
+        if not self._held_wake_scheduled and not self.closing:
+            self._held_wake_scheduled = True
+            self.loop.call_soon(self._replay_held)
+
+    def _replay_held(self) -> None:
+        self._held_wake_scheduled = False
+        held = self._held
+        try:
+            while held and not self.closing:
+                frame, size = held[0]
+                if frame.command not in ("ACK", "NACK") and self._must_wait(frame):
+                    return  # still full: stay registered, wait for the next release
+                held.popleft()
+                self._held_bytes -= size
+                self._handle(frame)
+        except _Close:
+            return
+        except Exception as exc:  # noqa: BLE001 - as in data_received
+            log.exception("internal error handling a parked frame from %s", self.peer)
+            self._error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
+            return
+        finally:
+            if not held:
+                self._held_bytes = 0
+                self.core.memory.remove_waiter(id(self))
+            if not self._paused and not self.closing:
+                self._resume_reading()  # no-op while the parked frames are still over their bound
 
     # ------------------------------------------------------------------ frames
     def _handle(self, frame: StompFrame) -> None:

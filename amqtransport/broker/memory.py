@@ -1,0 +1,164 @@
+"""Memory accounting of live queue messages, with the high/low water marks of flow control.
+
+Theory of operation
+-------------------
+Every message that enters a queue (``/queue/X``, a durable-subscription queue, a DLQ)
+is *charged* its size -- body + header names and values + :data:`MESSAGE_OVERHEAD`
+for the Python objects -- when it is enqueued, and *released* when it leaves the
+broker's memory for good: acked (or handed to an auto-ack consumer), expired,
+discarded, or dropped with its durable subscription. The charge is remembered on the
+message (``Message.mem``), so releasing twice, or releasing a message that was never
+charged (a non-durable topic message), is a no-op, and the per-destination figure
+stays right when a message moves to a DLQ (release from the old, charge the new).
+A message waiting for an ack is still charged: it is still held in memory and comes
+back to the queue if its consumer goes away.
+
+Non-durable topic messages are not charged: they are handed out at once, and what a
+slow topic subscriber falls behind by is bounded by ``topic_backlog_limit`` instead.
+
+Flow control is a flag with hysteresis, kept globally (``memory_limit``) and per
+destination (``destination_memory_limit``): it *engages* when usage reaches the
+limit and *releases* when usage falls to ``memory_low_water`` x limit, each logged
+once. The gauge does not refuse anything itself; the connection handler asks
+:meth:`MemoryGauge.blocked` before it processes a SEND and parks the frame while it
+is true. Parked connections register a waiter; when a flag releases, the waiters are
+called (they reschedule themselves on the loop -- the release happens inside
+dispatch, where re-entering the core would be unsafe). Because a SEND is accepted
+whenever the flag is clear, usage can overshoot the limit by the SENDs processed
+before the flag engaged: at most one frame per connection, so usage stays below
+``limit + connections x max_frame_size``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from .message import Message
+
+__all__ = ["MemoryGauge", "MESSAGE_OVERHEAD", "message_size"]
+
+log = logging.getLogger(__name__)
+
+#: bytes charged per message on top of body and headers (the Python objects holding it)
+MESSAGE_OVERHEAD = 256
+
+
+def message_size(msg: Message) -> int:
+    """The bytes a message is charged: body + headers + :data:`MESSAGE_OVERHEAD`."""
+    n = len(msg.body) + MESSAGE_OVERHEAD
+    for k, v in msg.headers:
+        n += len(k) + len(v)
+    return n
+
+
+class MemoryGauge:
+    """Bytes of live queue messages, globally and per destination, plus the flow-control flags."""
+
+    def __init__(self, limit: int, destination_limit: int = 0, low_water: float = 0.7) -> None:
+        self.limit = limit
+        self.destination_limit = destination_limit  # 0: no per-destination limit
+        self.low_water = low_water
+        self.usage = 0
+        self.peak = 0
+        self.by_destination: dict[str, int] = {}
+        self.full = False  # global flag
+        self.full_destinations: set[str] = set()
+        self.engaged = 0  # times flow control engaged (global or per destination)
+        self._waiters: dict[int, Callable[[], None]] = {}
+
+    # ------------------------------------------------------------------ accounting
+    def charge(self, msg: Message) -> None:
+        if msg.mem:
+            return
+        size = message_size(msg)
+        msg.mem = size
+        self.usage += size
+        if self.usage > self.peak:
+            self.peak = self.usage
+        dest = msg.destination
+        d = self.by_destination.get(dest, 0) + size
+        self.by_destination[dest] = d
+        if not self.full and self.usage >= self.limit:
+            self.full = True
+            self.engaged += 1
+            log.warning(
+                "memory limit reached (%d bytes in use, memory_limit=%d): producer flow control engaged",
+                self.usage,
+                self.limit,
+            )
+        dl = self.destination_limit
+        if dl and d >= dl and dest not in self.full_destinations:
+            self.full_destinations.add(dest)
+            self.engaged += 1
+            log.warning(
+                "destination %s reached its memory limit (%d bytes, destination_memory_limit=%d): "
+                "producer flow control engaged for it",
+                dest,
+                d,
+                dl,
+            )
+
+    def release(self, msg: Message) -> None:
+        size = msg.mem
+        if not size:
+            return
+        msg.mem = 0
+        self.usage -= size
+        dest = msg.destination
+        d = self.by_destination.get(dest, 0) - size
+        if d > 0:
+            self.by_destination[dest] = d
+        else:
+            self.by_destination.pop(dest, None)
+            d = 0
+        released = False
+        if self.full and self.usage <= self.limit * self.low_water:
+            self.full = False
+            released = True
+            log.warning("memory usage down to %d bytes: producer flow control released", self.usage)
+        if (
+            self.full_destinations
+            and dest in self.full_destinations
+            and d <= self.destination_limit * self.low_water
+        ):
+            self.full_destinations.discard(dest)
+            released = True
+            log.warning(
+                "destination %s down to %d bytes: producer flow control released for it", dest, d
+            )
+        if released and self._waiters:
+            for wake in list(self._waiters.values()):
+                try:
+                    wake()
+                except Exception:  # noqa: BLE001 - one waiter's bug must not stop the others
+                    log.exception("flow-control waiter failed")
+
+    def release_all(self, msgs: list[Message]) -> None:
+        for m in msgs:
+            self.release(m)
+
+    # ------------------------------------------------------------------ flow control
+    def blocked(self, destination: str | None = None) -> bool:
+        """True while a SEND (to ``destination``) must wait."""
+        if self.full:
+            return True
+        return destination is not None and destination in self.full_destinations
+
+    def add_waiter(self, key: int, wake: Callable[[], None]) -> None:
+        self._waiters[key] = wake
+
+    def remove_waiter(self, key: int) -> None:
+        self._waiters.pop(key, None)
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "usage": self.usage,
+            "limit": self.limit,
+            "peak": self.peak,
+            "percent": round(100.0 * self.usage / self.limit, 1) if self.limit else 0.0,
+            "flow_control": self.full,
+            "blocked_destinations": sorted(self.full_destinations),
+            "engaged": self.engaged,
+            "blocked_producers": len(self._waiters),
+        }
