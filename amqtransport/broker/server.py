@@ -23,7 +23,7 @@ from pathlib import Path
 from .config import BrokerConfig
 from .core import BrokerCore
 from .protocol import StompConnection
-from .store import Callback, MessageStore
+from .store import Callback, MessageStore, run_completions
 
 __all__ = ["BrokerServer"]
 
@@ -137,7 +137,7 @@ class BrokerServer:
         loop = self.loop
         if loop.is_closed():
             return
-        loop.call_soon_threadsafe(_run_completions, items)
+        loop.call_soon_threadsafe(run_completions, items)
 
     def _schedule_compaction(self) -> None:
         self._compact_handle = self.loop.call_later(self.config.compact_interval_ms / 1000.0, self._compact)
@@ -177,11 +177,3 @@ class BrokerServer:
                 "batches": st.batches,
             }
         return out
-
-
-def _run_completions(items: list[tuple[Callback, BaseException | None]]) -> None:
-    for cb, err in items:
-        try:
-            cb(err)
-        except Exception:  # noqa: BLE001 - one failing completion must not skip the rest
-            log.exception("completion callback failed")

@@ -112,7 +112,7 @@ from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
 
 from ..config import BrokerConfig, verify_password
 from ..server import BrokerServer
-from ..store import Callback, MessageStore
+from ..store import Callback, MessageStore, run_completions
 from .epoch import HaState
 from .lock import FileLock, wait_for_lock
 from .replication import (
@@ -758,7 +758,7 @@ class HaNode:
 
         def notify(items: list[tuple[Callback, BaseException | None]]) -> None:
             if not loop.is_closed():
-                loop.call_soon_threadsafe(_run_completions, items)
+                loop.call_soon_threadsafe(run_completions, items)
 
         return MessageStore(
             self.data_dir / "journal",
@@ -975,14 +975,6 @@ class HaNode:
             self.takeovers += 1
             return "master"
         return "stop"
-
-
-def _run_completions(items: list[tuple[Callback, BaseException | None]]) -> None:
-    for cb, err in items:
-        try:
-            cb(err)
-        except Exception:  # noqa: BLE001 - one failing completion must not skip the rest
-            log.exception("completion callback failed")
 
 
 def run_node(config: BrokerConfig, users: Mapping[str, str] | None, options: HaOptions) -> int:

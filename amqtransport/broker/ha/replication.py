@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING
 from amqtransport.errors import RemoteProtocolError
 from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
 
-from ..store import Callback, JournalError, Record
+from ..store import Callback, JournalError, Record, run_completions
 from ..store.records import encode
 
 if TYPE_CHECKING:
@@ -338,10 +338,10 @@ class ReplicationMaster:
     # loop thread -------------------------------------------------------
     def _hold(self, target: int, items: list[tuple[Callback, BaseException | None]]) -> None:
         if self._fatal is not None:
-            _run_completions([(cb, err or JournalError(self._fatal)) for cb, err in items])
+            run_completions([(cb, err or JournalError(self._fatal)) for cb, err in items])
             return
         if not self._held and (self._gated is None or self._acked >= target):
-            _run_completions(items)
+            run_completions(items)
             return
         self._held.append((target, self.loop.time(), items))
         self.held_max = max(self.held_max, len(self._held))
@@ -349,7 +349,7 @@ class ReplicationMaster:
     def _release(self) -> None:
         held = self._held
         while held and (self._gated is None or held[0][0] <= self._acked):
-            _run_completions(held.popleft()[2])
+            run_completions(held.popleft()[2])
 
     def _release_all(self) -> None:
         held, self._held = self._held, deque()
@@ -357,7 +357,7 @@ class ReplicationMaster:
         for _target, _t, items in held:
             if fatal is not None:
                 items = [(cb, err or JournalError(fatal)) for cb, err in items]
-            _run_completions(items)
+            run_completions(items)
 
     def _tick(self) -> None:
         """Drop an in-sync slave that leaves a batch unacknowledged for ``link_timeout``."""
@@ -428,14 +428,6 @@ class ReplicationMaster:
     @property
     def acked(self) -> int:
         return self._acked
-
-
-def _run_completions(items: list[tuple[Callback, BaseException | None]]) -> None:
-    for cb, err in items:
-        try:
-            cb(err)
-        except Exception:  # noqa: BLE001 - one failing completion must not skip the rest
-            log.exception("completion callback failed")
 
 
 def _safe(fn: Callable[..., None], *args: object) -> None:

@@ -1,7 +1,15 @@
 """Persistence for the embedded broker: records, the journal, the dedupe window, the store."""
 
 from .dedupe import DedupeWindow
-from .journal import BatchHook, Callback, Journal, JournalError, StoreLockedError, scan_segment
+from .journal import (
+    BatchHook,
+    Callback,
+    Journal,
+    JournalError,
+    StoreLockedError,
+    run_completions,
+    scan_segment,
+)
 from .records import Ack, Enq, Keys, Move, Record, RecordError, Sub, Tx, Unsub, decode, encode
 from .store import ORIGINAL_DESTINATION, MessageStore, StoreListener, StoreStats
 
@@ -27,5 +35,6 @@ __all__ = [
     "Unsub",
     "decode",
     "encode",
+    "run_completions",
     "scan_segment",
 ]

@@ -148,7 +148,7 @@ class Journal:
         self.directory = Path(directory)
         self.segment_size = segment_size
         self.fsync = fsync
-        self._notify = notify or _run_inline
+        self._notify = notify or run_completions
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._queue: list[bytes | tuple[str, object]] = []
@@ -455,9 +455,13 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _run_inline(items: list[tuple[Callback, BaseException | None]]) -> None:
+def run_completions(items: list[tuple[Callback, BaseException | None]]) -> None:
+    """Call each ``cb(err)``; one failing completion is logged and must not skip the rest.
+
+    The journal's default ``notify``; the broker and the HA node run it on their loop.
+    """
     for cb, err in items:
         try:
             cb(err)
         except Exception:  # noqa: BLE001 - one bad callback must not stop the others
-            log.exception("journal completion callback failed")
+            log.exception("completion callback failed")
