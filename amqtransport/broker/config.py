@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from amqtransport.errors import ConfigError
 
-__all__ = ["BrokerConfig", "load_config", "load_users", "hash_password", "verify_password"]
+__all__ = ["BrokerConfig", "load_config", "load_users", "hash_password", "read_toml", "verify_password"]
 
 MiB = 1024 * 1024
 
@@ -105,16 +105,21 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "config") -> Brok
         raise ConfigError(_describe(exc, source), path=".".join(str(x) for x in first)) from None
 
 
-def load_config(path: str | Path) -> BrokerConfig:
-    """Read and validate a TOML config file; :class:`ConfigError` names the bad key."""
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML file (the broker's, including its ``[ha]`` table); :class:`ConfigError`
+    when it cannot be read or is not TOML."""
     p = Path(path)
     try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config file: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-    return config_from_mapping(raw, str(p))
+
+
+def load_config(path: str | Path) -> BrokerConfig:
+    """Read and validate a TOML config file; :class:`ConfigError` names the bad key."""
+    return config_from_mapping(read_toml(path), str(Path(path)))
 
 
 def hash_password(password: str, salt: str | None = None) -> str:

@@ -25,13 +25,14 @@ values raise :class:`~amqtransport.errors.ConfigError` naming the key.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from amqtransport.errors import ConfigError
+
+from ..config import read_toml
 
 __all__ = ["HaConfig", "load_ha_table"]
 
@@ -84,13 +85,7 @@ def ha_table_from_mapping(data: Any, source: str = "config") -> dict[str, Any]:
 
 def load_ha_table(path: str | Path) -> dict[str, Any]:
     """The validated ``[ha]`` table of a TOML config file ({} when there is none)."""
-    p = Path(path)
-    try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read config file: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    raw = read_toml(path)
     if "ha" not in raw:
         return {}
-    return ha_table_from_mapping(raw["ha"], str(p))
+    return ha_table_from_mapping(raw["ha"], str(Path(path)))
