@@ -18,8 +18,12 @@ timeout. It then negotiates the version and the heart-beat intervals and starts:
 * a **heart-beat thread** (only when we promised beats) that writes one EOL when
   nothing else was written for a whole interval.
 
-Writes come from any thread; the stream serialises them. A write failure raises
-to the writer; detecting the loss and reporting it is the reader's job.
+Writes come from any thread and go through a :class:`CoalescingWriter`: frames
+written while another thread's write is on the socket are queued and leave together
+in one ``sendall`` (order of the calls kept, each caller still gets the error of the
+write that carried its frame). Heart-beats are queued without waiting, so a big send
+in flight never blocks the heart-beat thread. A write failure raises to the writer;
+detecting the loss and reporting it is the reader's job.
 
 :class:`Transport` is the interface the client layer uses (requests with receipts,
 subscriptions, transactions, acks, listeners); :class:`DirectTransport` implements it
@@ -62,6 +66,7 @@ from amqtransport.stomp import (
     parse_heartbeat_header,
     serialize,
 )
+from amqtransport.transports.coalesce import CoalescingWriter
 
 __all__ = [
     "ConnectParams",
@@ -152,6 +157,7 @@ class StompConnection:
         #: the owner's generation number for this link (set by the failover transport)
         self.tag = 0
         self._stream: NetworkStream | None = None
+        self._writer: CoalescingWriter | None = None
         self._parser = FrameParser("1.2")
         self.version = "1.2"
         self.connected_frame: Frame | None = None
@@ -209,6 +215,7 @@ class StompConnection:
             raise
         now = self._clock()
         self._last_rx = self._last_tx = now
+        self._writer = CoalescingWriter(stream.write, on_flushed=self._touch_tx)
         self._reader = threading.Thread(target=self._read_loop, name=f"amq-reader {self._name}", daemon=True)
         self._reader.start()
         if self.send_every_ms > 0:
@@ -244,23 +251,32 @@ class StompConnection:
     def alive(self) -> bool:
         return self._stream is not None and not self._closing and not self._lost_reported
 
-    def write(self, frame: Frame) -> None:
-        """Serialise and write one frame (any thread). Raises ``TransportError``."""
-        stream = self._stream
-        if stream is None or self._closing:
-            raise ConnectionClosed(f"{self.address}: connection closed")
-        data = serialize(frame, self.version)
-        stream.write(data)
+    def _touch_tx(self) -> None:
         self._last_tx = self._clock()
 
+    @property
+    def writer(self) -> CoalescingWriter | None:
+        """The link's combining writer (None before ``open``); its ``flushes`` /
+        ``writes`` counters show how much was coalesced."""
+        return self._writer
+
+    def write(self, frame: Frame) -> None:
+        """Serialise and write one frame (any thread); returns once it is on the
+        socket. Raises ``TransportError``."""
+        writer = self._writer
+        if writer is None or self._closing:
+            raise ConnectionClosed(f"{self.address}: connection closed")
+        writer.write(serialize(frame, self.version))
+
     def write_many(self, frames: list[Frame]) -> None:
-        """Write several frames in one call (replay after a reconnect)."""
-        stream = self._stream
-        if stream is None or self._closing:
+        """Write several frames, contiguous and in order, in one socket write
+        (replay after a reconnect, batched acks)."""
+        writer = self._writer
+        if writer is None or self._closing:
             raise ConnectionClosed(f"{self.address}: connection closed")
         if frames:
-            stream.write(b"".join(serialize(f, self.version) for f in frames))
-            self._last_tx = self._clock()
+            version = self.version
+            writer.write(b"".join([serialize(f, version) for f in frames]))
 
     def _read_loop(self) -> None:
         stream = self._stream
@@ -327,12 +343,13 @@ class StompConnection:
     def _beat_loop(self) -> None:
         interval = self.send_every_ms / 1000.0
         while not self._stop.wait(interval / 2):
-            if self._closing or self._stream is None:
+            writer = self._writer
+            if self._closing or writer is None:
                 return
             if self._clock() - self._last_tx >= interval * 0.8:
                 try:
-                    self._stream.write(HEARTBEAT_BYTES)
-                    self._last_tx = self._clock()
+                    # queued behind a write in flight rather than waiting for it
+                    writer.write(HEARTBEAT_BYTES, wait=False)
                 except TransportError:
                     return  # the reader reports the loss
 
@@ -345,10 +362,11 @@ class StompConnection:
         if self._closing:
             return
         stream = self._stream
-        if disconnect and stream is not None and not self._lost_reported:
+        writer = self._writer
+        if disconnect and writer is not None and not self._lost_reported:
             try:
                 headers = {"receipt": "disconnect"} if wait_receipt > 0 else {}
-                stream.write(serialize(Frame.make("DISCONNECT", headers), self.version))
+                writer.write(serialize(Frame.make("DISCONNECT", headers), self.version))
             except TransportError:
                 pass
         self._closing = True
