@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
@@ -168,6 +168,16 @@ class Subscription:
 
     def pending(self) -> int:
         return self._queue.qsize()
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        """Acknowledge every message of ``messages`` (received on this subscription)
+        with one ACK frame each, all written in one socket write. See
+        :meth:`Connection.ack_many`."""
+        batch = list(messages)
+        for msg in batch:
+            if msg._sub is not self:
+                raise ValueError(f"ack_many: {msg!r} was received on subscription {msg._sub.id!r}, not {self.id!r}")
+        self._conn.ack_many(batch)
 
     def unsubscribe(self) -> None:
         if not self.active:
@@ -453,8 +463,35 @@ class Connection:
             if msg._entry is not None and command == "ACK":
                 msg._entry.acked = True
             return
-        if command != "ACK" or msg._entry is None:
+        if command != "ACK":
             return  # NACK of a dead link's delivery: the broker redelivers anyway
+        self._ack_stale(msg)
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        """Acknowledge several messages at once: the same as ``msg.ack()`` for each,
+        in order (one ACK per message id, so ``client-individual`` semantics hold),
+        but the frames of one link go out in a single socket write. Messages of
+        ``ack="auto"`` subscriptions are skipped. A message delivered on a link that
+        has since failed is handled as ``ack()`` handles it (the broker redelivers it;
+        the duplicate filter acks the copy)."""
+        groups: dict[int, list[Message]] = {}
+        for msg in messages:
+            if msg._sub.ack_mode != "auto":
+                groups.setdefault(msg.generation, []).append(msg)
+        for generation, batch in groups.items():
+            frames = [self._ack_frame("ACK", msg.frame) for msg in batch]
+            if self._transport.write_many_if_current(frames, generation):
+                for msg in batch:
+                    if msg._entry is not None:
+                        msg._entry.acked = True
+            else:
+                for msg in batch:
+                    self._ack_stale(msg)
+
+    def _ack_stale(self, msg: Message) -> None:
+        """An ACK that could not go out on the link its message came from."""
+        if msg._entry is None:
+            return
         with self._audit_lock:
             msg._entry.acked = True
             shadow, msg._entry.shadow = msg._entry.shadow, None

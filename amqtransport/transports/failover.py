@@ -709,6 +709,18 @@ class FailoverTransport(Transport):
             conn.kill(exc)
             return False
 
+    def write_many_if_current(self, frames: list[Frame], generation: int) -> bool:
+        with self._lock:
+            if generation != self.generation or self._state != "connected" or self._conn is None:
+                return False
+            conn = self._conn
+        try:
+            conn.write_many(frames)
+            return True
+        except TransportError as exc:
+            conn.kill(exc)
+            return False
+
     # -- subscriptions and transactions ------------------------------------------------------
 
     def subscribe(self, sub_id: str, frame: Frame) -> Receipt:

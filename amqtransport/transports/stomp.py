@@ -494,6 +494,11 @@ class Transport:
         """Write ``frame`` only on link ``generation`` (ACK/NACK); False when stale."""
         raise NotImplementedError
 
+    def write_many_if_current(self, frames: list[Frame], generation: int) -> bool:
+        """Write ``frames`` in order, in one socket write, only on link ``generation``
+        (batched ACKs); False when stale or the write failed (then none may have gone)."""
+        return all(self.write_if_current(frame, generation) for frame in frames)
+
     def subscribe(self, sub_id: str, frame: Frame) -> Receipt:
         raise NotImplementedError
 
@@ -644,6 +649,10 @@ class DirectTransport(Transport):
 
     def write_if_current(self, frame: Frame, generation: int) -> bool:
         self._live().write(frame)
+        return True
+
+    def write_many_if_current(self, frames: list[Frame], generation: int) -> bool:
+        self._live().write_many(frames)
         return True
 
     def subscribe(self, sub_id: str, frame: Frame) -> Receipt:
