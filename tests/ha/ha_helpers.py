@@ -210,3 +210,13 @@ def never_master(node: object, seconds: float) -> None:
         assert role != "master", f"{node.name} became master"  # type: ignore[attr-defined]
         assert refuses(node.port), f"{node.name}'s client port accepts connections"  # type: ignore[attr-defined]
         time.sleep(0.1)
+
+
+def wait_for(pred: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll ``pred()`` every 50 ms until it is true; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

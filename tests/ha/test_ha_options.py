@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ha_helpers import never_master, refuses
+from ha_helpers import never_master, refuses, wait_for
 
 import amqtransport
 from amqtransport.testing.broker_pair import BrokerPair
@@ -16,15 +16,6 @@ pytestmark = pytest.mark.timeout(120)
 USERS = {"admin": "secret", "app": "apppw"}
 
 
-def _wait(pred: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_wrong_master_credentials_refused_with_clear_logs(tmp_path: Path) -> None:
     bp = BrokerPair("replicated", tmp_path, users=USERS, master_user="admin", master_password="secret",
                     slave_master_user="admin", slave_master_password="wrong")
@@ -32,7 +23,7 @@ def test_wrong_master_credentials_refused_with_clear_logs(tmp_path: Path) -> Non
         bp.a.start()
         bp.wait_master()
         bp.b.start()
-        _wait(lambda: "refused" in bp.b.log_text(), 15, "the slave's refusal log line")
+        wait_for(lambda: "refused" in bp.b.log_text(), 15, "the slave's refusal log line")
         slave_log = bp.b.log_text()
         assert "replication link to master tcp://127.0.0.1:" in slave_log
         assert "authentication failed" in slave_log and "--master-user/--master-password" in slave_log
@@ -55,7 +46,7 @@ def test_right_credentials_and_no_credentials(tmp_path: Path) -> None:
         bp.a.start()
         bp.wait_master()
         bp.b.start()
-        _wait(lambda: "bad credentials for login None" in bp.a.log_text(), 15, "refusal of a login-less link")
+        wait_for(lambda: "bad credentials for login None" in bp.a.log_text(), 15, "refusal of a login-less link")
     finally:
         bp.stop()
 
@@ -112,7 +103,7 @@ def test_shared_store_clean_shutdown_hands_over_and_failback(tmp_path: Path) -> 
         assert int(bp.b.status()["amq-ha-epoch"]) == 2
         # failback: the primary (a) returns and b, started with --allow-failback, yields
         bp.a.start()
-        _wait(lambda: bp.a.status().get("amq-ha-role") == "master", 15, "failback to the primary")
+        wait_for(lambda: bp.a.status().get("amq-ha-role") == "master", 15, "failback to the primary")
         bp.b.wait_line("role slave", 10, start=2)
         assert bp.wait_master(10) is bp.a
         with amqtransport.connect(bp.uri) as c:
@@ -144,7 +135,7 @@ def test_receipt_waits_for_the_slave(tmp_path: Path) -> None:
                 os.kill(bp.b.pid, signal.SIGCONT)
             assert "no ack for seq" in bp.a.log_text() or "slave silent" in bp.a.log_text()
         # the slave comes back, relinks and resyncs both messages
-        _wait(lambda: bp.b.status().get("amq-ha-peer-state") == "in-sync"
+        wait_for(lambda: bp.b.status().get("amq-ha-peer-state") == "in-sync"
               and bp.b.status().get("amq-ha-messages") == "2", 30, "the thawed slave to resync")
 
 

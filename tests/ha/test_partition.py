@@ -11,22 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from ha_helpers import Forwarder, Listener, never_master, refuses
+from ha_helpers import Forwarder, Listener, never_master, refuses, wait_for
 
 import amqtransport
 from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _wait(pred: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_link_cut_while_master_lives_makes_no_second_master(tmp_path: Path) -> None:
@@ -59,7 +50,7 @@ def test_link_cut_while_master_lives_makes_no_second_master(tmp_path: Path) -> N
                 assert "master alive" in bp.b.log_text() or "master answers" in bp.b.log_text()
                 fwd.restore()
                 bp.wait_in_sync(30)
-                _wait(lambda: bp.b.status().get("amq-ha-messages") == "40", 10, "slave resync to 40")
+                wait_for(lambda: bp.b.status().get("amq-ha-messages") == "40", 10, "slave resync to 40")
             # and the resynced slave really has everything: kill the master now
             bp.kill_master()
             assert bp.wait_master(20) is bp.b
@@ -105,7 +96,7 @@ def test_master_fences_itself_when_isolated(tmp_path: Path) -> None:
     with BrokerPair("replicated", tmp_path, takeover_check=check.address, link_timeout=1.0) as bp:
         check.close()
         bp.b.kill()
-        _wait(lambda: refuses(bp.a.port), 15, "the master to close its client port")
+        wait_for(lambda: refuses(bp.a.port), 15, "the master to close its client port")
         assert "fencing" in bp.a.log_text()
         never_master(bp.a, 1.0)
         # the network heals, but the slave had synced from us and is unreachable: it may
@@ -139,7 +130,7 @@ def test_frozen_master_is_replaced_and_demotes_itself_on_resume(tmp_path: Path) 
             assert int(bp.b.status()["amq-ha-epoch"]) == 2
         finally:
             os.kill(bp.a.pid, signal.SIGCONT)
-        _wait(lambda: bp.a.status().get("amq-ha-role") == "slave", 20, "the old master to rejoin as slave")
+        wait_for(lambda: bp.a.status().get("amq-ha-role") == "slave", 20, "the old master to rejoin as slave")
         assert "demoting to slave" in bp.a.log_text()
         assert bp.wait_in_sync(20) is bp.a
         assert bp.a.status()["amq-ha-messages"] == "10"
@@ -161,7 +152,7 @@ def test_master_with_a_wiped_store_is_told_to_step_down(tmp_path: Path) -> None:
         assert bp.wait_master(20) is bp.b
         shutil.rmtree(bp.a.data_dir)
         bp.a.start()
-        _wait(lambda: bp.a.status().get("amq-ha-peer-state") == "in-sync", 30,
+        wait_for(lambda: bp.a.status().get("amq-ha-peer-state") == "in-sync", 30,
               "the wiped node to step down and resync")
         assert bp.a.status()["amq-ha-role"] == "slave"
         assert "asks us to step down" in bp.a.log_text()
