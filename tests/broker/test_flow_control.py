@@ -346,3 +346,46 @@ def test_config_keys_are_validated() -> None:
         BrokerConfig(send_fail_if_no_space="maybe")  # type: ignore[arg-type]
     ok = config_from_mapping({"broker": {"memory_limit": 1 * MIB, "send_fail_if_no_space": True}})
     assert ok.memory_limit == MIB and ok.send_fail_if_no_space
+
+
+def test_our_client_blocks_in_send_and_survives_heartbeats_while_parked(
+    make_broker: Callable[..., EmbeddedBroker],
+) -> None:
+    import amqtransport
+
+    limit = 1 * MIB
+    b = make_broker(memory_limit=limit, fsync=False)
+    n = 300  # 3 MiB, sent one at a time (each send waits for its receipt)
+    sent = 0
+    interrupted: list[object] = []
+    done = threading.Event()
+
+    class Events:
+        def on_interrupted(self, error: object) -> None:
+            interrupted.append(error)
+
+    def produce() -> None:
+        nonlocal sent
+        with amqtransport.connect(b.uri, heartbeat=(200, 200), listener=Events()) as conn:
+            for i in range(n):
+                conn.send("/queue/client", b"y" * BODY, headers={"seq": str(i)})
+                sent += 1
+        done.set()
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: memory(b)["blocked_producers"] == 1, what="the producer to be parked")
+        stuck_at = sent
+        time.sleep(1.5)  # several heart-beat intervals: the parked client must not be dropped
+        assert sent == stuck_at < n
+        assert not done.is_set() and interrupted == []
+        cons = Raw(b.port)
+        cons.connect()
+        cons.send(Frame.make("SUBSCRIBE", {"id": "s", "destination": "/queue/client"}))
+        seqs = [int(cons.read(timeout=30).get("seq") or -1) for _ in range(n)]
+        assert done.wait(30)
+        assert seqs == list(range(n)) and interrupted == []
+        assert memory(b)["peak"] <= limit + 2 * BODY
+    finally:
+        t.join(30)
