@@ -25,7 +25,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import bridge_helpers
 import pytest
+from bridge_helpers import connector_toml
 
 import amqtransport
 from amqtransport.broker import EmbeddedBroker
@@ -39,29 +41,13 @@ DELAY_MS = 100  # static initialReconnectDelay used by these tests
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    bridge_helpers.wait_for(cond, timeout, what)
 
 
 def make_config(local: str, remote: str, **extra: object) -> str:
-    lines = [f'local_uri = "{local}"', 'status_listen = "127.0.0.1:0"', "[[network_connector]]",
-             'name = "spoke-to-hub"', f'uri = "{remote}"']
     extra.setdefault("static_include", ["/queue/orders"])
     extra.setdefault("heartbeat_ms", 1000)
-    for k, v in extra.items():
-        if isinstance(v, bool):
-            lines.append(f"{k} = {'true' if v else 'false'}")
-        elif isinstance(v, list):
-            lines.append(f"{k} = [" + ", ".join(f'"{x}"' for x in v) + "]")
-        elif isinstance(v, int):
-            lines.append(f"{k} = {v}")
-        else:
-            lines.append(f'{k} = "{v}"')
-    return "\n".join(lines) + "\n"
+    return connector_toml(local, remote, "spoke-to-hub", extra)
 
 
 @pytest.fixture

@@ -14,9 +14,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
+from bridge_helpers import wait_for
 
 import amqtransport
 from amqtransport.testing.broker_pair import BrokerPair
@@ -24,15 +25,6 @@ from bridge.agent import BridgeAgent
 from bridge.config import parse_config
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def producer(uri: str, bodies: list[str], errors: list[BaseException]) -> None:

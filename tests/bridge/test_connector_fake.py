@@ -13,8 +13,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
+import bridge_helpers
 import pytest
 from bridge_fakes import FakeNet, FakePair, drain
+from bridge_helpers import connector_toml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,29 +29,13 @@ H1, H2 = "tcp://127.0.0.1:20001", "tcp://127.0.0.1:20002"
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    bridge_helpers.wait_for(cond, timeout, what)
 
 
 def config(local: str, remote: str, **extra: object) -> str:
-    lines = [f'local_uri = "{local}"', 'status_listen = "127.0.0.1:0"', "[[network_connector]]",
-             'name = "nc"', f'uri = "{remote}"']
     extra.setdefault("static_include", ["/queue/orders"])
     extra.setdefault("probe_interval_ms", 0)  # fake addresses: no TCP probing
-    for k, v in extra.items():
-        if isinstance(v, bool):
-            lines.append(f"{k} = {'true' if v else 'false'}")
-        elif isinstance(v, list):
-            lines.append(f"{k} = [" + ", ".join(f'"{x}"' for x in v) + "]")
-        elif isinstance(v, int):
-            lines.append(f"{k} = {v}")
-        else:
-            lines.append(f'{k} = "{v}"')
-    return "\n".join(lines) + "\n"
+    return connector_toml(local, remote, "nc", extra)
 
 
 @pytest.fixture
