@@ -359,6 +359,24 @@ class BrokerCore:
         if msg.persistent:
             self.store_ack([msg.id])
 
+    def sweep_expired(self) -> int:
+        """Drop expired messages still waiting in queues (run while flow control holds
+        producers: a queue nobody consumes would otherwise keep them, and the memory)."""
+        now = self.clock()
+        dropped = 0
+        for q in list(self.queues.values()):
+            if not any(m.expires and m.expires <= now for m in q.messages):
+                continue
+            keep: deque[Message] = deque()
+            for m in q.messages:
+                if m.expires and m.expires <= now:
+                    self.drop_expired(m)
+                    dropped += 1
+                else:
+                    keep.append(m)
+            q.messages = keep
+        return dropped
+
     def _done(self, callback: Callback | None) -> None:
         if callback is None:
             return

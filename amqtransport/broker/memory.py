@@ -23,7 +23,10 @@ once. The gauge does not refuse anything itself; the connection handler asks
 :meth:`MemoryGauge.blocked` before it processes a SEND and parks the frame while it
 is true. Parked connections register a waiter; when a flag releases, the waiters are
 called (they reschedule themselves on the loop -- the release happens inside
-dispatch, where re-entering the core would be unsafe). Because a SEND is accepted
+dispatch, where re-entering the core would be unsafe). While producers are parked, the protocol layer also runs an expiry sweep once a
+second (:meth:`~.core.BrokerCore.sweep_expired`), so expired messages in a queue that
+nobody consumes do not hold the memory -- and the producers -- forever.
+Because a SEND is accepted
 whenever the flag is clear, usage can overshoot the limit by the SENDs processed
 before the flag engaged: at most one frame per connection, so usage stays below
 ``limit + connections x max_frame_size``.
@@ -66,6 +69,7 @@ class MemoryGauge:
         self.full_destinations: set[str] = set()
         self.engaged = 0  # times flow control engaged (global or per destination)
         self._waiters: dict[int, Callable[[], None]] = {}
+        self.sweeping = False  # an expiry sweep timer is scheduled (owned by the protocol layer)
 
     # ------------------------------------------------------------------ accounting
     def charge(self, msg: Message) -> None:
@@ -150,6 +154,10 @@ class MemoryGauge:
 
     def remove_waiter(self, key: int) -> None:
         self._waiters.pop(key, None)
+
+    def blocked_count(self) -> int:
+        """Connections with frames parked by flow control."""
+        return len(self._waiters)
 
     def stats(self) -> dict[str, object]:
         return {

@@ -72,7 +72,15 @@ from amqtransport.stomp import (
 from amqtransport.stomp import Frame as StompFrame
 
 from .config import verify_password
-from .core import AUTO, DURABLE_PREFIX, CoreError, Subscription, TxState, split_destination
+from .core import (
+    AUTO,
+    DURABLE_PREFIX,
+    BrokerCore,
+    CoreError,
+    Subscription,
+    TxState,
+    split_destination,
+)
 from .message import TRANSPORT_HEADERS, Message
 
 if TYPE_CHECKING:
@@ -411,7 +419,11 @@ class StompConnection(asyncio.Protocol):
             size += len(k) + len(v)
         self._held.append((frame, size))
         self._held_bytes += size
-        self.core.memory.add_waiter(id(self), self._flow_wake)
+        memory = self.core.memory
+        memory.add_waiter(id(self), self._flow_wake)
+        if not memory.sweeping:
+            memory.sweeping = True
+            self.loop.call_later(EXPIRY_SWEEP_S, _sweep_expired, self.core, self.loop)
         if self._hold_full():
             self._pause_reading()
 
@@ -756,6 +768,24 @@ class StompConnection(asyncio.Protocol):
                 assert self.transport is not None
                 self.transport.write(b"\n")
         self._schedule_hb()
+
+
+EXPIRY_SWEEP_S = 1.0  # while producers are parked: how often expired queued messages are dropped
+
+
+def _sweep_expired(core: BrokerCore, loop: asyncio.AbstractEventLoop) -> None:
+    """Timer: free the memory of expired messages nobody consumes while producers wait."""
+    memory = core.memory
+    if not memory.blocked_count():
+        memory.sweeping = False
+        return
+    try:
+        n = core.sweep_expired()
+        if n:
+            log.info("dropped %d expired messages while producers were flow-controlled", n)
+    except Exception:  # noqa: BLE001 - the timer must keep running
+        log.exception("expiry sweep failed")
+    loop.call_later(EXPIRY_SWEEP_S, _sweep_expired, core, loop)
 
 
 _HANDLERS = {

@@ -389,3 +389,25 @@ def test_our_client_blocks_in_send_and_survives_heartbeats_while_parked(
         assert memory(b)["peak"] <= limit + 2 * BODY
     finally:
         t.join(30)
+
+
+def test_expired_messages_nobody_consumes_release_parked_producers(
+    make_broker: Callable[..., EmbeddedBroker],
+) -> None:
+    b = make_broker(memory_limit=64 * KIB, fsync=False)
+    p = Raw(b.port)
+    p.connect()
+    n = 20  # 200 KiB into a 64 KiB limit, with no consumer at all
+    expires = str(int((time.time() + 0.5) * 1000))
+    for i in range(n):
+        f = Frame.make(
+            "SEND",
+            {"destination": "/queue/exp", "expires": expires, "receipt": f"e{i}"},
+            b"z" * BODY,
+        )
+        p.send(f)
+    got = {p.read(timeout=30).get("receipt-id") for _ in range(n)}  # released by the expiry sweep
+    assert got == {f"e{i}" for i in range(n)}
+    st = b.stats()
+    assert st["expired"] >= 1  # type: ignore[operator]
+    assert memory(b)["peak"] <= 64 * KIB + 2 * BODY
