@@ -411,3 +411,36 @@ def test_expired_messages_nobody_consumes_release_parked_producers(
     st = b.stats()
     assert st["expired"] >= 1  # type: ignore[operator]
     assert memory(b)["peak"] <= 64 * KIB + 2 * BODY
+
+
+def test_transactional_sends_wait_too_and_commit_once_released(
+    make_broker: Callable[..., EmbeddedBroker],
+) -> None:
+    b = make_broker(memory_limit=64 * KIB, fsync=False)
+    p = Raw(b.port)
+    p.connect()
+    for i in range(10):  # 100 KiB: the last ones are parked
+        p.send_raw(send_frame("/queue/tx", i, receipt=f"p{i}"))
+    wait_for(lambda: memory(b)["blocked_producers"] == 1, what="producer parked")
+    t = Raw(b.port)
+    t.connect()
+    t.send(Frame.make("BEGIN", {"transaction": "tx1", "receipt": "b"}))
+    assert t.read().get("receipt-id") == "b"
+    t.send_raw(
+        serialize(
+            Frame.make(
+                "SEND", {"destination": "/queue/tx", "transaction": "tx1", "seq": "100"}, b"t"
+            ),
+            "1.2",
+        )
+    )
+    t.send(Frame.make("COMMIT", {"transaction": "tx1", "receipt": "c"}))
+    with pytest.raises(AssertionError, match="no frame"):
+        t.read(timeout=0.5)  # the COMMIT waits behind the parked transactional SEND
+    cons = Raw(b.port)
+    cons.connect()
+    cons.send(Frame.make("SUBSCRIBE", {"id": "s", "destination": "/queue/tx"}))
+    seqs = sorted(int(cons.read(timeout=30).get("seq") or -1) for _ in range(11))
+    assert seqs == [*range(10), 100]
+    assert t.read(timeout=30).get("receipt-id") == "c"
+    assert {p.read(timeout=30).get("receipt-id") for _ in range(10)} == {f"p{i}" for i in range(10)}
