@@ -650,15 +650,7 @@ class HaNode:
             # a wiped store): ask it to step down and join us
             ha = info.get("amq-ha-port")
             target = parse_address(ha) if ha else addr
-            headers = {
-                DEMOTE_HEADER: self.name,
-                "amq-ha-epoch": str(self.state.epoch),
-                "amq-ha-client": f"{self.host}:{self.port}",
-                "amq-ha-port": f"{self.host}:{self.ha_port}",
-            }
-            if self.opts.master_user is not None:
-                headers["login"] = self.opts.master_user
-                headers["passcode"] = self.opts.master_password or ""
+            headers = self._request_headers(DEMOTE_HEADER)
             try:
                 _answer, _r, writer = await ha_request(*target, headers, timeout=1.0)
                 writer.close()
@@ -769,15 +761,11 @@ class HaNode:
             notify=notify,
         )
 
-    def _close_slave_store(self) -> None:
-        store, self.slave_store = self.slave_store, None
-        if store is not None:
-            store.close()
-
-    async def _serve_slave(self, addr: tuple[str, int]) -> str:
-        """Replicate from the master at ``addr``; returns the next action."""
+    def _request_headers(self, request_header: str) -> dict[str, str]:
+        """Headers of a request to another node (``request_header``: replica or demote):
+        our name, epoch and addresses, and the replication credentials when configured."""
         headers = {
-            REPLICA_HEADER: self.name,
+            request_header: self.name,
             "amq-ha-epoch": str(self.state.epoch),
             "amq-ha-client": f"{self.host}:{self.port}",
             "amq-ha-port": f"{self.host}:{self.ha_port}",
@@ -785,6 +773,16 @@ class HaNode:
         if self.opts.master_user is not None:
             headers["login"] = self.opts.master_user
             headers["passcode"] = self.opts.master_password or ""
+        return headers
+
+    def _close_slave_store(self) -> None:
+        store, self.slave_store = self.slave_store, None
+        if store is not None:
+            store.close()
+
+    async def _serve_slave(self, addr: tuple[str, int]) -> str:
+        """Replicate from the master at ``addr``; returns the next action."""
+        headers = self._request_headers(REPLICA_HEADER)
         where = f"tcp://{addr[0]}:{addr[1]}"
         try:
             answer, reader, writer = await ha_request(*addr, headers, timeout=max(1.0, self.opts.link_timeout))
