@@ -213,7 +213,10 @@ def _consume(uri: str, expected: int, idle: float, quiet: bool) -> tuple[int, se
     consumed = 0
     dup = 0
     last_print = time.monotonic()
-    with amqtransport.connect(uri) as conn:
+    # dedupe=False: count what the queue really holds. The client's duplicate filter
+    # would otherwise hide a copy stored twice by the broker, and the demo's claim is
+    # about the broker (idempotency keys dropped at the queue), not about the consumer.
+    with amqtransport.connect(uri, dedupe=False) as conn:
         sub = conn.subscribe(QUEUE, ack="auto", prefetch=1000)
         while True:
             msg = sub.receive(timeout=idle)
