@@ -56,6 +56,15 @@ def consume_all(uri: str, expected: set[str], timeout: float) -> Counter[str]:
     return got
 
 
+def assert_exactly_once(uri: str, bodies: list[str], timeout: float) -> None:
+    """Every body arrived at ``uri`` once: none lost, none duplicated."""
+    got = consume_all(uri, set(bodies), timeout=timeout)
+    missing = set(bodies) - set(got)
+    assert not missing, f"{len(missing)} lost, e.g. {sorted(missing)[:5]}"
+    dups = {k: n for k, n in got.items() if n > 1}
+    assert not dups, f"{len(dups)} duplicated at the hub, e.g. {list(dups.items())[:5]}"
+
+
 @pytest.fixture(params=["shared-store", "replicated"])
 def pairs(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[tuple[BrokerPair, BrokerPair]]:
     mode = request.param
@@ -102,11 +111,7 @@ def test_hub_master_killed_under_traffic_bridge_rebuilt_exactly_once(pairs: tupl
         assert int(st()["rebuilds"]) >= 1  # type: ignore[call-overload]
         t.join(120)
         assert not errors, errors
-        got = consume_all(hub.uri, set(bodies), timeout=90)
-        missing = set(bodies) - set(got)
-        assert not missing, f"{len(missing)} lost, e.g. {sorted(missing)[:5]}"
-        dups = {k: n for k, n in got.items() if n > 1}
-        assert not dups, f"{len(dups)} duplicated at the hub, e.g. {list(dups.items())[:5]}"
+        assert_exactly_once(hub.uri, bodies, timeout=90)
 
 
 def test_spoke_master_killed_bridge_keeps_forwarding_exactly_once(pairs: tuple[BrokerPair, BrokerPair]) -> None:
@@ -126,11 +131,7 @@ def test_spoke_master_killed_bridge_keeps_forwarding_exactly_once(pairs: tuple[B
         wait_for(lambda: st()["local"] == spoke.other(old).uri, 60, "local side on the new spoke master")
         t.join(120)
         assert not errors, errors
-        got = consume_all(hub.uri, set(bodies), timeout=90)
-        missing = set(bodies) - set(got)
-        assert not missing, f"{len(missing)} lost, e.g. {sorted(missing)[:5]}"
-        dups = {k: n for k, n in got.items() if n > 1}
-        assert not dups, f"{len(dups)} duplicated at the hub, e.g. {list(dups.items())[:5]}"
+        assert_exactly_once(hub.uri, bodies, timeout=90)
 
 
 @pytest.mark.soak
