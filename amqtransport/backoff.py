@@ -81,19 +81,26 @@ def _wait(strategy: wait_base, n: int) -> float:
     return float(strategy(cast("RetryCallState", _State(n))))
 
 
+def _backoff_ms(exponential: bool, initial: float, maximum: float, exp_base: float, n: int) -> float:
+    """The ``n``-th delay (``n`` < 1 counts as 1): ``initial * exp_base ** (n-1)`` capped at
+    ``maximum`` when ``exponential``, else always ``initial`` (tenacity computes it)."""
+    strategy: wait_base
+    if exponential:
+        strategy = wait_exponential(multiplier=initial, max=maximum, exp_base=exp_base)
+    else:
+        strategy = wait_fixed(initial)
+    return _wait(strategy, max(1, n))
+
+
 def failover_delay_ms(options: FailoverOptions, failed_passes: int) -> float:
     """Delay in ms (without jitter) after ``failed_passes`` (>= 1) failed passes."""
-    n = max(1, failed_passes)
-    strategy: wait_base
-    if options.use_exponential_backoff:
-        strategy = wait_exponential(
-            multiplier=options.initial_reconnect_delay,
-            max=options.max_reconnect_delay,
-            exp_base=options.reconnect_delay_exponent,
-        )
-    else:
-        strategy = wait_fixed(options.initial_reconnect_delay)
-    return _wait(strategy, n)
+    return _backoff_ms(
+        options.use_exponential_backoff,
+        options.initial_reconnect_delay,
+        options.max_reconnect_delay,
+        options.reconnect_delay_exponent,
+        failed_passes,
+    )
 
 
 def pass_limit(options: FailoverOptions, *, startup: bool) -> int | None:
@@ -175,17 +182,13 @@ def failover_schedule(
 
 def static_delay_ms(options: StaticOptions, failures: int) -> float:
     """Delay in ms before re-adding a service after ``failures`` (>= 1) failures in a row."""
-    n = max(1, failures)
-    strategy: wait_base
-    if options.use_exponential_backoff:
-        strategy = wait_exponential(
-            multiplier=options.initial_reconnect_delay,
-            max=options.max_reconnect_delay,
-            exp_base=options.backoff_multiplier,
-        )
-    else:
-        strategy = wait_fixed(options.initial_reconnect_delay)
-    return _wait(strategy, n)
+    return _backoff_ms(
+        options.use_exponential_backoff,
+        options.initial_reconnect_delay,
+        options.max_reconnect_delay,
+        options.backoff_multiplier,
+        failures,
+    )
 
 
 def static_delays(options: StaticOptions) -> Iterator[float]:
