@@ -271,15 +271,19 @@ class FakeConn:
             raise ConnectionClosed("not connected")
         return self.store
 
+    def _detach_subs(self, store: Store) -> None:
+        """Take this connection's subscriptions off ``store`` (its cond held): unacked go back."""
+        for s in self.subs:
+            if s in store.subs:
+                s.give_back(store)
+                store.subs.remove(s)
+                store.advise(s.destination)
+
     def lose(self) -> None:
         store = self.store
         if store is not None:
             with store.cond:
-                for s in self.subs:
-                    if s in store.subs:
-                        s.give_back(store)
-                        store.subs.remove(s)
-                        store.advise(s.destination)
+                self._detach_subs(store)
                 store.cond.notify_all()
         self.address, self.store = None, None
         if not self.reconnect:
@@ -330,11 +334,7 @@ class FakeConn:
         store = self.store
         if store is not None:
             with store.cond:
-                for s in self.subs:
-                    if s in store.subs:
-                        s.give_back(store)
-                        store.subs.remove(s)
-                        store.advise(s.destination)
+                self._detach_subs(store)
         self.closed = True
         with self.net.lock:
             if self in self.net.conns:
