@@ -125,57 +125,32 @@ def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
         bp.kill()
 
 
-def test_cli_rejects_a_bad_config_key(tmp_path: Path) -> None:
-    cfg = tmp_path / "bad.toml"
-    cfg.write_text("max_frame_sise = 10\n")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "amqtransport",
-            "broker",
-            "run",
-            "--config",
-            str(cfg),
-            "--data-dir",
-            str(tmp_path),
-        ],
+def amq_broker(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python -m amqtransport broker ARGS`` to completion (60 s at most), output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "amqtransport", "broker", *args],
         capture_output=True,
         text=True,
         timeout=60,
+        check=check,
     )
+
+
+def test_cli_rejects_a_bad_config_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("max_frame_sise = 10\n")
+    result = amq_broker("run", "--config", str(cfg), "--data-dir", str(tmp_path))
     assert result.returncode == 2
     assert "max_frame_sise" in result.stderr and result.stderr.startswith("error:")
     users = tmp_path / "users"
     users.write_text("no colon here\n")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "amqtransport",
-            "broker",
-            "run",
-            "--users",
-            str(users),
-            "--data-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = amq_broker("run", "--users", str(users), "--data-dir", str(tmp_path))
     assert result.returncode == 2 and "user:password" in result.stderr
 
 
 def test_cli_with_users_file(tmp_path: Path) -> None:
     users = tmp_path / "users"
-    hashed = subprocess.run(
-        [sys.executable, "-m", "amqtransport", "broker", "hash-password", "--user", "bob", "pw"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.strip()
+    hashed = amq_broker("hash-password", "--user", "bob", "pw", check=True).stdout.strip()
     users.write_text(f"# users\nalice:plain\n{hashed}\n")
     with BrokerProcess(tmp_path / "data", args=["--users", str(users)], log_dir=tmp_path) as bp:
         c = StompPy(bp.port, login="bob", passcode="pw")
