@@ -93,6 +93,13 @@ def _check_uri(value: str) -> str:
     return value
 
 
+def _check_name(value: str | None) -> str | None:
+    """A broker name (``broker_name``, ``remote_name``): None, or letters, digits and ``_ . : @ -``."""
+    if value is not None and not _NAME_RE.match(value):
+        raise ValueError("must be non-empty and use only letters, digits and _ . : @ -")
+    return value
+
+
 def _check_patterns(values: list[str]) -> list[str]:
     for i, value in enumerate(values):
         try:
@@ -146,9 +153,7 @@ class NetworkConnectorConfig(BaseModel):
     @field_validator("remote_name")
     @classmethod
     def _remote_name(cls, v: str | None) -> str | None:
-        if v is not None and not _NAME_RE.match(v):
-            raise ValueError("must be non-empty and use only letters, digits and _ . : @ -")
-        return v
+        return _check_name(v)
 
 
 class BridgeConfig(BaseModel):
@@ -179,9 +184,7 @@ class BridgeConfig(BaseModel):
     @field_validator("broker_name")
     @classmethod
     def _broker_name(cls, v: str | None) -> str | None:
-        if v is not None and not _NAME_RE.match(v):
-            raise ValueError("must be non-empty and use only letters, digits and _ . : @ -")
-        return v
+        return _check_name(v)
 
     @property
     def status_address(self) -> tuple[str, int] | None:
