@@ -91,6 +91,7 @@ __all__ = ["StompConnection"]
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "amqtransport/0.1"
+STATUS_REQUEST_HEADER = "amq-ha-status"  # CONNECT header of `amq broker status` (also HA's STATUS_HEADER)
 _DELIVERY_HEADERS = frozenset({"subscription", "ack", "redelivered", "amq-delivery-count", "message-id"})
 
 
@@ -485,6 +486,9 @@ class StompConnection(asyncio.Protocol):
         ha = getattr(self.server, "ha", None)  # HA node hook: status requests, replication links
         if ha is not None and ha.intercept_connect(self, frame):
             return
+        if ha is None and frame.get(STATUS_REQUEST_HEADER) is not None:
+            self._answer_status(frame)  # a plain broker answers `amq broker status` too
+            return
         try:
             version = negotiate_version(frame.get("accept-version"))
         except RemoteProtocolError as exc:
@@ -532,6 +536,26 @@ class StompConnection(asyncio.Protocol):
         receipt = frame.get("receipt")
         if receipt is not None:
             self._receipt(receipt)
+
+    def _answer_status(self, frame: StompFrame) -> None:
+        """One CONNECTED frame of ``amq-ha-*`` status headers (role ``standalone``), then close.
+
+        Like an HA node's status answer it needs no login: it reveals counters, never
+        message contents, and the connection is closed right after it. When the broker
+        has users, queue names (``amq-ha-depths``) are only given to a valid login.
+        """
+        self.server.unregister(self)  # not counted among the connections it reports
+        st = self.server.status_headers()
+        users = self.server.users
+        if users and "amq-ha-depths" in st:
+            login = frame.get("login") or ""
+            stored = users.get(login)
+            if stored is None or not verify_password(stored, frame.get("passcode") or ""):
+                st.pop("amq-ha-depths")
+                st.pop("amq-ha-depths-omitted", None)
+        head = "".join(f"{k}:{_clean_10(v)}\n" for k, v in st.items())  # CONNECTED: no escaping
+        self._write(f"CONNECTED\nversion:1.2\nserver:{SERVER_NAME}\n{head}\n".encode() + b"\x00")
+        self._close()
 
     def _on_send(self, frame: StompFrame) -> None:
         destination = self._require(frame, "destination")

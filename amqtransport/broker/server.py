@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import secrets
@@ -28,6 +29,8 @@ from .store import Callback, MessageStore, run_completions
 __all__ = ["BrokerServer"]
 
 log = logging.getLogger(__name__)
+
+STATUS_MAX_DEPTHS = 100  # queues listed by name in a status answer (the deepest ones)
 
 
 class BrokerServer:
@@ -56,12 +59,14 @@ class BrokerServer:
         self._session_prefix = secrets.token_hex(3)
         self.host = self.config.host
         self.port = self.config.port
+        self.opened_at: float | None = None  # loop.time() when open() ran (status: uptime)
 
     # ------------------------------------------------------------------ lifecycle
     async def open(self) -> None:
         """Recover the store and build the core (no socket yet)."""
         self.loop = asyncio.get_running_loop()
         cfg = self.config
+        self.opened_at = self.loop.time()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = MessageStore(
             self.data_dir / "journal",
@@ -177,3 +182,44 @@ class BrokerServer:
                 "batches": st.batches,
             }
         return out
+
+    def status_stats(self, *, names: bool = True) -> dict[str, str]:
+        """Counters for a status request (``amq broker status``), as ``amq-ha-*`` headers.
+
+        ``messages`` is the number of live persistent messages in the store;
+        ``depths`` a JSON object of queue name -> depth (the deepest
+        :data:`STATUS_MAX_DEPTHS` queues; ``depths-omitted`` counts the rest), left
+        out with ``names=False``.
+        """
+        st: dict[str, str] = {"amq-ha-connections": str(len(self.connections))}
+        if self.store is not None:
+            st["amq-ha-messages"] = str(len(self.store.live))
+        if self.opened_at is not None:
+            st["amq-ha-uptime"] = f"{self.loop.time() - self.opened_at:.1f}"
+        core = self.core
+        if core is not None:
+            st["amq-ha-sent"] = str(core.sent)
+            st["amq-ha-queues"] = str(len(core.queues))
+            st["amq-ha-topics"] = str(len(core.topics))
+            mem = core.memory
+            st["amq-ha-memory-usage"] = str(mem.usage)
+            st["amq-ha-memory-limit"] = str(mem.limit)
+            st["amq-ha-memory-peak"] = str(mem.peak)
+            st["amq-ha-memory-flow-control"] = "true" if mem.full else "false"
+        if core is not None and names:
+            depths = sorted(((len(q.messages), k) for k, q in core.queues.items()), key=lambda t: (-t[0], t[1]))
+            st["amq-ha-depths"] = json.dumps({k: n for n, k in depths[:STATUS_MAX_DEPTHS]}, sort_keys=True)
+            if len(depths) > STATUS_MAX_DEPTHS:
+                st["amq-ha-depths-omitted"] = str(len(depths) - STATUS_MAX_DEPTHS)
+        return st
+
+    def status_headers(self) -> dict[str, str]:
+        """The whole answer of a plain (non-HA) broker to a status request: role ``standalone``."""
+        return {
+            "amq-ha-role": "standalone",
+            "amq-ha-name": self.config.name,
+            "amq-ha-client": f"{self.host}:{self.port}",
+            "amq-ha-pid": str(os.getpid()),
+            "amq-ha-listening": "true" if self._server is not None else "false",
+            **self.status_stats(),
+        }

@@ -373,6 +373,7 @@ class HaNode:
                 st["amq-ha-sent"] = str(core.sent)
                 st["amq-ha-queues"] = str(len(core.queues))
             st["amq-ha-connections"] = str(len(self.server.connections))
+            st.update(self.server.status_stats(names=False))  # + memory, uptime, topics
             repl = self.repl
             if repl is not None:
                 st["amq-ha-seq"] = str(repl.seq)
