@@ -1,4 +1,4 @@
-"""``amq broker``: run the embedded broker (``run``); helpers (``hash-password``).
+"""``amq broker``: run the embedded broker (``run``); helpers (``hash-password``, ``status``).
 
 The HA commands (``pair``, ``status``) are added to the same :data:`broker` group by
 ``amqtransport.broker.ha`` (see :func:`register`); keep subcommands independent.
@@ -23,7 +23,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 @click.group("broker")
 def broker() -> None:
-    """The embedded STOMP broker (one node; HA pairs where available)."""
+    """The embedded STOMP broker: run one (``run``; with ``--ha``, one node of a
+    master/slave pair), start a pair (``pair``), ask a running broker or HA node for
+    its role, message counts and memory (``status``), hash passwords for a users
+    file (``hash-password``)."""
 
 
 def register(command: click.Command) -> None:

@@ -2,9 +2,10 @@
 
 ``amq broker run --ha replicated|shared-store ...`` runs one node of a pair
 (:mod:`amqtransport.broker.ha.node`); ``amq broker pair`` starts both nodes as child
-processes and prints the URI to use; ``amq broker status --port P`` asks a node (its
-client port when it is master, or any node's HA port) for its role, epoch, peer and
-message counts.
+processes and prints the URI to use; ``amq broker status --port P`` asks a broker for
+its role, message counts, connections and memory: a plain ``amq broker run`` broker
+answers on its client port with role ``standalone``; an HA node (on its client port
+when it is master, or on its HA port in any role) adds its epoch and peer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import click
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["ha_options", "run_ha", "pair", "status"]
+__all__ = ["ha_options", "run_ha", "pair", "status", "status_data", "status_lines"]
 
 
 def ha_options(fn: F) -> F:
@@ -173,16 +174,28 @@ def pair(
 
 
 @click.command("status")
-@click.option("--port", type=int, required=True, help="A node's HA port, or the master's client port.")
+@click.option("--port", type=int, required=True,
+              help="The broker's client port (a plain broker, an HA master), or an HA node's HA port.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--timeout", type=float, default=3.0, show_default=True)
-def status(port: int, host: str, as_json: bool, timeout: float) -> None:
-    """Role, epoch, peer and message counts of one HA node."""
+@click.option("--user", default=None, help="Login (a broker with users lists queue names only to a valid login).")
+@click.option("--password", default=None, help="Passcode for --user.")
+def status(port: int, host: str, as_json: bool, timeout: float, user: str | None, password: str | None) -> None:
+    """Role, message counts, connections and memory of one broker.
+
+    A plain broker reports role ``standalone``; an HA node its role (master, slave,
+    waiting...), epoch and peer.
+    """
     from amqtransport.broker.ha.replication import ha_request_sync
 
+    creds = {"login": user or "", "passcode": password or ""} if user is not None else {}
     try:
-        frame = ha_request_sync(host, port, timeout)
+        frame = ha_request_sync(host, port, timeout, creds)
+    except ConnectionRefusedError:
+        click.echo(f"error: nothing is listening on {host}:{port} (connection refused); is the broker running?",
+                   err=True)
+        sys.exit(1)
     except (OSError, TimeoutError) as exc:
         click.echo(f"error: cannot reach {host}:{port}: {exc}", err=True)
         sys.exit(1)
@@ -191,13 +204,86 @@ def status(port: int, host: str, as_json: bool, timeout: float) -> None:
         sys.exit(1)
     info = {k[len("amq-ha-"):]: v for k, v in frame.headers if k.startswith("amq-ha-")}
     if not info:
-        click.echo(f"error: {host}:{port} is not an HA node (a single broker, or not ours)", err=True)
+        click.echo(f"error: {host}:{port} answered without status headers: not an amqtransport broker "
+                   "(or one too old to report its status)", err=True)
         sys.exit(1)
-    data: dict[str, object] = {}
-    for k, v in info.items():
-        data[k] = int(v) if v.isdigit() else (v == "true" if v in ("true", "false") else v)
+    data = status_data(info)
     if as_json:
         click.echo(json.dumps(data, sort_keys=True))
         return
-    for k in sorted(data):
-        click.echo(f"{k:12} {data[k]}")
+    for line in status_lines(data):
+        click.echo(line)
+
+
+def status_data(info: Mapping[str, str]) -> dict[str, object]:
+    """Status headers (``amq-ha-`` prefix removed) as typed values: ints, floats, booleans,
+    ``depths`` as a dict, the ``memory-*`` headers as one ``memory`` dict (``usage``,
+    ``limit``, ``peak``, ``flow_control``), like ``BrokerServer.stats()["memory"]``."""
+    data: dict[str, object] = {}
+    memory: dict[str, object] = {}
+    for k, v in info.items():
+        value: object = v
+        if k == "depths":
+            try:
+                value = json.loads(v)
+            except ValueError:
+                value = v
+        elif v.isdigit():
+            value = int(v)
+        elif v in ("true", "false"):
+            value = v == "true"
+        elif k == "uptime":
+            try:
+                value = float(v)
+            except ValueError:
+                value = v
+        if k.startswith("memory-"):
+            memory[k[len("memory-"):].replace("-", "_")] = value
+        else:
+            data[k] = value
+    if memory:
+        data["memory"] = memory
+    return data
+
+
+_FIRST = ("role", "name", "mode", "epoch", "client", "port", "peer", "peer-state", "pid", "uptime",
+          "messages", "connections", "sent", "queues", "topics")
+
+
+def _size(n: object) -> str:
+    if not isinstance(n, int):
+        return str(n)
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor:
+            return f"{n / factor:.1f} {unit}"
+    return f"{n} B"
+
+
+def status_lines(data: Mapping[str, object]) -> list[str]:
+    """The human form of :func:`status_data`: one ``key value`` line each, role first."""
+    lines: list[str] = []
+    rest = dict(data)
+    for k in _FIRST:
+        if k in rest:
+            v = rest.pop(k)
+            lines.append(f"{k:12} {v} s" if k == "uptime" else f"{k:12} {v}")
+    memory = rest.pop("memory", None)
+    if isinstance(memory, dict):
+        usage, limit = memory.get("usage"), memory.get("limit")
+        pct = f" ({100.0 * usage / limit:.1f}%)" if isinstance(usage, int) and isinstance(limit, int) and limit else ""
+        peak = memory.get("peak")
+        flow = memory.get("flow_control")
+        lines.append(f"{'memory':12} {_size(usage)} of {_size(limit)}{pct}, peak {_size(peak)}, "
+                     f"flow control {'ENGAGED' if flow else 'off'}")
+    depths = rest.pop("depths", None)
+    omitted = rest.pop("depths-omitted", None)
+    for k in sorted(rest):
+        lines.append(f"{k:12} {rest[k]}")
+    if isinstance(depths, dict) and depths:
+        lines.append("queue depths:")
+        width = max(len(str(q)) for q in depths)
+        for q, n in sorted(depths.items(), key=lambda t: (-t[1], t[0])):
+            lines.append(f"  {q:{width}} {n}")
+        if omitted:
+            lines.append(f"  ... and {omitted} more queues")
+    return lines
