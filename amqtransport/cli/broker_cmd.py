@@ -23,10 +23,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 @click.group("broker")
 def broker() -> None:
-    """The embedded STOMP broker: run one (``run``; with ``--ha``, one node of a
-    master/slave pair), start a pair (``pair``), ask a running broker or HA node for
-    its role, message counts and memory (``status``), hash passwords for a users
-    file (``hash-password``)."""
+    """The embedded STOMP broker: 'run' one (with --ha, one node of a master/slave
+    pair), start a 'pair', ask a running broker or HA node for its 'status' (role,
+    message counts, memory), 'hash-password' for a users file."""
 
 
 def register(command: click.Command) -> None:
