@@ -15,13 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from broker_helpers import StompPy
 
 from amqtransport.broker.config import hash_password
 from amqtransport.cli.ha_cmd import status_data, status_lines
 from amqtransport.testing.broker_process import BrokerProcess
 from amqtransport.testing.ports import free_port
-
-from broker_helpers import StompPy
 
 pytestmark = pytest.mark.timeout(120)
 
