@@ -193,8 +193,8 @@ def status(port: int, host: str, as_json: bool, timeout: float, user: str | None
     try:
         frame = ha_request_sync(host, port, timeout, creds)
     except ConnectionRefusedError:
-        click.echo(f"error: nothing is listening on {host}:{port} (connection refused); is the broker running?",
-                   err=True)
+        click.echo(f"error: cannot reach {host}:{port}: nothing is listening there (connection refused); "
+                   "is the broker running?", err=True)
         sys.exit(1)
     except (OSError, TimeoutError) as exc:
         click.echo(f"error: cannot reach {host}:{port}: {exc}", err=True)

@@ -110,7 +110,7 @@ def test_status_nothing_listening_is_a_clear_error() -> None:
     port = free_port()
     res = amq_status(port)
     assert res.returncode == 1
-    assert f"nothing is listening on 127.0.0.1:{port}" in res.stderr, res.stderr
+    assert f"cannot reach 127.0.0.1:{port}: nothing is listening there" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
     assert res.stdout == ""
 

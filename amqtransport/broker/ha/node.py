@@ -367,13 +367,8 @@ class HaNode:
             "amq-ha-listening": "true" if self.listening else "false",
         }
         if self.role == "master" and self.server is not None and self.server.store is not None:
-            st["amq-ha-messages"] = str(len(self.server.store.live))
-            core = self.server.core
-            if core is not None:
-                st["amq-ha-sent"] = str(core.sent)
-                st["amq-ha-queues"] = str(len(core.queues))
-            st["amq-ha-connections"] = str(len(self.server.connections))
-            st.update(self.server.status_stats(names=False))  # + memory, uptime, topics
+            # messages, sent, queues, topics, connections, memory-*, uptime (no queue names)
+            st.update(self.server.status_stats(names=False))
             repl = self.repl
             if repl is not None:
                 st["amq-ha-seq"] = str(repl.seq)
