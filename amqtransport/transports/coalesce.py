@@ -70,11 +70,11 @@ class CoalescingWriter:
         with self._lock:
             if self._error is not None:
                 raise self._error
-            self._pending.append(data)
             self._appended += 1
             seq = self._appended
             self.writes += 1
             if self._flushing:
+                self._pending.append(data)
                 if not wait:
                     return
                 self._waiters += 1
@@ -86,21 +86,16 @@ class CoalescingWriter:
                 if self._flushed >= seq:
                     return
                 raise self._error  # type: ignore[misc]
+            # nothing is pending when no flush runs: our bytes go first, as they are
             self._flushing = True
-        self._flush_loop(seq)
+        self._flush_loop(seq, data)
 
-    def _flush_loop(self, seq: int) -> None:
-        """Run as the flusher until nothing is pending (called without the lock).
-        Raises only when the failed flush carried this caller's bytes (``seq``)."""
+    def _flush_loop(self, seq: int, data: bytes) -> None:
+        """Run as the flusher: write ``data`` (up to append ``seq``), then whatever
+        was queued meanwhile, until nothing is pending (called without the lock).
+        Raises only when the failed flush carried this caller's bytes."""
+        upto = seq
         while True:
-            with self._lock:
-                pending = self._pending
-                if not pending:
-                    self._flushing = False
-                    return
-                self._pending = []
-                upto = self._appended
-            data = pending[0] if len(pending) == 1 else b"".join(pending)
             try:
                 self._sink(data)
             except BaseException as exc:
@@ -115,10 +110,17 @@ class CoalescingWriter:
                 if mine or not isinstance(exc, Exception):
                     raise  # ours (or an interrupt); else the waiters it concerns have it
                 return
+            if self._on_flushed is not None:
+                self._on_flushed()
             with self._lock:
                 self._flushed = upto
                 self.flushes += 1
                 if self._waiters:
                     self._cond.notify_all()
-            if self._on_flushed is not None:
-                self._on_flushed()
+                pending = self._pending
+                if not pending:
+                    self._flushing = False
+                    return
+                self._pending = []
+                upto = self._appended
+            data = pending[0] if len(pending) == 1 else b"".join(pending)

@@ -224,7 +224,7 @@ def test_heartbeats_are_queued_while_a_big_send_is_stuck_and_follow_it(slow_peer
     conn.open()
     try:
         assert conn.send_every_ms == 100 and conn.writer is not None
-        body = b"x" * (48 << 20)  # far more than the socket buffers hold: sendall blocks
+        body = b"x" * (32 << 20)  # far more than the socket buffers hold: sendall blocks
         big, result = _start(conn.write, Frame.make("SEND", {"destination": "/queue/big"}, body))
         time.sleep(0.3)
         assert big.is_alive(), "the big send should still be stuck (the peer is not reading)"
