@@ -22,6 +22,20 @@ going away -- then it goes back to the *front* of the queue with its delivery co
 raised, and, once it has been delivered ``1 + max_redeliveries`` times, to
 ``/queue/DLQ.X`` instead (a journalled ``Move``).
 
+Wildcard queue consumers (``/queue/a.>``, ``/queue/a.*.c``; ActiveMQ 5 semantics as
+for topics below, ``a.>`` also matching ``a``). The wildcard is not a queue: the
+subscription gets one *child* subscription per matching queue -- every existing one
+at SUBSCRIBE, and each one created later (``queue()`` checks the wildcard list when
+it creates a queue). The children are ordinary consumers of their queue (round-robin
+with the queue's other consumers, the same dispatch loop) that share their parent's
+``unacked`` dict, so prefetch credit is per subscription across all matched queues.
+When credit returns, the parent offers it to its queues in turn and moves a queue
+that used some to the back, so one busy queue cannot starve the others. Messages
+keep their real destination; ACK/NACK go through the parent; unacked messages go
+back to (or dead-letter from) each message's own queue; unsubscribing detaches every
+child. Each child counts in its queue's ``consumerCount`` advisory. A SEND to a
+wildcard queue is refused (:func:`check_send_destination`).
+
 Topics (``/topic/X``). Publishing fans out to every subscription of the topic (and to
 wildcard subscriptions, ActiveMQ syntax: ``.`` separates, ``*`` one part, ``>`` the
 rest). A topic subscription without credit buffers in its own bounded backlog (the
@@ -65,6 +79,7 @@ __all__ = [
     "Sink",
     "TxState",
     "CoreError",
+    "check_send_destination",
     "ADVISORY_PREFIX",
     "QUEUE_PREFIX",
     "TOPIC_PREFIX",
@@ -114,6 +129,7 @@ class Subscription:
         "active",
         "pattern",
         "dropped",
+        "children",
     )
 
     def __init__(
@@ -138,6 +154,9 @@ class Subscription:
         self.active = True
         self.pattern: tuple[str, ...] | None = None
         self.dropped = 0
+        # a wildcard queue subscription: one child per matched queue (key -> child);
+        # the children share this subscription's ``unacked`` dict, hence its credit
+        self.children: OrderedDict[str, Subscription] | None = None
 
     def has_credit(self) -> bool:
         if not self.active or not self.conn.writable:
@@ -269,6 +288,18 @@ def split_destination(destination: str) -> tuple[str, str]:
     raise CoreError(f"destination {destination!r} must start with /queue/ or /topic/")
 
 
+def check_send_destination(destination: str) -> tuple[str, str]:
+    """:func:`split_destination` for a SEND: a wildcard queue is refused (it names
+    many queues, or none; ActiveMQ semantics are for consumers)."""
+    kind, name = split_destination(destination)
+    if kind == "queue" and ("*" in name or ">" in name) and _pattern(name) is not None:
+        raise CoreError(
+            f"cannot SEND to {destination!r}: '*' and '>' are wildcards, allowed only when subscribing "
+            "to queues; send to one concrete queue"
+        )
+    return kind, name
+
+
 def _pattern(name: str) -> tuple[str, ...] | None:
     parts = tuple(name.split("."))
     return parts if ("*" in parts or ">" in parts) else None
@@ -297,6 +328,7 @@ class BrokerCore:
         self.queues: dict[str, Queue] = {}
         self.topics: dict[str, Topic] = {}
         self.wildcard_subs: list[Subscription] = []
+        self.wildcard_queue_subs: list[Subscription] = []
         self.durable_subs: dict[str, Sub] = {}  # queue key -> record
         self.durable_active: dict[str, Subscription] = {}
         self._ids = itertools.count(1)
@@ -335,7 +367,55 @@ class BrokerCore:
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = Queue(self, key)
+            if self.wildcard_queue_subs:
+                for sub in list(self.wildcard_queue_subs):
+                    if self._queue_matches(sub, key):
+                        self._attach(sub, q)
         return q
+
+    # ------------------------------------------------------------------ wildcard queues
+    @staticmethod
+    def _queue_matches(sub: Subscription, key: str) -> bool:
+        """Is queue ``key`` (``/queue/a.b``) one that wildcard queue ``sub`` reads?"""
+        assert sub.pattern is not None
+        prefix = QUEUE_PREFIX if sub.destination.startswith(QUEUE_PREFIX) else TEMP_QUEUE_PREFIX
+        if not key.startswith(prefix):
+            return False
+        name = key[len(prefix) :]
+        if "*" in name.split(".") or ">" in name.split("."):
+            return False  # never a real queue; a wildcard is not read by another wildcard
+        return _matches(sub.pattern, name.split("."))
+
+    def _attach(self, sub: Subscription, q: Queue) -> None:
+        """Give wildcard queue ``sub`` a child consumer on ``q`` (sharing its credit)."""
+        assert sub.children is not None
+        if q.name in sub.children:
+            return
+        child = Subscription(sub.conn, sub.id, sub.destination, sub.ack_mode, sub.prefetch)
+        child.unacked = sub.unacked
+        child.name = q.name
+        sub.children[q.name] = child
+        q.add_consumer(child)
+        self._advise(q.name, len(q.consumers))
+
+    def _detach_all(self, sub: Subscription) -> None:
+        assert sub.children is not None
+        if sub in self.wildcard_queue_subs:
+            self.wildcard_queue_subs.remove(sub)
+        for key, child in list(sub.children.items()):
+            child.active = False
+            q = self.queues.get(key)
+            if q is None:
+                continue
+            q.remove_consumer(child)
+            self._advise(key, len(q.consumers))
+        sub.children.clear()
+
+    def _forget_idle(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            q = self.queues.get(key)
+            if q is not None and not q.consumers and not q.messages:
+                del self.queues[key]
 
     def topic(self, key: str) -> Topic:
         t = self.topics.get(key)
@@ -429,7 +509,7 @@ class BrokerCore:
         ``callback`` runs when the message (or, for a duplicate, the original) is
         durable; for a non-persistent message, at once (on the journal's order).
         """
-        kind, name = split_destination(destination)
+        kind, name = check_send_destination(destination)
         if key and self.store is not None and self.store.is_duplicate(key, callback):
             self.duplicates += 1
             return False
@@ -525,8 +605,17 @@ class BrokerCore:
         kind, name = split_destination(destination)
         sub = Subscription(conn, sub_id, destination, ack_mode, prefetch or self.config.default_prefetch)
         if kind == "queue":
-            q = self.queue(destination)
             sub.name = destination
+            qpattern = _pattern(name)
+            if qpattern is not None:
+                sub.pattern = qpattern
+                sub.children = OrderedDict()
+                self.wildcard_queue_subs.append(sub)
+                for key, matched in list(self.queues.items()):
+                    if self._queue_matches(sub, key):
+                        self._attach(sub, matched)
+                return sub
+            q = self.queue(destination)
             q.add_consumer(sub)
             self._advise(destination, len(q.consumers))
             return sub
@@ -567,7 +656,13 @@ class BrokerCore:
         if not sub.active:
             return
         sub.active = False
-        if sub.kind == "queue":
+        if sub.kind == "queue" and sub.children is not None:
+            keys = list(sub.children)
+            self._detach_all(sub)
+            self._return_unacked(sub, list(sub.unacked.values()), count_failure=True)
+            sub.unacked.clear()
+            self._forget_idle(keys)
+        elif sub.kind == "queue":
             q = self.queues.get(sub.name)
             if q is not None:
                 q.remove_consumer(sub)
@@ -625,12 +720,45 @@ class BrokerCore:
         """The subscription may take more (ack, nack, connection writable again)."""
         if not sub.active:
             return
-        if sub.kind == "queue":
+        if sub.children is not None:
+            self._wildcard_ready(sub)
+        elif sub.kind == "queue":
             q = self.queues.get(sub.name)
             if q is not None:
                 q.make_ready(sub)
         else:
             self._drain_topic(sub)
+
+    def _wildcard_ready(self, sub: Subscription) -> None:
+        """Offer a wildcard queue subscription's credit to each matched queue in turn; a
+        queue that used some goes to the back of the order, so one busy queue cannot
+        starve the others when credit is short (prefetch is per subscription)."""
+        assert sub.children is not None
+        served: list[str] = []
+        for key, child in list(sub.children.items()):
+            if not child.has_credit():
+                break
+            q = self.queues.get(key)
+            if q is None:
+                continue
+            before = len(q.messages)
+            q.make_ready(child)
+            if len(q.messages) < before:
+                served.append(key)
+        for key in served:
+            if key in sub.children:
+                sub.children.move_to_end(key)
+
+    def _count_dequeued(self, sub: Subscription, msgs: Sequence[Message]) -> None:
+        if sub.children is not None:  # a wildcard: each message counts for its own queue
+            for m in msgs:
+                q = self.queues.get(m.destination)
+                if q is not None:
+                    q.dequeued += 1
+            return
+        q = self.queues.get(sub.name)
+        if q is not None:
+            q.dequeued += len(msgs)
 
     # ------------------------------------------------------------------ acks
     def _take(self, sub: Subscription, msg_id: str, cumulative: bool) -> list[Message]:
@@ -676,9 +804,7 @@ class BrokerCore:
         for m in msgs:
             self.memory.release(m)
         if sub.kind == "queue":
-            q = self.queues.get(sub.name)
-            if q is not None:
-                q.dequeued += len(msgs)
+            self._count_dequeued(sub, msgs)
         ids = [m.id for m in msgs if m.persistent and sub.kind == "queue"]
         if ids:
             self.store_ack(ids, callback)
@@ -731,6 +857,13 @@ class BrokerCore:
                     self.memory.release(m)
                 self.store_ack([m.id for m in back if m.persistent])  # its subscription is gone
                 return
+            if sub.children is not None:  # a wildcard: each message to its own queue
+                by_queue: dict[str, list[Message]] = {}
+                for m in back:
+                    by_queue.setdefault(m.destination, []).append(m)
+                for key, ms in by_queue.items():
+                    self.queue(key).requeue(ms)
+                return
             self.queue(sub.name).requeue(back)  # re-created if it was forgotten meanwhile
 
     def _dead_letter(self, m: Message) -> None:
@@ -766,7 +899,7 @@ class BrokerCore:
         plain_keys: list[str] = []
         seen_keys: set[str] = set()
         for destination, headers, body, persistent, key in tx.sends:
-            kind, name = split_destination(destination)
+            kind, name = check_send_destination(destination)
             if key and ((self.store is not None and self.store.is_duplicate(key)) or key in seen_keys):
                 self.duplicates += 1
                 continue
@@ -783,9 +916,7 @@ class BrokerCore:
         for sub, m in tx.acked:
             self.memory.release(m)
             if sub.kind == "queue":
-                q = self.queues.get(sub.name)
-                if q is not None:
-                    q.dequeued += 1
+                self._count_dequeued(sub, [m])
                 if m.persistent:
                     ack_ids.append(m.id)
         if ack_ids:

@@ -79,7 +79,7 @@ from .core import (
     CoreError,
     Subscription,
     TxState,
-    split_destination,
+    check_send_destination,
 )
 from .message import TRANSPORT_HEADERS, Message
 
@@ -586,7 +586,7 @@ class StompConnection(asyncio.Protocol):
                 self._error(f"SEND names transaction {tx_id!r}, which was not begun", receipt=receipt)
                 return
             try:
-                split_destination(destination)
+                check_send_destination(destination)
             except CoreError as exc:
                 self._error(str(exc), receipt=receipt)
                 return
