@@ -88,27 +88,48 @@ class CoalescingWriter:
                 raise self._error  # type: ignore[misc]
             # nothing is pending when no flush runs: our bytes go first, as they are
             self._flushing = True
-        self._flush_loop(seq, data)
+        try:
+            self._sink(data)
+        except BaseException as exc:
+            self._failed(exc, seq)
+            return
+        if self._on_flushed is not None:
+            self._on_flushed()
+        with self._lock:  # the common case ends here: nothing was queued meanwhile
+            self._flushed = seq
+            self.flushes += 1
+            if self._waiters:
+                self._cond.notify_all()
+            pending = self._pending
+            if not pending:
+                self._flushing = False
+                return
+            self._pending = []
+            upto = self._appended
+        self._flush_loop(seq, pending[0] if len(pending) == 1 else b"".join(pending), upto)
 
-    def _flush_loop(self, seq: int, data: bytes) -> None:
-        """Run as the flusher: write ``data`` (up to append ``seq``), then whatever
-        was queued meanwhile, until nothing is pending (called without the lock).
-        Raises only when the failed flush carried this caller's bytes."""
-        upto = seq
+    def _failed(self, exc: BaseException, seq: int) -> None:
+        """A sink call failed: break the writer, wake the waiters, and raise to this
+        caller only when the failed flush carried its bytes (append ``seq``)."""
+        error = exc if isinstance(exc, TransportError) else WriteError(f"write failed: {exc!r}")
+        with self._lock:
+            self._error = error  # nothing may follow bytes that did not go out
+            self._pending = []
+            self._flushing = False
+            if self._waiters:
+                self._cond.notify_all()
+            mine = self._flushed < seq
+        if mine or not isinstance(exc, Exception):
+            raise exc  # ours (or an interrupt); else the waiters it concerns have it
+
+    def _flush_loop(self, seq: int, data: bytes, upto: int) -> None:
+        """Keep flushing what others queued (``data``: appends up to ``upto``) until
+        nothing is pending (called without the lock, as the flusher)."""
         while True:
             try:
                 self._sink(data)
             except BaseException as exc:
-                error = exc if isinstance(exc, TransportError) else WriteError(f"write failed: {exc!r}")
-                with self._lock:
-                    self._error = error  # nothing may follow bytes that did not go out
-                    self._pending = []
-                    self._flushing = False
-                    if self._waiters:
-                        self._cond.notify_all()
-                    mine = self._flushed < seq
-                if mine or not isinstance(exc, Exception):
-                    raise  # ours (or an interrupt); else the waiters it concerns have it
+                self._failed(exc, seq)
                 return
             if self._on_flushed is not None:
                 self._on_flushed()

@@ -215,7 +215,7 @@ class StompConnection:
             raise
         now = self._clock()
         self._last_rx = self._last_tx = now
-        self._writer = CoalescingWriter(stream.write, on_flushed=self._touch_tx)
+        self._writer = CoalescingWriter(stream.write)
         self._reader = threading.Thread(target=self._read_loop, name=f"amq-reader {self._name}", daemon=True)
         self._reader.start()
         if self.send_every_ms > 0:
@@ -251,9 +251,6 @@ class StompConnection:
     def alive(self) -> bool:
         return self._stream is not None and not self._closing and not self._lost_reported
 
-    def _touch_tx(self) -> None:
-        self._last_tx = self._clock()
-
     @property
     def writer(self) -> CoalescingWriter | None:
         """The link's combining writer (None before ``open``); its ``flushes`` /
@@ -267,6 +264,7 @@ class StompConnection:
         if writer is None or self._closing:
             raise ConnectionClosed(f"{self.address}: connection closed")
         writer.write(serialize(frame, self.version))
+        self._last_tx = self._clock()
 
     def write_many(self, frames: list[Frame]) -> None:
         """Write several frames, contiguous and in order, in one socket write
@@ -277,6 +275,7 @@ class StompConnection:
         if frames:
             version = self.version
             writer.write(b"".join([serialize(f, version) for f in frames]))
+            self._last_tx = self._clock()
 
     def _read_loop(self) -> None:
         stream = self._stream
@@ -348,8 +347,10 @@ class StompConnection:
                 return
             if self._clock() - self._last_tx >= interval * 0.8:
                 try:
-                    # queued behind a write in flight rather than waiting for it
+                    # queued behind a write in flight rather than waiting for it (that
+                    # write's caller then sets _last_tx)
                     writer.write(HEARTBEAT_BYTES, wait=False)
+                    self._last_tx = self._clock()
                 except TransportError:
                     return  # the reader reports the loss
 
