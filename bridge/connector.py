@@ -390,10 +390,9 @@ class Bridge:
             if direction is None:
                 continue
             for inc in cfg.static_include:
-                if parse_pattern(inc).is_queue and parse_pattern(inc).has_wildcard:
-                    log.warning("bridge %s: static include %s is a wildcard queue subscription: it works only "
-                                "if the broker supports those (ActiveMQ does, the embedded broker does not)",
-                                self.name, inc)
+                # a wildcard static queue include is one wildcard queue subscription on the
+                # source broker (ActiveMQ and our broker both read every matching queue,
+                # existing and future); each message is sent on to its real destination
                 direction.ensure(inc)
             dynamic = [parse_pattern(p) for p in cfg.dynamic_include]
             # consumer advisories exist for queues only: a topic is forwarded whatever the
