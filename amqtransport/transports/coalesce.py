@@ -119,8 +119,12 @@ class CoalescingWriter:
             if self._waiters:
                 self._cond.notify_all()
             mine = self._flushed < seq
-        if mine or not isinstance(exc, Exception):
-            raise exc  # ours (or an interrupt); else the waiters it concerns have it
+        if not isinstance(exc, Exception):
+            raise exc  # an interrupt
+        if mine:  # else the waiters it concerns have it
+            if error is exc:
+                raise exc
+            raise error from exc
 
     def _flush_loop(self, seq: int, data: bytes, upto: int) -> None:
         """Keep flushing what others queued (``data``: appends up to ``upto``) until

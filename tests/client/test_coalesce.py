@@ -147,6 +147,18 @@ def test_flusher_own_failure_raises_to_it() -> None:
         writer.write(b"A")
 
 
+def test_a_bug_in_the_sink_is_reported_in_the_transport_error_family() -> None:
+    def sink(data: bytes) -> None:
+        raise ValueError("boom")
+
+    writer = CoalescingWriter(sink)
+    with pytest.raises(WriteError, match="boom") as info:
+        writer.write(b"A")
+    assert isinstance(info.value.__cause__, ValueError)
+    with pytest.raises(WriteError):
+        writer.write(b"B")
+
+
 def test_fire_and_forget_does_not_wait_for_a_flush_in_flight() -> None:
     sink = Sink()
     writer = CoalescingWriter(sink)
