@@ -63,6 +63,20 @@ class Store:
     def consumer_count(self, dest: str) -> int:
         return sum(1 for s in self.subs if s.destination == dest)
 
+    def tell_current_demand(self, sub: FakeSub) -> None:
+        """Like our broker: a new advisory subscriber is told the current consumer count
+        of every queue it watches at once (otherwise a consumer that came before the
+        watcher would never be seen)."""
+        if not sub.pattern.is_topic or not sub.destination.startswith("/topic/ActiveMQ.Advisory."):
+            return
+        for dest in sorted({s.destination for s in self.subs if s is not sub and not s.pattern.is_topic}):
+            topic = advisory_topic(parse_destination(dest))
+            if sub.matches(topic):
+                h = {"consumerCount": str(self.consumer_count(dest)), "destination": topic,
+                     "message-id": f"ID:{next(_ids)}"}
+                sub.topic_buf.append(Msg(topic, b"", h))
+        self.cond.notify_all()
+
     def advise(self, dest: str) -> None:
         d = parse_destination(dest)
         if d.name.startswith("ActiveMQ.Advisory"):
@@ -315,6 +329,7 @@ class FakeConn:
             self.subs.append(sub)
             store.subs.append(sub)
             store.advise(destination)
+            store.tell_current_demand(sub)
         return sub
 
     def send(self, destination: str, body: bytes | str, headers: dict[str, str] | None = None, *,
