@@ -7,9 +7,10 @@ ActiveMQ:
 
 - ``*`` matches exactly one segment: ``/queue/a.*`` matches ``/queue/a.b`` but not
   ``/queue/a.b.c`` nor ``/queue/a``;
-- ``>`` matches one or more trailing segments and may only be the last segment:
-  ``/queue/a.>`` matches ``/queue/a.b`` and ``/queue/a.b.c``, not ``/queue/a``;
-  ``/queue/>`` matches every queue.
+- ``>`` matches the rest of the path and may only be the last segment:
+  ``/queue/a.>`` matches ``/queue/a.b`` and ``/queue/a.b.c``, and also ``/queue/a``
+  itself, as in ActiveMQ 5.x (``PrefixDestinationFilter``: "A matches A.>") and in our
+  broker; ``/queue/>`` matches every queue.
 
 A wildcard must be a whole segment (``a.b*`` is rejected rather than silently matched
 literally), a segment may not be empty, and a queue pattern never matches a topic.
@@ -147,7 +148,7 @@ def parse_pattern(text: str) -> DestinationPattern:
 def _match(pattern: Sequence[str], path: Sequence[str]) -> bool:
     for i, seg in enumerate(pattern):
         if seg == ">":
-            return len(path) > i
+            return True  # the rest, possibly nothing: a.> matches a (ActiveMQ semantics)
         if i >= len(path):
             return False
         if seg != "*" and seg != path[i]:
@@ -158,10 +159,8 @@ def _match(pattern: Sequence[str], path: Sequence[str]) -> bool:
 def _overlap(a: Sequence[str], b: Sequence[str]) -> bool:
     if not a and not b:
         return True
-    if a and a[0] == ">":
-        return len(b) > 0
-    if b and b[0] == ">":
-        return len(a) > 0
+    if (a and a[0] == ">") or (b and b[0] == ">"):
+        return True  # '>' also matches nothing, so the prefix so far is a common destination
     if not a or not b:
         return False
     if a[0] == "*" or b[0] == "*" or a[0] == b[0]:

@@ -29,7 +29,7 @@ TABLE = [
     ("/queue/orders.*", "/queue/orders.eu.paris", False),
     ("/queue/orders.>", "/queue/orders.eu", True),
     ("/queue/orders.>", "/queue/orders.eu.paris", True),
-    ("/queue/orders.>", "/queue/orders", False),
+    ("/queue/orders.>", "/queue/orders", True),  # ActiveMQ: "A matches A.>"
     ("/queue/orders.>", "/queue/ordersx.eu", False),
     ("/queue/>", "/queue/a", True),
     ("/queue/>", "/queue/a.b.c", True),
@@ -80,14 +80,15 @@ def test_filter_exclusion_wins() -> None:
     ("a", "b", "expected"),
     [
         ("/queue/a.>", "/queue/a.b", True),
-        ("/queue/a.>", "/queue/a", False),
+        ("/queue/a.>", "/queue/a", True),
         ("/queue/a.*", "/queue/*.b", True),
         ("/queue/a.*", "/queue/b.*", False),
         ("/queue/>", "/queue/x.y.z", True),
         ("/queue/a.*", "/queue/a.b.c", False),
         ("/queue/a.*.c", "/queue/a.>", True),
         ("/queue/a", "/topic/a", False),
-        ("/queue/*", "/queue/a.>", False),
+        ("/queue/*", "/queue/a.>", True),  # both match /queue/a
+        ("/queue/*", "/queue/a.b.>", False),
     ],
 )
 def test_overlaps(a: str, b: str, expected: bool) -> None:
