@@ -785,6 +785,26 @@ class BrokerCore:
         callback: Callback | None = None,
     ) -> bool:
         """ACK; False when the id was not awaiting an ack on this subscription."""
+
+        def settle(msgs: list[Message]) -> None:
+            if tx is not None:
+                tx.acked.extend((sub, m) for m in msgs)
+                self._done(callback)
+            else:
+                self._consumed(sub, msgs, callback)
+
+        return self._settle(sub, msg_id, callback, settle)
+
+    def _settle(
+        self,
+        sub: Subscription,
+        msg_id: str,
+        callback: Callback | None,
+        settle: Callable[[list[Message]], None],
+    ) -> bool:
+        """What ACK and NACK share: nothing to do in auto mode, False for an id not
+        awaiting an ack, else ``settle`` the message(s) (``callback`` is its to call)
+        and give the subscription its credit back."""
         if sub.ack_mode == AUTO:
             self._done(callback)
             return True
@@ -792,11 +812,7 @@ class BrokerCore:
         if not msgs:
             self._done(callback)
             return False
-        if tx is not None:
-            tx.acked.extend((sub, m) for m in msgs)
-            self._done(callback)
-        else:
-            self._consumed(sub, msgs, callback)
+        settle(msgs)
         self.capacity_changed(sub)
         return True
 
@@ -819,20 +835,16 @@ class BrokerCore:
         tx: TxState | None = None,
         callback: Callback | None = None,
     ) -> bool:
-        if sub.ack_mode == AUTO:
+        """NACK: redeliver (or DLQ) now, or at COMMIT inside a transaction."""
+
+        def settle(msgs: list[Message]) -> None:
+            if tx is not None:
+                tx.nacked.extend((sub, m) for m in msgs)
+            else:
+                self._return_unacked(sub, msgs, count_failure=True)
             self._done(callback)
-            return True
-        msgs = self._take(sub, msg_id, cumulative=sub.ack_mode == CLIENT)
-        if not msgs:
-            self._done(callback)
-            return False
-        if tx is not None:
-            tx.nacked.extend((sub, m) for m in msgs)
-        else:
-            self._return_unacked(sub, msgs, count_failure=True)
-        self._done(callback)
-        self.capacity_changed(sub)
-        return True
+
+        return self._settle(sub, msg_id, callback, settle)
 
     def _return_unacked(self, sub: Subscription, msgs: Sequence[Message], *, count_failure: bool) -> None:
         """Messages a consumer did not take: redeliver (front of the queue) or DLQ."""

@@ -88,25 +88,7 @@ class CoalescingWriter:
                 raise self._error  # type: ignore[misc]
             # nothing is pending when no flush runs: our bytes go first, as they are
             self._flushing = True
-        try:
-            self._sink(data)
-        except BaseException as exc:
-            self._failed(exc, seq)
-            return
-        if self._on_flushed is not None:
-            self._on_flushed()
-        with self._lock:  # the common case ends here: nothing was queued meanwhile
-            self._flushed = seq
-            self.flushes += 1
-            if self._waiters:
-                self._cond.notify_all()
-            pending = self._pending
-            if not pending:
-                self._flushing = False
-                return
-            self._pending = []
-            upto = self._appended
-        self._flush_loop(seq, pending[0] if len(pending) == 1 else b"".join(pending), upto)
+        self._flush_loop(seq, data, seq)  # its first round is the uncontended write
 
     def _failed(self, exc: BaseException, seq: int) -> None:
         """A sink call failed: break the writer, wake the waiters, and raise to this
