@@ -544,7 +544,7 @@ def connect(
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
 ) -> Connection:
-    """Connect through ``uri`` (see DESIGN.md's URI grammar) and return a
+    """Connect through ``uri`` (the grammar: docs/uris.md) and return a
     :class:`Connection`. ``connect_timeout`` is in seconds (default: the leaf's
     ``connectTimeout`` option, 10 s). ``backend``/``sleep``/``clock``/``rng`` are
     injection points for tests."""

@@ -216,7 +216,7 @@ class CompositeUri:
         return f"{self.scheme}:({inner})" + (f"?{query}" if query else "")
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN.md's explain JSON: every effective option by ActiveMQ name."""
+        """The explain JSON (docs/uris.md): every effective option by ActiveMQ name."""
         return {
             "scheme": self.scheme,
             "options": self.options.effective(),

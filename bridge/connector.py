@@ -42,7 +42,7 @@ receiving broker; each advisory carries ``consumerCount``. Demand is that count 
 the bridge's own subscriptions on that broker for that destination (a duplex bridge's
 reverse forwarder is a consumer there too); a forwarder runs while demand > 0. Our
 embedded broker publishes these advisories. ActiveMQ 5.17 delivered none over STOMP in
-our checks (``../shared/notes/activemq-5.17-debian.md``), so ``advisories = "auto"``
+our checks (docs/bridge.md, "Dynamic includes"), so ``advisories = "auto"``
 treats dynamic includes as static ones when the remote announces itself as ActiveMQ in
 its CONNECTED ``server`` header (and ``"off"`` always does): against ActiveMQ every
 dynamically included destination is forwarded all the time.

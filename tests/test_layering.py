@@ -1,4 +1,4 @@
-"""Imports flow downward only (DESIGN.md, "Layers").
+"""Imports flow downward only (docs/architecture.md, "Layers").
 
 Every project module is read with ``ast`` (imports inside functions included) and
 each project import is checked against the layer table below: a module may import

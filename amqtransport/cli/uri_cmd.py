@@ -3,7 +3,7 @@
 The human form is an indented tree, one node per line, with the effective options of
 every failover/static (non-default values marked ``*name=value``), the given options of every
 broker URI and, for failover/static, the first delays of the reconnect schedule.
-``--json`` prints DESIGN.md's shape (``CompositeUri.to_json``).  A bad URI prints
+``--json`` prints the shape in docs/uris.md (``CompositeUri.to_json``).  A bad URI prints
 exactly one line ``error: ...`` on stderr and exits 2.
 """
 

@@ -1,4 +1,4 @@
-"""The URI grammar: every form of DESIGN.md's "URI semantics", desugaring and errors."""
+"""The URI grammar: every form of docs/uris.md's "Grammar", desugaring and errors."""
 
 from __future__ import annotations
 
