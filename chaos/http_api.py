@@ -1,6 +1,6 @@
 """Toxiproxy 2.x's REST API over :mod:`chaos.http_server`.
 
-Routes, statuses and JSON follow Toxiproxy 2.12 (see ``chaos/README.md``)::
+Routes, statuses and JSON follow Toxiproxy 2.12 (see ``docs/chaos.md``)::
 
     GET  /version                          200 {"version": "2.12.0"}
     GET  /proxies                          200 {name: proxy, ...}

@@ -3,7 +3,7 @@
 Shows where we agree (parentheses, ``//``, prefix chains keep the options on the inner
 failover, masterslave's components) and the one documented difference: in the
 parenthesis-free ``failover:u1,u2?q`` ActiveMQ gives ``q`` to the last broker URI, we
-give it to the failover (README, "Connection URIs").
+give it to the failover (docs/uris.md).
 """
 
 from __future__ import annotations
