@@ -160,7 +160,7 @@ def test_every_docs_page_is_reachable_from_the_readme() -> None:
             if dest.is_relative_to(DOCS.resolve()) or dest == README:
                 todo.append(dest)
     unreached = [str(p.relative_to(ROOT)) for p in sorted(DOCS.rglob("*.md")) if p.resolve() not in reached]
-    assert unreached == [], "pages no link from README.md leads to"
+    assert unreached == [], "no link from README.md leads to these pages: link each from docs/README.md or the page of its area"
 
 
 # The checkers themselves must be able to fail.
