@@ -510,7 +510,7 @@ class BrokerCore:
         durable; for a non-persistent message, at once (on the journal's order).
         """
         kind, name = check_send_destination(destination)
-        if key and self.store is not None and self.store.is_duplicate(key, callback):
+        if key and self.store is not None and self.store.is_duplicate(destination, key, callback):
             self.duplicates += 1
             return False
         msg = self.make_message(destination, headers, body, persistent, key)
@@ -521,7 +521,7 @@ class BrokerCore:
                 self.store.add(msg, callback)
             else:
                 if key and self.store is not None:
-                    self.store.remember_key(key)
+                    self.store.remember_key(destination, key)
                 if callback is not None:
                     callback(None)
             self.queue(destination).enqueue(msg)
@@ -546,12 +546,11 @@ class BrokerCore:
                 )
                 copies.append((qkey, copy))
         if msg.persistent and self.store is not None and copies:
-            first = copies[0][1]
-            first.key = msg.key  # the key rides with the first copy so dedupe persists
-            self.store.add_many([c for _, c in copies], callback)
+            key = (msg.destination, msg.key, msg.timestamp) if msg.key else None  # persisted with the copies
+            self.store.add_many([c for _, c in copies], callback, key=key)
         else:
             if msg.key and self.store is not None:
-                self.store.remember_key(msg.key)
+                self.store.remember_key(msg.destination, msg.key)
             if callback is not None:
                 callback(None)
         for qkey, copy in copies:
@@ -908,21 +907,24 @@ class BrokerCore:
         """Apply a transaction: its sends and acks in one atomic journal record."""
         records: list[Enq | Ack | Move] = []
         routed: list[tuple[str, str, Message]] = []
-        plain_keys: list[str] = []
-        seen_keys: set[str] = set()
+        plain_keys: list[tuple[str, str]] = []
+        seen_keys: set[tuple[str, str]] = set()
         for destination, headers, body, persistent, key in tx.sends:
             kind, name = check_send_destination(destination)
-            if key and ((self.store is not None and self.store.is_duplicate(key)) or key in seen_keys):
+            if key and (
+                (self.store is not None and self.store.is_duplicate(destination, key))
+                or (destination, key) in seen_keys
+            ):
                 self.duplicates += 1
                 continue
             if key:
-                seen_keys.add(key)
+                seen_keys.add((destination, key))
             msg = self.make_message(destination, headers, body, persistent, key)
             self.sent += 1
             if msg.persistent and kind == "queue":
                 records.append(Enq(msg))
             elif key:
-                plain_keys.append(key)
+                plain_keys.append((destination, key))
             routed.append((kind, name, msg))
         ack_ids: list[str] = []
         for sub, m in tx.acked:
@@ -934,8 +936,8 @@ class BrokerCore:
         if ack_ids:
             records.append(Ack(tuple(ack_ids)))
         if self.store is not None:
-            for key in plain_keys:
-                self.store.remember_key(key)
+            for destination, key in plain_keys:
+                self.store.remember_key(destination, key)
             self.store.commit(records, callback)
         elif callback is not None:
             callback(None)

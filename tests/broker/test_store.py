@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
 from pathlib import Path
@@ -72,7 +73,8 @@ def test_records_round_trip() -> None:
         Ack(("a", "b", "c")),
         Move("m1", "/queue/DLQ.a"),
         Tx((Enq(msg(2)), Ack(("m1",)), Move("m3", "/queue/x"))),
-        Keys((("k", 1.5), ("k2", 2.5))),
+        Keys((("/queue/a", "k", 1.5), ("/topic/t", "k2", 2.5))),
+        Tx((Enq(msg(4)), Keys((("/topic/t", "k3", 3.5),)))),
         Sub("durable:c:s", "/topic/t", "c", "s"),
         Unsub("durable:c:s"),
     ]:
@@ -80,10 +82,16 @@ def test_records_round_trip() -> None:
         if isinstance(rec, Enq):
             assert isinstance(back, Enq) and same(back.message, rec.message)
         elif isinstance(rec, Tx):
-            assert isinstance(back, Tx) and len(back.records) == 3
+            assert isinstance(back, Tx) and len(back.records) == len(rec.records)
             assert back.records[1:] == rec.records[1:]
         else:
             assert back == rec
+
+
+def test_keys_from_journals_before_destination_scoping_still_decode() -> None:
+    # type 5: u32 count, then (u16 len, key, f64 accepted-at) each: no destination
+    legacy = b"\x05\x01\x00\x00\x00\x02\x00k1" + struct.pack("<d", 7.5)
+    assert decode(legacy) == Keys((("", "k1", 7.5),))
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
@@ -245,8 +253,8 @@ def test_ack_in_later_segment_keeps_it_until_the_acked_segment_goes(tmp_path: Pa
 def test_dedupe_survives_restart_and_compaction(tmp_path: Path) -> None:
     s = open_store(tmp_path, segment_size=2048)
     s.add(msg(0, key="key-0", body=b"z" * 1500))
-    assert s.is_duplicate("key-0")
-    assert not s.is_duplicate("key-1")
+    assert s.is_duplicate("/queue/a", "key-0")
+    assert not s.is_duplicate("/queue/a", "key-1")
     s.ack(["m0"])
     for i in range(1, 5):
         s.add(msg(i, body=b"y" * 1500))
@@ -258,7 +266,7 @@ def test_dedupe_survives_restart_and_compaction(tmp_path: Path) -> None:
     assert not first_seg.exists()  # the segment with key-0's message is gone ...
     s.close()
     s2 = open_store(tmp_path)
-    assert s2.is_duplicate("key-0")  # ... but the key was carried forward
+    assert s2.is_duplicate("/queue/a", "key-0")  # ... but the key was carried forward
     s2.close()
 
 
@@ -269,10 +277,10 @@ def test_dedupe_window_bounds(tmp_path: Path) -> None:
         m = msg(i, key=f"k{i}")
         m.timestamp = now[0]
         s.add(m)
-    assert not s.is_duplicate("k0") and not s.is_duplicate("k1")
-    assert s.is_duplicate("k4")
+    assert not s.is_duplicate("/queue/a", "k0") and not s.is_duplicate("/queue/a", "k1")
+    assert s.is_duplicate("/queue/a", "k4")
     now[0] += 11
-    assert not s.is_duplicate("k4")
+    assert not s.is_duplicate("/queue/a", "k4")
     s.close()
 
 
@@ -280,7 +288,7 @@ def test_duplicate_completion_waits_for_the_original(tmp_path: Path) -> None:
     order: list[str] = []
     s = open_store(tmp_path)
     s.add(msg(0, key="dup"), lambda err: order.append("original"))
-    assert s.is_duplicate("dup", lambda err: order.append("repeat"))
+    assert s.is_duplicate("/queue/a", "dup", lambda err: order.append("repeat"))
     s.flush()
     assert order == ["original", "repeat"]
     s.close()
@@ -318,7 +326,7 @@ def test_snapshot_rebuilds_an_equal_store(tmp_path: Path) -> None:
     b2 = open_store(tmp_path / "b")
     assert list(b2.live) == ["m0", "m3", "m4", "m5"]
     assert list(b2.subs) == ["durable:c:a"]
-    assert b2.is_duplicate("k1")
+    assert b2.is_duplicate("/queue/a", "k1")
     b2.close()
     a.close()
 

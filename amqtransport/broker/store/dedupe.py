@@ -1,4 +1,11 @@
-"""The duplicate-suppression window: idempotency key -> when it was accepted.
+"""The duplicate-suppression window: (destination, idempotency key) -> when it was accepted.
+
+Keys are scoped per destination (as Artemis scopes its duplicate-ID cache per
+address): the same key sent to ``/queue/a`` and to ``/queue/b`` is two messages; a
+repeat to the same destination is a duplicate. The scope is the destination the
+producer sent to (``/queue/X``, ``/topic/X``). Entries read from journals written
+before keys were scoped have the scope ``""``, which matches every destination (the
+old, broker-global meaning) until they age out of the window.
 
 Bounded two ways: at most ``max_keys`` keys (the oldest go first) and no key older than
 ``max_age`` seconds. Insertion order is acceptance order, so both bounds are enforced
@@ -16,7 +23,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-__all__ = ["DedupeWindow"]
+__all__ = ["DedupeWindow", "ANY_DESTINATION"]
+
+#: the scope of keys from journals written before keys were scoped: every destination
+ANY_DESTINATION = ""
 
 
 class DedupeWindow:
@@ -31,25 +41,38 @@ class DedupeWindow:
         self.max_keys = max_keys
         self.max_age = max_age
         self.clock = clock
-        self._keys: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        self._keys: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
+        self._unscoped = False  # an ANY_DESTINATION entry was ever added
         self.dropped = 0  # duplicates suppressed (statistics)
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def __contains__(self, key: object) -> bool:
-        if key not in self._keys:
+    def _find(self, scope: str, key: str) -> tuple[str, str] | None:
+        entry = (scope, key)
+        if entry in self._keys:
+            return entry
+        if self._unscoped and (ANY_DESTINATION, key) in self._keys:
+            return (ANY_DESTINATION, key)
+        return None
+
+    def contains(self, scope: str, key: str) -> bool:
+        """Was ``key`` accepted for destination ``scope`` within the window?"""
+        if self._find(scope, key) is None:
             return False
         self.expire()
-        return key in self._keys
+        return self._find(scope, key) is not None
 
-    def add(self, key: str, accepted_at: float, segment: int = -1) -> None:
-        """Remember ``key`` (re-adding moves it to the end with the new segment)."""
+    def add(self, scope: str, key: str, accepted_at: float, segment: int = -1) -> None:
+        """Remember ``key`` for ``scope`` (re-adding moves it to the end with the new segment)."""
         if self.max_keys == 0:
             return
-        if key in self._keys:
-            del self._keys[key]
-        self._keys[key] = (accepted_at, segment)
+        entry = (scope, key)
+        if scope == ANY_DESTINATION:
+            self._unscoped = True
+        if entry in self._keys:
+            del self._keys[entry]
+        self._keys[entry] = (accepted_at, segment)
         self.expire()
 
     def expire(self) -> None:
@@ -64,17 +87,13 @@ class DedupeWindow:
                     break
                 keys.popitem(last=False)
 
-    def in_segments(self, segments: set[int]) -> list[tuple[str, float]]:
-        """Live keys currently carried by one of ``segments`` (for compaction)."""
+    def in_segments(self, segments: set[int]) -> list[tuple[str, str, float]]:
+        """Live ``(scope, key, accepted_at)`` entries carried by one of ``segments`` (for compaction)."""
         self.expire()
-        return [(k, ts) for k, (ts, seg) in self._keys.items() if seg in segments]
+        return [(scope, k, ts) for (scope, k), (ts, seg) in self._keys.items() if seg in segments]
 
-    def relocate(self, keys: list[tuple[str, float]], segment: int) -> None:
-        for key, ts in keys:
-            if key in self._keys:
-                self._keys[key] = (ts, segment)
-
-    def items(self) -> Iterator[tuple[str, float, int]]:
+    def items(self) -> Iterator[tuple[str, str, float, int]]:
+        """``(scope, key, accepted_at, segment)`` of every live entry, oldest first."""
         self.expire()
-        for k, (ts, seg) in self._keys.items():
-            yield k, ts, seg
+        for (scope, k), (ts, seg) in self._keys.items():
+            yield scope, k, ts, seg

@@ -6,9 +6,10 @@ Every state change the store must survive a crash for is one record:
 ``Enq``     a persistent message was accepted (carries the whole message)
 ``Ack``     messages were consumed (removed) — one record may name many ids
 ``Move``    a message moved to another destination (dead-letter queue)
-``Tx``      a transaction commit: its sub-records are applied all or nothing,
-            because they share one checksum
-``Keys``    idempotency keys carried forward by compaction (dedupe window)
+``Tx``      a transaction commit: its sub-records (``Enq``, ``Ack``, ``Move``,
+            ``Keys``) are applied all or nothing, because they share one checksum
+``Keys``    idempotency keys with their destination (the dedupe window): carried
+            forward by compaction, and the key of a topic message's durable copies
 ``Sub``     a durable topic subscription exists (carried forward by compaction)
 ``Unsub``   a durable topic subscription was removed
 ========  =====================================================================
@@ -35,6 +36,7 @@ __all__ = [
     "Ack",
     "Move",
     "Tx",
+    "TxPart",
     "Keys",
     "Sub",
     "Unsub",
@@ -66,13 +68,22 @@ class Move:
 
 
 @dataclass(frozen=True, slots=True)
-class Tx:
-    records: tuple[Enq | Ack | Move, ...]
+class Keys:
+    """Idempotency keys: ``(destination, key, accepted-at wall clock)`` each.
+
+    Written with type byte 8; type 5 (keys without a destination, from journals older
+    than per-destination scoping) still decodes, with destination ``""`` (any).
+    """
+
+    keys: tuple[tuple[str, str, float], ...]
+
+
+TxPart = Enq | Ack | Move | Keys
 
 
 @dataclass(frozen=True, slots=True)
-class Keys:
-    keys: tuple[tuple[str, float], ...]  # (idempotency key, accepted-at wall clock)
+class Tx:
+    records: tuple[TxPart, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +103,7 @@ class Unsub:
 
 Record = Enq | Ack | Move | Tx | Keys | Sub | Unsub
 
-T_ENQ, T_ACK, T_MOVE, T_TX, T_KEYS, T_SUB, T_UNSUB = range(1, 8)
+T_ENQ, T_ACK, T_MOVE, T_TX, T_KEYS_UNSCOPED, T_SUB, T_UNSUB, T_KEYS = range(1, 9)
 
 _H = struct.Struct("<H")
 _I = struct.Struct("<I")
@@ -138,7 +149,8 @@ def _encode_into(out: list[bytes], rec: Record) -> None:
     elif isinstance(rec, Keys):
         out.append(bytes((T_KEYS,)))
         out.append(_I.pack(len(rec.keys)))
-        for key, ts in rec.keys:
+        for scope, key, ts in rec.keys:
+            _s16(out, scope)
             _s16(out, key)
             out.append(_D.pack(ts))
     elif isinstance(rec, Sub):
@@ -276,10 +288,10 @@ def _decode(r: _Reader, top: bool) -> Record:
         n = r.u32()
         if n > len(r.buf):
             raise RecordError("transaction count larger than the record")
-        subs: list[Enq | Ack | Move] = []
+        subs: list[TxPart] = []
         for _ in range(n):
             inner = _decode(_Reader(r.b32()), top=False)
-            if not isinstance(inner, (Enq, Ack, Move)):
+            if not isinstance(inner, (Enq, Ack, Move, Keys)):
                 raise RecordError(f"record type {type(inner).__name__} inside a transaction")
             subs.append(inner)
         rec = Tx(tuple(subs))
@@ -287,7 +299,12 @@ def _decode(r: _Reader, top: bool) -> Record:
         n = r.u32()
         if n > len(r.buf):
             raise RecordError("key count larger than the record")
-        rec = Keys(tuple((r.s16(), r.f64()) for _ in range(n)))
+        rec = Keys(tuple((r.s16(), r.s16(), r.f64()) for _ in range(n)))
+    elif kind == T_KEYS_UNSCOPED:
+        n = r.u32()
+        if n > len(r.buf):
+            raise RecordError("key count larger than the record")
+        rec = Keys(tuple(("", r.s16(), r.f64()) for _ in range(n)))
     elif kind == T_SUB:
         rec = Sub(r.s16(), r.s16(), r.s16(), r.s16())
     elif kind == T_UNSUB:

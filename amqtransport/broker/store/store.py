@@ -26,10 +26,15 @@ recovery. State that must outlive its segment (durable subscriptions, idempotenc
 keys still inside the window) is re-appended to the head segment first; the
 journal deletes the files only after that batch is durable.
 
-Duplicate suppression. ``accept`` returns ``False`` for an idempotency key already
-in the window; if the original's record is not yet durable the duplicate's
-completion waits for it, so a receipt for a repeat never precedes the original's
-fsync.
+Duplicate suppression. :meth:`is_duplicate` is true for an idempotency key already
+accepted for the same destination within the window; if the original's record is
+not yet durable the duplicate's completion waits for it, so a receipt for a repeat
+never precedes the original's fsync. A key's destination is that of the ``Enq``
+carrying it; the durable copies of a topic message carry no key, the topic's key
+rides in a ``Keys`` record inside the same ``Tx``. A ``Move`` (to a dead-letter
+queue) takes the key off the moved message: the window keeps it under the
+destination it was sent to (carried by the original segment, or forward by
+compaction), and a later re-write of the message cannot re-scope it.
 """
 
 from __future__ import annotations
@@ -44,7 +49,20 @@ from typing import Protocol
 from ..message import Message
 from .dedupe import DedupeWindow
 from .journal import Callback, Journal
-from .records import Ack, Enq, Keys, Move, Record, Sub, Tx, Unsub, decode, encode, encode_enq
+from .records import (
+    Ack,
+    Enq,
+    Keys,
+    Move,
+    Record,
+    Sub,
+    Tx,
+    TxPart,
+    Unsub,
+    decode,
+    encode,
+    encode_enq,
+)
 
 __all__ = ["MessageStore", "StoreListener", "StoreStats", "ORIGINAL_DESTINATION"]
 
@@ -97,7 +115,7 @@ class MessageStore:
         self._enqs: dict[int, int] = {}  # segment -> Enq records written into it (relocation policy)
         self.relocated = 0
         self._refs: dict[int, set[int]] = {}
-        self._undurable: dict[str, list[Callback]] = {}
+        self._undurable: dict[tuple[str, str], list[Callback]] = {}
         self._listeners: list[StoreListener] = []
         self._compact_due = False
         self.deleted_segments = 0
@@ -150,7 +168,7 @@ class MessageStore:
             self.live[m.id] = m
             self._add_member(seg, m.id)
             if m.key:
-                self.dedupe.add(m.key, m.timestamp, seg)
+                self.dedupe.add(m.destination, m.key, m.timestamp, seg)
         elif isinstance(rec, Ack):
             for mid in rec.ids:
                 gone = self.live.pop(mid, None)
@@ -162,6 +180,7 @@ class MessageStore:
         elif isinstance(rec, Move):
             moved = self.live.get(rec.id)
             if moved is not None:
+                moved.key = ""  # the window keeps it under the destination it was sent to
                 if moved.destination != rec.destination:
                     if not any(k == ORIGINAL_DESTINATION for k, _ in moved.headers):
                         moved.headers = moved.headers + ((ORIGINAL_DESTINATION, moved.destination),)
@@ -173,8 +192,8 @@ class MessageStore:
             for sub in rec.records:
                 self.apply(sub, seg)
         elif isinstance(rec, Keys):
-            for key, ts in rec.keys:
-                self.dedupe.add(key, ts, seg)
+            for scope, key, ts in rec.keys:
+                self.dedupe.add(scope, key, ts, seg)
         elif isinstance(rec, Sub):
             self.subs[rec.queue] = rec
             self._sub_seg[rec.queue] = seg
@@ -215,37 +234,39 @@ class MessageStore:
         return seg
 
     # ------------------------------------------------------------------ dedupe
-    def is_duplicate(self, key: str, callback: Callback | None = None) -> bool:
-        """True when ``key`` was accepted within the window.
+    def is_duplicate(self, destination: str, key: str, callback: Callback | None = None) -> bool:
+        """True when ``key`` was accepted for ``destination`` within the window.
 
         For a duplicate, ``callback`` runs once the original is durable (at once if it
         already is, through the journal's notify path so ordering stays FIFO).
         """
-        if not key or key not in self.dedupe:
+        if not key or not self.dedupe.contains(destination, key):
             return False
         self.dedupe.dropped += 1
         if callback is not None:
-            waiters = self._undurable.get(key)
+            waiters = self._undurable.get((destination, key))
             if waiters is not None:
                 waiters.append(callback)
             else:
                 self.journal.on_durable(callback)
         return True
 
-    def remember_key(self, key: str) -> None:
+    def remember_key(self, destination: str, key: str) -> None:
         """Remember the key of a non-persistent message (memory only)."""
         if key:
-            self.dedupe.add(key, self.clock(), -1)
+            self.dedupe.add(destination, key, self.clock(), -1)
 
-    def _track_key(self, key: str, callback: Callback | None) -> Callback | None:
+    def _track_key(self, destination: str, key: str, callback: Callback | None) -> Callback | None:
+        """``callback`` wrapped so that repeats of ``key`` seen meanwhile complete after it."""
         if not key:
             return callback
         waiters: list[Callback] = []
-        self._undurable[key] = waiters
+        entry = (destination, key)
+        self._undurable[entry] = waiters
 
         def done(err: BaseException | None) -> None:
-            if self._undurable.get(key) is waiters:
-                del self._undurable[key]
+            if self._undurable.get(entry) is waiters:
+                del self._undurable[entry]
             if callback is not None:
                 callback(err)
             for w in waiters:
@@ -260,33 +281,36 @@ class MessageStore:
     def add(self, message: Message, callback: Callback | None = None) -> None:
         """Persist a newly accepted message (and its idempotency key)."""
         if self._listeners:
-            self._write([Enq(message)], self._track_key(message.key, callback))
+            self._write([Enq(message)], self._track_key(message.destination, message.key, callback))
             return
         # fast path of _write for the commonest record
-        cb = self._track_key(message.key, callback) if message.key else callback
-        seg = self.journal.append((encode_enq(message),), cb)
+        payload = encode_enq(message)
+        cb = self._track_key(message.destination, message.key, callback) if message.key else callback
+        seg = self.journal.append((payload,), cb)
         message.persistent = True
         message.segment = seg
         self.live[message.id] = message
         self._add_member(seg, message.id)
         if message.key:
-            self.dedupe.add(message.key, message.timestamp, seg)
+            self.dedupe.add(message.destination, message.key, message.timestamp, seg)
 
-    def add_many(self, messages: Sequence[Message], callback: Callback | None = None) -> None:
-        """Persist several messages in one atomic record (a topic's durable copies)."""
+    def add_many(
+        self,
+        messages: Sequence[Message],
+        callback: Callback | None = None,
+        *,
+        key: tuple[str, str, float] | None = None,
+    ) -> None:
+        """Persist several messages in one atomic record (a topic's durable copies),
+        with the idempotency ``key`` ``(destination, key, accepted-at)`` they were sent under."""
         if not messages:
             if callback is not None:
                 self.journal.on_durable(callback)
             return
-        if len(messages) == 1:
+        if len(messages) == 1 and key is None:
             self.add(messages[0], callback)
             return
-        cb = callback
-        for m in messages:
-            if m.key:
-                cb = self._track_key(m.key, cb)
-                break
-        self._write([Tx(tuple(Enq(m) for m in messages))], cb)
+        self.commit([*(Enq(m) for m in messages), *([Keys((key,))] if key else [])], callback)
 
     def ack(self, ids: Sequence[str], callback: Callback | None = None) -> None:
         """Remove consumed messages; ids not in the store (non-persistent) are ignored."""
@@ -304,9 +328,9 @@ class MessageStore:
         elif callback is not None:
             self.journal.on_durable(callback)
 
-    def commit(self, records: Sequence[Enq | Ack | Move], callback: Callback | None = None) -> None:
+    def commit(self, records: Sequence[TxPart], callback: Callback | None = None) -> None:
         """Write a transaction's records atomically (one checksum covers them all)."""
-        kept: list[Enq | Ack | Move] = []
+        kept: list[TxPart] = []
         cb = callback
         for rec in records:
             if isinstance(rec, Ack):
@@ -316,10 +340,14 @@ class MessageStore:
             elif isinstance(rec, Move):
                 if rec.id in self.live:
                     kept.append(rec)
+            elif isinstance(rec, Keys):
+                kept.append(rec)
+                for scope, key, _ts in rec.keys:
+                    cb = self._track_key(scope, key, cb)
             else:
                 kept.append(rec)
                 if rec.message.key:
-                    cb = self._track_key(rec.message.key, cb)
+                    cb = self._track_key(rec.message.destination, rec.message.key, cb)
         if not kept:
             if cb is not None:
                 self.journal.on_durable(cb)
@@ -363,7 +391,7 @@ class MessageStore:
     def snapshot(self) -> Iterator[Record]:
         """A minimal record stream that rebuilds the current state from nothing."""
         yield from self.subs.values()
-        keys = [(k, ts) for k, ts, seg in self.dedupe.items() if seg >= 0]
+        keys = [(scope, k, ts) for scope, k, ts, seg in self.dedupe.items() if seg >= 0]
         for i in range(0, len(keys), _KEYS_PER_RECORD):
             yield Keys(tuple(keys[i : i + _KEYS_PER_RECORD]))
         for m in list(self.live.values()):
