@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from amqtransport.broker.message import Message
 from amqtransport.broker.store import (
     Ack,
+    DedupeWindow,
     Enq,
     Journal,
     Keys,
@@ -366,3 +367,66 @@ def test_relocation_frees_segments_pinned_by_a_few_old_messages(tmp_path: Path) 
     s2 = open_store(tmp_path)
     assert [m.id for m in s2.messages_by_destination()["/queue/dlq"]] == ["m3", "m1000"]  # original order
     s2.close()
+
+
+def test_carried_forward_keys_keep_their_place_in_the_window(tmp_path: Path) -> None:
+    """Compaction re-writes the keys of a deleted segment into the head segment; the
+    window must still forget the *oldest* key first (by when it was accepted, not by
+    when its record was written), at run time and after a restart."""
+    s = open_store(tmp_path, segment_size=2048, dedupe_max_keys=3)
+    s.add(msg(0, key="k0", body=b"a" * 1500))  # segment 1: the oldest key
+    s.ack(["m0"])
+    for i in (1, 2):  # later keys, later segments
+        s.add(msg(i, key=f"k{i}", body=b"b" * 1500))
+    s.flush()
+    assert s.compact(force=True) == [1]  # k0 is carried into the head segment
+    s.flush()
+
+    def window(store: MessageStore) -> list[str]:
+        return [k for k in ("k0", "k1", "k2", "k3") if store.is_duplicate("/queue/a", k)]
+
+    assert window(s) == ["k0", "k1", "k2"]
+    s.add(msg(3, key="k3"))  # a fourth key: the oldest (k0) must go, not k1
+    assert window(s) == ["k1", "k2", "k3"]
+    s.close()
+    s2 = open_store(tmp_path, dedupe_max_keys=3)
+    assert window(s2) == ["k1", "k2", "k3"]
+    s2.close()
+    s3 = open_store(tmp_path, dedupe_max_keys=2)  # a smaller window after the restart
+    assert window(s3) == ["k2", "k3"]
+    s3.close()
+
+
+def test_window_age_limit_holds_for_keys_written_out_of_order(tmp_path: Path) -> None:
+    now = [T0 + 100]
+    s = open_store(tmp_path, dedupe_max_age=50.0, clock=lambda: now[0])
+    s.import_records([Keys((("/queue/a", "new", T0 + 90),)), Keys((("/queue/a", "old", T0 + 60),))])
+    assert s.is_duplicate("/queue/a", "new") and s.is_duplicate("/queue/a", "old")
+    now[0] = T0 + 115  # "old" is 55 s old (> 50), "new" 25 s
+    assert not s.is_duplicate("/queue/a", "old")
+    assert s.is_duplicate("/queue/a", "new")
+    s.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40)), max_size=60), st.integers(1, 6), st.integers(0, 50))
+def test_window_keeps_the_newest_keys_whatever_the_arrival_order(
+    adds: list[tuple[int, int]], max_keys: int, age: int
+) -> None:
+    """Model check: the window holds exactly the ``max_keys`` most recently accepted keys
+    younger than ``max_age``, for any order of (re-)adds."""
+    now = 100.0
+    w = DedupeWindow(max_keys, float(age), clock=lambda: now)
+    model: dict[str, float] = {}
+    for key_no, ts in adds:
+        key = f"k{key_no}"
+        w.add("/queue/a", key, float(ts) + 60)
+        model[key] = float(ts) + 60
+        # the model: newest max_keys by time (ties: any), none older than the horizon
+        ranked = sorted(model.items(), key=lambda kv: kv[1], reverse=True)
+        model = {k: t for k, t in ranked if not age or t >= now - age}
+        kept = {k for k in model if w.contains("/queue/a", k)}
+        newest = [t for _k, t in ranked if not age or t >= now - age][:max_keys]
+        assert len(kept) == len(newest)
+        assert sorted((model[k] for k in kept), reverse=True) == newest
+        model = {k: model[k] for k in kept}

@@ -8,8 +8,13 @@ before keys were scoped have the scope ``""``, which matches every destination (
 old, broker-global meaning) until they age out of the window.
 
 Bounded two ways: at most ``max_keys`` keys (the oldest go first) and no key older than
-``max_age`` seconds. Insertion order is acceptance order, so both bounds are enforced
-by popping from the front of an ordered dict: O(1) amortised per key, no scans.
+``max_age`` seconds, "oldest" meaning accepted first. Records do not always arrive in
+acceptance order -- compaction re-writes the keys of a segment it deletes into the head
+segment, relocation re-writes old messages, a replica's snapshot lists keys before
+messages -- so the window keeps its entries in a heap ordered by acceptance time
+(lazy deletion: an entry re-added with another time leaves a stale heap item that is
+skipped when it surfaces); re-adding a key with the same acceptance time only moves
+it to its new segment. O(log n) per new key, no scans.
 
 Each entry also remembers the journal segment whose record currently carries it
 (``-1``: not on disk, e.g. a non-persistent message), so compaction can carry the
@@ -19,8 +24,9 @@ drops repeats.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 __all__ = ["DedupeWindow", "ANY_DESTINATION"]
@@ -41,7 +47,10 @@ class DedupeWindow:
         self.max_keys = max_keys
         self.max_age = max_age
         self.clock = clock
-        self._keys: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
+        # (scope, key) -> (accepted_at, segment, serial); the heap holds (accepted_at, serial, entry)
+        self._keys: dict[tuple[str, str], tuple[float, int, int]] = {}
+        self._order: list[tuple[float, int, tuple[str, str]]] = []
+        self._serial = itertools.count()
         self._unscoped = False  # an ANY_DESTINATION entry was ever added
         self.dropped = 0  # duplicates suppressed (statistics)
 
@@ -64,36 +73,51 @@ class DedupeWindow:
         return self._find(scope, key) is not None
 
     def add(self, scope: str, key: str, accepted_at: float, segment: int = -1) -> None:
-        """Remember ``key`` for ``scope`` (re-adding moves it to the end with the new segment)."""
+        """Remember ``key`` for ``scope``, in its place by ``accepted_at``, carried by ``segment``."""
         if self.max_keys == 0:
             return
         entry = (scope, key)
         if scope == ANY_DESTINATION:
             self._unscoped = True
-        if entry in self._keys:
-            del self._keys[entry]
-        self._keys[entry] = (accepted_at, segment)
+        old = self._keys.get(entry)
+        if old is not None and old[0] == accepted_at:
+            self._keys[entry] = (accepted_at, segment, old[2])  # the same key moved to another record
+            return
+        serial = next(self._serial)
+        self._keys[entry] = (accepted_at, segment, serial)
+        heapq.heappush(self._order, (accepted_at, serial, entry))
+        if len(self._order) > 2 * len(self._keys) + 1024:
+            self._rebuild()
         self.expire()
 
+    def _rebuild(self) -> None:
+        """Drop the heap's stale items (keys re-added with another acceptance time)."""
+        self._order = [(ts, serial, e) for e, (ts, _seg, serial) in self._keys.items()]
+        heapq.heapify(self._order)
+
+    def _pop(self) -> None:
+        """Pop the heap's first item and forget its key unless the item is stale."""
+        _ts, serial, entry = heapq.heappop(self._order)
+        live = self._keys.get(entry)
+        if live is not None and live[2] == serial:
+            del self._keys[entry]
+
     def expire(self) -> None:
-        keys = self._keys
+        keys, order = self._keys, self._order
         while len(keys) > self.max_keys:
-            keys.popitem(last=False)
+            self._pop()
         if keys and self.max_age:
             horizon = self.clock() - self.max_age
-            while keys:
-                first = next(iter(keys.values()))
-                if first[0] >= horizon:
-                    break
-                keys.popitem(last=False)
+            while order and order[0][0] < horizon:
+                self._pop()
 
     def in_segments(self, segments: set[int]) -> list[tuple[str, str, float]]:
         """Live ``(scope, key, accepted_at)`` entries carried by one of ``segments`` (for compaction)."""
         self.expire()
-        return [(scope, k, ts) for (scope, k), (ts, seg) in self._keys.items() if seg in segments]
+        return [(scope, k, ts) for (scope, k), (ts, seg, _n) in self._keys.items() if seg in segments]
 
     def items(self) -> Iterator[tuple[str, str, float, int]]:
         """``(scope, key, accepted_at, segment)`` of every live entry, oldest first."""
         self.expire()
-        for (scope, k), (ts, seg) in self._keys.items():
+        for (scope, k), (ts, seg, _n) in sorted(self._keys.items(), key=lambda kv: kv[1][0]):
             yield scope, k, ts, seg
