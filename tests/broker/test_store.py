@@ -430,3 +430,58 @@ def test_window_keeps_the_newest_keys_whatever_the_arrival_order(
         assert len(kept) == len(newest)
         assert sorted((model[k] for k in kept), reverse=True) == newest
         model = {k: model[k] for k in kept}
+
+
+@pytest.mark.parametrize("where", ["master", "replica"])
+def test_compaction_never_resurrects_an_acked_message_that_was_relocated(tmp_path: Path, where: str) -> None:
+    """A relocated Enq supersedes the copy in the old segment T; the segment holding the
+    new copy (and its ack) must not be deleted while T still exists -- on the store that
+    relocated, and on a replica applying its record stream."""
+    s = open_store(tmp_path / "master", segment_size=4096)
+    stream: list[bytes] = []
+
+    class Tap:
+        def on_record(self, record: object, payload: bytes, segment: int) -> None:
+            stream.append(payload)
+
+    s.add_listener(Tap())
+    s.add(msg(0, body=b"b" * 1950))  # segment 1: b0 stays live (a backlog) ...
+    s.add(msg(1, body=b"b" * 1950))  # ... b1 is acked from T
+    s.add(msg(2, body=b"m"))  # segment 2 = T: m, the message that gets relocated
+    t = s.live["m2"].segment
+    assert t == 2
+    s.ack(["m1"])  # T refers to segment 1 (still live: b0), so T cannot go
+    for i in range(10, 22):  # T: many consumed messages, only m left live
+        s.add(msg(i, body=b"x" * 100))
+        s.ack([f"m{i}"])
+    for i in (30, 31):  # later segments, so T is neither the head nor the one before
+        s.add(msg(i, body=b"y" * 3000))
+        s.ack([f"m{i}"])
+    s.flush()
+    assert s.live["m2"].segment == t
+    s.compact(relocate=100)  # m's Enq is re-written into the head segment R
+    s.flush()
+    assert s.relocated == 1
+    r = s.live["m2"].segment
+    assert r > t and t in s.journal.segments
+    s.ack(["m2"])  # acked in R
+    s.add(msg(40, body=b"z" * 3000))  # roll: R is no longer the head
+    s.flush()
+    s.compact(force=True)
+    s.flush()
+    assert t in s.journal.segments  # T survives (its ack refers to b0's live segment) ...
+    s.close()
+    path = tmp_path / "master"
+    if where == "replica":
+        path = tmp_path / "replica"
+        replica = open_store(path, segment_size=4096)
+        for payload in stream:  # the same records, one batch each, as a slave gets them
+            replica.import_payloads([payload])
+            replica.flush()
+        replica.compact(force=True)  # a slave compacts (without relocating) as it goes
+        replica.flush()
+        replica.close()
+    s2 = open_store(path)
+    assert "m2" not in s2.live  # ... and m, acked, must not come back from T's old Enq
+    assert sorted(s2.live) == ["m0", "m40"]
+    s2.close()

@@ -19,7 +19,9 @@ journal, and (4) announced to :class:`StoreListener` objects in that order.
 
 Compaction accounting. For every segment the store keeps the number of live
 messages whose ``Enq`` record it holds, and the set of *older* segments that its
-``Ack``/``Move``/``Unsub`` records refer to. A segment (never the head) can be
+``Ack``/``Move``/``Unsub`` records refer to -- and that its ``Enq`` records refer to
+when they supersede an older copy of the same message (relocation): the ack of the
+new copy may sit in the same segment, and the old copy must not outlive it. A segment (never the head) can be
 deleted when it holds no live message and every segment it refers to is deleted
 too -- otherwise deleting the ack would resurrect the acked message on the next
 recovery. State that must outlive its segment (durable subscriptions, idempotency
@@ -162,8 +164,10 @@ class MessageStore:
             m = rec.message
             m.persistent = True
             old = self.live.get(m.id)
-            if old is not None:
+            if old is not None:  # a re-written copy (relocation) supersedes the old Enq
                 self._dec(old.segment, m.id)
+                if old.segment != seg:
+                    self._refs.setdefault(seg, set()).add(old.segment)
             m.segment = seg
             self.live[m.id] = m
             self._add_member(seg, m.id)
