@@ -68,8 +68,9 @@ from typing import Protocol
 from .config import BrokerConfig
 from .memory import MemoryGauge
 from .message import Message
-from .store import Ack, Enq, MessageStore, Move, Sub
+from .store import Ack, Enq, Keys, MessageStore, Sub
 from .store.journal import Callback
+from .store.records import TxPart
 
 __all__ = [
     "BrokerCore",
@@ -530,31 +531,42 @@ class BrokerCore:
         return True
 
     def _publish(self, name: str, msg: Message, callback: Callback | None) -> None:
-        topic = self.topics.get(name)
-        copies: list[tuple[str, Message]] = []
-        if topic is not None and topic.durable:
-            for qkey in topic.durable:
-                copy = Message(
-                    id=f"{msg.id}:{qkey}",
-                    destination=qkey,
-                    headers=(("destination", msg.destination), *msg.headers),
-                    body=msg.body,
-                    key="",
-                    timestamp=msg.timestamp,
-                    persistent=msg.persistent,
-                    expires=msg.expires,
-                )
-                copies.append((qkey, copy))
+        copies = self._durable_copies(name, msg)
         if msg.persistent and self.store is not None and copies:
             key = (msg.destination, msg.key, msg.timestamp) if msg.key else None  # persisted with the copies
-            self.store.add_many([c for _, c in copies], callback, key=key)
+            self.store.add_many(copies, callback, key=key)
         else:
             if msg.key and self.store is not None:
                 self.store.remember_key(msg.destination, msg.key)
             if callback is not None:
                 callback(None)
-        for qkey, copy in copies:
-            self.queue(qkey).enqueue(copy)
+        self._fan_out(name, msg, copies)
+
+    def _durable_copies(self, name: str, msg: Message) -> list[Message]:
+        """One copy of topic message ``msg`` per durable subscription of topic ``name``."""
+        topic = self.topics.get(name)
+        if topic is None or not topic.durable:
+            return []
+        return [
+            Message(
+                id=f"{msg.id}:{qkey}",
+                destination=qkey,
+                headers=(("destination", msg.destination), *msg.headers),
+                body=msg.body,
+                key="",
+                timestamp=msg.timestamp,
+                persistent=msg.persistent,
+                expires=msg.expires,
+            )
+            for qkey in topic.durable
+        ]
+
+    def _fan_out(self, name: str, msg: Message, copies: Sequence[Message]) -> None:
+        """Hand topic message ``msg`` (already persisted) to its durable copies' queues
+        and to every live subscription of topic ``name``, wildcards included."""
+        for copy in copies:
+            self.queue(copy.destination).enqueue(copy)
+        topic = self.topics.get(name)
         if topic is not None:
             for sub in topic.subs:
                 self._offer(sub, msg)
@@ -904,48 +916,53 @@ class BrokerCore:
 
     # ------------------------------------------------------------------ transactions
     def commit(self, tx: TxState, callback: Callback | None = None) -> None:
-        """Apply a transaction: its sends and acks in one atomic journal record."""
-        records: list[Enq | Ack | Move] = []
-        routed: list[tuple[str, str, Message]] = []
-        plain_keys: list[tuple[str, str]] = []
+        """Apply a transaction: everything it does -- queue messages, the durable
+        subscribers' copies of its topic messages, their idempotency keys, its acks -- in
+        one atomic journal record; ``callback`` runs once that record is durable."""
+        records: list[TxPart] = []
+        routed: list[tuple[str, str, Message, list[Message]]] = []
+        memory_keys: list[tuple[str, str]] = []  # keys of messages that are not persisted
         seen_keys: set[tuple[str, str]] = set()
+        store = self.store
         for destination, headers, body, persistent, key in tx.sends:
             kind, name = check_send_destination(destination)
             if key and (
-                (self.store is not None and self.store.is_duplicate(destination, key))
-                or (destination, key) in seen_keys
+                (store is not None and store.is_duplicate(destination, key)) or (destination, key) in seen_keys
             ):
                 self.duplicates += 1
                 continue
             if key:
                 seen_keys.add((destination, key))
             msg = self.make_message(destination, headers, body, persistent, key)
-            self.sent += 1
+            copies = self._durable_copies(name, msg) if kind == "topic" else []
             if msg.persistent and kind == "queue":
                 records.append(Enq(msg))
+            elif msg.persistent and copies:
+                records.extend(Enq(c) for c in copies)
+                if key:
+                    records.append(Keys(((destination, key, msg.timestamp),)))
             elif key:
-                plain_keys.append((destination, key))
-            routed.append((kind, name, msg))
-        ack_ids: list[str] = []
+                memory_keys.append((destination, key))
+            routed.append((kind, name, msg, copies))
+        ack_ids = [m.id for sub, m in tx.acked if sub.kind == "queue" and m.persistent]
+        if ack_ids:
+            records.append(Ack(tuple(ack_ids)))
+        if store is not None:
+            store.commit(records, callback)
+            for destination, key in memory_keys:
+                store.remember_key(destination, key)
+        elif callback is not None:
+            callback(None)
+        self.sent += len(routed)
         for sub, m in tx.acked:
             self.memory.release(m)
             if sub.kind == "queue":
                 self._count_dequeued(sub, [m])
-                if m.persistent:
-                    ack_ids.append(m.id)
-        if ack_ids:
-            records.append(Ack(tuple(ack_ids)))
-        if self.store is not None:
-            for destination, key in plain_keys:
-                self.store.remember_key(destination, key)
-            self.store.commit(records, callback)
-        elif callback is not None:
-            callback(None)
-        for kind, name, msg in routed:
+        for kind, name, msg, copies in routed:
             if kind == "queue":
                 self.queue(msg.destination).enqueue(msg)
             else:
-                self._publish(name, msg, None)
+                self._fan_out(name, msg, copies)
         for sub, m in tx.nacked:
             self._return_unacked(sub, [m], count_failure=True)
         tx.sends.clear()
