@@ -47,6 +47,9 @@ class BrokerConfig(BaseModel):
     write_buffer_high: int = Field(default=1 * MiB, ge=4096)
     max_subscriptions: int = Field(default=1000, ge=1)
     max_transactions: int = Field(default=100, ge=1)
+    # bytes of SENDs one transaction may hold until COMMIT (at most half the journal's
+    # 1 GiB record limit: a commit is one record, durable topic copies included)
+    max_transaction_size: int = Field(default=64 * MiB, ge=1024, le=512 * MiB)
     connect_timeout_ms: int = Field(default=10000, ge=1)
 
     # memory limits / producer flow control (see amqtransport.broker.memory)

@@ -63,12 +63,12 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .config import BrokerConfig
-from .memory import MemoryGauge
+from .memory import MemoryGauge, send_size
 from .message import Message
-from .store import Ack, Enq, Keys, MessageStore, Sub
+from .store import Ack, Enq, JournalError, Keys, MessageStore, RecordError, Sub
 from .store.journal import Callback
 from .store.records import TxPart
 
@@ -79,6 +79,7 @@ __all__ = [
     "Subscription",
     "Sink",
     "TxState",
+    "TxSend",
     "CoreError",
     "check_send_destination",
     "ADVISORY_PREFIX",
@@ -254,14 +255,26 @@ class Topic:
     durable: dict[str, str] = field(default_factory=dict)  # durable queue key -> topic name
 
 
+class TxSend(NamedTuple):
+    """A SEND held by a transaction until its COMMIT."""
+
+    destination: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    persistent: bool
+    key: str
+    size: int  # bytes reserved in the memory gauge
+
+
 @dataclass
 class TxState:
     """A transaction of one connection (BEGIN .. COMMIT/ABORT)."""
 
     id: str
-    sends: list[tuple[str, tuple[tuple[str, str], ...], bytes, bool, str]] = field(default_factory=list)
+    sends: list[TxSend] = field(default_factory=list)
     acked: list[tuple[Subscription, Message]] = field(default_factory=list)
     nacked: list[tuple[Subscription, Message]] = field(default_factory=list)
+    size: int = 0  # bytes of its SENDs, counted against the memory limits until COMMIT/ABORT
 
 
 _SPLIT_CACHE: dict[str, tuple[str, str]] = {}
@@ -515,19 +528,22 @@ class BrokerCore:
             self.duplicates += 1
             return False
         msg = self.make_message(destination, headers, body, persistent, key)
-        self.sent += 1
-        if kind == "queue":
-            if msg.persistent:
-                assert self.store is not None
-                self.store.add(msg, callback)
+        try:
+            if kind == "queue":
+                if msg.persistent:
+                    assert self.store is not None
+                    self.store.add(msg, callback)
+                else:
+                    if key and self.store is not None:
+                        self.store.remember_key(destination, key)
+                    if callback is not None:
+                        callback(None)
+                self.queue(destination).enqueue(msg)
             else:
-                if key and self.store is not None:
-                    self.store.remember_key(destination, key)
-                if callback is not None:
-                    callback(None)
-            self.queue(destination).enqueue(msg)
-        else:
-            self._publish(name, msg, callback)
+                self._publish(name, msg, callback)
+        except RecordError as exc:  # nothing was written or routed
+            raise CoreError(f"message refused: {exc}") from None
+        self.sent += 1
         return True
 
     def _publish(self, name: str, msg: Message, callback: Callback | None) -> None:
@@ -915,6 +931,31 @@ class BrokerCore:
         self.queue(dlq).enqueue(m)
 
     # ------------------------------------------------------------------ transactions
+    def tx_send(
+        self,
+        tx: TxState,
+        destination: str,
+        headers: tuple[tuple[str, str], ...],
+        body: bytes,
+        *,
+        persistent: bool,
+        key: str = "",
+    ) -> None:
+        """Hold a SEND until ``tx`` commits; its bytes count against the memory limits
+        meanwhile, and a transaction may hold at most ``max_transaction_size`` bytes."""
+        check_send_destination(destination)
+        size = send_size(headers, body)
+        limit = self.config.max_transaction_size
+        if tx.size + size > limit:
+            raise CoreError(
+                f"transaction {tx.id!r} would hold {tx.size + size} bytes of messages, over "
+                f"max_transaction_size={limit}: send refused, the transaction is rolled back "
+                "(commit in smaller transactions)"
+            )
+        tx.sends.append(TxSend(destination, headers, body, persistent, key, size))
+        tx.size += size
+        self.memory.reserve(destination, size)
+
     def commit(self, tx: TxState, callback: Callback | None = None) -> None:
         """Apply a transaction: everything it does -- queue messages, the durable
         subscribers' copies of its topic messages, their idempotency keys, its acks -- in
@@ -924,12 +965,13 @@ class BrokerCore:
         memory_keys: list[tuple[str, str]] = []  # keys of messages that are not persisted
         seen_keys: set[tuple[str, str]] = set()
         store = self.store
-        for destination, headers, body, persistent, key in tx.sends:
+        duplicates = 0
+        for destination, headers, body, persistent, key, _size in tx.sends:
             kind, name = check_send_destination(destination)
             if key and (
                 (store is not None and store.is_duplicate(destination, key)) or (destination, key) in seen_keys
             ):
-                self.duplicates += 1
+                duplicates += 1
                 continue
             if key:
                 seen_keys.add((destination, key))
@@ -948,26 +990,34 @@ class BrokerCore:
         if ack_ids:
             records.append(Ack(tuple(ack_ids)))
         if store is not None:
-            store.commit(records, callback)
+            try:
+                store.commit(records, callback)
+            except (RecordError, JournalError) as exc:  # nothing was written
+                self.abort(tx)
+                if isinstance(exc, JournalError):
+                    raise
+                raise CoreError(f"transaction {tx.id!r} cannot be committed: {exc}") from None
             for destination, key in memory_keys:
                 store.remember_key(destination, key)
         elif callback is not None:
             callback(None)
         self.sent += len(routed)
+        self.duplicates += duplicates
         for sub, m in tx.acked:
             self.memory.release(m)
             if sub.kind == "queue":
                 self._count_dequeued(sub, [m])
+        for send in tx.sends:  # the messages are charged as they are enqueued below
+            self.memory.unreserve(send.destination, send.size, settle=False)
         for kind, name, msg, copies in routed:
             if kind == "queue":
                 self.queue(msg.destination).enqueue(msg)
             else:
                 self._fan_out(name, msg, copies)
+        self.memory.settle({send.destination for send in tx.sends})
         for sub, m in tx.nacked:
             self._return_unacked(sub, [m], count_failure=True)
-        tx.sends.clear()
-        tx.acked.clear()
-        tx.nacked.clear()
+        self._clear(tx)
 
     def abort(self, tx: TxState) -> None:
         """Drop a transaction's sends; messages it acked are redelivered."""
@@ -977,9 +1027,16 @@ class BrokerCore:
         for sub, msgs in by_sub.values():
             if sub.kind == "queue":
                 self._return_unacked(sub, msgs, count_failure=True)
+        for send in tx.sends:
+            self.memory.unreserve(send.destination, send.size)
+        self._clear(tx)
+
+    @staticmethod
+    def _clear(tx: TxState) -> None:
         tx.sends.clear()
         tx.acked.clear()
         tx.nacked.clear()
+        tx.size = 0
 
     # ------------------------------------------------------------------ advisories
     def _advisory_message(self, queue_dest: str, count: int) -> Message:

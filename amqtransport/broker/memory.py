@@ -16,6 +16,11 @@ back to the queue if its consumer goes away.
 Non-durable topic messages are not charged: they are handed out at once, and what a
 slow topic subscriber falls behind by is bounded by ``topic_backlog_limit`` instead.
 
+Open transactions. The SENDs of a transaction wait in the broker until COMMIT; their
+bytes are *reserved* (:meth:`MemoryGauge.reserve`, per destination) as they arrive and
+unreserved at COMMIT (when the messages are charged as they are enqueued) or ABORT, so
+they count against both limits like queued messages.
+
 Flow control is a flag with hysteresis, kept globally (``memory_limit``) and per
 destination (``destination_memory_limit``): it *engages* when usage reaches the
 limit and *releases* when usage falls to ``memory_low_water`` x limit, each logged
@@ -35,11 +40,11 @@ before the flag engaged: at most one frame per connection, so usage stays below
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .message import Message
 
-__all__ = ["MemoryGauge", "MESSAGE_OVERHEAD", "message_size"]
+__all__ = ["MemoryGauge", "MESSAGE_OVERHEAD", "message_size", "send_size"]
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +54,13 @@ MESSAGE_OVERHEAD = 256
 
 def message_size(msg: Message) -> int:
     """The bytes a message is charged: body + headers + :data:`MESSAGE_OVERHEAD`."""
-    n = len(msg.body) + MESSAGE_OVERHEAD
-    for k, v in msg.headers:
+    return send_size(msg.headers, msg.body)
+
+
+def send_size(headers: tuple[tuple[str, str], ...], body: bytes) -> int:
+    """:func:`message_size` of the message a SEND with these headers and body makes."""
+    n = len(body) + MESSAGE_OVERHEAD
+    for k, v in headers:
         n += len(k) + len(v)
     return n
 
@@ -63,6 +73,7 @@ class MemoryGauge:
         self.destination_limit = destination_limit  # 0: no per-destination limit
         self.low_water = low_water
         self.usage = 0
+        self.reserved = 0  # of usage: bytes held by open transactions
         self.peak = 0
         self.by_destination: dict[str, int] = {}
         self.full = False  # global flag
@@ -77,10 +88,39 @@ class MemoryGauge:
             return
         size = message_size(msg)
         msg.mem = size
+        self._add(msg.destination, size)
+
+    def release(self, msg: Message) -> None:
+        size = msg.mem
+        if not size:
+            return
+        msg.mem = 0
+        self._sub(msg.destination, size)
+
+    def reserve(self, destination: str, size: int) -> None:
+        """Count ``size`` bytes held by an open transaction for ``destination``."""
+        self.reserved += size
+        self._add(destination, size)
+
+    def unreserve(self, destination: str, size: int, *, settle: bool = True) -> None:
+        """The transaction was aborted, or committed: then its messages are charged as they
+        are enqueued, so the caller passes ``settle=False`` and calls :meth:`settle` after
+        them (flow control is not released and engaged again in between)."""
+        self.reserved -= size
+        self._sub(destination, size, settle=settle)
+
+    def settle(self, destinations: Iterable[str]) -> None:
+        """Release flow control where usage is now low enough (after ``settle=False``)."""
+        released = self._release_global()
+        for dest in destinations:
+            released = self._release_destination(dest) or released
+        if released:
+            self._wake()
+
+    def _add(self, dest: str, size: int) -> None:
         self.usage += size
         if self.usage > self.peak:
             self.peak = self.usage
-        dest = msg.destination
         d = self.by_destination.get(dest, 0) + size
         self.by_destination[dest] = d
         if not self.full and self.usage >= self.limit:
@@ -103,40 +143,42 @@ class MemoryGauge:
                 dl,
             )
 
-    def release(self, msg: Message) -> None:
-        size = msg.mem
-        if not size:
-            return
-        msg.mem = 0
+    def _sub(self, dest: str, size: int, *, settle: bool = True) -> None:
         self.usage -= size
-        dest = msg.destination
         d = self.by_destination.get(dest, 0) - size
         if d > 0:
             self.by_destination[dest] = d
         else:
             self.by_destination.pop(dest, None)
-            d = 0
-        released = False
+        if settle and (self.full or self.full_destinations):
+            released = self._release_global()
+            released = self._release_destination(dest) or released
+            if released:
+                self._wake()
+
+    def _release_global(self) -> bool:
         if self.full and self.usage <= self.limit * self.low_water:
             self.full = False
-            released = True
             log.warning("memory usage down to %d bytes: producer flow control released", self.usage)
-        if (
-            self.full_destinations
-            and dest in self.full_destinations
-            and d <= self.destination_limit * self.low_water
-        ):
-            self.full_destinations.discard(dest)
-            released = True
-            log.warning(
-                "destination %s down to %d bytes: producer flow control released for it", dest, d
-            )
-        if released and self._waiters:
-            for wake in list(self._waiters.values()):
-                try:
-                    wake()
-                except Exception:  # noqa: BLE001 - one waiter's bug must not stop the others
-                    log.exception("flow-control waiter failed")
+            return True
+        return False
+
+    def _release_destination(self, dest: str) -> bool:
+        if dest not in self.full_destinations:
+            return False
+        d = self.by_destination.get(dest, 0)
+        if d > self.destination_limit * self.low_water:
+            return False
+        self.full_destinations.discard(dest)
+        log.warning("destination %s down to %d bytes: producer flow control released for it", dest, d)
+        return True
+
+    def _wake(self) -> None:
+        for wake in list(self._waiters.values()):
+            try:
+                wake()
+            except Exception:  # noqa: BLE001 - one waiter's bug must not stop the others
+                log.exception("flow-control waiter failed")
 
     def release_all(self, msgs: list[Message]) -> None:
         for m in msgs:
@@ -162,6 +204,7 @@ class MemoryGauge:
     def stats(self) -> dict[str, object]:
         return {
             "usage": self.usage,
+            "transactions": self.reserved,
             "limit": self.limit,
             "peak": self.peak,
             "percent": round(100.0 * self.usage / self.limit, 1) if self.limit else 0.0,

@@ -79,7 +79,6 @@ from .core import (
     CoreError,
     Subscription,
     TxState,
-    check_send_destination,
 )
 from .message import TRANSPORT_HEADERS, Message
 
@@ -387,31 +386,35 @@ class StompConnection(asyncio.Protocol):
         if self.connected and self._must_wait(frame):
             if self.config.send_fail_if_no_space:
                 self._error(self._no_space_message(frame), receipt=frame.get("receipt"))
+            held = sum(tx.size for tx in self.txs.values())
+            if held:
+                # it would wait for memory its own open transaction may be holding
+                self._error(
+                    f"{self._no_space_message(frame, refused=False)}; this connection's open transactions "
+                    f"hold {held} bytes, so it cannot wait: send refused, transactions rolled back",
+                    receipt=frame.get("receipt"),
+                )
             self._hold(frame)
             return
         self._handle(frame)
 
     def _must_wait(self, frame: StompFrame) -> bool:
-        memory = self.core.memory
-        cmd = frame.command
-        if cmd == "SEND":
-            return memory.blocked(frame.get("destination"))
-        if cmd == "COMMIT":
-            tx = self.txs.get(frame.get("transaction") or "")
-            return tx is not None and any(memory.blocked(s[0]) for s in tx.sends)
-        return False
+        """A SEND waits while memory is over its limit (a COMMIT never does: its bytes
+        are counted already, from the moment each of its SENDs arrived)."""
+        return frame.command == "SEND" and self.core.memory.blocked(frame.get("destination"))
 
-    def _no_space_message(self, frame: StompFrame) -> str:
+    def _no_space_message(self, frame: StompFrame, *, refused: bool = True) -> str:
         memory = self.core.memory
+        tail = "; send refused (send_fail_if_no_space)" if refused else ""
         if memory.full:
             return (
                 f"producer flow control: broker memory limit reached "
-                f"({memory.usage} bytes in use, memory_limit={memory.limit}); send refused (send_fail_if_no_space)"
+                f"({memory.usage} bytes in use, memory_limit={memory.limit}){tail}"
             )
         dest = frame.get("destination") or "(transaction)"
         return (
             f"producer flow control: destination {dest} is over its memory limit "
-            f"(destination_memory_limit={memory.destination_limit}); send refused (send_fail_if_no_space)"
+            f"(destination_memory_limit={memory.destination_limit}){tail}"
         )
 
     def _hold(self, frame: StompFrame) -> None:
@@ -586,11 +589,10 @@ class StompConnection(asyncio.Protocol):
                 self._error(f"SEND names transaction {tx_id!r}, which was not begun", receipt=receipt)
                 return
             try:
-                check_send_destination(destination)
+                self.core.tx_send(tx, destination, tuple(headers), frame.body, persistent=persistent, key=key)
             except CoreError as exc:
                 self._error(str(exc), receipt=receipt)
                 return
-            tx.sends.append((destination, tuple(headers), frame.body, persistent, key))
             if receipt is not None:
                 self._receipt(receipt)
             return

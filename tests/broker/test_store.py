@@ -22,6 +22,7 @@ from amqtransport.broker.store import (
     MessageStore,
     Move,
     RecordError,
+    RecordTooLarge,
     StoreLockedError,
     Sub,
     Tx,
@@ -484,4 +485,24 @@ def test_compaction_never_resurrects_an_acked_message_that_was_relocated(tmp_pat
     s2 = open_store(path)
     assert "m2" not in s2.live  # ... and m, acked, must not come back from T's old Enq
     assert sorted(s2.live) == ["m0", "m40"]
+    s2.close()
+
+
+def test_a_record_over_the_recovery_limit_is_never_written(tmp_path: Path) -> None:
+    """Recovery cuts a frame longer than its limit off as corruption (with everything
+    after it in the segment), so such a record must never be written, nor receipted."""
+    s = open_store(tmp_path, max_record=4096)
+    done: list[BaseException | None] = []
+    s.add(msg(0, body=b"a" * 100), done.append)
+    with pytest.raises(RecordTooLarge, match="over the journal's limit of 4096 bytes"):
+        s.add(msg(1, body=b"b" * 5000), done.append)
+    with pytest.raises(RecordTooLarge):
+        s.commit([Enq(msg(i, body=b"t" * 1000)) for i in range(10, 15)], done.append)
+    s.add(msg(2, body=b"c" * 100), done.append)
+    s.flush()
+    assert done == [None, None]  # the refused ones never complete: no receipt
+    assert sorted(s.live) == ["m0", "m2"]
+    s.close()
+    s2 = open_store(tmp_path, max_record=4096)
+    assert sorted(s2.live) == ["m0", "m2"]
     s2.close()

@@ -4,11 +4,20 @@ messages and their idempotency keys, its acks -- and survives SIGKILL and fail-o
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from broker_helpers import StompPy
+from broker_helpers import Raw, StompPy
 
+from amqtransport.broker import BrokerConfig, EmbeddedBroker
+from amqtransport.broker.core import BrokerCore, CoreError, Subscription, TxState
+from amqtransport.broker.message import Message
+from amqtransport.broker.store import MessageStore
+from amqtransport.stomp import Frame, serialize
 from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.broker_process import BrokerProcess
 
@@ -86,3 +95,123 @@ def test_a_slave_applies_the_commit_record_and_its_keys(tmp_path: Path) -> None:
         commit_mixed(new.port, "replayed")
         assert queue_bodies(new.port, "/queue/q", 1) == ["/queue/q 1"]
         assert subscribe_durable(new.port, consume=1) == ["/topic/t 1"]
+
+
+# ---------------------------------------------------------------------- open transactions' size
+
+MIB = 1024 * 1024
+
+
+def tx_send_frames(tx: str, n: int, size: int, dest: str = "/queue/big") -> list[bytes]:
+    return [
+        serialize(Frame.make("SEND", {"destination": dest, "transaction": tx, "receipt": f"s{i}"}, b"x" * size))
+        for i in range(n)
+    ]
+
+
+def read_until_error(raw: Raw, timeout: float = 30.0) -> tuple[set[str], Frame]:
+    """Receipts read before the broker's ERROR, and the ERROR."""
+    receipts: set[str] = set()
+    while True:
+        f = raw.read(timeout=timeout)
+        if f.command == "ERROR":
+            return receipts, f
+        receipts.add(f.get("receipt-id") or "")
+
+
+def memory(b: EmbeddedBroker) -> dict[str, Any]:
+    m = b.stats()["memory"]
+    assert isinstance(m, dict)
+    return m
+
+
+def test_open_transactions_count_against_the_memory_limit(make_broker: Callable[..., EmbeddedBroker]) -> None:
+    """40 MiB into one open transaction on a broker with memory_limit = 5 MiB: the
+    transaction's bytes are counted, and once the limit is reached its next SEND is
+    refused (it cannot wait for memory its own transaction holds) and it is rolled back."""
+    b = make_broker(memory_limit=5 * MIB, fsync=False)
+    p = Raw(b.port)
+    p.connect()
+    p.send(Frame.make("BEGIN", {"transaction": "t", "receipt": "b"}))
+    assert p.read().get("receipt-id") == "b"
+    frames = tx_send_frames("t", 40, MIB)
+
+    def write() -> None:
+        with contextlib.suppress(OSError):  # the broker closes the connection after its ERROR
+            for f in frames:
+                p.send_raw(f)
+
+    threading.Thread(target=write, daemon=True).start()
+    receipts, error = read_until_error(p)
+    assert error.get("receipt-id") in {f"s{i}" for i in range(40)}
+    message = error.get("message") or ""
+    assert "memory limit" in message and "open transactions hold" in message, message
+    assert 4 <= len(receipts) <= 6, receipts  # about memory_limit's worth was accepted
+    assert p.closed()
+    st = memory(b)
+    assert st["peak"] >= 5 * MIB and st["peak"] < 7 * MIB
+    assert st["usage"] == 0 and st["transactions"] == 0 and not st["flow_control"]  # rolled back
+    q = Raw(b.port)
+    q.connect()
+    q.send(Frame.make("SUBSCRIBE", {"id": "1", "destination": "/queue/big", "receipt": "sub"}))
+    assert q.read().get("receipt-id") == "sub"
+    with pytest.raises(AssertionError, match="no frame"):
+        q.read(timeout=0.5)  # nothing of the rolled-back transaction was enqueued
+
+
+def test_max_transaction_size_refuses_a_larger_transaction(make_broker: Callable[..., EmbeddedBroker]) -> None:
+    b = make_broker(max_transaction_size=1 * MIB, fsync=False)
+    p = Raw(b.port)
+    p.connect()
+    p.send(Frame.make("BEGIN", {"transaction": "t"}))
+    for f in tx_send_frames("t", 3, 400 * 1024):
+        p.send_raw(f)
+    receipts, error = read_until_error(p)
+    assert receipts == {"s0", "s1"} and error.get("receipt-id") == "s2"
+    assert "max_transaction_size=1048576" in (error.get("message") or "")
+    assert memory(b)["transactions"] == 0
+    # a transaction within the limit on another connection is unaffected
+    c = StompPy(b.port)
+    c.conn.begin("ok")
+    c.conn.send("/queue/big", "small", headers={"persistent": "true"}, transaction="ok")
+    c.conn.commit("ok", receipt="c")
+    c.wait_receipts(["c"])
+    assert queue_bodies(b.port, "/queue/big", 1) == ["small"]
+    c.close()
+
+
+class Sink:
+    """A connection as the core sees it (unit test of the core with a real store)."""
+
+    writable = True
+
+    def __init__(self) -> None:
+        self.got: list[str] = []
+
+    def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None:
+        self.got.append(message.id)
+
+
+def test_a_commit_over_the_journal_record_limit_is_refused_and_rolled_back(tmp_path: Path) -> None:
+    """Durable topic copies multiply a transaction's record: one over the journal's
+    recovery limit is refused with a clear error, and the transaction is rolled back."""
+    store = MessageStore(tmp_path, max_record=8192)
+    store.open()
+    core = BrokerCore(BrokerConfig(), store)
+    sink = Sink()
+    for i in range(3):
+        core.subscribe(sink, f"d{i}", "/topic/t", durable_name=f"s{i}", client_id="c")
+    core.send("/queue/q", (), b"m", persistent=True)
+    consumer = core.subscribe(sink, "q", "/queue/q", ack_mode="client-individual")
+    [mid] = sink.got
+    tx = TxState("t")
+    core.ack(consumer, mid, tx=tx)
+    core.tx_send(tx, "/topic/t", (), b"x" * 3000, persistent=True)  # 3 copies: > 8192 bytes
+    assert core.memory.reserved > 3000
+    with pytest.raises(CoreError, match="transaction 't' cannot be committed: .* over the journal's limit"):
+        core.commit(tx)
+    assert core.memory.reserved == 0
+    assert sink.got == [mid, mid]  # the ack was rolled back: redelivered
+    assert list(store.live) == [mid]  # nothing of the transaction was written
+    assert all(not core.queues[f"durable:c:s{i}"].messages for i in range(3))
+    store.close()

@@ -2,6 +2,7 @@
 
 from .dedupe import DedupeWindow
 from .journal import (
+    MAX_RECORD,
     BatchHook,
     Callback,
     Journal,
@@ -10,10 +11,24 @@ from .journal import (
     run_completions,
     scan_segment,
 )
-from .records import Ack, Enq, Keys, Move, Record, RecordError, Sub, Tx, Unsub, decode, encode
+from .records import (
+    Ack,
+    Enq,
+    Keys,
+    Move,
+    Record,
+    RecordError,
+    RecordTooLarge,
+    Sub,
+    Tx,
+    Unsub,
+    decode,
+    encode,
+)
 from .store import ORIGINAL_DESTINATION, MessageStore, StoreListener, StoreStats
 
 __all__ = [
+    "MAX_RECORD",
     "Ack",
     "BatchHook",
     "Callback",
@@ -27,6 +42,7 @@ __all__ = [
     "ORIGINAL_DESTINATION",
     "Record",
     "RecordError",
+    "RecordTooLarge",
     "StoreListener",
     "StoreLockedError",
     "StoreStats",

@@ -51,7 +51,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from .records import Record, RecordError, decode
+from .records import Record, RecordError, RecordTooLarge, decode
 
 __all__ = [
     "Journal",
@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"AMQJSEG1"
 _FRAME = struct.Struct("<II")
+#: the largest record recovery reads back; :meth:`Journal.append` refuses larger ones
 MAX_RECORD = 1 << 30
 
 #: completion callback: receives None when durable, or the error that prevented it
@@ -97,8 +98,10 @@ def _segment_id(path: Path) -> int | None:
         return None
 
 
-def scan_segment(data: bytes | memoryview) -> tuple[list[tuple[Record, int]], int, str | None]:
-    """Parse one segment's bytes.
+def scan_segment(
+    data: bytes | memoryview, max_record: int = MAX_RECORD
+) -> tuple[list[tuple[Record, int]], int, str | None]:
+    """Parse one segment's bytes (a frame longer than ``max_record`` counts as corruption).
 
     Returns ``(records_with_sizes, good_end, problem)``: every intact record with its
     framed size, the offset just after the last intact one, and a description of what
@@ -116,7 +119,7 @@ def scan_segment(data: bytes | memoryview) -> tuple[list[tuple[Record, int]], in
         if end - pos < _FRAME.size:
             return out, pos, f"torn frame header at offset {pos}"
         length, crc = _FRAME.unpack_from(view, pos)
-        if length > MAX_RECORD:
+        if length > max_record:
             return out, pos, f"impossible record length {length} at offset {pos}"
         start = pos + _FRAME.size
         stop = start + length
@@ -144,9 +147,11 @@ class Journal:
         segment_size: int = 32 << 20,
         fsync: bool = True,
         notify: Callable[[list[tuple[Callback, BaseException | None]]], None] | None = None,
+        max_record: int = MAX_RECORD,
     ) -> None:
         self.directory = Path(directory)
         self.segment_size = segment_size
+        self.max_record = max_record  # recovery's limit, so append's too (tests use a small one)
         self.fsync = fsync
         self._notify = notify or run_completions
         self._lock = threading.Lock()
@@ -205,7 +210,7 @@ class Journal:
         for n, seg_id in enumerate(ids):
             path = self.path_of(seg_id)
             data = path.read_bytes()
-            records, good_end, problem = scan_segment(data)
+            records, good_end, problem = scan_segment(data, self.max_record)
             if problem is not None:
                 last = n == len(ids) - 1
                 level = logging.WARNING if last else logging.ERROR
@@ -266,8 +271,15 @@ class Journal:
         """Queue record payloads; returns the segment they will live in.
 
         ``callback(None)`` runs (through ``notify``) once they are durable, or
-        ``callback(error)`` if writing failed.
+        ``callback(error)`` if writing failed. A payload larger than ``max_record``
+        (recovery would cut it off as corruption, with the rest of its segment) raises
+        :class:`RecordTooLarge` and nothing is queued.
         """
+        for p in payloads:
+            if len(p) > self.max_record:
+                raise RecordTooLarge(
+                    f"a record of {len(p)} bytes is over the journal's limit of {self.max_record} bytes"
+                )
         if self._failed is not None:
             raise JournalError(f"journal failed earlier: {self._failed}")
         if self._closing:

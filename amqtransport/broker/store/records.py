@@ -42,13 +42,18 @@ __all__ = [
     "Unsub",
     "Record",
     "RecordError",
+    "RecordTooLarge",
     "encode",
     "decode",
 ]
 
 
 class RecordError(ValueError):
-    """A record payload could not be decoded."""
+    """A record payload could not be decoded (or a record could not be encoded)."""
+
+
+class RecordTooLarge(RecordError):
+    """A record is larger than the journal can read back (it is never written)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,7 @@ from typing import Protocol
 
 from ..message import Message
 from .dedupe import DedupeWindow
-from .journal import Callback, Journal
+from .journal import MAX_RECORD, Callback, Journal
 from .records import (
     Ack,
     Enq,
@@ -103,11 +103,12 @@ class MessageStore:
         dedupe_max_age: float = 3600.0,
         notify: Callable[[list[tuple[Callback, BaseException | None]]], None] | None = None,
         clock: Callable[[], float] = time.time,
+        max_record: int = MAX_RECORD,
     ) -> None:
         self.directory = Path(directory)
         self.clock = clock
         self.journal = Journal(
-            self.directory, segment_size=segment_size, fsync=fsync, notify=notify
+            self.directory, segment_size=segment_size, fsync=fsync, notify=notify, max_record=max_record
         )
         self.dedupe = DedupeWindow(dedupe_max_keys, dedupe_max_age, clock)
         self.live: dict[str, Message] = {}
