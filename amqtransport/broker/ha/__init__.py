@@ -3,6 +3,7 @@
 - :mod:`.node`: one node's role state machine (master / slave / cold backup) for both
   kinds of pair, with the theory of operation and every partition case;
   :func:`~.node.run_node` is what ``amq broker run --ha ...`` calls.
+- :mod:`.port`: the HA port (one CONNECT per connection, handed to the node).
 - :mod:`.lock`: the exclusive file lock that elects the master of a shared-store pair.
 - :mod:`.epoch`: ``ha-state.json``, the store epoch and what a node knows of its peer.
 - :mod:`.replication`: the replication link (full sync, record stream, receipt gate).

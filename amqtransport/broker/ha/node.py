@@ -108,13 +108,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amqtransport.errors import ConfigError
-from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
+from amqtransport.stomp import Frame, serialize
 
 from ..config import BrokerConfig, verify_password
 from ..server import BrokerServer
 from ..store import Callback, MessageStore, run_completions
 from .epoch import HaState
 from .lock import FileLock, wait_for_lock
+from .port import HaPortProtocol, answer_error
 from .replication import (
     ACK,
     BYE,
@@ -213,43 +214,6 @@ def _say(line: str) -> None:
 
 class _Stop(Exception):
     """The node is stopping (signal)."""
-
-
-class HaPortProtocol(asyncio.Protocol):
-    """The HA port: reads one STOMP CONNECT and hands it to the node."""
-
-    def __init__(self, node: HaNode) -> None:
-        self.node = node
-        self.parser = FrameParser("1.2")
-        self.transport: asyncio.Transport | None = None
-        self.peer = "?"
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        p = transport.get_extra_info("peername")
-        self.peer = f"{p[0]}:{p[1]}" if isinstance(p, tuple) else str(p)
-
-    def data_received(self, data: bytes) -> None:
-        assert self.transport is not None
-        try:
-            self.parser.feed(data)
-            event = self.parser.next_event()
-        except Exception as exc:  # noqa: BLE001 - garbage on the HA port: answer and close
-            _error(self.transport, f"malformed frame on the HA port: {exc}")
-            return
-        if isinstance(event, NeedData):
-            return
-        if not isinstance(event, Frame):
-            return
-        self.transport.pause_reading()
-        self.node.handle_ha_frame(self.transport, event, self.peer)
-
-
-def _error(transport: asyncio.Transport, message: str) -> None:
-    frame = Frame.make("ERROR", [("message", message.replace("\n", " "))], message)
-    transport.write(serialize(frame))
-    transport.close()
 
 
 class HaNode:
@@ -409,7 +373,7 @@ class HaNode:
 
     def handle_ha_frame(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
         if frame.command not in ("CONNECT", "STOMP"):
-            _error(transport, f"expected CONNECT on the HA port of node {self.name}, got {frame.command}")
+            answer_error(transport, f"expected CONNECT on the HA port of node {self.name}, got {frame.command}")
             return
         if frame.get(REPLICA_HEADER) is not None:
             self._accept_replica(transport, frame, peer)
@@ -422,7 +386,7 @@ class HaNode:
             transport.write(serialize(answer))
             transport.close()
             return
-        _error(transport, f"this is the HA port of node {self.name}; clients connect to tcp://{self.host}:{self.port}")
+        answer_error(transport, f"this is the HA port of node {self.name}; clients connect to tcp://{self.host}:{self.port}")
 
     def _authorized(self, transport: asyncio.Transport, frame: Frame, what: str) -> bool:
         if not self.users:
@@ -434,7 +398,7 @@ class HaNode:
                 "%s refused: bad credentials for login %r "
                 "(the peer's --master-user/--master-password must be a user of this broker)", what, login,
             )
-            _error(transport, f"{what.split(' ')[0]} refused: authentication failed: bad login or passcode")
+            answer_error(transport, f"{what.split(' ')[0]} refused: authentication failed: bad login or passcode")
             return False
         return True
 
@@ -445,7 +409,7 @@ class HaNode:
         theirs = int(frame.get("amq-ha-epoch") or 0)
         ours = self.state.epoch
         if self.role != "master" or not (theirs > ours or (theirs == ours and who < self.name)):
-            _error(transport, f"not demoting: node {self.name} is {self.role} at epoch {ours}")
+            answer_error(transport, f"not demoting: node {self.name} is {self.role} at epoch {ours}")
             return
         log.error(
             "node %s: master %s at epoch %d > ours %d asks us to step down (split brain or a wiped "
@@ -465,7 +429,7 @@ class HaNode:
         if not self._authorized(transport, frame, f"replication link from slave {slave} ({peer})"):
             return
         if self.role != "master" or self.repl is None:
-            _error(transport, f"replication refused: node {self.name} is not the master (role {self.role})")
+            answer_error(transport, f"replication refused: node {self.name} is not the master (role {self.role})")
             return
         info = dict(frame.headers)
         answer = serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()]))
