@@ -49,7 +49,12 @@ def ha_options(fn: F) -> F:
         click.option("--link-timeout", type=float, default=None,
                      help="Seconds without an ack/ping before the replication link counts as dead [default: 2]."),
         click.option("--takeover-check", default=None,
-                     help="HOST:PORT both nodes must reach; a slave takes over only if it answers.")
+                     help="HOST:PORT both nodes must reach; a slave takes over only if it answers."),
+        click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False),
+                     help="Replicated: file holding the pair's shared secret (both nodes, same content); "
+                          "every replication/demote request is signed with it."),
+        click.option("--cluster-password", default=None,
+                     help="Replicated: the pair's shared secret itself (visible in ps: prefer the file)."),
     ]
     @functools.wraps(fn)
     def with_config_table(**kwargs: Any) -> Any:
@@ -85,10 +90,10 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
     assert isinstance(cfg, BrokerConfig)
     kwargs = {("mode" if k == "ha" else k): v for k, v in ha.items()}
     try:
-        options = options_from_kwargs(kwargs)
-        options.validate()
         if cfg.port == 0:
             raise ConfigError("--ha needs a fixed --port (clients list both nodes' ports)")
+        options = options_from_kwargs(kwargs)
+        options.validate()
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
@@ -105,6 +110,8 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
 @click.option("--master-user", default=None)
 @click.option("--master-password", default=None)
 @click.option("--takeover-check", default=None, help="HOST:PORT both nodes must reach to take over.")
+@click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Replicated: the pair's shared secret [default: DATA_DIR/cluster.secret, generated once].")
 def pair(
     mode: str,
     port: int,
@@ -114,6 +121,7 @@ def pair(
     master_user: str | None,
     master_password: str | None,
     takeover_check: str | None,
+    cluster_password_file: str | None,
 ) -> None:
     """Start a master/slave pair as two child processes; Ctrl-C stops both.
 
@@ -129,6 +137,7 @@ def pair(
     bp = BrokerPair(
         mode, data_dir, port=port, slave_port=slave_port, master_user=master_user,
         master_password=master_password, takeover_check=takeover_check, extra_args=extra,
+        cluster_password_file=cluster_password_file,
     )
     stop = {"flag": False}
 
@@ -144,6 +153,8 @@ def pair(
         click.echo(f"error: the pair did not start: {exc}", err=True)
         sys.exit(1)
     click.echo(f"uri: {bp.uri}")
+    if bp.cluster_password_file is not None:
+        click.echo(f"cluster secret: {bp.cluster_password_file} (both nodes sign their HA requests with it)")
     for node in bp.nodes:
         click.echo(f"node {node.name}: role {node.role} pid {node.pid} client {node.uri} "
                    f"ha-port tcp://{node.host}:{node.ha_port} data {node.data_dir} log {node.log_path}")

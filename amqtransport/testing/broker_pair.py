@@ -8,11 +8,15 @@ directory). Roles then move with failures: :attr:`BrokerPair.master` asks the no
 
 The child's stdout carries one line per role change (``role master epoch 3``,
 ``listening on stomp://...``); a reader thread keeps them in :attr:`HaNodeProcess.lines`.
-Logs go to ``<data_dir>/<name>-<n>.log``. Everything is stopped by pid on exit.
+Logs go to ``<data_dir>/<name>-<n>.log``. Everything is stopped by pid on exit. A
+replicated pair shares a cluster secret: ``cluster_password=``/``cluster_password_file=``,
+else one generated into ``<data_dir>/cluster.secret`` (mode 0600) and kept there, so a
+node restarted by hand with the command line in its log still matches its peer.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,12 +26,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from amqtransport.broker.ha.auth import generate_secret
 from amqtransport.broker.ha.replication import ha_request_sync
 
 from ._process import kill_and_reap, read_log, spawn_logged, terminate_and_reap
 from .ports import free_port
 
-__all__ = ["BrokerPair", "HaNodeProcess"]
+__all__ = ["BrokerPair", "HaNodeProcess", "SECRET_FILE"]
+
+#: the cluster secret of a replicated pair, in its data directory (generated once per pair)
+SECRET_FILE = "cluster.secret"
 
 
 class HaNodeProcess:
@@ -194,6 +202,8 @@ class BrokerPair:
         master_args: Sequence[str] = (),
         slave_args: Sequence[str] = (),
         fsync: bool = True,
+        cluster_password: str | None = None,
+        cluster_password_file: str | Path | None = None,
     ) -> None:
         if mode not in ("replicated", "shared-store"):
             raise ValueError(f"mode must be 'replicated' or 'shared-store', got {mode!r}")
@@ -205,6 +215,10 @@ class BrokerPair:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         common: list[str] = ["--ha", mode, *extra_args]
+        self.cluster_password_file: Path | None = None
+        if mode == "replicated":
+            self.cluster_password_file = self._secret_file(cluster_password, cluster_password_file)
+            common += ["--cluster-password-file", str(self.cluster_password_file)]
         if users:
             users_file = self.data_dir / "users.txt"
             users_file.write_text("".join(f"{u}:{p}\n" for u, p in users.items()))
@@ -243,6 +257,20 @@ class BrokerPair:
         self.a = HaNodeProcess("a", dirs[0], ports[0], ha_ports[0], args_a, logs)
         self.b = HaNodeProcess("b", dirs[1], ports[1], ha_ports[1], args_b, logs)
         self.nodes = (self.a, self.b)
+
+    def _secret_file(self, password: str | None, path: str | Path | None) -> Path:
+        """The pair's cluster secret file: ``path`` as given, else ``<data_dir>/cluster.secret``
+        holding ``password`` (or the secret already there, or a new one), mode 0600."""
+        if path is not None:
+            return Path(path).resolve()
+        target = (self.data_dir / SECRET_FILE).resolve()
+        if password is None and target.exists():
+            return target
+        secret = password if password is not None else generate_secret()
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(secret + "\n")
+        return target
 
     # ------------------------------------------------------------------ properties
     @property

@@ -160,7 +160,9 @@ def test_slave_configured_by_file_only(tmp_path: Path) -> None:
 
     with BrokerPair("replicated", tmp_path / "pair") as bp:
         cfg = tmp_path / "c.toml"
-        cfg.write_text(f'[ha]\nmode = "replicated"\nmasterConnectorURI = "tcp://127.0.0.1:{bp.a.ha_port}"\n')
+        assert bp.cluster_password_file is not None
+        cfg.write_text(f'[ha]\nmode = "replicated"\nmasterConnectorURI = "tcp://127.0.0.1:{bp.a.ha_port}"\n'
+                       f'clusterPasswordFile = "{bp.cluster_password_file}"\n')
         from amqtransport.testing.broker_pair import HaNodeProcess
         from amqtransport.testing.ports import free_port
 

@@ -12,6 +12,7 @@ Example::
     userName = "admin"                             # or master_user
     password = "secret"                            # or master_password
     shutdownOnMasterFailure = false
+    cluster_password_file = "/etc/amq/cluster.secret"  # the same secret on both nodes
 
 Keys (snake_case, ActiveMQ camelCase accepted as aliases): ``mode``, ``master_connector``
 (``masterConnectorURI``, ``remoteURI``), ``master_user`` (``userName``),
@@ -19,7 +20,11 @@ Keys (snake_case, ActiveMQ camelCase accepted as aliases): ``mode``, ``master_co
 ``shutdown_on_slave_failure`` (``shutdownOnSlaveFailure``),
 ``shutdown_on_master_failure`` (``shutdownOnMasterFailure``), ``allow_failback``
 (``allowFailback``), ``lock_interval`` (seconds), ``takeover_check``, ``ha_port``,
-``link_timeout`` (seconds). Command-line flags win over the file. Unknown keys and bad
+``link_timeout`` (seconds), ``cluster_password`` (``clusterPassword``) or
+``cluster_password_file`` (``clusterPasswordFile``): the pair's shared secret, required
+in replicated mode (see :mod:`.auth`), and the HA port's bounds ``ha_max_connections``
+(16), ``ha_idle_timeout`` (5 s) and ``ha_max_frame`` (65536 bytes). A relative
+``cluster_password_file`` is relative to the config file. Command-line flags win over the file. Unknown keys and bad
 values raise :class:`~amqtransport.errors.ConfigError` naming the key.
 """
 
@@ -58,13 +63,23 @@ class HaConfig(BaseModel):
     takeover_check: str | None = None
     ha_port: int | None = Field(None, ge=0, le=65535)
     link_timeout: float | None = Field(None, gt=0)
+    cluster_password: str | None = Field(
+        None, validation_alias=AliasChoices("cluster_password", "clusterPassword")
+    )
+    cluster_password_file: str | None = Field(
+        None, validation_alias=AliasChoices("cluster_password_file", "clusterPasswordFile")
+    )
+    ha_max_connections: int | None = Field(None, ge=1)
+    ha_idle_timeout: float | None = Field(None, gt=0)
+    ha_max_frame: int | None = Field(None, ge=1024)
 
 
 _VALID = (
     "mode, master_connector (masterConnectorURI), master_user (userName), master_password (password), "
     "wait_for_slave (waitForSlave), shutdown_on_slave_failure (shutdownOnSlaveFailure), "
     "shutdown_on_master_failure (shutdownOnMasterFailure), allow_failback (allowFailback), "
-    "lock_interval, takeover_check, ha_port, link_timeout"
+    "lock_interval, takeover_check, ha_port, link_timeout, cluster_password (clusterPassword), "
+    "cluster_password_file (clusterPasswordFile), ha_max_connections, ha_idle_timeout, ha_max_frame"
 )
 
 
@@ -88,4 +103,8 @@ def load_ha_table(path: str | Path) -> dict[str, Any]:
     raw = read_toml(path)
     if "ha" not in raw:
         return {}
-    return ha_table_from_mapping(raw["ha"], str(Path(path)))
+    table = ha_table_from_mapping(raw["ha"], str(Path(path)))
+    secret_file = table.get("cluster_password_file")
+    if secret_file is not None and not Path(secret_file).is_absolute():
+        table["cluster_password_file"] = str(Path(path).resolve().parent / secret_file)
+    return table

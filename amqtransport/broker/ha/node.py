@@ -113,9 +113,10 @@ from amqtransport.stomp import Frame, serialize
 from ..config import BrokerConfig, verify_password
 from ..server import BrokerServer
 from ..store import Callback, MessageStore, run_completions
+from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestSigner, RequestVerifier, load_secret
 from .epoch import HaState
 from .lock import FileLock, wait_for_lock
-from .port import HaPortProtocol, answer_error
+from .port import HaPortLimits, HaPortProtocol, RefusalLog, answer_error
 from .replication import (
     ACK,
     BYE,
@@ -147,6 +148,9 @@ log = logging.getLogger(__name__)
 MODES = ("shared-store", "replicated")
 #: a master with a higher epoch asks a stale master to step down (the end of a split brain)
 DEMOTE_HEADER = "amq-ha-demote"
+#: requests that change a node's role or state: signed with the cluster secret (auth.py)
+ROLE_REQUESTS = (REPLICA_HEADER, DEMOTE_HEADER)
+REQUEST_NAMES = {REPLICA_HEADER: "replication link", DEMOTE_HEADER: "demote request"}
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,11 @@ class HaOptions:
     takeover_check: str | None = None
     ha_port: int = 0
     link_timeout: float = 2.0
+    cluster_password: str | None = None
+    cluster_password_file: str | None = None
+    ha_max_connections: int = 16
+    ha_idle_timeout: float = 5.0
+    ha_max_frame: int = 64 * 1024
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -182,6 +191,21 @@ class HaOptions:
                               path="link_timeout")
         if (self.master_user is None) != (self.master_password is None):
             raise ConfigError("--master-user and --master-password go together", path="master_user")
+        if self.mode == "replicated":
+            load_secret(self.cluster_password, self.cluster_password_file)
+        if not 1 <= self.ha_max_connections <= 10_000:
+            raise ConfigError(f"ha_max_connections must be between 1 and 10000, got {self.ha_max_connections}",
+                              path="ha_max_connections")
+        if not 0.1 <= self.ha_idle_timeout <= 600:
+            raise ConfigError(f"ha_idle_timeout must be between 0.1 and 600 s, got {self.ha_idle_timeout}",
+                              path="ha_idle_timeout")
+        if not 1024 <= self.ha_max_frame <= 16 << 20:
+            raise ConfigError(f"ha_max_frame must be between 1024 and 16777216 bytes, got {self.ha_max_frame}",
+                              path="ha_max_frame")
+
+    @property
+    def port_limits(self) -> HaPortLimits:
+        return HaPortLimits(self.ha_max_connections, self.ha_idle_timeout, self.ha_max_frame)
 
 
 def parse_address(text: str, what: str = "address") -> tuple[str, int]:
@@ -255,6 +279,13 @@ class HaNode:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.takeovers = 0
         self.became_master_at = 0.0
+        self.refused = RefusalLog(log)
+        self._ha_waiting: set[HaPortProtocol] = set()
+        self.signer: RequestSigner | None = None
+        self.verifier: RequestVerifier | None = None
+        if options.mode == "replicated":
+            secret = load_secret(options.cluster_password, options.cluster_password_file)
+            self.signer, self.verifier = RequestSigner(secret), RequestVerifier(secret)
 
     # ------------------------------------------------------------------ entry
     async def run(self) -> int:
@@ -264,13 +295,14 @@ class HaNode:
                 self.loop.add_signal_handler(sig, self.stop)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._ha_server = await self.loop.create_server(
-            lambda: HaPortProtocol(self), self.host, self.ha_port, reuse_address=True
+            lambda: HaPortProtocol(self, self.opts.port_limits, self._ha_waiting), self.host, self.ha_port,
+            reuse_address=True,
         )
         self.ha_port = self._ha_server.sockets[0].getsockname()[1]
         self.say(f"ha node {self.name} mode {self.opts.mode} ha-port tcp://{self.host}:{self.ha_port} pid {os.getpid()}")
         argv = list(sys.argv[1:])
         for i, arg in enumerate(argv[:-1]):
-            if arg == "--master-password":
+            if arg in ("--master-password", "--cluster-password"):
                 argv[i + 1] = "***"
         log.info("node %s: started as: amq %s", self.name, " ".join(argv))
         try:
@@ -354,7 +386,7 @@ class HaNode:
 
     def intercept_connect(self, conn: StompConnection, frame: Frame) -> bool:
         """Hook called by the client-port STOMP handler for every CONNECT frame."""
-        if frame.get(STATUS_HEADER) is None and frame.get(REPLICA_HEADER) is None:
+        if frame.get(STATUS_HEADER) is None and all(frame.get(h) is None for h in ROLE_REQUESTS):
             return False
         transport = conn.transport
         if transport is None:
@@ -373,13 +405,22 @@ class HaNode:
 
     def handle_ha_frame(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
         if frame.command not in ("CONNECT", "STOMP"):
+            self.refused(peer, f"a {frame.command} frame", "expected CONNECT")
             answer_error(transport, f"expected CONNECT on the HA port of node {self.name}, got {frame.command}")
             return
-        if frame.get(REPLICA_HEADER) is not None:
-            self._accept_replica(transport, frame, peer)
-            return
-        if frame.get(DEMOTE_HEADER) is not None:
-            self._demote_request(transport, frame, peer)
+        request = next((h for h in ROLE_REQUESTS if frame.get(h) is not None), None)
+        if request is not None:
+            what = f"{REQUEST_NAMES[request]} from node {frame.get(request)!r}"
+            reason = self._check_request(request, frame)
+            if reason is not None:
+                self.refused(peer, what, reason)
+                answer_error(transport, f"{REQUEST_NAMES[request]} refused by node {self.name}: {reason}")
+                return
+            if request == REPLICA_HEADER:
+                self._accept_replica(transport, frame, peer)
+            elif request == DEMOTE_HEADER:
+                assert self.loop is not None
+                self.loop.create_task(self._demote_request(transport, frame, peer))
             return
         if frame.get(STATUS_HEADER) is not None:
             answer = Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])
@@ -388,7 +429,27 @@ class HaNode:
             return
         answer_error(transport, f"this is the HA port of node {self.name}; clients connect to tcp://{self.host}:{self.port}")
 
-    def _authorized(self, transport: asyncio.Transport, frame: Frame, what: str) -> bool:
+    def _check_request(self, request: str, frame: Frame) -> str | None:
+        """Why a role-changing request must be refused (None: it is authentic and from our peer)."""
+        if self.verifier is None:
+            return f"node {self.name} is in a {self.opts.mode} pair (no replication requests)"
+        signed = {h: v for h in (request, AUTH_HEADER, *SIGNED_HEADERS) if (v := frame.get(h)) is not None}
+        reason = self.verifier.check(request, signed, time.time())
+        if reason is not None:
+            return reason
+        who = frame.get(request) or ""
+        if who == self.name:
+            return f"the request claims to come from node {who!r}, which is this node"
+        epoch = frame.get("amq-ha-epoch") or ""
+        if not epoch.isdigit():
+            return f"bad amq-ha-epoch {epoch!r}"
+        known = self.state.peer.get("name")
+        if request != REPLICA_HEADER and known and who != known:
+            return f"node {who!r} is not this node's peer ({known!r})"
+        return None
+
+    def _authorized(self, transport: asyncio.Transport, frame: Frame, what: str, peer: str) -> bool:
+        """The users-file check of a replication link (ActiveMQ's master connector credentials)."""
         if not self.users:
             return True
         login = frame.get("login")
@@ -398,18 +459,43 @@ class HaNode:
                 "%s refused: bad credentials for login %r "
                 "(the peer's --master-user/--master-password must be a user of this broker)", what, login,
             )
+            self.refused(peer, what, f"bad credentials for login {login!r}")
             answer_error(transport, f"{what.split(' ')[0]} refused: authentication failed: bad login or passcode")
             return False
         return True
 
-    def _demote_request(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
+    async def _demote_request(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
+        """A master with a newer epoch asks us (a stale master) to step down. Accepted only
+        when we are master, its epoch is strictly newer than ours, and its own HA port
+        confirms that it is master at that epoch."""
         who = frame.get(DEMOTE_HEADER) or "?"
-        if not self._authorized(transport, frame, f"demote request from node {who} ({peer})"):
-            return
+        what = f"demote request from node {who!r}"
         theirs = int(frame.get("amq-ha-epoch") or 0)
         ours = self.state.epoch
-        if self.role != "master" or not (theirs > ours or (theirs == ours and who < self.name)):
-            answer_error(transport, f"not demoting: node {self.name} is {self.role} at epoch {ours}")
+        reason = None
+        if self.role != "master":
+            reason = f"node {self.name} is not master (role {self.role})"
+        elif theirs <= ours:
+            reason = f"its epoch {theirs} is not newer than ours ({ours})"
+        else:
+            try:
+                where = parse_address(frame.get("amq-ha-port") or "", "amq-ha-port")
+            except ConfigError as exc:
+                reason = str(exc)
+            else:
+                info = await probe(*where, timeout=min(1.0, self.opts.link_timeout))
+                if info is None:
+                    reason = f"its HA port {where[0]}:{where[1]} does not answer"
+                elif (info.get("amq-ha-role"), info.get("amq-ha-name"), info.get("amq-ha-epoch")) != (
+                    "master", who, str(theirs)
+                ):
+                    reason = (f"its HA port {where[0]}:{where[1]} says node {info.get('amq-ha-name')!r} is "
+                              f"{info.get('amq-ha-role')} at epoch {info.get('amq-ha-epoch')}, not master at {theirs}")
+        if reason is None and (self.role != "master" or self.state.epoch != ours):
+            reason = "this node changed role meanwhile"
+        if reason is not None:
+            self.refused(peer, what, reason)
+            answer_error(transport, f"not demoting: {reason}")
             return
         log.error(
             "node %s: master %s at epoch %d > ours %d asks us to step down (split brain or a wiped "
@@ -417,6 +503,7 @@ class HaNode:
         )
         self.state.peer = {k: v for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port"))
                            if (v := frame.get(h) or "")}
+        self.state.peer["name"] = who
         self.state.peer_may_be_master = True
         self.state.save(self.data_dir)
         transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])))
@@ -426,11 +513,25 @@ class HaNode:
 
     def _accept_replica(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
         slave = frame.get(REPLICA_HEADER) or "?"
-        if not self._authorized(transport, frame, f"replication link from slave {slave} ({peer})"):
+        what = f"replication link from slave {slave} ({peer})"
+        if not self._authorized(transport, frame, what, peer):
             return
+        reason = None
+        theirs = int(frame.get("amq-ha-epoch") or 0)
+        link = self.repl.link if self.repl is not None else None
         if self.role != "master" or self.repl is None:
-            answer_error(transport, f"replication refused: node {self.name} is not the master (role {self.role})")
+            reason = f"node {self.name} is not the master (role {self.role})"
+        elif theirs > self.state.epoch:
+            reason = (f"the slave's store has epoch {theirs}, newer than ours ({self.state.epoch}): "
+                      "it must not be overwritten by ours")
+            log.error("node %s: %s refused: %s", self.name, what, reason)
+        elif link is not None and link.synced and link.slave != slave:
+            reason = f"slave {link.slave} is attached and in sync"
+        if reason is not None:
+            self.refused(peer, what, reason)
+            answer_error(transport, f"replication refused: {reason}")
             return
+        assert self.repl is not None
         info = dict(frame.headers)
         answer = serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()]))
         self.repl.attach(transport, slave, answer, info)
@@ -536,7 +637,7 @@ class HaNode:
     def _on_slave_synced(self, link: MasterLink) -> None:
         self.state.peer_may_be_master = True
         peer = {k: link.info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port")) if h in link.info}
-        self.state.peer.update(peer)
+        self.state.peer.update(peer, name=link.slave)
         self.state.save(self.data_dir)
         self.say(f"slave {link.slave} in sync")
         if not self.listening and self.loop is not None:
@@ -723,14 +824,17 @@ class HaNode:
 
     def _request_headers(self, request_header: str) -> dict[str, str]:
         """Headers of a request to another node (``request_header``: replica or demote):
-        our name, epoch and addresses, and the replication credentials when configured."""
+        our name, epoch and addresses, signed with the cluster secret, and the
+        replication credentials (``--master-user``) when configured."""
         headers = {
             request_header: self.name,
             "amq-ha-epoch": str(self.state.epoch),
             "amq-ha-client": f"{self.host}:{self.port}",
             "amq-ha-port": f"{self.host}:{self.ha_port}",
         }
-        if self.opts.master_user is not None:
+        if self.signer is not None:
+            headers[AUTH_HEADER] = self.signer.sign(request_header, headers, time.time())
+        if self.opts.master_user is not None and request_header == REPLICA_HEADER:
             headers["login"] = self.opts.master_user
             headers["passcode"] = self.opts.master_password or ""
         return headers
@@ -749,7 +853,7 @@ class HaNode:
         except ReplicaRefused as exc:
             log.error(
                 "replication link to master %s refused by the master: %s "
-                "(check --master-user/--master-password)", where, exc,
+                "(check the cluster secret and --master-user/--master-password)", where, exc,
             )
             self._wait(f"refused by master {where}: {exc}")
             await self._sleep(2.0)
@@ -765,7 +869,8 @@ class HaNode:
             return "wait"
         master_epoch = int(info.get("amq-ha-epoch", "0") or 0)
         self.master_address = info.get("amq-ha-client", where)
-        self.state.peer = {k: info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port")) if h in info}
+        self.state.peer = {k: info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port"),
+                                                   ("name", "amq-ha-name")) if h in info}
         self._waiting_reason = ""
         self._set_role("slave", f"of {where} (master {info.get('amq-ha-name')} epoch {master_epoch})")
         # a full sync starts from nothing: until the snapshot is durable we are not a copy
