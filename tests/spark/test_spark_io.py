@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from spark_helpers import drain, failover, queue
 
 import amqtransport
 
@@ -28,26 +28,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     with EmbeddedBroker(data_dir=tmp_path_factory.mktemp("spark-broker")) as b:
         yield b
-
-
-def failover(proc: Any) -> str:
-    return f"failover:({proc.uri})?randomize=false&initialReconnectDelay=20&maxReconnectDelay=200"
-
-
-def queue() -> str:
-    return f"/queue/spark.{uuid.uuid4().hex[:10]}"
-
-
-def drain(uri: str, dest: str, *, idle: float = 2.0, limit: int | None = None) -> list[Any]:
-    out: list[Any] = []
-    with amqtransport.connect(uri, dedupe=False) as conn:
-        sub = conn.subscribe(dest, ack="auto", prefetch=500)
-        while limit is None or len(out) < limit:
-            msg = sub.receive(timeout=idle)
-            if msg is None:
-                break
-            out.append(msg)
-    return out
 
 
 def rows_df(spark: Any, n: int, parts: int) -> Any:
