@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` (the main job) and `make test` (the suite).
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench wheel
 
 setup:
 	@scripts/setup.sh
@@ -16,3 +16,7 @@ lint: setup
 
 bench: setup
 	.venv/bin/python benchmarks/run_all.py
+
+# The wheel to install on cluster nodes or ship to executors (docs/spark.md): dist/amqtransport-<version>-py3-none-any.whl
+wheel: setup
+	.venv/bin/python -m pip wheel --no-deps --wheel-dir dist .

@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "bridge": ("amqtransport.cli.bridge_cmd", "bridge", "Run or inspect the network-bridge agent."),
     "chaos": ("amqtransport.cli.chaos_cmd", "chaos", "Toxiproxy-compatible proxy and chaos scenarios."),
     "demo": ("amqtransport.cli.demo_cmd", "demo", "Spark producer surviving a master kill (the main job)."),
+    "spark": ("amqtransport.cli.spark_cmd", "spark", "Spark cluster helpers: pack-env for --archives."),
 }
 
 
