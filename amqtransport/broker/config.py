@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from amqtransport.errors import ConfigError
 
@@ -77,6 +77,20 @@ class BrokerConfig(BaseModel):
     compact_relocate_max: int = Field(default=10000, ge=0)
     dedupe_window_size: int = Field(default=100_000, ge=0)
     dedupe_window_seconds: float = Field(default=3600.0, ge=0)
+    # bytes of journal on disk at which persistent producers are flow-controlled (0: no
+    # limit; ActiveMQ's storeUsage); released at memory_low_water x the limit
+    store_limit: int = Field(default=0, ge=0)
+
+    @field_validator("store_limit")
+    @classmethod
+    def _store_limit_room(cls, value: int, info: ValidationInfo) -> int:
+        segment = info.data.get("segment_size")
+        if value and isinstance(segment, int) and value < 4 * segment:
+            raise ValueError(
+                f"must be 0 (no limit) or at least 4 x segment_size ({4 * segment} bytes): only whole "
+                "segments are freed, the newest one never"
+            )
+        return value
 
     log_level: str = "INFO"
 

@@ -353,6 +353,8 @@ class BrokerCore:
         self.expired = 0
         self.shutting_down = False  # set by the server: no dead-lettering while it closes
         self.memory = MemoryGauge(config.memory_limit, config.destination_memory_limit, config.memory_low_water)
+        if store is not None:
+            store.on_space = self.memory.wake_waiters  # store flow control parks in the same list
 
     # ------------------------------------------------------------------ startup
     def load_from_store(self) -> int:

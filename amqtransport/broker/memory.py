@@ -115,7 +115,7 @@ class MemoryGauge:
         for dest in destinations:
             released = self._release_destination(dest) or released
         if released:
-            self._wake()
+            self.wake_waiters()
 
     def _add(self, dest: str, size: int) -> None:
         self.usage += size
@@ -154,7 +154,7 @@ class MemoryGauge:
             released = self._release_global()
             released = self._release_destination(dest) or released
             if released:
-                self._wake()
+                self.wake_waiters()
 
     def _release_global(self) -> bool:
         if self.full and self.usage <= self.limit * self.low_water:
@@ -173,7 +173,9 @@ class MemoryGauge:
         log.warning("destination %s down to %d bytes: producer flow control released for it", dest, d)
         return True
 
-    def _wake(self) -> None:
+    def wake_waiters(self) -> None:
+        """Tell every parked connection to try again (here: memory released; also called
+        when the store's flow control releases)."""
         for wake in list(self._waiters.values()):
             try:
                 wake()

@@ -81,6 +81,7 @@ from .core import (
     TxState,
 )
 from .message import TRANSPORT_HEADERS, Message
+from .store import JournalError
 
 if TYPE_CHECKING:
     from .server import BrokerServer
@@ -141,6 +142,7 @@ class StompConnection(asyncio.Protocol):
         self._blocked = False  # a subscription was refused for lack of room
         self._reading_paused = False
         self._stop_reading = False  # after DISCONNECT: ignore further input
+        self._close_scheduled = False
         self.last_read = 0.0
         self.last_write = 0.0
         self.hb_send = 0.0
@@ -323,17 +325,29 @@ class StompConnection(asyncio.Protocol):
 
             def on_error_only(err: BaseException | None) -> None:
                 if err is not None:
-                    self._error_no_raise(f"could not persist {what}: {err}")
+                    self._persist_failed(f"could not persist {what}: {err}", None)
 
             return on_error_only
 
         def done(err: BaseException | None) -> None:
             if err is not None:
-                self._error_no_raise(f"could not persist {what}: {err}", receipt)
+                self._persist_failed(f"could not persist {what}: {err}", receipt)
             else:
                 self._receipt(receipt)
 
         return done
+
+    def _persist_failed(self, message: str, receipt: str | None) -> None:
+        """An ERROR for one request whose record could not be written; the connection
+        closes once the completions of the same journal batch have run, so that each of
+        its failed requests gets its own ERROR (with its ``receipt-id``)."""
+        if self.closing or self.transport is None:
+            return
+        self._error(message, receipt=receipt, close=False)
+        self._stop_reading = True
+        if not self._close_scheduled:
+            self._close_scheduled = True
+            self.loop.call_soon(self._close)
 
     # ------------------------------------------------------------------ delivery (Sink)
     def deliver(self, sub: Subscription, msg: Message, delivery_count: int) -> None:
@@ -399,19 +413,31 @@ class StompConnection(asyncio.Protocol):
         self._handle(frame)
 
     def _must_wait(self, frame: StompFrame) -> bool:
-        """A SEND waits while memory is over its limit (a COMMIT never does: its bytes
-        are counted already, from the moment each of its SENDs arrived)."""
-        return frame.command == "SEND" and self.core.memory.blocked(frame.get("destination"))
+        """A SEND waits while memory is over its limit, a persistent one also while the
+        store is (a COMMIT never does: its bytes are counted already, from the moment
+        each of its SENDs arrived)."""
+        if frame.command != "SEND":
+            return False
+        if self.core.memory.blocked(frame.get("destination")):
+            return True
+        store = self.core.store
+        return store is not None and store.full and (frame.get("persistent") or "").lower() == "true"
 
     def _no_space_message(self, frame: StompFrame, *, refused: bool = True) -> str:
         memory = self.core.memory
         tail = "; send refused (send_fail_if_no_space)" if refused else ""
+        store = self.core.store
+        dest = frame.get("destination") or "(transaction)"
+        if not memory.blocked(dest) and store is not None and store.full:
+            return (
+                f"producer flow control: broker store limit reached ({store.journal.size} bytes of "
+                f"journal, store_limit={store.limit}){tail}"
+            )
         if memory.full:
             return (
                 f"producer flow control: broker memory limit reached "
                 f"({memory.usage} bytes in use, memory_limit={memory.limit}){tail}"
             )
-        dest = frame.get("destination") or "(transaction)"
         return (
             f"producer flow control: destination {dest} is over its memory limit "
             f"(destination_memory_limit={memory.destination_limit}){tail}"
@@ -476,7 +502,17 @@ class StompConnection(asyncio.Protocol):
         if handler is None:  # CONNECT twice
             self._error(f"{cmd} received on an established connection", receipt=frame.get("receipt"))
             return
-        handler(self, frame)
+        try:
+            handler(self, frame)
+        except JournalError as exc:  # the journal failed: this request cannot be persisted
+            self._error_no_raise(f"could not persist {cmd}: {exc}", frame.get("receipt"))
+            self.server.fence(str(exc))
+
+    def fence(self, reason: str) -> None:
+        """The broker stops serving (:meth:`BrokerServer.fence`): say why and close (a
+        connection whose requests failed has had their ERRORs and is closing already)."""
+        if not self._close_scheduled:
+            self._error_no_raise(f"broker stopped accepting messages: {reason}")
 
     def _require(self, frame: StompFrame, name: str) -> str:
         value = frame.get(name)

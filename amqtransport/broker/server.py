@@ -6,6 +6,13 @@
 client) -- and owns their lifecycle. Opening the store and listening are separate
 steps (:meth:`open` then :meth:`listen`; :meth:`start` does both) so that an HA
 slave can recover or replicate into a store before it accepts clients.
+
+Fencing. When the journal fails (a full disk, an I/O error) the broker can no longer
+keep its promise, so it stops serving (:meth:`fence`): the requests that were waiting
+for the failed writes have had their ERROR frames (with their ``receipt-id``), every
+connection is closed, the client port stops accepting, and ``on_fenced`` is called
+(``amq broker run`` exits with code 3; an HA master hands over to its slave). Nothing
+receipted is lost: a receipt follows an fsync, and recovery cuts a torn tail.
 """
 
 from __future__ import annotations
@@ -18,13 +25,13 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .config import BrokerConfig
 from .core import BrokerCore
 from .protocol import StompConnection
-from .store import Callback, MessageStore, run_completions
+from .store import Callback, JournalError, MessageStore, run_completions
 
 __all__ = ["BrokerServer"]
 
@@ -60,6 +67,8 @@ class BrokerServer:
         self.host = self.config.host
         self.port = self.config.port
         self.opened_at: float | None = None  # loop.time() when open() ran (status: uptime)
+        self.fenced: str | None = None  # why the broker stopped serving (see fence())
+        self.on_fenced: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def open(self) -> None:
@@ -75,8 +84,12 @@ class BrokerServer:
             dedupe_max_keys=cfg.dedupe_window_size,
             dedupe_max_age=cfg.dedupe_window_seconds,
             notify=self._notify,
+            store_limit=cfg.store_limit,
+            store_low_water=cfg.memory_low_water,
+            on_failure=self._journal_failed,
         )
         self.store.open()
+        self._fit_store_limit(self.store)
         self.core = BrokerCore(cfg, self.store)
         n = self.core.load_from_store()
         log.info("broker %s: %d messages recovered from %s", cfg.name, n, self.data_dir)
@@ -136,6 +149,58 @@ class BrokerServer:
             self.store.close()
             self.store = None
 
+    # ------------------------------------------------------------------ store failure
+    def _fit_store_limit(self, store: MessageStore) -> None:
+        """Lower ``store_limit`` to what the data directory's filesystem can hold (as
+        ActiveMQ does with storeUsage), so that flow control engages before the disk fills."""
+        if not store.limit:
+            return
+        try:
+            free = shutil.disk_usage(store.directory).free
+        except OSError:
+            return
+        room = free + store.journal.size
+        if store.limit > room:
+            log.warning(
+                "store_limit=%d is more than the %d bytes the journal's filesystem can hold (%d free): "
+                "using %d",
+                store.limit,
+                room,
+                free,
+                room * 9 // 10,
+            )
+            store.limit = room * 9 // 10
+
+    def _journal_failed(self, error: JournalError) -> None:
+        """Called by the journal writer thread once, after the failed batch's completions."""
+        loop = self.loop
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(self.fence, str(error))
+
+    def fence(self, reason: str) -> None:
+        """Stop serving for good: no more messages are accepted. See the module docstring."""
+        if self.fenced is not None:
+            return
+        self.fenced = reason
+        log.error(
+            "broker %s: %s: fencing: the client port is closed and every client disconnected; "
+            "every receipted message is in the journal (restart once the cause is fixed)",
+            self.config.name,
+            reason,
+        )
+        if self._compact_handle is not None:
+            self._compact_handle.cancel()
+            self._compact_handle = None
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.fence(reason)
+        if self.on_fenced is not None:
+            try:
+                self.on_fenced(reason)
+            except Exception:  # noqa: BLE001 - the fence itself is done
+                log.exception("on_fenced callback failed")
+
     # ------------------------------------------------------------------ glue
     def _notify(self, items: list[tuple[Callback, BaseException | None]]) -> None:
         """Called by the journal writer thread: run completions on the loop, in one hop."""
@@ -180,7 +245,12 @@ class BrokerServer:
                 "deleted_segments": st.deleted_segments,
                 "records": st.records,
                 "batches": st.batches,
+                "size": self.store.journal.size,
+                "limit": self.store.limit,
+                "flow_control": self.store.full,
             }
+        if self.fenced is not None:
+            out["fenced"] = self.fenced
         return out
 
     def status_stats(self, *, names: bool = True) -> dict[str, str]:
@@ -194,6 +264,9 @@ class BrokerServer:
         st: dict[str, str] = {"amq-ha-connections": str(len(self.connections))}
         if self.store is not None:
             st["amq-ha-messages"] = str(len(self.store.live))
+            st["amq-ha-store-usage"] = str(self.store.journal.size)
+            st["amq-ha-store-limit"] = str(self.store.limit)
+            st["amq-ha-store-flow-control"] = "true" if self.store.full else "false"
         if self.opened_at is not None:
             st["amq-ha-uptime"] = f"{self.loop.time() - self.opened_at:.1f}"
         core = self.core

@@ -47,6 +47,26 @@ def build_config(
     return config_from_mapping(data, "command line")
 
 
+class ByteSize(click.ParamType[int]):
+    """A number of bytes: ``1048576``, ``512k``, ``64m``, ``2g`` (binary units, any case)."""
+
+    name = "bytes"
+    _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().removesuffix("b").removesuffix("i")
+        number, unit = (text[:-1], text[-1]) if text and text[-1] in self._UNITS else (text, "")
+        try:
+            n = int(number)
+        except ValueError:
+            self.fail(f"{value!r} is not a size in bytes (e.g. 1048576, 512m, 2g)", param, ctx)
+        if n < 0:
+            self.fail(f"{value!r} is negative", param, ctx)
+        return n * self._UNITS[unit]
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr, format=LOG_FORMAT)
 
@@ -62,6 +82,9 @@ def setup_logging(level: str) -> None:
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="TOML config file (keys of BrokerConfig, top level or under [broker]).")
 @click.option("--log-level", default=None, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--store-limit", type=ByteSize(), default=None,
+              help="Journal bytes on disk at which persistent producers are flow-controlled "
+                   "(e.g. 20g; 0 = no limit) [default: store_limit of --config, else 0].")
 @ha_options
 def run(
     port: int | None,
@@ -71,12 +94,15 @@ def run(
     users_file: str | None,
     config_file: str | None,
     log_level: str | None,
+    store_limit: int | None,
     **ha: object,
 ) -> None:
     """Run one broker in the foreground until SIGTERM or Ctrl-C.
 
     Prints `listening on stomp://HOST:PORT` on stdout once it accepts clients; logs go
-    to stderr. Stopping flushes the journal.
+    to stderr. Stopping flushes the journal. Exit codes: 0 stopped, 1 cannot start,
+    2 bad configuration, 3 fenced (the journal failed, e.g. a full disk: every
+    receipted message is on disk; restart once the cause is fixed).
     """
     from amqtransport.broker.config import BrokerConfig, load_users
 
@@ -90,6 +116,7 @@ def run(
                 "name": name,
                 "users_file": users_file,
                 "log_level": log_level,
+                "store_limit": store_limit,
             },
         )
         assert isinstance(cfg, BrokerConfig)
@@ -129,12 +156,16 @@ async def _serve(cfg: object, users: dict[str, str] | None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    server.on_fenced = lambda _reason: stop.set()
     click.echo(f"listening on stomp://{server.host}:{server.port}")
     sys.stdout.flush()
     await stop.wait()
-    log.info("signal received: stopping (flushing the journal)")
+    if server.fenced is not None:
+        log.error("broker fenced (%s): exiting with code 3", server.fenced)
+    else:
+        log.info("signal received: stopping (flushing the journal)")
     await server.stop()
-    return 0
+    return 3 if server.fenced is not None else 0
 
 
 @broker.command("hash-password")

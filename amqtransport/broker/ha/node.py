@@ -599,6 +599,7 @@ class HaNode:
         server = BrokerServer(self.config, data_dir=self.data_dir, users=self.users)
         await server.open()
         server.ha = self  # type: ignore[attr-defined]  # the client-port CONNECT hook
+        server.on_fenced = self._master_fenced
         self.server = server
         self._demote = asyncio.Event()
         self.role = "master"
@@ -633,6 +634,22 @@ class HaNode:
         self.listening = False
         if server is not None:
             await server.stop()
+
+    def _master_fenced(self, reason: str) -> None:
+        """The master's journal failed (a full disk, an I/O error; the server has fenced
+        itself): hand over to an in-sync slave -- this store missed writes, so it never
+        claims master again before resyncing -- or, with none, stop (exit code 3)."""
+        link = self.repl.link if self.repl is not None else None
+        if link is not None and link.synced and self._demote is not None:
+            log.error("node %s: %s: handing over to the in-sync slave %s", self.name, reason, link.slave)
+            self.state.synced = False
+            with contextlib.suppress(OSError):  # the disk may be the full one
+                self.state.save(self.data_dir)
+            self._demote.set()
+            return
+        log.error("node %s: %s: no in-sync slave to hand over to: stopping (exit code 3)", self.name, reason)
+        self.exit_code = 3
+        self.stop()
 
     def _on_slave_synced(self, link: MasterLink) -> None:
         self.state.peer_may_be_master = True

@@ -32,6 +32,16 @@ Compaction. The store decides which segments hold nothing needed any more and ca
 :meth:`Journal.delete_segments`; the writer deletes them only after the batch that was
 queued before the request (which carries anything the store moved forward) is durable.
 
+Failure. When a write or an fsync fails (a full disk: ENOSPC; an I/O error: EIO) the
+writer fails that batch's completions *and everything queued meanwhile* with a
+:class:`JournalError` naming the cause, refuses every later append, calls
+``on_failure`` once and stops. Nothing it failed was acknowledged as durable; the
+broker fences itself (see ``server.py``). A record that was partly written is a torn
+tail for the next recovery; one that was wholly written but not fsynced may survive.
+
+Size. :attr:`Journal.size` is the bytes of all segments (head included) as appended,
+minus the segments handed to :meth:`delete_segments`: what ``store_limit`` measures.
+
 Replication hooks. :meth:`Journal.add_batch_hook` registers ``fn(payloads)`` that
 the writer calls after each local fsync with the batch's record payloads; when it
 returns a ``concurrent.futures.Future`` the batch's callbacks wait for it (a
@@ -148,12 +158,14 @@ class Journal:
         fsync: bool = True,
         notify: Callable[[list[tuple[Callback, BaseException | None]]], None] | None = None,
         max_record: int = MAX_RECORD,
+        on_failure: Callable[[JournalError], None] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.segment_size = segment_size
         self.max_record = max_record  # recovery's limit, so append's too (tests use a small one)
         self.fsync = fsync
         self._notify = notify or run_completions
+        self._on_failure = on_failure  # writer thread, once, after the failed batch's completions
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._queue: list[bytes | tuple[str, object]] = []
@@ -171,6 +183,8 @@ class Journal:
         self._head_size = 0
         self._head_records = 0
         self.segments: list[int] = []  # existing segment ids, ascending (head last)
+        self._sizes: dict[int, int] = {}  # segment id -> bytes (as appended; loop thread)
+        self.size = 0  # bytes of every segment on disk, head included (store_limit)
         self._lock_fd: int | None = None
         self._fd: int | None = None  # writer thread only
         self._fd_seg = -1
@@ -230,9 +244,11 @@ class Journal:
                         fh.truncate(good_end)
                     fh.flush()
                     os.fsync(fh.fileno())
+            self._sizes[seg_id] = path.stat().st_size
             for rec, _size in records:
                 yield seg_id, rec
         self.segments = ids
+        self.size = sum(self._sizes.values())
         self._head = (ids[-1] + 1) if ids else 1
 
     # ------------------------------------------------------------------ writer
@@ -247,6 +263,8 @@ class Journal:
         self._open_head_sync(self._head)
         self.segments.append(self._head)
         self._head_size = len(MAGIC)
+        self._sizes[self._head] = len(MAGIC)
+        self.size += len(MAGIC)
         self._thread = threading.Thread(
             target=self._run, name=f"journal-writer:{self.directory}", daemon=True
         )
@@ -280,8 +298,6 @@ class Journal:
                 raise RecordTooLarge(
                     f"a record of {len(p)} bytes is over the journal's limit of {self.max_record} bytes"
                 )
-        if self._failed is not None:
-            raise JournalError(f"journal failed earlier: {self._failed}")
         if self._closing:
             raise JournalError("journal is closed")
         if len(payloads) == 1:
@@ -289,11 +305,15 @@ class Journal:
         else:
             size = sum(len(p) for p in payloads) + _FRAME.size * len(payloads)
         with self._lock:
+            if self._failed is not None:  # checked under the lock the writer fails under
+                raise JournalError(f"journal failed earlier: {self._failed}")
             if self._head_records and self._head_size + size > self.segment_size:
                 self._head += 1
                 self._head_size = len(MAGIC)
                 self._head_records = 0
                 self.segments.append(self._head)
+                self._sizes[self._head] = len(MAGIC)
+                self.size += len(MAGIC)
                 self._queue.append(("roll", self._head))
             queue = self._queue
             for p in payloads:
@@ -301,6 +321,8 @@ class Journal:
                 queue.append(p)
             self._payloads.extend(payloads)
             self._head_size += size
+            self._sizes[self._head] += size
+            self.size += size
             self._head_records += len(payloads)
             self._appended += len(payloads)
             if callback is not None:
@@ -328,6 +350,7 @@ class Journal:
             for s in ids:
                 with contextlib.suppress(ValueError):
                     self.segments.remove(s)
+                self.size -= self._sizes.pop(s, 0)
             self._queue.append(("delete", tuple(ids)))
             self._cond.notify_all()
 
@@ -387,7 +410,7 @@ class Journal:
                 payloads, self._payloads = self._payloads, []
                 target = self._appended
                 self._busy = True
-            error: BaseException | None = None
+            error: JournalError | None = None
             try:
                 self._write_batch(items)
                 for hook in list(self._hooks):
@@ -395,11 +418,16 @@ class Journal:
                     if fut is not None:
                         fut.result()
             except BaseException as exc:  # noqa: BLE001 - reported to every waiter
-                log.exception(
-                    "journal %s: write failed; the broker can no longer persist", self.directory
+                log.error(
+                    "journal %s: write failed: %s; the broker can no longer persist", self.directory, exc
                 )
-                error = exc if isinstance(exc, JournalError) else JournalError(str(exc))
-                self._failed = error
+                error = exc if isinstance(exc, JournalError) else JournalError(f"journal write failed: {exc}")
+                if error is not exc:
+                    error.__cause__ = exc
+                with self._cond:  # appends from now on raise; what was queued meanwhile fails too
+                    self._failed = error
+                    callbacks += self._callbacks
+                    self._callbacks, self._queue, self._payloads = [], [], []
             self.batches += 1
             self.records_written = target  # every record appended before this batch, plus it
             if callbacks:
@@ -414,6 +442,11 @@ class Journal:
             if error is not None:
                 with self._cond:
                     self._cond.notify_all()
+                if self._on_failure is not None:
+                    try:
+                        self._on_failure(error)
+                    except Exception:  # noqa: BLE001 - e.g. the loop is closed
+                        log.exception("journal: reporting the failure failed")
                 return
 
     def _write_batch(self, items: list[bytes | tuple[str, object]]) -> None:

@@ -28,6 +28,13 @@ recovery. State that must outlive its segment (durable subscriptions, idempotenc
 keys still inside the window) is re-appended to the head segment first; the
 journal deletes the files only after that batch is durable.
 
+Store limit (ActiveMQ's ``storeUsage``). With ``store_limit`` > 0 the store sets
+:attr:`MessageStore.full` once the journal's segments reach that many bytes; the
+connection handler then holds persistent SENDs (producer flow control) or refuses them
+(``send_fail_if_no_space``). Only compaction frees space: it clears the flag when the
+journal is down to ``store_low_water`` x the limit and calls ``on_space``. ACKs and
+other records are still written while the store is full (they are what frees it).
+
 Duplicate suppression. :meth:`is_duplicate` is true for an idempotency key already
 accepted for the same destination within the window; if the original's record is
 not yet durable the duplicate's completion waits for it, so a receipt for a repeat
@@ -50,7 +57,7 @@ from typing import Protocol
 
 from ..message import Message
 from .dedupe import DedupeWindow
-from .journal import MAX_RECORD, Callback, Journal
+from .journal import MAX_RECORD, Callback, Journal, JournalError
 from .records import (
     Ack,
     Enq,
@@ -104,12 +111,24 @@ class MessageStore:
         notify: Callable[[list[tuple[Callback, BaseException | None]]], None] | None = None,
         clock: Callable[[], float] = time.time,
         max_record: int = MAX_RECORD,
+        store_limit: int = 0,
+        store_low_water: float = 0.7,
+        on_failure: Callable[[JournalError], None] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.clock = clock
         self.journal = Journal(
-            self.directory, segment_size=segment_size, fsync=fsync, notify=notify, max_record=max_record
+            self.directory,
+            segment_size=segment_size,
+            fsync=fsync,
+            notify=notify,
+            max_record=max_record,
+            on_failure=on_failure,
         )
+        self.limit = store_limit  # bytes of journal (0: no limit); see the module docstring
+        self.low_water = store_low_water
+        self.full = False
+        self.on_space: Callable[[], None] | None = None  # called when ``full`` clears
         self.dedupe = DedupeWindow(dedupe_max_keys, dedupe_max_age, clock)
         self.live: dict[str, Message] = {}
         self.subs: dict[str, Sub] = {}
@@ -227,6 +246,8 @@ class MessageStore:
     def _write(self, records: Sequence[Record], callback: Callback | None) -> int:
         payloads = [encode(r) for r in records]
         seg = self.journal.append(payloads, callback)
+        if self.limit and not self.full:
+            self._check_limit()
         for rec in records:
             self.apply(rec, seg)
         if self._listeners:
@@ -237,6 +258,28 @@ class MessageStore:
                     except Exception:  # noqa: BLE001 - a listener bug must not break the store
                         log.exception("store listener %r failed", listener)
         return seg
+
+    # ------------------------------------------------------------------ store limit
+    def _check_limit(self) -> None:
+        if self.journal.size >= self.limit:
+            self.full = True
+            log.warning(
+                "store %s: store limit reached (%d bytes of journal, store_limit=%d): "
+                "producer flow control engaged for persistent messages",
+                self.directory,
+                self.journal.size,
+                self.limit,
+            )
+
+    def _check_space(self) -> None:
+        """After compaction: release flow control once usage is down to the low-water mark."""
+        if self.full and self.journal.size <= self.limit * self.low_water:
+            self.full = False
+            log.warning(
+                "store %s: journal down to %d bytes: producer flow control released", self.directory, self.journal.size
+            )
+            if self.on_space is not None:
+                self.on_space()
 
     # ------------------------------------------------------------------ dedupe
     def is_duplicate(self, destination: str, key: str, callback: Callback | None = None) -> bool:
@@ -292,6 +335,8 @@ class MessageStore:
         payload = encode_enq(message)
         cb = self._track_key(message.destination, message.key, callback) if message.key else callback
         seg = self.journal.append((payload,), cb)
+        if self.limit and not self.full:
+            self._check_limit()
         message.persistent = True
         message.segment = seg
         self.live[message.id] = message
@@ -495,6 +540,7 @@ class MessageStore:
         ordered = sorted(dead)
         self.journal.delete_segments(ordered)
         self.deleted_segments += len(ordered)
+        self._check_space()
         log.debug(
             "store %s: compaction deletes segments %s (carried %d records)",
             self.directory,
