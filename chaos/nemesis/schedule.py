@@ -73,15 +73,16 @@ class FaultKind:
 FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("kill-master", "SIGKILL the master's process", "pair"),
     FaultKind("freeze-master", "SIGSTOP the master, SIGCONT after the hold (a GC pause, a VM freeze)", "pair",
-              hold=(0.5, 5.0)),
+              hold=(0.5, 5.0),
+              pending="ha: a master frozen past the link timeout receipts after SIGCONT (issue 11 item 1)"),
     FaultKind("kill-slave", "SIGKILL the slave's process", "pair"),
     FaultKind("restart-dead", "start the node that is down again (it must come back as the slave)", "pair"),
     FaultKind("cut-replication", "break the replication link (its proxy disabled, or half-open) for the hold",
               "pair", modes=("replicated",), hold=(1.0, 4.0)),
     FaultKind("disk-full", "fill the master's data filesystem (a size-limited tmpfs) for the hold", "pair",
-              hold=(1.0, 4.0)),
+              hold=(1.0, 4.0), pending="store: fencing and hand-over on ENOSPC (issue 11 item 4)"),
     FaultKind("delete-lock", "delete the shared store's lock file under the running pair", "pair",
-              modes=("shared-store",)),
+              modes=("shared-store",), pending="ha: the shared lock file deleted (issue 11 item 3)"),
     FaultKind("cut-client", "disable the master's client proxy (every client link closed, new ones "
               "refused) for the hold", "link", hold=(0.5, 3.0)),
     FaultKind("half-open-client", "timeout toxic on the master's client proxy: bytes vanish, nothing "

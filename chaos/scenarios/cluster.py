@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -51,6 +51,7 @@ __all__ = [
     "BridgeCluster",
     "Stage",
     "make_cluster",
+    "start_bridge",
     "EMBEDDED_MODES",
     "ALL_KINDS",
 ]
@@ -146,7 +147,11 @@ class SingleNodeCluster:
 class EmbeddedPairCluster:
     """Our HA pair (``BrokerPair``) in ``replicated`` or ``shared-store`` mode."""
 
-    def __init__(self, workdir: Path, mode: str) -> None:
+    def __init__(self, workdir: Path, mode: str, *, pair_options: Mapping[str, Any] | None = None,
+                 before_start: Callable[[Any], None] | None = None) -> None:
+        """``pair_options``: more ``BrokerPair`` keyword arguments; ``before_start(pair)``
+        runs once the pair's ports and directories are chosen, before any node starts
+        (e.g. to put a proxy on a port the slave's master connector names)."""
         try:
             from amqtransport.testing.broker_pair import BrokerPair
         except ImportError as exc:  # the pair is a separate piece of work
@@ -157,8 +162,10 @@ class EmbeddedPairCluster:
         self.kind = mode
         self.login: str | None = None
         self.passcode: str | None = None
-        self.pair: Any = BrokerPair(mode=mode, data_dir=workdir / f"pair-{mode}")
+        self.pair: Any = BrokerPair(mode=mode, data_dir=workdir / f"pair-{mode}", **dict(pair_options or {}))
         try:
+            if before_start is not None:
+                before_start(self.pair)
             self.pair.start()
         except BaseException as exc:
             self.pair.stop()
@@ -281,23 +288,7 @@ class BridgeCluster:
         )
 
     def attach(self, stage: Stage) -> None:
-        from bridge.agent import BridgeAgent
-        from bridge.config import config_from_mapping
-
-        leaves = ",".join(f"tcp://{p.listen}" for p in stage.proxies)
-        config = config_from_mapping({
-            "local_uri": self.spoke.uri,
-            "status_listen": "",
-            "broker_name": "spoke",
-            "network_connector": [{
-                "name": "spoke-to-hub",
-                "uri": f"masterslave:({leaves})?initialReconnectDelay=100&maxReconnectDelay=1000",
-                "static_include": [self.destination],
-                "heartbeat_ms": 1000,
-                "remote_name": "hub",
-            }],
-        })
-        self.agent = BridgeAgent(config).start()
+        self.agent = start_bridge(self.spoke.uri, stage, [self.destination])
 
     def upstreams(self) -> list[str]:
         return self.hub.upstreams()
@@ -322,6 +313,29 @@ class BridgeCluster:
                 self.hub.close()
 
 
+def start_bridge(spoke_uri: str, stage: Stage, destinations: list[str]) -> Any:
+    """A :class:`bridge.agent.BridgeAgent` in this process forwarding ``destinations``
+    from the spoke broker at ``spoke_uri`` to the pair behind ``stage``'s proxies
+    (``masterslave:`` over the proxies, so faults on them hit the bridge too)."""
+    from bridge.agent import BridgeAgent
+    from bridge.config import config_from_mapping
+
+    leaves = ",".join(f"tcp://{p.listen}" for p in stage.proxies)
+    config = config_from_mapping({
+        "local_uri": spoke_uri,
+        "status_listen": "",
+        "broker_name": "spoke",
+        "network_connector": [{
+            "name": "spoke-to-hub",
+            "uri": f"masterslave:({leaves})?initialReconnectDelay=100&maxReconnectDelay=1000",
+            "static_include": list(destinations),
+            "heartbeat_ms": 1000,
+            "remote_name": "hub",
+        }],
+    })
+    return BridgeAgent(config).start()
+
+
 def make_cluster(kind: str, workdir: Path, topology: str = "broker") -> Cluster:
     if topology == "bridge":
         if kind not in ("replicated", "shared-store"):
@@ -339,10 +353,12 @@ def make_cluster(kind: str, workdir: Path, topology: str = "broker") -> Cluster:
 class Stage:
     """A Toxiproxy server with one proxy per cluster node, driven by ``toxiproxy-python``."""
 
-    def __init__(self, cluster: Cluster, *, prefix: str = "chaos") -> None:
+    def __init__(self, cluster: Cluster, *, prefix: str = "chaos", server: ToxiproxyServer | None = None) -> None:
+        """``server``: a running Toxiproxy server to use (the stage stops it on close);
+        default: a new one on a free port."""
         self.cluster = cluster
         self.active: dict[str, Any] = {}  # what the current fault changed (for its heal)
-        self.server = ToxiproxyServer(port=0).start()
+        self.server = server if server is not None else ToxiproxyServer(port=0).start()
         try:
             self.toxi = Toxiproxy()
             self.toxi.update_api_consumer("127.0.0.1", self.server.port)
@@ -398,6 +414,10 @@ class Stage:
     def enable(self, proxy: Proxy) -> None:
         self._point_client()
         proxy.enable()
+
+    def remove_toxic(self, proxy: Proxy, name: str) -> None:
+        self._point_client()
+        proxy.destroy_toxic(name)
 
     def remove_toxics(self, proxy: Proxy) -> None:
         self._point_client()

@@ -41,7 +41,7 @@ from amqtransport.client import Connection
 from amqtransport.errors import AmqTransportError
 from amqtransport.stomp import Frame
 
-__all__ = ["ClientSettings", "ConnectionEvents", "ProducerThread", "ConsumerThread"]
+__all__ = ["ClientSettings", "ConnectionEvents", "ProducerThread", "ConsumerThread", "tap_messages"]
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +58,14 @@ class ClientSettings:
     dedupe: bool = True
     login: str | None = None
     passcode: str | None = None
+    client_id: str | None = None  # durable subscriptions need one
 
     def connect(self, listener: Any = None) -> Connection:
         conn: Connection = amqtransport.connect(
             self.uri,
             login=self.login,
             passcode=self.passcode,
+            client_id=self.client_id,
             heartbeat=(self.heartbeat_ms, self.heartbeat_ms),
             dedupe=self.dedupe,
             listener=listener,
@@ -92,6 +94,20 @@ class ConnectionEvents:
 
     def first_interruption_after(self, t: float) -> float | None:
         return next((x for x in self.interrupted if x >= t), None)
+
+
+def tap_messages(conn: Connection, on_frame: Callable[[Frame, int], None]) -> None:
+    """Call ``on_frame(frame, link_generation)`` for every MESSAGE as it arrives, before
+    the client's duplicate filter (on the transport's reader thread; read-only)."""
+    transport = conn.transport
+    inner = transport.on_message
+
+    def tap(frame: Frame, generation: int) -> None:
+        on_frame(frame, generation)
+        if inner is not None:
+            inner(frame, generation)
+
+    transport.on_message = tap
 
 
 def body_of(round_id: str, seq: int) -> str:
@@ -248,18 +264,14 @@ class ConsumerThread(threading.Thread):
 
     def _tap(self, conn: Connection) -> None:
         """Look at each MESSAGE before the duplicate filter (read-only; same thread)."""
-        transport = conn.transport
-        inner = transport.on_message
 
         def tap(frame: Frame, generation: int) -> None:
             seq = seq_of(self.round_id, frame.body.decode("utf-8", "replace"))
             if seq is not None:
                 with self.lock:
                     self.wire_ids.setdefault(seq, []).append(frame.get("message-id") or "")
-            if inner is not None:
-                inner(frame, generation)
 
-        transport.on_message = tap
+        tap_messages(conn, tap)
 
     def wire_counts(self) -> tuple[int, dict[int, list[str]]]:
         """(copies the broker delivered again under the same message-id,

@@ -1,0 +1,255 @@
+"""What the nemesis runs against: our HA pair with proxies on every link, a spoke broker
+bridged to it, and (when allowed) size-limited tmpfs data directories.
+
+Theory of operation
+-------------------
+:class:`NemesisCluster` is a :class:`~chaos.scenarios.cluster.Cluster` (so a
+:class:`~chaos.scenarios.cluster.Stage` puts the clients' proxies in front of it, as
+for every scenario) built on :class:`~chaos.scenarios.cluster.EmbeddedPairCluster`:
+
+* **Replication proxies** (replicated mode). The slave's ``--master-connector`` names
+  a proxy in front of the master's HA port, so cutting or slowing that proxy acts on
+  the replication link. Node ``b`` gets one at the first start (proxy ``repl-a`` ->
+  ``a``'s HA port); once ``a`` has been master, ``a`` gets one too (``repl-b`` ->
+  ``b``'s HA port) for its restarts, when it comes back as ``b``'s slave. A slave that
+  loses the link probes the master's own addresses, finds it alive and re-links
+  (directly, around the proxy, if the proxy is still cut): a cut replication link
+  therefore means "the master loses its synced slave without a goodbye, the slave
+  resyncs", not a lasting partition.
+* **tmpfs data directories** (``disk=True``, root only): each node's data directory
+  (replicated) or the shared store (shared-store) is a ``mount -t tmpfs -o size=...``
+  so the ``disk-full`` fault can fill it with a ballast file and empty it again.
+  Where mounting is not allowed, :attr:`disk_reason` says why and the fault is
+  skipped. Everything mounted is unmounted by :meth:`close`, after the brokers stop.
+* **The spoke and the bridge**: one more broker process (not faulted) and a
+  :class:`bridge.agent.BridgeAgent` in this process forwarding the bridged queue from
+  the spoke to the pair over the clients' proxies (started by :meth:`attach`, which
+  the stage calls once its proxies exist).
+
+The brokers run with small journal segments (compaction runs often), a dedupe window
+of ``dedupe_window_seconds`` and no redelivery limit (a message bounced between
+failovers must not end in a DLQ the checker does not read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from toxiproxy import Toxiproxy
+from toxiproxy.api import APIConsumer
+from toxiproxy.proxy import Proxy
+
+from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.testing.ports import free_port
+from chaos.scenarios.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
+from chaos.server import ToxiproxyServer
+
+__all__ = ["TmpfsMount", "NemesisCluster", "BRIDGED_QUEUE", "BROKER_CONFIG"]
+
+log = logging.getLogger(__name__)
+
+BRIDGED_QUEUE = "/queue/nemesis.bridged"
+
+#: the pair's broker.toml (see the module docstring)
+BROKER_CONFIG: dict[str, Any] = {
+    "segment_size": 1024 * 1024,
+    "compact_interval_ms": 500,
+    "dedupe_window_seconds": 600.0,
+    "max_redeliveries": -1,
+}
+
+BALLAST = "nemesis-ballast"
+
+
+def _toml(values: Mapping[str, Any]) -> str:
+    lines = []
+    for k, v in values.items():
+        if isinstance(v, bool):
+            lines.append(f"{k} = {'true' if v else 'false'}")
+        elif isinstance(v, int | float):
+            lines.append(f"{k} = {v}")
+        else:
+            lines.append(f'{k} = "{v}"')
+    return "\n".join(lines) + "\n"
+
+
+class TmpfsMount:
+    """A size-limited tmpfs on ``path`` (root only), with a ballast file to fill it."""
+
+    def __init__(self, path: Path, size_mb: int) -> None:
+        self.path = path
+        self.size_mb = size_mb
+        self.mounted = False
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        if not hasattr(os, "geteuid") or os.geteuid() != 0:
+            return "not root: mounting a tmpfs needs root (or CAP_SYS_ADMIN)"
+        return None
+
+    def mount(self) -> None:
+        """Mount it; raises :class:`OSError` with the reason when the system refuses."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m", "tmpfs", str(self.path)],
+                              capture_output=True, text=True, timeout=30, check=False)
+        if proc.returncode != 0:
+            raise OSError(f"mount -t tmpfs on {self.path} failed: {(proc.stderr or proc.stdout).strip()}")
+        self.mounted = True
+
+    def unmount(self) -> None:
+        if not self.mounted:
+            return
+        for args in (["umount", str(self.path)], ["umount", "-l", str(self.path)]):
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+            if proc.returncode == 0:
+                self.mounted = False
+                return
+            log.warning("%s: %s", " ".join(args), (proc.stderr or proc.stdout).strip())
+
+    def fill(self) -> int:
+        """Write a ballast file until the filesystem is full; the bytes written."""
+        written = 0
+        chunk = b"\0" * (1 << 20)
+        with open(self.path / BALLAST, "ab", buffering=0) as f:
+            for size in (1 << 20, 1 << 12, 1 << 9):
+                while True:
+                    try:
+                        written += f.write(chunk[:size])
+                    except OSError as exc:
+                        if exc.errno != errno.ENOSPC:
+                            raise
+                        break
+        return written
+
+    def drain(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / BALLAST).unlink()
+
+
+class NemesisCluster:
+    """The pair, its replication proxies, tmpfs mounts, the spoke and the bridge."""
+
+    def __init__(self, workdir: Path, mode: str, *, disk: bool = True, disk_mb: int = 64,
+                 link_timeout: float = 2.0, broker_config: Mapping[str, Any] | None = None) -> None:
+        self.kind = mode
+        self.login: str | None = None
+        self.passcode: str | None = None
+        self.workdir = workdir
+        self.server = ToxiproxyServer(port=0).start()
+        self.toxi = Toxiproxy()
+        self.repl_proxies: dict[str, Proxy] = {}  # node name -> proxy in front of its HA port
+        self.mounts: dict[str, TmpfsMount] = {}  # node name (or "store") -> its data filesystem
+        self.disk_reason: str | None = None if disk else "disabled (--no-disk)"
+        self.agent: Any = None
+        self.spoke: BrokerProcess | None = None
+        self.hub: EmbeddedPairCluster | None = None
+        workdir.mkdir(parents=True, exist_ok=True)
+        cfg = workdir / "broker.toml"
+        cfg.write_text(_toml({**BROKER_CONFIG, **dict(broker_config or {})}))
+        options: dict[str, Any] = {"extra_args": ["--config", str(cfg)], "link_timeout": link_timeout}
+        listen_a = f"127.0.0.1:{free_port()}"
+        if mode == "replicated":
+            options["master_connector"] = f"tcp://{listen_a}"
+        try:
+            self.hub = EmbeddedPairCluster(workdir, mode, pair_options=options,
+                                           before_start=self._before_start(listen_a, disk, disk_mb))
+            pair = self.hub.pair
+            if mode == "replicated":
+                listen_b = f"127.0.0.1:{free_port()}"
+                self.repl_proxies["b"] = self._proxy("repl-b", f"127.0.0.1:{pair.b.ha_port}", listen_b)
+                # from now on `a` restarts as b's slave through this proxy
+                pair.a.args.extend(["--master-connector", f"tcp://{listen_b}"])
+            self.spoke = BrokerProcess(workdir / "spoke", port=free_port(), log_dir=workdir / "logs",
+                                       args=("--config", str(cfg))).start()
+        except BaseException:
+            self.close()
+            raise
+        self.names: list[str] = self.hub.names
+
+    def _proxy(self, name: str, upstream: str, listen: str) -> Proxy:
+        APIConsumer.host, APIConsumer.port = "127.0.0.1", self.server.port
+        return self.toxi.create(upstream=upstream, name=name, listen=listen)
+
+    def _before_start(self, listen_a: str, disk: bool, disk_mb: int) -> Callable[[Any], None]:
+        def prepare(pair: Any) -> None:
+            if disk:
+                self._mount(pair, disk_mb)
+            if self.kind == "replicated":
+                self.repl_proxies["a"] = self._proxy("repl-a", f"127.0.0.1:{pair.a.ha_port}", listen_a)
+
+        return prepare
+
+    def _mount(self, pair: Any, disk_mb: int) -> None:
+        self.disk_reason = TmpfsMount.unavailable_reason()
+        if self.disk_reason is not None:
+            return
+        targets = {"store": pair.a.data_dir} if self.kind == "shared-store" else {n.name: n.data_dir for n in pair.nodes}
+        try:
+            for name, path in targets.items():
+                m = TmpfsMount(Path(path), disk_mb)
+                m.mount()
+                self.mounts[name] = m
+        except OSError as exc:
+            self.disk_reason = str(exc)
+            self._unmount()
+
+    def _unmount(self) -> None:
+        for m in self.mounts.values():
+            m.unmount()
+        self.mounts.clear()
+
+    # -- the Cluster protocol ---------------------------------------------------------
+    @property
+    def pair(self) -> Any:
+        assert self.hub is not None
+        return self.hub.pair
+
+    def mount_of(self, node: Any) -> TmpfsMount | None:
+        return self.mounts.get("store" if self.kind == "shared-store" else node.name)
+
+    def upstreams(self) -> list[str]:
+        assert self.hub is not None
+        return self.hub.upstreams()
+
+    def master_index(self, timeout: float = 30.0) -> int:
+        assert self.hub is not None
+        return self.hub.master_index(timeout)
+
+    def kill_master(self, mark: Callable[[], None] = lambda: None) -> str:
+        assert self.hub is not None
+        return self.hub.kill_master(mark)
+
+    def recover(self, timeout: float = 60.0) -> None:
+        assert self.hub is not None
+        self.hub.recover(timeout)
+
+    def attach(self, stage: Stage) -> None:
+        """Called by the stage once the clients' proxies exist: start the bridge."""
+        assert self.spoke is not None
+        try:
+            self.agent = start_bridge(self.spoke.uri, stage, [BRIDGED_QUEUE])
+        except Exception as exc:
+            raise ClusterError(f"the bridge did not start: {exc}") from exc
+
+    def close(self) -> None:
+        """Stop the bridge, the spoke and the pair (by pid), then unmount and stop the proxies."""
+        try:
+            if self.agent is not None:
+                with contextlib.suppress(Exception):
+                    self.agent.stop()
+                self.agent = None
+            if self.spoke is not None:
+                self.spoke.terminate()
+                self.spoke = None
+            if self.hub is not None:
+                self.hub.close()
+        finally:
+            self._unmount()
+            self.server.stop()

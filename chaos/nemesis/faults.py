@@ -1,0 +1,276 @@
+"""Carrying out a round's plan on the real pair: inject, heal, restart, check health.
+
+Theory of operation
+-------------------
+A :class:`~chaos.nemesis.schedule.Step` names a role ("the master"); :meth:`Nemesis.inject`
+resolves it *now* (the node whose HA status says ``master`` and ``listening``, never a
+node we froze), does the fault and returns an :class:`Active` fault whose ``heal``
+undoes it (SIGCONT, enable the proxy, remove the step's own toxics, delete the ballast
+file); instant faults (SIGKILL, restart, deleting the lock file) have nothing to heal.
+Every fault becomes a ``Fault`` record (``t`` to ``t_end``, target node, detail) once it
+has ended. A step whose target does not exist at that moment (no master during a
+takeover, no dead node) is skipped and recorded as such.
+
+Signals go to the pid of the ``Popen`` we started, and only while that process is
+still running: a reaped pid is never signalled. :meth:`Nemesis.heal_all` (end of a
+round, Ctrl-C) heals every active fault, :meth:`Nemesis.restart_dead` restarts the
+nodes that are down, and :meth:`Nemesis.wait_healthy` waits for one master and one
+slave in sync (replicated: ``amq-ha-peer-state: in-sync`` on the slave; shared store:
+the other node waiting for the lock as ``slave``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toxiproxy.proxy import Proxy
+
+from chaos.nemesis.cluster import NemesisCluster
+from chaos.nemesis.history import Fault, History
+from chaos.nemesis.schedule import Step
+from chaos.scenarios.cluster import Stage
+
+__all__ = ["Active", "Nemesis"]
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class Active:
+    step: Step
+    round: int
+    t: float
+    target: str
+    detail: str
+    heal: Callable[[], None] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Nemesis:
+    def __init__(self, cluster: NemesisCluster, stage: Stage, history: History, clock: Clock) -> None:
+        self.cluster = cluster
+        self.stage = stage
+        self.history = history
+        self.clock = clock
+        self.active: list[Active] = []
+        self.frozen: dict[str, Any] = {}  # node name -> the Popen we stopped
+        self.skipped: list[str] = []
+
+    @property
+    def nodes(self) -> tuple[Any, ...]:
+        return tuple(self.cluster.pair.nodes)
+
+    def index_of(self, node: Any) -> int:
+        return list(self.nodes).index(node)
+
+    # -- roles ---------------------------------------------------------------------------
+    def master(self, timeout: float = 5.0) -> Any | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            for node in self.nodes:
+                if node.alive and node.name not in self.frozen:
+                    st = node.status(timeout=0.5)
+                    if st.get("amq-ha-role") == "master" and st.get("amq-ha-listening") == "true":
+                        return node
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+    def dead(self) -> list[Any]:
+        return [n for n in self.nodes if not n.alive]
+
+    # -- faults --------------------------------------------------------------------------
+    def inject(self, step: Step, round_no: int) -> Active | None:
+        try:
+            active = self._inject(step, round_no)
+        except Exception as exc:  # a fault that could not be done is recorded, not fatal
+            log.exception("fault %s failed", step.kind)
+            active = Active(step, round_no, self.clock(), "-", f"failed: {exc!r}")
+        if active is None:
+            return None
+        if active.heal is None:
+            self._record(active)
+            return None
+        self.active.append(active)
+        return active
+
+    def _skip(self, step: Step, round_no: int, why: str) -> None:
+        t = self.clock()
+        self.skipped.append(f"round {round_no} {step.kind}: {why}")
+        self.history.add(Fault(t, t, round_no, step.kind, "-", f"skipped: {why}"))
+
+    def _record(self, a: Active) -> None:
+        self.history.add(Fault(a.t, self.clock(), a.round, a.step.kind, a.target, a.detail))
+
+    def heal(self, active: Active) -> None:
+        if active in self.active:
+            self.active.remove(active)
+        try:
+            if active.heal is not None:
+                active.heal()
+        except Exception as exc:
+            log.exception("healing %s failed", active.step.kind)
+            active.detail += f"; heal failed: {exc!r}"
+        self._record(active)
+
+    def heal_all(self) -> None:
+        for a in list(self.active):
+            self.heal(a)
+        self.thaw_all()
+
+    def thaw_all(self) -> None:
+        for name, proc in list(self.frozen.items()):
+            self._signal(proc, signal.SIGCONT)
+            self.frozen.pop(name, None)
+
+    @staticmethod
+    def _signal(proc: Any, sig: int) -> bool:
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, sig)
+            return True
+        return False
+
+    def _inject(self, step: Step, round_no: int) -> Active | None:
+        kind = step.kind
+        t = self.clock()
+        if kind == "restart-dead":
+            dead = self.dead()
+            if not dead:
+                self._skip(step, round_no, "no node is down")
+                return None
+            node = dead[0]
+            node.start(timeout=30)
+            return Active(step, round_no, t, node.name, f"restarted as pid {node.pid}")
+        if kind == "delete-lock":
+            lock = Path(self.cluster.pair.a.data_dir) / "ha.lock"
+            existed = lock.exists()
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+            return Active(step, round_no, t, "store", f"deleted {lock}" if existed else f"{lock} was not there")
+        master = self.master()
+        if master is None:
+            self._skip(step, round_no, "no serving master at that moment")
+            return None
+        t = self.clock()
+        if kind == "kill-master":
+            pid = master.pid
+            master.kill()
+            return Active(step, round_no, t, master.name, f"SIGKILL pid {pid}")
+        if kind == "kill-slave":
+            others = [n for n in self.nodes if n is not master and n.alive]
+            if not others:
+                self._skip(step, round_no, "no live slave")
+                return None
+            pid = others[0].pid
+            others[0].kill()
+            return Active(step, round_no, t, others[0].name, f"SIGKILL pid {pid}")
+        if kind == "freeze-master":
+            return self._freeze(step, round_no, master)
+        if kind == "disk-full":
+            return self._disk_full(step, round_no, master)
+        if kind == "cut-replication":
+            proxy = self.cluster.repl_proxies.get(master.name)
+            if proxy is None:
+                self._skip(step, round_no, "no replication proxy (shared store)")
+                return None
+            return self._cut(step, round_no, master, proxy, str(step.params.get("variant", "disable")))
+        proxy = self.stage.proxies[self.index_of(master)]
+        if kind == "cut-client":
+            return self._cut(step, round_no, master, proxy, "disable")
+        if kind == "half-open-client":
+            return self._cut(step, round_no, master, proxy, "half-open")
+        if kind == "latency":
+            where = str(step.params.get("where", "client"))
+            if where == "replication":
+                proxy = self.cluster.repl_proxies.get(master.name, proxy)
+            ms = int(step.params.get("ms", 300))
+            attrs = {"latency": ms, "jitter": ms // 10}
+            names = self._toxics(proxy, step, [("latency", "downstream", attrs), ("latency", "upstream", attrs)])
+            return Active(step, round_no, self.clock(), master.name, f"{proxy.name}: latency {ms} ms",
+                          heal=lambda: self._remove(proxy, names))
+        raise ValueError(f"unknown fault kind {kind!r}")
+
+    def _freeze(self, step: Step, round_no: int, node: Any) -> Active:
+        proc = node.proc
+        self._signal(proc, signal.SIGSTOP)
+        self.frozen[node.name] = proc
+        t = self.clock()
+
+        def thaw() -> None:
+            self.frozen.pop(node.name, None)
+            self._signal(proc, signal.SIGCONT)
+
+        return Active(step, round_no, t, node.name, f"SIGSTOP pid {proc.pid} for {step.hold:.1f}s", heal=thaw)
+
+    def _disk_full(self, step: Step, round_no: int, node: Any) -> Active | None:
+        mount = self.cluster.mount_of(node)
+        if mount is None:
+            self._skip(step, round_no, f"no tmpfs data directory ({self.cluster.disk_reason})")
+            return None
+        t = self.clock()
+        written = mount.fill()
+        return Active(step, round_no, t, node.name, f"{mount.path} filled ({written // 1024} KiB ballast)",
+                      heal=mount.drain)
+
+    def _toxics(self, proxy: Proxy, step: Step, specs: list[tuple[str, str, dict[str, int]]]) -> list[str]:
+        tag = f"{step.kind}-{step.at:g}"
+        return [self.stage.add_toxic(proxy, kind, stream, attrs, name=f"{tag}-{stream}") for kind, stream, attrs in specs]
+
+    def _remove(self, proxy: Proxy, names: list[str]) -> None:
+        for name in names:
+            with contextlib.suppress(Exception):  # a reset may have removed it already
+                self.stage.remove_toxic(proxy, name)
+
+    def _cut(self, step: Step, round_no: int, node: Any, proxy: Proxy, variant: str) -> Active:
+        if variant == "disable":
+            self.stage.disable(proxy)
+            return Active(step, round_no, self.clock(), node.name, f"{proxy.name} disabled",
+                          heal=lambda: self.stage.enable(proxy))
+        names = self._toxics(proxy, step, [("timeout", "downstream", {"timeout": 0}),
+                                           ("timeout", "upstream", {"timeout": 0})])
+        return Active(step, round_no, self.clock(), node.name, f"{proxy.name} half-open",
+                      heal=lambda: self._remove(proxy, names))
+
+    # -- between rounds ------------------------------------------------------------------
+    def restart_dead(self) -> list[str]:
+        out = []
+        for node in self.dead():
+            node.start(timeout=30)
+            out.append(node.name)
+        return out
+
+    def health(self) -> tuple[bool, str]:
+        """(one master and one slave in sync, a description of both nodes)."""
+        sts = {n.name: (n.status(timeout=0.5) if n.alive and n.name not in self.frozen else {}) for n in self.nodes}
+        masters = [n for n, st in sts.items() if st.get("amq-ha-role") == "master" and st.get("amq-ha-listening") == "true"]
+        desc = "; ".join(
+            f"{n}: {st.get('amq-ha-role', 'down')} epoch {st.get('amq-ha-epoch', '-')}"
+            + (f" peer {st['amq-ha-peer-state']}" if "amq-ha-peer-state" in st else "")
+            for n, st in sts.items()
+        )
+        if len(masters) != 1:
+            return False, desc
+        other = next(st for n, st in sts.items() if n != masters[0])
+        if other.get("amq-ha-role") != "slave":
+            return False, desc
+        if self.cluster.kind == "replicated" and other.get("amq-ha-peer-state") != "in-sync":
+            return False, desc
+        return True, desc
+
+    def wait_healthy(self, timeout: float) -> tuple[bool, float, str]:
+        t0 = time.monotonic()
+        ok, desc = self.health()
+        while not ok and time.monotonic() - t0 < timeout:
+            time.sleep(0.1)
+            ok, desc = self.health()
+        return ok, time.monotonic() - t0, desc

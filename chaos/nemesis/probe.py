@@ -1,0 +1,99 @@
+"""Who answers clients: a STOMP probe of each node's client port every 50 ms.
+
+Theory of operation
+-------------------
+One thread per node (so a frozen node, whose kernel still accepts the TCP connection
+but never answers, cannot delay the other node's probes). Each tick it connects
+*directly* to the node's client port (not through the proxies: a client-link fault
+must not hide a serving node), sends ``CONNECT`` and waits up to ``timeout`` for the
+first frame: ``CONNECTED`` means the node answers clients. It then closes the socket.
+
+Results are folded into runs of consecutive identical answers
+(:class:`~chaos.nemesis.history.ProbeRun`: the first and the last probe's start and
+end, and the count), appended to the history when the answer flips and at
+:meth:`Prober.stop`: the checker's ``two-masters`` rule needs nothing finer.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from chaos.nemesis.history import History, ProbeRun
+
+__all__ = ["probe_once", "Prober"]
+
+CONNECT = b"CONNECT\naccept-version:1.2\nhost:nemesis-probe\nheart-beat:0,0\n\n\x00"
+
+
+def probe_once(host: str, port: int, timeout: float) -> bool:
+    """True when a STOMP CONNECT on ``host:port`` is answered with CONNECTED in time."""
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(CONNECT)
+            data = b""
+            while b"\x00" not in data and len(data) < 4096:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                sock.settimeout(left)
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            return data.lstrip(b"\r\n").startswith(b"CONNECTED")
+    except OSError:
+        return False
+
+
+class Prober:
+    """Probes every ``(name, host, port)`` every ``interval`` seconds until stopped."""
+
+    def __init__(self, nodes: list[tuple[str, str, int]], history: History, clock: Callable[[], float], *,
+                 interval: float = 0.05, timeout: float = 0.25) -> None:
+        self.nodes = nodes
+        self.history = history
+        self.clock = clock
+        self.interval = interval
+        self.timeout = timeout
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=node, name=f"nemesis probe {node[0]}", daemon=True)
+                         for node in nodes]
+        self.answered: dict[str, bool] = {}  # the latest answer per node
+
+    def start(self) -> Prober:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
+
+    def _loop(self, name: str, host: str, port: int) -> None:
+        run: list[float] | None = None  # [first_t0, first_t1, last_t0, last_t1, count]
+        state: bool | None = None
+        next_at = self.clock()
+        while not self._stop.is_set():
+            t0 = self.clock()
+            answered = probe_once(host, port, self.timeout)
+            t1 = self.clock()
+            self.answered[name] = answered
+            if run is not None and answered == state:
+                run[2], run[3], run[4] = t0, t1, run[4] + 1
+            else:
+                if run is not None and state is not None:
+                    self.history.add(ProbeRun(name, state, run[0], run[1], run[2], run[3], int(run[4])))
+                run, state = [t0, t1, t0, t1, 1], answered
+            next_at += self.interval
+            delay = next_at - self.clock()
+            if delay > 0:
+                self._stop.wait(delay)
+            else:
+                next_at = self.clock()
+        if run is not None and state is not None:
+            self.history.add(ProbeRun(name, state, run[0], run[1], run[2], run[3], int(run[4])))

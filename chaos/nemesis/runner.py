@@ -1,0 +1,417 @@
+"""Running the nemesis on one HA mode: cluster, workload, probes, rounds, final check.
+
+Theory of operation
+-------------------
+:class:`ModeRun` starts a :class:`~chaos.nemesis.cluster.NemesisCluster` behind a
+:class:`~chaos.scenarios.cluster.Stage`, the workload (:func:`build_workload`: one
+thread per client, every kind) and the client-port probes, and lets traffic warm up.
+Then, for each round seed (:func:`~chaos.nemesis.schedule.round_seeds`):
+
+1. plan the round (pure: :func:`~chaos.nemesis.schedule.plan_round`);
+2. play it: inject each step at its offset, heal it after its hold;
+3. at the end of the fault window heal whatever is left (SIGCONT, proxies enabled,
+   toxics and ballast removed), restart dead nodes, and wait for one master and one
+   in-sync slave (``health_timeout_s``): a ``RoundRecord`` with ``healthy``. If the
+   pair does not come back the run restarts the node that is not master and tries
+   once more; if that fails too the mode's run stops there;
+4. wait (bounded) until everything receipted so far has reached its subscribers, so
+   the next round starts clean and a loss shows in the round that made it;
+5. run the checker on the history so far (``complete=False``) and print the round's
+   line, with its seed and the violations it added.
+
+At the end: producers stop and flush, consumers drain (``drain_timeout_s``), probes
+stop, everything is healed and stopped by pid (tmpfs unmounted), and the checker
+judges the complete history. A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into
+one by the CLI) takes the same way out without the final drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.nemesis.checker import CheckResult, Violation, check
+from chaos.nemesis.cluster import BRIDGED_QUEUE, NemesisCluster
+from chaos.nemesis.faults import Active, Nemesis
+from chaos.nemesis.history import History, RoundRecord, Subscriber
+from chaos.nemesis.probe import Prober
+from chaos.nemesis.schedule import FAULT_KINDS, RoundPlan, default_kinds, plan_round, round_seeds
+from chaos.nemesis.workload import (
+    Consumer,
+    FireAndForgetProducer,
+    ReceiptedProducer,
+    TxProducer,
+    Worker,
+)
+from chaos.scenarios.cluster import ClusterError, Stage
+from chaos.scenarios.workload import ClientSettings
+
+__all__ = ["NemesisParams", "RoundOutcome", "ModeResult", "ModeRun", "build_workload", "replay_command"]
+
+log = logging.getLogger(__name__)
+
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class NemesisParams:
+    rounds: int = 3
+    seed: int = 1
+    kinds: tuple[str, ...] | None = None  # None: default_kinds(mode)
+    double_faults: bool = False
+    rate: float = 20.0  # messages/s per producer
+    disk: bool = True
+    disk_mb: int = 64
+    link_timeout_s: float = 2.0
+    heartbeat_ms: int = 1000
+    warmup_s: float = 2.0
+    health_timeout_s: float = 60.0
+    round_drain_s: float = 20.0
+    drain_timeout_s: float = 30.0
+    client_timeout_ms: int = 30000  # the failover URI's timeout: a send gives up after this long disconnected
+
+    def kinds_for(self, mode: str) -> list[str]:
+        base = list(self.kinds) if self.kinds is not None else default_kinds(mode)
+        return [k for k in base if mode in FAULT_KINDS[k].modes]
+
+
+@dataclass
+class RoundOutcome:
+    mode: str
+    round: int
+    seed: int
+    plan: RoundPlan
+    healthy: bool = False
+    health_s: float = 0.0
+    detail: str = ""
+    pending: int = 0  # receipted messages not yet delivered when the round ended
+    violations: list[Violation] = field(default_factory=list)
+    line: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "round": self.round, "seed": self.seed, "plan": self.plan.to_json(),
+                "healthy": self.healthy, "health_s": round(self.health_s, 3), "detail": self.detail,
+                "pending": self.pending, "violations": [v.to_json() for v in self.violations], "line": self.line}
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    params: NemesisParams
+    kinds: list[str]
+    history: History
+    rounds: list[RoundOutcome] = field(default_factory=list)
+    result: CheckResult | None = None
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    aborted: str = ""
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and self.result.ok and not self.aborted
+
+    def failed_rounds(self) -> list[RoundOutcome]:
+        bad = set(self.result.rounds_failed()) if self.result is not None else set()
+        return [r for r in self.rounds if r.round in bad or not r.healthy]
+
+    def to_json(self) -> dict[str, Any]:
+        p = asdict(self.params)
+        return {"mode": self.mode, "ok": self.ok, "kinds": self.kinds, "params": p,
+                "check": self.result.to_json() if self.result is not None else None,
+                "rounds": [r.to_json() for r in self.rounds], "skipped_faults": self.skipped,
+                "notes": self.notes, "aborted": self.aborted, "duration_s": round(self.duration_s, 1)}
+
+
+def replay_command(mode: str, seed: int, rounds: int, kinds: Sequence[str] | None, double: bool) -> str:
+    cmd = f"amq chaos run nemesis --mode {mode} --seed {seed} --rounds {rounds}"
+    if kinds is not None:
+        cmd += f" --faults {','.join(kinds)}"
+    if double:
+        cmd += " --double-faults"
+    return cmd
+
+
+def build_workload(stage: Stage, spoke_uri: str, history: History, clock: Callable[[], float],
+                   params: NemesisParams) -> tuple[list[Consumer], list[Worker]]:
+    """The consumers (subscribed first) and the producers of every kind (see the module
+    docstring of :mod:`chaos.nemesis.workload`)."""
+    pair = ClientSettings(uri=stage.uri(timeout_ms=params.client_timeout_ms), heartbeat_ms=params.heartbeat_ms)
+    spoke = ClientSettings(uri=f"failover:({spoke_uri})?initialReconnectDelay=20&maxReconnectDelay=500"
+                               f"&timeout={params.client_timeout_ms}", heartbeat_ms=params.heartbeat_ms)
+    r = params.rate
+    consumers = [
+        Consumer("c-indiv", pair, history, clock, dest="/queue/nemesis.indiv", ack="client-individual"),
+        Consumer("c-client", pair, history, clock, dest="/queue/nemesis.client", ack="client"),
+        Consumer("c-auto", pair, history, clock, dest="/queue/nemesis.auto", ack="auto"),
+        Consumer("c-txq", pair, history, clock, dest="/queue/nemesis.txq", ack="client-individual"),
+        Consumer("d-indiv", pair, history, clock, dest="/topic/nemesis.txt", ack="client-individual", durable=True),
+        Consumer("d-client", pair, history, clock, dest="/topic/nemesis.txt", ack="client", durable=True),
+        Consumer("c-ff", pair, history, clock, dest="/queue/nemesis.ff", ack="client-individual"),
+        Consumer("c-bridged", pair, history, clock, dest=BRIDGED_QUEUE, ack="client-individual"),
+    ]
+    producers: list[Worker] = [
+        ReceiptedProducer("p-indiv", pair, history, clock, dest="/queue/nemesis.indiv", rate=r),
+        ReceiptedProducer("p-client", pair, history, clock, dest="/queue/nemesis.client", rate=r),
+        ReceiptedProducer("p-auto", pair, history, clock, dest="/queue/nemesis.auto", rate=r),
+        TxProducer("tx-queue", pair, history, clock, dest="/queue/nemesis.txq", rate=r / 5, size=3),
+        TxProducer("tx-topic", pair, history, clock, dest="/topic/nemesis.txt", rate=r / 5, size=3),
+        FireAndForgetProducer("ff", pair, history, clock, dest="/queue/nemesis.ff", rate=r),
+        ReceiptedProducer("p-bridged", spoke, history, clock, dest=BRIDGED_QUEUE, rate=r / 2),
+    ]
+    for c in consumers:
+        history.add(Subscriber(c.client, c.dest, c.ack, c.durable))
+    return consumers, producers
+
+
+class _Drain:
+    """What must have reached which consumer: receipted sends and committed keys, read
+    incrementally from the history."""
+
+    def __init__(self, history: History, consumers: Sequence[Consumer]) -> None:
+        self.history = history
+        self.by_dest: dict[str, list[Consumer]] = {}
+        for c in consumers:
+            if c.ack != "auto":
+                self.by_dest.setdefault(c.dest, []).append(c)
+        self.sends_seen = 0
+        self.txs_seen = 0
+        self.pending: list[tuple[Consumer, str]] = []
+
+    def refresh(self) -> None:
+        sends = self.history.sends[self.sends_seen:]
+        txs = self.history.txs[self.txs_seen:]
+        self.sends_seen += len(sends)
+        self.txs_seen += len(txs)
+        for s in sends:
+            if s.kind == "rcpt" and s.outcome == "ok":
+                self.pending.extend((c, s.key) for c in self.by_dest.get(s.dest, ()))
+        for tx in txs:
+            if tx.outcome == "committed":
+                self.pending.extend((c, k) for c in self.by_dest.get(tx.dest, ()) for k in tx.keys)
+        self.pending = [(c, k) for c, k in self.pending if not c.has(k)]
+
+    def wait(self, timeout: float) -> int:
+        """Wait until nothing is pending (or ``timeout``); how many are still pending."""
+        deadline = time.monotonic() + timeout
+        self.refresh()
+        while self.pending and time.monotonic() < deadline:
+            time.sleep(0.1)
+            self.refresh()
+        return len(self.pending)
+
+
+class ModeRun:
+    def __init__(self, mode: str, params: NemesisParams, workdir: Path, echo: Echo,
+                 clock: Callable[[], float]) -> None:
+        self.mode = mode
+        self.params = params
+        self.workdir = workdir
+        self.echo = echo
+        self.clock = clock
+        self.kinds = params.kinds_for(mode)
+        self.history = History({"mode": mode, "seed": params.seed, "rounds": params.rounds,
+                                "kinds": self.kinds, "double_faults": params.double_faults})
+        self.result = ModeResult(mode, params, self.kinds, self.history)
+        self.cluster: NemesisCluster | None = None
+        self.stage: Stage | None = None
+        self.nemesis: Nemesis | None = None
+        self.consumers: list[Consumer] = []
+        self.producers: list[Worker] = []
+        self.prober: Prober | None = None
+        self.drain: _Drain | None = None
+        self.known_violations = 0
+
+    def label(self) -> str:
+        return f"nemesis[{self.mode}]"
+
+    def run(self) -> ModeResult:
+        """The whole run of this mode (see the module docstring); always cleans up."""
+        t0 = time.monotonic()
+        interrupted = False
+        try:
+            self._start()
+            self._rounds()
+            self._finish()
+        except KeyboardInterrupt:
+            interrupted = True
+            self.result.aborted = "interrupted (Ctrl-C)"
+            self.echo(f"{self.label()}: interrupted; stopping every process and unmounting")
+        except ClusterError as exc:
+            self.result.aborted = str(exc)
+            self.echo(f"{self.label()}: stopped: {exc}")
+        finally:
+            self._teardown()
+            self.result.duration_s = time.monotonic() - t0
+        if self.result.result is None:
+            self.result.result = check(self.history.snapshot(), complete=False)
+        if interrupted:
+            raise KeyboardInterrupt
+        return self.result
+
+    # -- phases -------------------------------------------------------------------------
+    def _start(self) -> None:
+        self.echo(f"{self.label()}: starting the pair, the spoke, the bridge and the proxies")
+        base = self.workdir / self.mode
+        try:
+            self.cluster = NemesisCluster(base, self.mode, disk=self.params.disk, disk_mb=self.params.disk_mb,
+                                          link_timeout=self.params.link_timeout_s)
+        except ClusterError:
+            raise
+        except Exception as exc:
+            raise ClusterError(f"the {self.mode} cluster did not start: {exc}") from exc
+        if self.cluster.disk_reason is not None and "disk-full" in self.kinds:
+            note = f"disk-full skipped: {self.cluster.disk_reason}"
+            self.result.notes.append(note)
+            self.echo(f"{self.label()}: {note}")
+            self.kinds.remove("disk-full")
+        self.stage = Stage(self.cluster, prefix=f"nemesis-{self.mode}", server=self.cluster.server)
+        self.nemesis = Nemesis(self.cluster, self.stage, self.history, self.clock)
+        nodes = [(n.name, n.host, n.port) for n in self.cluster.pair.nodes]
+        self.prober = Prober(nodes, self.history, self.clock).start()
+        assert self.cluster.spoke is not None
+        self.consumers, self.producers = build_workload(self.stage, self.cluster.spoke.uri, self.history,
+                                                        self.clock, self.params)
+        for c in self.consumers:
+            c.start()
+        for c in self.consumers:
+            if not c.started_work.wait(30):
+                raise ClusterError(f"consumer {c.client} could not connect")
+        time.sleep(0.5)  # subscriptions (durable ones) in place before the first message
+        for p in self.producers:
+            p.start()
+        warm = time.monotonic()
+        while time.monotonic() - warm < self.params.warmup_s + 30:
+            if time.monotonic() - warm >= self.params.warmup_s and self._receipted() >= 20:
+                break
+            time.sleep(0.1)
+        self.echo(f"{self.label()}: workload running ({len(self.producers)} producers, {len(self.consumers)} "
+                  f"consumers, {self.params.rate:g} msg/s each); fault kinds: {', '.join(self.kinds)}")
+
+    def _receipted(self) -> int:
+        return sum(1 for s in self.history.sends[-500:] if s.outcome == "ok")
+
+    def _rounds(self) -> None:
+        assert self.nemesis is not None
+        drain = self.drain = _Drain(self.history, self.consumers)
+        for n, seed in enumerate(round_seeds(self.params.seed, self.params.rounds), start=1):
+            plan = plan_round(seed, self.mode, self.kinds, round_no=n, double_faults=self.params.double_faults)
+            outcome = self._round(plan, drain)
+            self.result.rounds.append(outcome)
+            self.echo(outcome.line)
+            if not outcome.healthy and not self._repair():
+                raise ClusterError(f"round {n}: the pair did not come back even after a repair: {outcome.detail}")
+
+    def _round(self, plan: RoundPlan, drain: _Drain) -> RoundOutcome:
+        nemesis = self.nemesis
+        assert nemesis is not None and self.stage is not None
+        out = RoundOutcome(self.mode, plan.round, plan.seed, plan)
+        t_start = self.clock()
+        sends0, txs0 = len(self.history.sends), len(self.history.txs)
+        events: list[tuple[float, int, Any]] = [(s.at, i, s) for i, s in enumerate(plan.steps)]
+        heals: list[tuple[float, Active]] = []
+        while events or heals:
+            next_heal = min((h[0] for h in heals), default=float("inf"))
+            next_step = events[0][0] if events else float("inf")
+            at = min(next_heal, next_step)
+            delay = t_start + at - self.clock()
+            if delay > 0:
+                time.sleep(delay)
+            if next_heal <= next_step:
+                h = min(heals, key=lambda x: x[0])
+                heals.remove(h)
+                nemesis.heal(h[1])
+            else:
+                _, _, step = events.pop(0)
+                active = nemesis.inject(step, plan.round)
+                if active is not None:
+                    heals.append((step.at + step.hold, active))
+        delay = t_start + plan.window_s - self.clock()
+        if delay > 0:
+            time.sleep(delay)
+        nemesis.heal_all()
+        self.stage.reset()
+        restarted = nemesis.restart_dead()
+        ok, took, desc = nemesis.wait_healthy(self.params.health_timeout_s)
+        out.healthy, out.health_s, out.detail = ok, took, desc
+        out.pending = drain.wait(self.params.round_drain_s) if ok else len(drain.pending)
+        self.history.add(RoundRecord(plan.round, plan.seed, self.mode, t_start, self.clock(), plan.describe(), ok,
+                                     round(took, 3), desc))
+        snapshot = check(self.history.snapshot(), complete=False)
+        out.violations = [v for v in snapshot.violations if v.round == plan.round]
+        total = sum(snapshot.counts.values())
+        new = total - self.known_violations
+        self.known_violations = total
+        sends = self.history.sends[sends0:]
+        txs = self.history.txs[txs0:]
+        verdict = "OK" if new == 0 else (
+            "VIOLATIONS: " + ", ".join(f"{v.rule}: {v.summary}" for v in out.violations[:3])
+            + f" -- replay: {replay_command(self.mode, plan.seed, 1, self.params.kinds, self.params.double_faults)}")
+        restart = f", restarted {','.join(restarted)}" if restarted else ""
+        out.line = (
+            f"{self.label()} round {plan.round}/{self.params.rounds} seed {plan.seed}: {plan.describe()} | "
+            f"{'healthy' if ok else 'NOT HEALTHY'} in {took:.1f}s{restart} | "
+            f"{sum(1 for s in sends if s.outcome == 'ok')}/{sum(1 for s in sends if s.kind == 'rcpt')} sends "
+            f"receipted (+{sum(1 for s in sends if s.kind == 'ff')} fire-and-forget), "
+            f"{sum(1 for t in txs if t.outcome == 'committed')}/{len(txs)} tx committed "
+            f"({sum(1 for t in txs if t.outcome == 'in-doubt')} in doubt), pending {out.pending} | {verdict}"
+        )
+        return out
+
+    def _repair(self) -> bool:
+        """After an unhealthy round: thaw, restart the node that is not master, wait again."""
+        nemesis = self.nemesis
+        assert nemesis is not None
+        nemesis.thaw_all()
+        master = nemesis.master(timeout=10)
+        for node in nemesis.nodes:
+            if node is not master:
+                self.echo(f"{self.label()}: repair: restarting node {node.name}")
+                node.kill()
+                node.start(timeout=30)
+        ok, _took, desc = nemesis.wait_healthy(self.params.health_timeout_s)
+        self.result.notes.append(f"repair after round {len(self.result.rounds)}: {'ok' if ok else 'failed'}: {desc}")
+        return ok
+
+    def _finish(self) -> None:
+        self.echo(f"{self.label()}: stopping the producers and draining the consumers")
+        for p in self.producers:
+            p.stop()
+        for p in self.producers:
+            p.join(self.params.client_timeout_ms / 1000 + 10)
+        left = self.drain.wait(self.params.drain_timeout_s) if self.drain is not None else 0
+        if left:
+            self.echo(f"{self.label()}: {left} receipted messages still undelivered after "
+                      f"{self.params.drain_timeout_s:g}s")
+        time.sleep(0.5)  # a late duplicate would arrive now
+        self._stop_clients()
+        self.history.t_end = self.clock()
+        self.result.result = check(self.history.snapshot(), complete=True)
+
+    def _stop_clients(self) -> None:
+        for w in [*self.producers, *self.consumers]:
+            w.stop()
+        for w in [*self.producers, *self.consumers]:
+            w.join(5)
+        if self.prober is not None:
+            self.prober.stop()
+            self.prober = None
+
+    def _teardown(self) -> None:
+        try:
+            if self.nemesis is not None:
+                self.nemesis.heal_all()
+                self.result.skipped = list(self.nemesis.skipped)
+            self._stop_clients()
+        finally:
+            try:
+                if self.stage is not None:
+                    self.stage.close()
+            finally:
+                if self.cluster is not None:
+                    self.cluster.close()
+

@@ -1,0 +1,318 @@
+"""The nemesis's workload: producers and consumers of every kind, recording into a History.
+
+Theory of operation
+-------------------
+Every client is one thread with its own connection through the clients' ``failover:``
+URI (the leaves are the Toxiproxy proxies in front of the pair, so client-link faults
+hit them), as independent applications would be. Each message's body *is* its key
+(``<client>:<n>``), which is also its idempotency key, so every copy of a message is
+recognisable everywhere. What each thread records (:mod:`chaos.nemesis.history`):
+
+* :class:`ReceiptedProducer` -- pipelined receipted sends (``Connection.producer``,
+  ``window`` in flight) at ``rate``/s; one ``Send`` per message with its outcome. The
+  producer reaps receipts in send order, so the outcome of the oldest outstanding
+  messages is known after each call: ``producer.receipted`` grew (``ok``), or an
+  exception took the oldest one (``fail`` for a broker ERROR, ``unknown`` otherwise).
+* :class:`TxProducer` -- ``BEGIN``, ``size`` receipted SENDs, ``COMMIT`` to a queue or
+  a topic; one ``Tx``: ``committed``, ``in-doubt`` (the COMMIT raised) or ``aborted``
+  (anything before the COMMIT raised: the broker discards the transaction).
+* :class:`FireAndForgetProducer` -- ``send(receipt=False)`` over a URI with
+  ``trackMessages=true`` (the failover transport re-sends its cache after a
+  reconnect); outcome ``none``.
+* :class:`Consumer` -- one subscription in one ack mode (``auto``, ``client``,
+  ``client-individual``; durable topic subscriptions with a ``client-id``). A tap
+  records every MESSAGE as it arrives (``wire``, before the client's duplicate
+  filter), the loop records what the application gets (``app``) and acks it
+  (``Ack`` with the link generation the message came on). Every ``sync_s`` after an
+  ack it sends one receipted persistent message to its own sync queue on the same
+  connection (``Sync``: the link generation before and after; it drains that queue
+  through an ``auto`` subscription): the checker's proof that the acks before it are
+  durable.
+
+A connection that dies for good (``ReconnectExhausted``, closed) is recorded in
+``errors`` and replaced; a producer's outstanding messages then count as ``unknown``.
+Times come from the injected ``clock`` (seconds from the run's start).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+
+from amqtransport.client import Connection
+from amqtransport.errors import (
+    AmqTransportError,
+    BrokerError,
+    ConnectionClosed,
+    ReconnectExhausted,
+    SendTimeout,
+)
+from amqtransport.stomp import Frame
+from chaos.nemesis.history import Ack, ClientError, Delivery, History, Send, Sync, Tx
+from chaos.scenarios.workload import ClientSettings, tap_messages
+
+__all__ = ["Worker", "ReceiptedProducer", "TxProducer", "FireAndForgetProducer", "Consumer"]
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+class Worker(threading.Thread):
+    """A client thread: connect (retrying), ``work(conn)`` until stopped, reconnect on a
+    dead connection. Subclasses implement :meth:`work`."""
+
+    def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock) -> None:
+        super().__init__(name=f"nemesis {name}", daemon=True)
+        self.client = name
+        self.settings = settings
+        self.history = history
+        self.clock = clock
+        self.stopping = threading.Event()
+        self.started_work = threading.Event()
+        self.conn: Connection | None = None
+        self.reconnects = 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def error(self, exc: BaseException) -> None:
+        self.history.add(ClientError(self.clock(), self.client, _err(exc)))
+
+    def work(self, conn: Connection) -> None:
+        raise NotImplementedError
+
+    def abandon(self) -> None:
+        """The connection died with work outstanding: record what is now unknown."""
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.conn = self.settings.connect()
+            except Exception as exc:  # a broker down for longer than the URI's patience
+                self.error(exc)
+                self.stopping.wait(0.5)
+                continue
+            try:
+                self.started_work.set()
+                self.work(self.conn)
+            except Exception as exc:
+                self.error(exc)
+                self.abandon()
+                self.reconnects += 1
+                log.info("%s: connection lost for good (%r); reconnecting", self.client, exc)
+            finally:
+                try:
+                    self.conn.close()
+                except Exception:  # closing a broken connection: nothing more to learn
+                    log.debug("%s: close failed", self.client, exc_info=True)
+
+    def pace(self, next_at: float, interval: float) -> float:
+        """Sleep until ``next_at`` (no catch-up burst after a stall); the next slot."""
+        delay = next_at - self.clock()
+        if delay > 0:
+            self.stopping.wait(delay)
+        elif delay < -1.0:
+            next_at = self.clock()
+        return next_at + interval
+
+
+class ReceiptedProducer(Worker):
+    def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock, *,
+                 dest: str, rate: float, window: int = 8, flush_timeout_s: float = 30.0) -> None:
+        super().__init__(name, settings, history, clock)
+        self.dest = dest
+        self.rate = rate
+        self.window = window
+        self.flush_timeout_s = flush_timeout_s
+        self.seq = 0
+        self.pending: deque[tuple[str, float]] = deque()  # (key, t) in send order, not yet settled
+
+    def _record(self, key: str, t: float, outcome: str, error: str = "") -> None:
+        self.history.add(Send(t, self.client, self.dest, key, "rcpt", outcome, self.clock(), error))
+
+    def work(self, conn: Connection) -> None:
+        producer = conn.producer(window=self.window)
+        settled = failed = 0
+
+        def settle() -> None:
+            nonlocal settled
+            while settled < producer.receipted and self.pending:
+                key, t = self.pending.popleft()
+                self._record(key, t, "ok")
+                settled += 1
+
+        interval = 1.0 / self.rate
+        next_at = self.clock()
+        while not self.stopping.is_set():
+            key = f"{self.client}:{self.seq}"
+            self.seq += 1
+            self.pending.append((key, self.clock()))
+            before = producer.sent
+            try:
+                producer.send(self.dest, key, idempotency_key=key)
+            except (BrokerError, SendTimeout) as exc:  # one request failed; the connection lives on
+                self.error(exc)
+                if producer.sent == before:  # this one never went out
+                    k, t = self.pending.pop()
+                    self._record(k, t, "unknown", _err(exc))
+                settle()
+                lost = producer.sent - producer.receipted - producer.outstanding - failed
+                for _ in range(max(0, lost)):
+                    k, t = self.pending.popleft()
+                    self._record(k, t, "fail" if isinstance(exc, BrokerError) else "unknown", _err(exc))
+                    failed += 1
+                next_at = self.pace(next_at, interval)
+                continue
+            settle()
+            next_at = self.pace(next_at, interval)
+        try:
+            producer.flush(timeout=self.flush_timeout_s)
+        finally:
+            settle()
+            self.abandon()
+
+    def abandon(self) -> None:
+        while self.pending:
+            key, t = self.pending.popleft()
+            self._record(key, t, "unknown", "connection lost or stopped before the receipt")
+
+
+class TxProducer(Worker):
+    def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock, *,
+                 dest: str, rate: float, size: int = 3) -> None:
+        super().__init__(name, settings, history, clock)
+        self.dest = dest
+        self.rate = rate  # transactions per second
+        self.size = size
+        self.n = 0
+
+    def work(self, conn: Connection) -> None:
+        interval = 1.0 / self.rate
+        next_at = self.clock()
+        while not self.stopping.is_set():
+            self.n += 1
+            name = f"{self.client}:tx{self.n}"
+            keys = tuple(f"{name}:{j}" for j in range(self.size))
+            t = self.clock()
+            stage = "begin"
+            try:
+                with conn.transaction() as tx:
+                    stage = "send"
+                    for key in keys:
+                        tx.send(self.dest, key, idempotency_key=key)
+                    stage = "commit"
+            except AmqTransportError as exc:
+                outcome = "in-doubt" if stage == "commit" else "aborted"
+                self.history.add(Tx(t, self.client, self.dest, name, keys, outcome, self.clock(), _err(exc)))
+                if isinstance(exc, ReconnectExhausted | ConnectionClosed):
+                    raise  # the connection is gone: the worker reconnects
+                self.error(exc)
+                next_at = self.pace(next_at, interval)
+                continue
+            self.history.add(Tx(t, self.client, self.dest, name, keys, "committed", self.clock()))
+            next_at = self.pace(next_at, interval)
+
+
+class FireAndForgetProducer(Worker):
+    def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock, *,
+                 dest: str, rate: float) -> None:
+        sep = "&" if "?" in settings.uri else "?"
+        super().__init__(name, replace(settings, uri=f"{settings.uri}{sep}trackMessages=true"), history, clock)
+        self.dest = dest
+        self.rate = rate
+        self.seq = 0
+
+    def work(self, conn: Connection) -> None:
+        interval = 1.0 / self.rate
+        next_at = self.clock()
+        while not self.stopping.is_set():
+            key = f"{self.client}:{self.seq}"
+            self.seq += 1
+            t = self.clock()
+            try:
+                conn.send(self.dest, key, idempotency_key=key, receipt=False)
+            except AmqTransportError as exc:
+                self.history.add(Send(t, self.client, self.dest, key, "ff", "unknown", self.clock(), _err(exc)))
+                if not isinstance(exc, SendTimeout):
+                    raise
+                self.error(exc)
+                next_at = self.pace(next_at, interval)
+                continue
+            self.history.add(Send(t, self.client, self.dest, key, "ff", "none", t))
+            next_at = self.pace(next_at, interval)
+
+
+class Consumer(Worker):
+    def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock, *,
+                 dest: str, ack: str, durable: bool = False, sync_s: float = 0.3) -> None:
+        if durable:
+            settings = replace(settings, client_id=f"nemesis-{name}")
+        super().__init__(name, settings, history, clock)
+        self.dest = dest
+        self.ack = ack
+        self.durable = durable
+        self.sync_s = sync_s
+        self.sync_dest = f"/queue/nemesis.sync.{name}"
+        self.lock = threading.Lock()
+        self.app_keys: set[str] = set()  # keys the application got (for the runner's drain)
+
+    def has(self, key: str) -> bool:
+        with self.lock:
+            return key in self.app_keys
+
+    def work(self, conn: Connection) -> None:
+        state: dict[str, str] = {}
+
+        def on_wire(frame: Frame, generation: int) -> None:
+            if frame.get("subscription") != state.get("sub"):
+                return
+            key = frame.body.decode("utf-8", "replace")
+            self.history.add(Delivery(self.clock(), self.client, key, frame.get("message-id") or "", generation,
+                                      "wire"))
+
+        tap_messages(conn, on_wire)
+        headers = {"activemq.subscriptionName": self.client} if self.durable else None
+        sub = conn.subscribe(self.dest, ack=self.ack, headers=headers)  # type: ignore[arg-type]
+        state["sub"] = sub.id
+        sync_sub = conn.subscribe(self.sync_dest, ack="auto")
+        last_sync = self.clock()
+        unsynced = False
+        while not self.stopping.is_set():
+            msg = sub.receive(timeout=0.05)
+            if msg is not None:
+                key = msg.body.decode("utf-8", "replace")
+                now = self.clock()
+                self.history.add(Delivery(now, self.client, key, msg.message_id or "", msg.generation, "app"))
+                with self.lock:
+                    self.app_keys.add(key)
+                if self.ack != "auto":
+                    msg.ack()
+                    self.history.add(Ack(self.clock(), self.client, key, msg.generation))
+                unsynced = True
+            while sync_sub.receive(timeout=0) is not None:
+                pass
+            if unsynced and self.clock() - last_sync >= self.sync_s:
+                last_sync = self.clock()
+                unsynced = False
+                self._sync(conn)
+
+    def _sync(self, conn: Connection) -> None:
+        transport = conn.transport
+        g0 = transport.generation
+        t0 = self.clock()
+        ok = True
+        try:
+            conn.send(self.sync_dest, "sync", idempotency_key=uuid.uuid4().hex)
+        except AmqTransportError as exc:
+            ok = False
+            self.error(exc)
+        self.history.add(Sync(t0, self.client, g0, transport.generation, self.clock(), ok))
