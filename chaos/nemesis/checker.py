@@ -33,7 +33,9 @@ The rules:
     never show overlapping serving periods. A run of consecutive answered probes of a
     node is *certainly* serving from the end of its first probe to the start of its
     last; a violation is two such periods that intersect, or one probe of a node that
-    lies entirely inside the other's certain period.
+    lies entirely inside the other's certain period. Two answered runs that merely
+    come within one probe of each other (a handover faster than the probes can tell)
+    are kept as *warnings* (``two-masters-suspect``), not violations.
 ``unhealthy``
     after every round the pair came back to a master and an in-sync slave within the
     bound (the runner records it in ``rounds``).
@@ -82,6 +84,7 @@ class CheckResult:
     violations: list[Violation]
     counts: dict[str, int]  # rule -> number of violations (all of them, not only those kept)
     stats: dict[str, int]
+    warnings: list[Violation] = field(default_factory=list)  # suspicious, not a broken rule
 
     @property
     def ok(self) -> bool:
@@ -92,7 +95,8 @@ class CheckResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "counts": self.counts, "stats": self.stats,
-                "violations": [v.to_json() for v in self.violations]}
+                "violations": [v.to_json() for v in self.violations],
+                "warnings": [w.to_json() for w in self.warnings]}
 
 
 def _rec(kind: str, record: Any) -> dict[str, Any]:
@@ -107,6 +111,7 @@ class _Checker:
         self.h = h
         self.complete = complete
         self.violations: list[Violation] = []
+        self.warnings: list[Violation] = []
         self.counts: dict[str, int] = dict.fromkeys(RULES, 0)
         self.stats: dict[str, int] = {}
         self.round_starts = sorted((r.t, r.round) for r in h.rounds)
@@ -263,13 +268,16 @@ class _Checker:
             for y in ys[: bisect.bisect_right(starts, x.last_t1)]:
                 if y.last_t1 < x.first_t0:
                     continue
+                t = max(x.first_t0, y.first_t0)
+                what = (f"nodes {x.node} and {y.node} both answered clients: {x.node} from {x.first_t0:.3f} to "
+                        f"{x.last_t1:.3f} ({x.n} probes), {y.node} from {y.first_t0:.3f} to {y.last_t1:.3f} "
+                        f"({y.n} probes)")
                 if _conflict(x, y) or _conflict(y, x):
-                    t = max(x.first_t0, y.first_t0)
-                    self.violate("two-masters", t,
-                                 f"nodes {x.node} and {y.node} both answered clients: {x.node} from "
-                                 f"{x.first_t0:.3f} to {x.last_t1:.3f} ({x.n} probes), {y.node} from "
-                                 f"{y.first_t0:.3f} to {y.last_t1:.3f} ({y.n} probes)",
-                                 [("probe", x), ("probe", y)], around=(t, t))
+                    self.violate("two-masters", t, what, [("probe", x), ("probe", y)], around=(t, t))
+                else:
+                    self.warnings.append(Violation("two-masters-suspect", t, self.round_at(t),
+                                                   what + " (within one probe: not certain)",
+                                                   [_rec("probe", x), _rec("probe", y)]))
 
     def check_health(self) -> None:
         for r in self.h.rounds:
@@ -304,7 +312,8 @@ class _Checker:
         self.check_health()
         self.gather_stats()
         self.violations.sort(key=lambda v: (v.t, v.rule))
-        return CheckResult(self.violations, self.counts, self.stats)
+        self.stats["two_masters_suspect"] = len(self.warnings)
+        return CheckResult(self.violations, self.counts, self.stats, self.warnings)
 
 
 def _conflict(x: ProbeRun, y: ProbeRun) -> bool:

@@ -150,6 +150,8 @@ def run_nemesis(mode: str, params: NemesisParams, *, report_dir: Path | None, ec
         if r.result is not None:
             for v in r.result.violations[:20]:
                 echo(f"  {r.mode} round {v.round} t={v.t:.3f} {v.rule}: {v.summary}")
+            for w in r.result.warnings[:10]:
+                echo(f"  warning: {r.mode} round {w.round} t={w.t:.3f} {w.rule}: {w.summary}")
     target = report_dir if report_dir is not None else (None if ok else base)
     if target is not None and results:
         path = write_nemesis_report(target, results, meta)

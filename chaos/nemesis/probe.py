@@ -6,7 +6,8 @@ One thread per node (so a frozen node, whose kernel still accepts the TCP connec
 but never answers, cannot delay the other node's probes). Each tick it connects
 *directly* to the node's client port (not through the proxies: a client-link fault
 must not hide a serving node), sends ``CONNECT`` and waits up to ``timeout`` for the
-first frame: ``CONNECTED`` means the node answers clients. It then closes the socket.
+first frame: ``CONNECTED`` means the node answers clients. A probe's interval runs
+from just before the connect to the arrival of the answer (the close comes after).
 
 Results are folded into runs of consecutive identical answers
 (:class:`~chaos.nemesis.history.ProbeRun`: the first and the last probe's start and
@@ -28,25 +29,30 @@ __all__ = ["probe_once", "Prober"]
 CONNECT = b"CONNECT\naccept-version:1.2\nhost:nemesis-probe\nheart-beat:0,0\n\n\x00"
 
 
-def probe_once(host: str, port: int, timeout: float) -> bool:
-    """True when a STOMP CONNECT on ``host:port`` is answered with CONNECTED in time."""
+def probe_once(host: str, port: int, timeout: float, clock: Callable[[], float] = time.monotonic) -> tuple[bool, float]:
+    """(True when a STOMP CONNECT on ``host:port`` is answered with CONNECTED in time,
+    ``clock()`` when the answer -- or the refusal, EOF or timeout -- came)."""
     deadline = time.monotonic() + timeout
+    sock: socket.socket | None = None
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(CONNECT)
-            data = b""
-            while b"\x00" not in data and len(data) < 4096:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                sock.settimeout(left)
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-            return data.lstrip(b"\r\n").startswith(b"CONNECTED")
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.sendall(CONNECT)
+        data = b""
+        while b"\x00" not in data and len(data) < 4096:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False, clock()
+            sock.settimeout(left)
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        return data.lstrip(b"\r\n").startswith(b"CONNECTED"), clock()
     except OSError:
-        return False
+        return False, clock()
+    finally:
+        if sock is not None:
+            sock.close()
 
 
 class Prober:
@@ -80,8 +86,7 @@ class Prober:
         next_at = self.clock()
         while not self._stop.is_set():
             t0 = self.clock()
-            answered = probe_once(host, port, self.timeout)
-            t1 = self.clock()
+            answered, t1 = probe_once(host, port, self.timeout, self.clock)
             self.answered[name] = answered
             if run is not None and answered == state:
                 run[2], run[3], run[4] = t0, t1, run[4] + 1

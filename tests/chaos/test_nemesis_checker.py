@@ -196,11 +196,14 @@ def test_two_masters_one_probe_inside_the_others_serving_period() -> None:
     assert rules_of(h) == {"two-masters": 1}
 
 
-def test_a_handover_between_probes_is_not_two_masters() -> None:
+def test_a_handover_between_probes_is_not_two_masters_but_a_warning() -> None:
     h = clean()
-    # b's first answer ends 1 ms after a's last probe started: a was not certainly serving then
+    # b's first answer came 10 ms after a's last probe started: a was not certainly serving then
     h.probes = [ProbeRun("a", True, 0.0, 0.01, 12.0, 12.05, 240), ProbeRun("b", True, 12.02, 12.06, 19.0, 19.01, 140)]
-    assert check(h).ok
+    result = check(h)
+    assert result.ok
+    assert [w.rule for w in result.warnings] == ["two-masters-suspect"] and result.stats["two_masters_suspect"] == 1
+    assert check(clean()).warnings == []  # a's last answer at 11.96, b's first at 12.51: a clean handover
 
 
 def test_unhealthy_round() -> None:
