@@ -66,9 +66,13 @@ def proxy(host: str, port: int, verbose: bool) -> None:
 @click.option("--double-faults", is_flag=True,
               help="Nemesis: let two pair faults overlap (beyond the single-failure promise).")
 @click.option("--no-disk", is_flag=True, help="Nemesis: no tmpfs data directories (no disk-full fault).")
+@click.option("--link-timeout", default=1.0, show_default=True, type=click.FloatRange(0.05, 600),
+              help="Nemesis: the pair's replication --link-timeout (s); a frozen master is taken over "
+                   "after about 4x this.")
 @click.option("--list", "list_only", is_flag=True, help="List the scenarios and the nemesis's fault kinds, and exit.")
 def run(names: tuple[str, ...], rounds: int, report_dir: str | None, mode: str, rate: float | None,
-        seed: int | None, faults: str, double_faults: bool, no_disk: bool, list_only: bool) -> None:
+        seed: int | None, faults: str, double_faults: bool, no_disk: bool, link_timeout: float,
+        list_only: bool) -> None:
     """Run chaos scenarios (e.g. kill-master) or the nemesis, and check their invariants.
 
     \b
@@ -112,7 +116,7 @@ def run(names: tuple[str, ...], rounds: int, report_dir: str | None, mode: str, 
             raise click.BadParameter(str(exc), param_hint="--faults") from exc
         params = NemesisParams(rounds=rounds, seed=random_seed() if seed is None else seed,
                                kinds=tuple(kinds) if kinds is not None else None, double_faults=double_faults,
-                               rate=20.0 if rate is None else rate, disk=not no_disk)
+                               rate=20.0 if rate is None else rate, disk=not no_disk, link_timeout_s=link_timeout)
         raise SystemExit(run_nemesis(mode, params, report_dir=report, echo=click.echo, seed_given=seed is not None))
     if seed is not None or faults != "default" or double_faults or no_disk:
         raise click.UsageError("--seed, --faults, --double-faults and --no-disk are options of the nemesis "

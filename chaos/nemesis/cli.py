@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from chaos.nemesis.checker import RULES
 from chaos.nemesis.runner import ModeResult, ModeRun, NemesisParams, replay_command
@@ -102,22 +102,39 @@ def write_nemesis_report(directory: Path, results: Sequence[ModeResult], meta: d
     return path
 
 
+class ModeRunner(Protocol):
+    result: ModeResult
+
+    def run(self) -> ModeResult: ...
+
+
 def run_nemesis(mode: str, params: NemesisParams, *, report_dir: Path | None, echo: Echo = print,
-                workdir: Path | None = None, seed_given: bool = True) -> int:
+                workdir: Path | None = None, seed_given: bool = True,
+                mode_runner: Callable[[str, NemesisParams, Path, Echo, Callable[[], float]], ModeRunner] = ModeRun,
+                ) -> int:
     """Run the nemesis on each mode; print progress, the summary and the failing rounds'
     seeds; write ``report.json``. Exit status: 0 no violation, 1 violations (or a mode
-    that could not finish), 2 bad arguments or no cluster, 130 interrupted."""
+    that could not finish), 2 bad arguments or no cluster, 130 interrupted.
+    ``mode_runner`` builds the run of one mode (:class:`~chaos.nemesis.runner.ModeRun`;
+    tests give a scripted one)."""
     try:
         modes = nemesis_modes(mode)
     except ValueError as exc:
         echo(f"error: {exc}")
         return 2
-    logging.basicConfig(level=logging.CRITICAL, format="%(levelname)s %(name)s: %(message)s")
     command = replay_command(mode, params.seed, params.rounds, params.kinds, params.double_faults)
     echo(f"nemesis: seed {params.seed}{'' if seed_given else ' (random)'}, {params.rounds} round(s) per mode, "
          f"modes {', '.join(modes)}; replay with: {command}")
     base = scratch_dir(workdir)
     t0 = time.monotonic()
+    # the clients' and the bridge's logs go to a file next to the brokers' (kept when a
+    # round fails); the terminal gets the progress lines only
+    handler = logging.FileHandler(base / "nemesis.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    saved_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
     def clock() -> float:
         return time.monotonic() - t0
@@ -126,15 +143,20 @@ def run_nemesis(mode: str, params: NemesisParams, *, report_dir: Path | None, ec
                             "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
     results: list[ModeResult] = []
     interrupted = False
-    with _sigterm_as_interrupt():
-        for m in modes:
-            run = ModeRun(m, params, base, echo, clock)
-            try:
-                results.append(run.run())
-            except KeyboardInterrupt:
-                results.append(run.result)
-                interrupted = True
-                break
+    try:
+        with _sigterm_as_interrupt():
+            for m in modes:
+                run = mode_runner(m, params, base, echo, clock)
+                try:
+                    results.append(run.run())
+                except KeyboardInterrupt:
+                    results.append(run.result)
+                    interrupted = True
+                    break
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved_level)
+        handler.close()
     meta["duration_s"] = round(time.monotonic() - t0, 1)
     ok = bool(results) and all(r.ok for r in results) and not interrupted
     started = [r for r in results if r.rounds]

@@ -215,6 +215,25 @@ class History:
             copy.t_end = self.t_end
         return copy
 
+    def since(self, t_from: float, slack: float = 30.0) -> History:
+        """A copy holding the tail of each list from about ``t_from`` on (rows are appended
+        in nearly time order: the cut is the first row at or after ``t_from - slack``).
+        For a quick check while the run goes on: missing older rows can only hide a
+        violation (an ack's proof, an earlier copy), never invent one."""
+        copy = History(self.meta)
+        with self._lock:
+            for kind in KINDS:
+                rows = getattr(self, kind)
+                if kind in ("subscribers", "rounds"):
+                    setattr(copy, kind, list(rows))
+                    continue
+                i = len(rows)
+                while i > 0 and _start(rows[i - 1]) >= t_from - slack:
+                    i -= 1
+                setattr(copy, kind, rows[i:])
+            copy.t_end = self.t_end
+        return copy
+
     def counts(self) -> dict[str, int]:
         return {kind: len(getattr(self, kind)) for kind in KINDS}
 
@@ -240,6 +259,10 @@ class History:
 
 
 _KIND_OF: dict[type[Any], str] = {cls: kind for kind, cls in KINDS.items()}
+
+
+def _start(record: Any) -> float:
+    return float(record.first_t0 if isinstance(record, ProbeRun) else record.t)
 
 
 def _row(record: Any) -> list[Any]:

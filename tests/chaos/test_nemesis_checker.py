@@ -241,3 +241,14 @@ def test_history_json_with_wrong_fields_is_refused() -> None:
     data["sends"]["fields"] = ["t", "who"]
     with pytest.raises(ValueError, match="sends: fields"):
         History.from_json(data)
+
+
+def test_the_quick_look_at_recent_history_sees_recent_violations_only() -> None:
+    h = clean()
+    h.add(Delivery(1.5, "ci", "k1", "m1-old-copy", 1, "app"))  # an early duplicate (round 1)
+    h.add(Delivery(18.5, "d1", "z1", "m9", 2, "app"))  # a late one (round 2)
+    h.add(Delivery(19.0, "d1", "z1", "m9b", 2, "app"))
+    recent = check(h.since(15.0, slack=1.0), complete=False)
+    assert [(v.rule, v.round) for v in recent.violations] == [("duplicate", 2)]
+    assert {(v.rule, v.round) for v in check(h).violations} >= {("duplicate", 1), ("duplicate", 2)}
+    assert len(h.since(0.0).deliveries) == len(h.deliveries)
