@@ -43,6 +43,14 @@ and the same advice: produce and consume on separate connections. With
 ``send_fail_if_no_space`` a SEND that would wait gets an ERROR naming the limit
 instead (and, as after every ERROR, the connection is closed).
 
+Liveness while paused. With reading paused the broker cannot see a client's
+heart-beats. When it paused because of its own flow control, the silence is its own
+doing and does not count. When it paused because the client does not read what the
+broker writes (its socket is full), the client counts as alive only while it drains
+those bytes: one that drained nothing for its heart-beat grace period is dropped like a
+silent one, so a dead consumer (a hung process, a frozen VM, a vanished host) gives its
+prefetched messages back instead of holding them until TCP gives up.
+
 Receipts. A RECEIPT for a persistent SEND (or a COMMIT, an ACK of persistent
 messages, a DISCONNECT) is written from the store's completion callback, i.e. only
 once the journal has fsynced the record. Heart-beats: a timer per connection sends
@@ -53,7 +61,12 @@ client when nothing arrived for ``interval * heartbeat_grace``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import struct
+import sys
+import termios
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -92,6 +105,9 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "amqtransport/0.1"
 STATUS_REQUEST_HEADER = "amq-ha-status"  # CONNECT header of `amq broker status` (also HA's STATUS_HEADER)
+#: ioctl giving the bytes in a socket's send queue (SIOCOUTQ is TIOCOUTQ on Linux; None
+#: elsewhere: then only asyncio's buffer is watched)
+_SIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None) if sys.platform.startswith("linux") else None
 _DELIVERY_HEADERS = frozenset({"subscription", "ack", "redelivered", "amq-delivery-count", "message-id"})
 
 
@@ -143,6 +159,7 @@ class StompConnection(asyncio.Protocol):
         self._reading_paused = False
         self._stop_reading = False  # after DISCONNECT: ignore further input
         self._close_scheduled = False
+        self._paused_buffer = 0  # transport buffer bytes at the last heart-beat tick while paused
         self.last_read = 0.0
         self.last_write = 0.0
         self.hb_send = 0.0
@@ -213,7 +230,23 @@ class StompConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        self._paused_buffer = self._unsent()
         self._pause_reading()
+
+    def _unsent(self) -> int:
+        """Bytes written but not yet taken by the peer: asyncio's buffer plus the kernel's
+        send queue (Linux ``SIOCOUTQ``: it shrinks only as the peer acknowledges data;
+        the kernel reports the socket writable only once a large part of it has gone, so
+        asyncio's buffer alone can stand still for seconds under a live reader)."""
+        transport = self.transport
+        if transport is None:
+            return 0
+        size = transport.get_write_buffer_size()
+        sock = transport.get_extra_info("socket")
+        if sock is not None and _SIOCOUTQ is not None:
+            with contextlib.suppress(OSError, ValueError):
+                size += struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
+        return size
 
     def resume_writing(self) -> None:
         self._paused = False
@@ -812,15 +845,28 @@ class StompConnection(asyncio.Protocol):
             return
         now = self.loop.time()
         if self._reading_paused:
-            self.last_read = now  # we stopped reading (back-pressure): silence is ours, not theirs
+            if self._paused:
+                # paused because the peer does not read what we write: we cannot see its
+                # heart-beats, but a live peer drains our bytes; one that drained nothing
+                # for the whole grace period is as silent as a peer that sends nothing
+                size = self._unsent()
+                if size < self._paused_buffer:
+                    self.last_read = now
+                self._paused_buffer = size
+            else:
+                self.last_read = now  # we stopped reading (flow control): silence is ours, not theirs
         if self.hb_expect and now - self.last_read > self.hb_expect * self.config.heartbeat_grace:
             log.info(
-                "client %s silent for %.1f s (heart-beat %d ms): dropping it",
+                "client %s silent for %.1f s (heart-beat %d ms%s): dropping it",
                 self.peer,
                 now - self.last_read,
                 int(self.hb_expect * 1000),
+                ", and not reading" if self._paused else "",
             )
-            self._error_no_raise(f"heart-beat timeout: nothing received for {now - self.last_read:.1f} s")
+            if self._paused:
+                self._abort()  # an ERROR could never reach it: its socket is full
+            else:
+                self._error_no_raise(f"heart-beat timeout: nothing received for {now - self.last_read:.1f} s")
             return
         if self.hb_send and now - self.last_write >= self.hb_send * 0.9 and not self._out:
             if self._paused:
