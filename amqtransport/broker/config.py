@@ -68,6 +68,7 @@ class BrokerConfig(BaseModel):
     max_redeliveries: int = Field(default=6, ge=-1)
     dlq_prefix: str = "DLQ."
     topic_backlog_limit: int = Field(default=10000, ge=1)
+    topic_backlog_bytes: int = Field(default=64 * MiB, ge=1024)
     advisories: bool = True
 
     # persistence

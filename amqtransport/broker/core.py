@@ -39,7 +39,8 @@ wildcard queue is refused (:func:`check_send_destination`).
 Topics (``/topic/X``). Publishing fans out to every subscription of the topic (and to
 wildcard subscriptions, ActiveMQ syntax: ``.`` separates, ``*`` one part, ``>`` the
 rest). A topic subscription without credit buffers in its own bounded backlog (the
-oldest are dropped past ``topic_backlog_limit`` -- topics are not durable).
+oldest are dropped past ``topic_backlog_limit`` messages or ``topic_backlog_bytes``
+bytes -- topics are not durable; :mod:`.backlog`).
 Durable subscriptions (``activemq.subscriptionName`` + the connection's
 ``client-id``) are internal queues named ``durable:<client-id>:<name>``; a persistent
 message published to the topic is copied into each of them (one atomic journal
@@ -65,6 +66,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from .backlog import TopicBacklog
 from .config import BrokerConfig
 from .memory import MemoryGauge, send_size
 from .message import Message
@@ -130,7 +132,6 @@ class Subscription:
         "durable_queue",
         "active",
         "pattern",
-        "dropped",
         "children",
     )
 
@@ -151,11 +152,10 @@ class Subscription:
         self.prefetch = prefetch
         self.unacked: OrderedDict[str, Message] = OrderedDict()
         self.in_ready = False
-        self.backlog: deque[Message] = deque()
+        self.backlog = TopicBacklog()
         self.durable_queue: str | None = None
         self.active = True
         self.pattern: tuple[str, ...] | None = None
-        self.dropped = 0
         # a wildcard queue subscription: one child per matched queue (key -> child);
         # the children share this subscription's ``unacked`` dict, hence its credit
         self.children: OrderedDict[str, Subscription] | None = None
@@ -599,12 +599,17 @@ class BrokerCore:
         if not sub.backlog and sub.has_credit():
             self._deliver_topic(sub, msg)
             return
-        sub.backlog.append(msg)
-        if len(sub.backlog) > self.config.topic_backlog_limit:
-            sub.backlog.popleft()
-            sub.dropped += 1
-            if sub.dropped in (1, 100, 10000) or sub.dropped % 100000 == 0:
-                log.warning("topic subscription %s: slow consumer, %d messages dropped", sub.destination, sub.dropped)
+        backlog = sub.backlog
+        before = backlog.dropped
+        if backlog.append(msg, self.config.topic_backlog_limit, self.config.topic_backlog_bytes):
+            if len(str(before)) != len(str(backlog.dropped)) or before == 0:  # at 1, 10, 100, ... dropped
+                log.warning(
+                    "topic subscription %s: slow consumer, %d messages dropped (backlog: %d messages, %d bytes)",
+                    sub.destination,
+                    backlog.dropped,
+                    len(backlog),
+                    backlog.bytes,
+                )
 
     def _deliver_topic(self, sub: Subscription, msg: Message) -> None:
         if msg.expires and msg.expires <= self.clock():
@@ -1080,6 +1085,14 @@ class BrokerCore:
                 self._offer(sub, self._advisory_message(key, len(q.consumers)))
 
     # ------------------------------------------------------------------ stats
+    def _backlog_stats(self) -> dict[str, int]:
+        subs = [*self.wildcard_subs, *(s for t in self.topics.values() for s in t.subs)]
+        return {
+            "messages": sum(len(s.backlog) for s in subs),
+            "bytes": sum(s.backlog.bytes for s in subs),
+            "dropped": sum(s.backlog.dropped for s in subs),
+        }
+
     def stats(self) -> dict[str, object]:
         return {
             "queues": {
@@ -1093,6 +1106,7 @@ class BrokerCore:
                 for k, q in self.queues.items()
             },
             "topics": {k: len(t.subs) for k, t in self.topics.items()},
+            "topic_backlog": self._backlog_stats(),
             "sent": self.sent,
             "duplicates": self.duplicates,
             "dead_lettered": self.dead_lettered,

@@ -14,7 +14,8 @@ A message waiting for an ack is still charged: it is still held in memory and co
 back to the queue if its consumer goes away.
 
 Non-durable topic messages are not charged: they are handed out at once, and what a
-slow topic subscriber falls behind by is bounded by ``topic_backlog_limit`` instead.
+slow topic subscriber falls behind by is bounded by ``topic_backlog_limit`` and
+``topic_backlog_bytes`` instead (see :mod:`.backlog`).
 
 Open transactions. The SENDs of a transaction wait in the broker until COMMIT; their
 bytes are *reserved* (:meth:`MemoryGauge.reserve`, per destination) as they arrive and
