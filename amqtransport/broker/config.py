@@ -22,7 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from amqtransport.errors import ConfigError
 
-__all__ = ["BrokerConfig", "load_config", "load_users", "hash_password", "read_toml", "verify_password"]
+__all__ = [
+    "BrokerConfig",
+    "load_config",
+    "load_users",
+    "hash_password",
+    "read_toml",
+    "verify_password",
+    "parse_http_address",
+]
 
 MiB = 1024 * 1024
 
@@ -94,6 +102,34 @@ class BrokerConfig(BaseModel):
         return value
 
     log_level: str = "INFO"
+
+    # the HTTP side port: /metrics, /healthz, /readyz, the console (docs/console.md);
+    # "HOST:PORT" or "PORT" (host 127.0.0.1); off when unset
+    http: str | None = None
+    # /readyz answers 503 once producer flow control has held this long without a break
+    http_ready_flow_control_seconds: float = Field(default=30.0, gt=0)
+
+    @field_validator("http")
+    @classmethod
+    def _http_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_http_address(value)
+        return value
+
+
+def parse_http_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT`` or ``PORT`` (host 127.0.0.1) -> (host, port); port 0
+    means any free port. ValueError naming the problem otherwise."""
+    raw = str(text).strip()
+    host, sep, port = raw.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", raw
+    host = host.strip("[]")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT or PORT (0-65535) for the HTTP side port, got {text!r}")
+    if sep and not host:
+        raise ValueError(f"empty host in HTTP address {text!r} (write 127.0.0.1:PORT, or 0.0.0.0:PORT deliberately)")
+    return host, int(port)
 
 
 def _describe(exc: ValidationError, source: str) -> str:

@@ -84,6 +84,7 @@ __all__ = [
     "TxSend",
     "CoreError",
     "check_send_destination",
+    "dead_letter_name",
     "ADVISORY_PREFIX",
     "QUEUE_PREFIX",
     "TOPIC_PREFIX",
@@ -170,7 +171,7 @@ class Subscription:
 
 
 class Queue:
-    __slots__ = ("core", "name", "messages", "consumers", "ready", "enqueued", "dequeued")
+    __slots__ = ("core", "name", "messages", "consumers", "ready", "enqueued", "dequeued", "expired")
 
     def __init__(self, core: BrokerCore, name: str) -> None:
         self.core = core
@@ -180,6 +181,7 @@ class Queue:
         self.ready: deque[Subscription] = deque()
         self.enqueued = 0
         self.dequeued = 0
+        self.expired = 0
 
     def enqueue(self, msg: Message) -> None:
         self.core.memory.charge(msg)
@@ -253,6 +255,7 @@ class Topic:
     name: str
     subs: list[Subscription] = field(default_factory=list)
     durable: dict[str, str] = field(default_factory=dict)  # durable queue key -> topic name
+    enqueued: int = 0  # messages published to it while it existed (metrics)
 
 
 class TxSend(NamedTuple):
@@ -312,6 +315,14 @@ def check_send_destination(destination: str) -> tuple[str, str]:
             "to queues; send to one concrete queue"
         )
     return kind, name
+
+
+def dead_letter_name(key: str) -> str:
+    """What follows the DLQ prefix in the name of queue ``key``'s dead-letter queue
+    (``/queue/a`` -> ``a``; a durable subscription ``durable:c:s`` -> ``c.s``)."""
+    if key.startswith(DURABLE_PREFIX):
+        return key[len(DURABLE_PREFIX) :].replace(":", ".")
+    return split_destination(key)[1]
 
 
 def _pattern(name: str) -> tuple[str, ...] | None:
@@ -451,6 +462,9 @@ class BrokerCore:
 
     def drop_expired(self, msg: Message) -> None:
         self.expired += 1
+        q = self.queues.get(msg.destination)
+        if q is not None:
+            q.expired += 1
         self.memory.release(msg)
         if msg.persistent:
             self.store_ack([msg.id])
@@ -586,6 +600,7 @@ class BrokerCore:
             self.queue(copy.destination).enqueue(copy)
         topic = self.topics.get(name)
         if topic is not None:
+            topic.enqueued += 1
             for sub in topic.subs:
                 self._offer(sub, msg)
         if self.wildcard_subs:
@@ -914,10 +929,7 @@ class BrokerCore:
 
     def _dead_letter(self, m: Message) -> None:
         src = m.destination
-        if src.startswith(DURABLE_PREFIX):
-            name = src[len(DURABLE_PREFIX) :].replace(":", ".")
-        else:
-            name = split_destination(src)[1]
+        name = dead_letter_name(src)
         self.dead_lettered += 1
         self.memory.release(m)  # charged again to the DLQ by enqueue (or gone)
         if name.startswith(self.config.dlq_prefix):
@@ -927,15 +939,24 @@ class BrokerCore:
             return
         dlq = f"{QUEUE_PREFIX}{self.config.dlq_prefix}{name}"
         log.info("message %s delivered %d times: moved to %s", m.id, m.delivery_count, dlq)
+        self.move_message(m, dlq)
+
+    def move_message(self, m: Message, target: str) -> None:
+        """Put message ``m``, which the caller took off its queue (or out of a consumer's
+        hands), on queue ``target``: a journalled ``Move`` for a persistent message; it
+        keeps (or gains) its ``original-destination`` header and its delivery count
+        starts again. Used by dead-lettering and by the operator's move/retry."""
+        src = m.destination
+        self.memory.release(m)  # charged again to the target by enqueue
         if m.persistent and self.store is not None:
-            self.store.move(m.id, dlq)  # sets m.destination, adds original-destination
-        if m.destination != dlq:  # not in the store (non-persistent)
+            self.store.move(m.id, target)  # sets m.destination, adds original-destination
+        if m.destination != target:  # not in the store (non-persistent)
             if not any(k == "original-destination" for k, _ in m.headers):
                 m.headers = (*m.headers, ("original-destination", src))
-            m.destination = dlq
+            m.destination = target
         m.wire_cache = None
         m.delivery_count = 0
-        self.queue(dlq).enqueue(m)
+        self.queue(target).enqueue(m)
 
     # ------------------------------------------------------------------ transactions
     def tx_send(

@@ -41,6 +41,7 @@ before the flag engaged: at most one frame per connection, so usage stays below
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 from .message import Message
@@ -69,7 +70,14 @@ def send_size(headers: tuple[tuple[str, str], ...], body: bytes) -> int:
 class MemoryGauge:
     """Bytes of live queue messages, globally and per destination, plus the flow-control flags."""
 
-    def __init__(self, limit: int, destination_limit: int = 0, low_water: float = 0.7) -> None:
+    def __init__(
+        self,
+        limit: int,
+        destination_limit: int = 0,
+        low_water: float = 0.7,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
         self.destination_limit = destination_limit  # 0: no per-destination limit
         self.low_water = low_water
@@ -78,6 +86,8 @@ class MemoryGauge:
         self.peak = 0
         self.by_destination: dict[str, int] = {}
         self.full = False  # global flag
+        self.full_since: float | None = None  # clock() when the global flag engaged (readiness)
+        self._clock = clock
         self.full_destinations: set[str] = set()
         self.engaged = 0  # times flow control engaged (global or per destination)
         self._waiters: dict[int, Callable[[], None]] = {}
@@ -126,6 +136,7 @@ class MemoryGauge:
         self.by_destination[dest] = d
         if not self.full and self.usage >= self.limit:
             self.full = True
+            self.full_since = self._clock()
             self.engaged += 1
             log.warning(
                 "memory limit reached (%d bytes in use, memory_limit=%d): producer flow control engaged",
@@ -160,6 +171,7 @@ class MemoryGauge:
     def _release_global(self) -> bool:
         if self.full and self.usage <= self.limit * self.low_water:
             self.full = False
+            self.full_since = None
             log.warning("memory usage down to %d bytes: producer flow control released", self.usage)
             return True
         return False

@@ -167,6 +167,7 @@ class StompConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.frames_in = 0
         self.messages_out = 0
+        self.opened_at = 0.0  # loop.time() of connection_made
         self._held: deque[tuple[StompFrame, int]] = deque()  # frames parked by flow control
         self._held_bytes = 0
         self._held_wake_scheduled = False
@@ -180,6 +181,7 @@ class StompConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self.config.write_buffer_high)
         now = self.loop.time()
         self.last_read = self.last_write = now
+        self.opened_at = now
         if not self.server.register(self):
             log.warning("refusing connection from %s: max_connections=%d reached", self.peer, self.config.max_connections)
             self._error_no_raise(f"too many connections (max_connections={self.config.max_connections})")
@@ -308,6 +310,11 @@ class StompConnection(asyncio.Protocol):
         if self._reading_paused and self.transport is not None and not self.closing:
             self._reading_paused = False
             self.transport.resume_reading()
+
+    def close_by_admin(self, reason: str) -> None:
+        """An operator closed this connection (the HTTP console): one ERROR frame naming
+        ``reason``, then close; its subscriptions' unacked messages are redelivered."""
+        self._error_no_raise(reason)
 
     def _close(self) -> None:
         """Flush what is queued, then close."""

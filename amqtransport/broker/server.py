@@ -64,6 +64,7 @@ class BrokerServer:
         self._compact_handle: asyncio.TimerHandle | None = None
         self._sessions = itertools.count(1)
         self._session_prefix = secrets.token_hex(3)
+        self.connections_opened = 0  # accepted client connections, ever (metrics)
         self.host = self.config.host
         self.port = self.config.port
         self.opened_at: float | None = None  # loop.time() when open() ran (status: uptime)
@@ -226,10 +227,16 @@ class BrokerServer:
         if len(self.connections) >= self.config.max_connections:
             return False
         self.connections.add(conn)
+        self.connections_opened += 1
         return True
 
     def unregister(self, conn: StompConnection) -> None:
         self.connections.discard(conn)
+
+    @property
+    def serving(self) -> bool:
+        """True while the client port is bound and accepting (readiness)."""
+        return self._server is not None and self._server.is_serving()
 
     def new_session_id(self) -> str:
         return f"{self.config.name}-{self._session_prefix}-{os.getpid()}-{next(self._sessions)}"

@@ -85,6 +85,9 @@ def setup_logging(level: str) -> None:
 @click.option("--store-limit", type=ByteSize(), default=None,
               help="Journal bytes on disk at which persistent producers are flow-controlled "
                    "(e.g. 20g; 0 = no limit) [default: store_limit of --config, else 0].")
+@click.option("--http", "http", default=None, metavar="HOST:PORT",
+              help="Serve /metrics, /healthz, /readyz and the web console on this HTTP address "
+                   "(PORT alone binds 127.0.0.1) [default: off; config key http].")
 @ha_options
 def run(
     port: int | None,
@@ -95,14 +98,16 @@ def run(
     config_file: str | None,
     log_level: str | None,
     store_limit: int | None,
+    http: str | None,
     **ha: object,
 ) -> None:
     """Run one broker in the foreground until SIGTERM or Ctrl-C.
 
-    Prints `listening on stomp://HOST:PORT` on stdout once it accepts clients; logs go
-    to stderr. Stopping flushes the journal. Exit codes: 0 stopped, 1 cannot start,
-    2 bad configuration, 3 fenced (the journal failed, e.g. a full disk: every
-    receipted message is on disk; restart once the cause is fixed).
+    Prints `listening on stomp://HOST:PORT` on stdout once it accepts clients (and
+    `http console http://HOST:PORT/` with --http); logs go to stderr. Stopping flushes
+    the journal. Exit codes: 0 stopped, 1 cannot start, 2 bad configuration, 3 fenced
+    (the journal failed, e.g. a full disk: every receipted message is on disk; restart
+    once the cause is fixed).
     """
     from amqtransport.broker.config import BrokerConfig, load_users
 
@@ -117,6 +122,7 @@ def run(
                 "users_file": users_file,
                 "log_level": log_level,
                 "store_limit": store_limit,
+                "http": http,
             },
         )
         assert isinstance(cfg, BrokerConfig)
@@ -152,18 +158,33 @@ async def _serve(cfg: object, users: dict[str, str] | None) -> int:
     except OSError as exc:
         click.echo(f"error: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", err=True)
         return 1
+    http = None
+    if cfg.http:
+        from amqtransport.broker.http import start_side_port
+        from amqtransport.broker.view import ServerView
+
+        try:
+            http = await start_side_port(ServerView(server), cfg.http, users)
+        except OSError as exc:
+            click.echo(f"error: cannot listen on http {cfg.http}: {exc.strerror or exc}", err=True)
+            await server.stop()
+            return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server.on_fenced = lambda _reason: stop.set()
     click.echo(f"listening on stomp://{server.host}:{server.port}")
+    if http is not None:
+        click.echo(f"http console {http.url}/")
     sys.stdout.flush()
     await stop.wait()
     if server.fenced is not None:
         log.error("broker fenced (%s): exiting with code 3", server.fenced)
     else:
         log.info("signal received: stopping (flushing the journal)")
+    if http is not None:
+        await http.stop()
     await server.stop()
     return 3 if server.fenced is not None else 0
 

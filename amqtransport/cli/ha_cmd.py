@@ -112,6 +112,10 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
 @click.option("--takeover-check", default=None, help="HOST:PORT both nodes must reach to take over.")
 @click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Replicated: the pair's shared secret [default: DATA_DIR/cluster.secret, generated once].")
+@click.option("--http-port", type=int, default=None,
+              help="HTTP side port of the first master (console, /metrics, /healthz, /readyz on 127.0.0.1) "
+                   "[default: off].")
+@click.option("--slave-http-port", type=int, default=None, help="HTTP side port of the slave [default: off].")
 def pair(
     mode: str,
     port: int,
@@ -122,6 +126,8 @@ def pair(
     master_password: str | None,
     takeover_check: str | None,
     cluster_password_file: str | None,
+    http_port: int | None,
+    slave_http_port: int | None,
 ) -> None:
     """Start a master/slave pair as two child processes; Ctrl-C stops both.
 
@@ -134,10 +140,17 @@ def pair(
     extra: list[str] = []
     if users_file:
         extra += ["--users", users_file]
+    http = {"a": http_port, "b": slave_http_port}
+    for what, value in (("--http-port", http_port), ("--slave-http-port", slave_http_port)):
+        if value is not None and not 0 < value < 65536:
+            click.echo(f"error: {what} must be a port number (1-65535), got {value}", err=True)
+            sys.exit(2)
     bp = BrokerPair(
         mode, data_dir, port=port, slave_port=slave_port, master_user=master_user,
         master_password=master_password, takeover_check=takeover_check, extra_args=extra,
         cluster_password_file=cluster_password_file,
+        master_args=["--http", f"127.0.0.1:{http_port}"] if http_port else [],
+        slave_args=["--http", f"127.0.0.1:{slave_http_port}"] if slave_http_port else [],
     )
     stop = {"flag": False}
 
@@ -156,8 +169,9 @@ def pair(
     if bp.cluster_password_file is not None:
         click.echo(f"cluster secret: {bp.cluster_password_file} (both nodes sign their HA requests with it)")
     for node in bp.nodes:
+        console = f" console http://127.0.0.1:{http[node.name]}/" if http[node.name] else ""
         click.echo(f"node {node.name}: role {node.role} pid {node.pid} client {node.uri} "
-                   f"ha-port tcp://{node.host}:{node.ha_port} data {node.data_dir} log {node.log_path}")
+                   f"ha-port tcp://{node.host}:{node.ha_port}{console} data {node.data_dir} log {node.log_path}")
     click.echo("Ctrl-C stops both nodes.")
     sys.stdout.flush()
     seen = {n.name: len(n.lines) for n in bp.nodes}

@@ -139,6 +139,7 @@ from .replication import (
 )
 
 if TYPE_CHECKING:
+    from ..http import HttpServer
     from ..protocol import StompConnection
 
 __all__ = ["HaOptions", "HaNode", "run_node", "parse_address"]
@@ -280,6 +281,7 @@ class HaNode:
         self.takeovers = 0
         self.became_master_at = 0.0
         self.refused = RefusalLog(log)
+        self.http: HttpServer | None = None  # the HTTP side port (--http), in every role
         self._ha_waiting: set[HaPortProtocol] = set()
         self.signer: RequestSigner | None = None
         self.verifier: RequestVerifier | None = None
@@ -299,7 +301,19 @@ class HaNode:
             reuse_address=True,
         )
         self.ha_port = self._ha_server.sockets[0].getsockname()[1]
+        if self.config.http:  # the HTTP side port (metrics, probes, console): in every role
+            from ..http import start_side_port
+            from .view import HaNodeView
+
+            try:
+                self.http = await start_side_port(HaNodeView(self), self.config.http, self.users)
+            except OSError as exc:
+                self._ha_server.close()
+                sys.stderr.write(f"error: cannot listen on http {self.config.http}: {exc.strerror or exc}\n")
+                return 1
         self.say(f"ha node {self.name} mode {self.opts.mode} ha-port tcp://{self.host}:{self.ha_port} pid {os.getpid()}")
+        if self.http is not None:
+            self.say(f"http console {self.http.url}/")
         argv = list(sys.argv[1:])
         for i, arg in enumerate(argv[:-1]):
             if arg in ("--master-password", "--cluster-password"):
@@ -345,6 +359,9 @@ class HaNode:
         if self._ha_server is not None:
             self._ha_server.close()
             self._ha_server = None
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         log.info("node %s stopped", self.name)
 
     # ------------------------------------------------------------------ status / HA requests
@@ -362,6 +379,8 @@ class HaNode:
             "amq-ha-pid": str(os.getpid()),
             "amq-ha-listening": "true" if self.listening else "false",
         }
+        if self.http is not None:
+            st["amq-ha-http"] = self.http.address
         if self.role == "master" and self.server is not None and self.server.store is not None:
             # messages, sent, queues, topics, connections, memory-*, uptime (no queue names)
             st.update(self.server.status_stats(names=False))
@@ -740,6 +759,10 @@ class HaNode:
             return
 
     # ------------------------------------------------------------------ replicated
+    def peer_addresses(self) -> list[tuple[str, int]]:
+        """Every address this node knows for its peer (the console probes them)."""
+        return self._peer_addresses()
+
     def _peer_addresses(self) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
         texts = [self.opts.master_connector, self.state.peer.get("ha"), self.state.peer.get("client")]

@@ -290,6 +290,12 @@ class ReplicationMaster:
         self.link: MasterLink | None = None
         self.gate_timeouts = 0
         self.held_max = 0
+        # replication lag in bytes (metrics): payload bytes numbered so far, and marks
+        # (seq, bytes so far) taken once per loop turn while a slave is attached
+        self.streamed_bytes = 0
+        self._acked_bytes = 0
+        self._marks: deque[tuple[int, int]] = deque()
+        self._mark_due = False
         self.store.add_listener(self)
         journal.add_batch_hook(self._hook)
         self._orig_notify = journal._notify  # noqa: SLF001
@@ -373,9 +379,28 @@ class ReplicationMaster:
 
     def on_record(self, record: Record, payload: bytes, segment: int) -> None:
         self.seq += 1
+        self.streamed_bytes += len(payload)
         link = self.link
         if link is not None:
             link.push(self.seq, payload)
+            if not self._mark_due:
+                self._mark_due = True
+                self.loop.call_soon(self._mark)
+
+    def _mark(self) -> None:
+        self._mark_due = False
+        if self.link is not None:
+            self._marks.append((self.seq, self.streamed_bytes))
+
+    @property
+    def lag(self) -> tuple[int, int] | None:
+        """(records, bytes) streamed to the attached slave and not yet on its disk, counted
+        from the full sync's base while it syncs; None with no slave attached."""
+        link = self.link
+        if link is None:
+            return None
+        acked = max(self._acked, link.base)
+        return max(0, self.seq - acked), max(0, self.streamed_bytes - self._acked_bytes)
 
     def attach(
         self, transport: asyncio.Transport, slave: str, answer: bytes, info: Mapping[str, str] | None = None
@@ -389,6 +414,8 @@ class ReplicationMaster:
         self.link = link
         self._acked = 0
         self._gated = link
+        self._marks.clear()
+        self._acked_bytes = self.streamed_bytes  # what came before is in the snapshot
         snapshot = [encode(rec) for rec in self.store.snapshot()]
         link.start(answer, snapshot)
         log.info(
@@ -403,6 +430,9 @@ class ReplicationMaster:
         if seq > self._acked:
             self._acked = seq
         link.acked = seq
+        marks = self._marks
+        while marks and marks[0][0] <= seq:
+            self._acked_bytes = marks.popleft()[1]
         if not link.synced and seq >= link.base:
             link.synced = True
             link.synced_at = time.monotonic()

@@ -57,10 +57,12 @@ import logging
 import os
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from ..stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 from .records import Record, RecordError, RecordTooLarge, decode
 
 __all__ = [
@@ -191,6 +193,10 @@ class Journal:
         self.bytes_written = 0
         self.batches = 0
         self.records_written = 0
+        # metrics (observed by the writer thread): write + fdatasync time of each group
+        # commit, and how many records it carried
+        self.fsync_seconds = Histogram(LATENCY_BUCKETS)
+        self.batch_records = Histogram(SIZE_BUCKETS)
 
     # ------------------------------------------------------------------ opening
     def lock(self) -> None:
@@ -412,7 +418,11 @@ class Journal:
                 self._busy = True
             error: JournalError | None = None
             try:
+                started = time.perf_counter()
                 self._write_batch(items)
+                self.fsync_seconds.observe(time.perf_counter() - started)
+                if payloads:
+                    self.batch_records.observe(len(payloads))
                 for hook in list(self._hooks):
                     fut = hook(payloads)
                     if fut is not None:

@@ -1,0 +1,303 @@
+"""HTTP/1.1 on the broker's event loop: h11 (sans-IO) under an asyncio ``Protocol``.
+
+Theory of operation
+-------------------
+The side port speaks HTTP/1.1 with `h11 <https://h11.readthedocs.io>`_, the sans-IO
+HTTP library our STOMP codec takes its manner from: bytes in
+(``receive_data``), events out (``next_event``), events in (``send``), bytes out. No
+thread and no second event loop: :class:`HttpServer` is an ``asyncio.Server`` on the
+broker's own loop, one :class:`_HttpConnection` per client, so a request reads the
+broker's state between two client frames, and a handler that awaits (an action
+waiting for its fsync, a probe of the peer node) never holds the loop.
+
+One request at a time per connection: once a request is complete the connection
+stops reading, runs the handler as a task and writes the response; with keep-alive
+it then starts the next cycle (h11 keeps pipelined bytes for it). Bounds: request
+head :attr:`HttpLimits.max_head` bytes, body :attr:`HttpLimits.max_body` bytes
+(413 at once when ``Content-Length`` says more), ``max_connections`` open
+connections (more are closed at once), ``idle_timeout`` seconds without a complete
+request. A malformed request gets a 400 naming the problem and the connection is
+closed; a handler that raises gets a 500 (logged with its traceback) and the
+broker goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import h11
+
+__all__ = ["HttpLimits", "HttpServer", "Request", "Response", "Handler"]
+
+log = logging.getLogger(__name__)
+
+SERVER_HEADER = b"amqtransport"
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    max_head: int = 16 * 1024
+    max_body: int = 1 << 20
+    max_connections: int = 64
+    idle_timeout: float = 30.0
+
+
+@dataclass
+class Request:
+    method: str
+    target: str  # as sent: path and query, percent-encoded
+    path: str  # percent-encoded path (split on "/" before decoding segments)
+    query: dict[str, str]
+    headers: dict[str, str]  # lower-case names; repeats joined with ", " (cookies with "; ")
+    body: bytes
+    peer: str
+
+    def segments(self) -> list[str]:
+        """The path's segments, each percent-decoded (so a name may hold an encoded '/')."""
+        return [unquote(s) for s in self.path.strip("/").split("/")] if self.path.strip("/") else []
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name.lower(), "")
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _request_of(event: h11.Request, peer: str) -> Request:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in event.headers:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        if name in headers:
+            headers[name] += ("; " if name == "cookie" else ", ") + value
+        else:
+            headers[name] = value
+    target = event.target.decode("latin-1")
+    parts = urlsplit(target)
+    query: dict[str, str] = {}
+    for k, v in parse_qsl(parts.query, keep_blank_values=True):
+        query.setdefault(k, v)
+    return Request(event.method.decode("ascii", "replace").upper(), target, parts.path or "/", query, headers,
+                   b"", peer)
+
+
+class _HttpConnection(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.limits = server.limits
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.request: Request | None = None
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.busy = False  # a handler is running
+        self.timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ asyncio
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if len(self.server.connections) >= self.limits.max_connections:
+            log.warning("http: refusing %s: max_connections=%d reached", self.peer, self.limits.max_connections)
+            transport.abort()
+            return
+        self.server.connections.add(self)
+        self._arm_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.conn.receive_data(data)
+        except h11.RemoteProtocolError as exc:
+            self._bad_request(str(exc))
+            return
+        self._process()
+
+    def eof_received(self) -> bool | None:
+        try:
+            self.conn.receive_data(b"")
+        except h11.RemoteProtocolError:
+            pass
+        self._process()
+        return None
+
+    # ------------------------------------------------------------------ protocol
+    def _arm_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(self.limits.idle_timeout, self._idle)
+
+    def _idle(self) -> None:
+        self.timer = None
+        if not self.busy and self.transport is not None:
+            self.transport.close()
+
+    def _process(self) -> None:
+        while self.transport is not None and not self.busy:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._bad_request(str(exc), exc.error_status_hint)
+                return
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                return
+            if isinstance(event, h11.Request):
+                head = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+                if head > self.limits.max_head:
+                    self._bad_request(f"request head of {head} bytes is over the limit of "
+                                      f"{self.limits.max_head} bytes", 431)
+                    return
+                self.request = _request_of(event, self.peer)
+                self.body, self.body_size = [], 0
+                length = self.request.headers.get("content-length", "")
+                if length.isdigit() and int(length) > self.limits.max_body:
+                    self._bad_request(f"request body of {length} bytes is over the limit of "
+                                      f"{self.limits.max_body} bytes", 413)
+                    return
+                if self.conn.they_are_waiting_for_100_continue:
+                    self._send([h11.InformationalResponse(status_code=100, headers=[])])
+            elif isinstance(event, h11.Data):
+                self.body_size += len(event.data)
+                if self.body_size > self.limits.max_body:
+                    self._bad_request(f"request body over the limit of {self.limits.max_body} bytes", 413)
+                    return
+                self.body.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                request, self.request = self.request, None
+                assert request is not None
+                request.body = b"".join(self.body)
+                self.body = []
+                self.busy = True
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                asyncio.get_running_loop().create_task(self._respond(request))
+                return
+            elif isinstance(event, h11.ConnectionClosed):
+                if self.transport is not None:
+                    self.transport.close()
+                return
+
+    async def _respond(self, request: Request) -> None:
+        try:
+            response = await self.server.handler(request)
+        except Exception:  # noqa: BLE001 - one bad request must not take the side port down
+            log.exception("http: %s %s from %s failed", request.method, request.path, request.peer)
+            response = Response(500, b"internal error (see the broker log)\n")
+        head_only = request.method == "HEAD"
+        self._write_response(response, head_only)
+        self.busy = False
+        if self.transport is None:
+            return
+        if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is h11.MUST_CLOSE:
+            self.transport.close()
+            return
+        try:
+            self.conn.start_next_cycle()
+        except h11.LocalProtocolError:
+            self.transport.close()
+            return
+        self._arm_timer()
+        self.transport.resume_reading()
+        self._process()
+
+    def _write_response(self, response: Response, head_only: bool = False) -> None:
+        headers = [
+            (b"content-type", response.content_type.encode("latin-1")),
+            (b"content-length", str(len(response.body)).encode()),
+            (b"server", SERVER_HEADER),
+            (b"x-content-type-options", b"nosniff"),
+        ]
+        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
+        try:
+            reason = http.HTTPStatus(response.status).phrase.encode()
+        except ValueError:
+            reason = b""
+        events: list[h11.Event] = [h11.Response(status_code=response.status, headers=headers, reason=reason)]
+        if response.body and not head_only:
+            events.append(h11.Data(data=response.body))
+        events.append(h11.EndOfMessage())
+        self._send(events)
+
+    def _send(self, events: list[h11.Event]) -> None:
+        if self.transport is None:
+            return
+        try:
+            data = b"".join(self.conn.send(e) or b"" for e in events)
+        except h11.LocalProtocolError as exc:
+            log.debug("http: cannot answer %s: %s", self.peer, exc)
+            self.transport.close()
+            return
+        self.transport.write(data)
+
+    def _bad_request(self, reason: str, status: int = 400) -> None:
+        log.info("http: bad request from %s: %s", self.peer, reason)
+        if self.transport is None:
+            return
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            body = f"bad request: {reason}\n".encode()
+            self._write_response(Response(status if 400 <= status < 600 else 400, body,
+                                          headers=[("connection", "close")]))
+        self.transport.close()
+
+
+class HttpServer:
+    """An HTTP/1.1 server on the running loop: ``await start()``, ``await stop()``."""
+
+    def __init__(self, handler: Handler, host: str, port: int, limits: HttpLimits | None = None) -> None:
+        self.handler = handler
+        self.host = host
+        self.port = port
+        self.limits = limits or HttpLimits()
+        self.connections: set[_HttpConnection] = set()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _HttpConnection(self), self.host, self.port,
+                                                reuse_address=True)
+        self.host, self.port = self._server.sockets[0].getsockname()[:2]
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        try:
+            await asyncio.wait_for(server.wait_closed(), 2)
+        except TimeoutError:
+            pass

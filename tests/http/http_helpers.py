@@ -1,0 +1,134 @@
+"""Helpers for the HTTP side-port tests: a real ``amq broker run --http`` process, a
+small client that keeps its session cookie and CSRF token, and dead-lettered messages."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import requests
+
+import amqtransport
+from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.testing.ports import free_port
+
+
+class Console:
+    """A running broker with its side port; ``session`` keeps cookies between calls."""
+
+    def __init__(self, proc: BrokerProcess, http_port: int) -> None:
+        self.proc = proc
+        self.http_port = http_port
+        self.url = f"http://127.0.0.1:{http_port}"
+        self.session = requests.Session()
+
+    @property
+    def uri(self) -> str:
+        return self.proc.uri
+
+    def get(self, path: str, **kw: Any) -> requests.Response:
+        return self.session.get(self.url + path, timeout=10, allow_redirects=False, **kw)
+
+    def json(self, path: str, **kw: Any) -> Any:
+        r = self.get(path, **kw)
+        assert r.status_code == 200, (path, r.status_code, r.text)
+        return r.json()
+
+    def token(self, **kw: Any) -> str:
+        return str(self.json("/api/session", **kw)["csrf_token"])
+
+    def post(self, path: str, data: Mapping[str, Any] | None = None, *, token: str | None = "auto",
+             headers: Mapping[str, str] | None = None, **kw: Any) -> requests.Response:
+        h = {"Content-Type": "application/json", "Accept": "application/json", **(headers or {})}
+        if token == "auto":
+            token = self.token(**kw)
+        if token is not None:
+            h["X-CSRF-Token"] = token
+        return self.session.post(self.url + path, data=json.dumps(dict(data or {})), headers=h, timeout=30,
+                                 allow_redirects=False, **kw)
+
+    def depth(self, name: str) -> int | None:
+        for d in self.json("/api/destinations")["destinations"]:
+            if d["name"] == name and d["kind"] != "topic":
+                return int(d["depth"])
+        return None
+
+    def metrics(self) -> str:
+        r = self.get("/metrics")
+        assert r.status_code == 200
+        return r.text
+
+
+def metric(text: str, name: str, labels: Mapping[str, str] | None = None) -> float | None:
+    """The value of one sample of the Prometheus text ``text`` (None when absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in (labels or {}).items())
+    prefix = f"{name}{{{want}}} " if want else f"{name} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix):])
+    return None
+
+
+@contextmanager
+def running_console(tmp_path: Path, *, args: Sequence[str] = (), config: str = "max_redeliveries = 1\n",
+                    name: str = "b") -> Iterator[Console]:
+    port = free_port()
+    cfg = tmp_path / f"{name}.toml"
+    cfg.write_text(config)
+    proc = BrokerProcess(tmp_path / f"data-{name}", args=["--config", str(cfg), "--http", f"127.0.0.1:{port}",
+                                                          "--name", name, *args],
+                         log_dir=tmp_path / f"logs-{name}")
+    with proc:
+        wait_http(port)
+        yield Console(proc, port)
+
+
+def wait_http(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on http port {port} after {timeout} s")
+
+
+def dead_letter(uri: str, queue: str, bodies: Sequence[str], *, login: str | None = None,
+                passcode: str | None = None) -> None:
+    """Send ``bodies`` to ``/queue/<queue>`` and NACK every delivery until all are in
+    ``DLQ.<queue>`` (the broker must run with ``max_redeliveries = 1``)."""
+    kw: dict[str, Any] = {"login": login, "passcode": passcode} if login else {}
+    with amqtransport.connect(uri, **kw) as c:
+        for b in bodies:
+            c.send(f"/queue/{queue}", b, headers={"customer": "c-" + b})
+        sub = c.subscribe(f"/queue/{queue}", ack="client-individual")
+        nacked = 0
+        while nacked < 2 * len(bodies):
+            m = sub.receive(timeout=5)
+            assert m is not None, f"only {nacked} deliveries to NACK"
+            m.nack()
+            nacked += 1
+        sub.unsubscribe()
+
+
+def send(uri: str, queue: str, bodies: Sequence[str], **kw: Any) -> None:
+    with amqtransport.connect(uri, **kw) as c:
+        for b in bodies:
+            c.send(f"/queue/{queue}", b)
+
+
+def receive_all(uri: str, queue: str, n: int, **kw: Any) -> list[amqtransport.Message]:
+    with amqtransport.connect(uri, **kw) as c:
+        sub = c.subscribe(f"/queue/{queue}")
+        out = []
+        for _ in range(n):
+            m = sub.receive(timeout=5)
+            assert m is not None, f"got {len(out)} of {n} messages from {queue}"
+            out.append(m)
+        return out
