@@ -26,3 +26,14 @@ if [ "${AMQ_SKIP_ACTIVEMQ:-0}" != "1" ] && [ ! -f /usr/share/activemq/bin/active
         echo "setup: not root, ActiveMQ interop tests will be skipped (apt-get install -y activemq)" >&2
     fi
 fi
+
+# Debian's chromium and chromium-driver for the console's real-browser test (tests/http/test_browser.py)
+if [ "${AMQ_SKIP_CHROMIUM:-0}" != "1" ] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
+    if [ "$(id -u)" = "0" ]; then
+        echo "setup: installing Debian's chromium and chromium-driver for the console's browser test" >&2
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+        echo "setup: not root, the console's browser test will be skipped (apt-get install -y chromium chromium-driver)" >&2
+    fi
+fi

@@ -101,20 +101,23 @@ def wait_http(port: int, timeout: float = 20.0) -> None:
 
 def dead_letter(uri: str, queue: str, bodies: Sequence[str], *, login: str | None = None,
                 passcode: str | None = None) -> None:
-    """Send ``bodies`` to ``/queue/<queue>`` and NACK every delivery until all are in
-    ``DLQ.<queue>`` (the broker must run with ``max_redeliveries = 1``)."""
+    """Send ``bodies`` to ``/queue/<queue>`` and NACK every delivery until the broker has
+    moved them all to ``DLQ.<queue>`` (after ``1 + max_redeliveries`` deliveries each)."""
     kw: dict[str, Any] = {"login": login, "passcode": passcode} if login else {}
     with amqtransport.connect(uri, **kw) as c:
         for b in bodies:
             c.send(f"/queue/{queue}", b, headers={"customer": "c-" + b})
         sub = c.subscribe(f"/queue/{queue}", ack="client-individual")
         nacked = 0
-        while nacked < 2 * len(bodies):
-            m = sub.receive(timeout=5)
-            assert m is not None, f"only {nacked} deliveries to NACK"
+        while True:
+            m = sub.receive(timeout=1.0 if nacked else 5.0)
+            if m is None:
+                break
             m.nack()
             nacked += 1
+            assert nacked <= 100 * len(bodies), "messages never reach the DLQ"
         sub.unsubscribe()
+        assert nacked >= len(bodies), f"only {nacked} deliveries to NACK"
 
 
 def send(uri: str, queue: str, bodies: Sequence[str], **kw: Any) -> None:

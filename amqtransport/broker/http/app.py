@@ -43,13 +43,18 @@ audit = logging.getLogger("amqtransport.broker.http.audit")
 
 HTML = "text/html; charset=utf-8"
 JSON = "application/json"
-STATIC = {"console.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8"}
+STATIC = {"console.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8",
+          "favicon.svg": "image/svg+xml"}
 PAGE_LIMIT = 50
 
 
 def _json(status: int, data: Any, headers: list[tuple[str, str]] | None = None) -> Response:
     body = json.dumps(data, sort_keys=True, default=str).encode() + b"\n"
     return Response(status, body, JSON, [("cache-control", "no-store"), *(headers or [])])
+
+
+def _messages(n: int) -> str:
+    return f"{n} message" if n == 1 else f"{n} messages"
 
 
 def _safe_next(value: str, default: str = "/") -> str:
@@ -81,6 +86,8 @@ class ConsoleApp:
             return Response(200, render_metrics(self.view.stats()).encode(), METRICS_TYPE)
         if path.startswith("/static/"):
             return self._static_file(path[len("/static/"):])
+        if path == "/favicon.ico":
+            return self._static_file("favicon.svg")
         identity = self.security.identify(req)
         if identity.bad_credentials:
             audit.warning("refused %s %s from %s: bad credentials", req.method, req.path, req.peer)
@@ -311,7 +318,7 @@ class ConsoleApp:
             queue, action = segs[1], segs[2:]
             if action == ["purge"]:
                 n = await admin.purge(queue)
-                return 200, f"purged {n} messages from {queue}"
+                return 200, f"purged {_messages(n)} from {queue}"
             if action in (["move"], ["retry"]):
                 ids = form.strings("ids")
                 everything = form.flag("all")
@@ -321,7 +328,7 @@ class ConsoleApp:
                 if action == ["move"] and not to:
                     raise api.BadRequest("field 'to' (the target queue) is required to move")
                 result = await admin.move(queue, None if everything else ids, to or None)
-                text = f"moved {result.moved} messages from {queue} to {', '.join(result.targets) or '-'}"
+                text = f"moved {_messages(result.moved)} from {queue} to {', '.join(result.targets) or '-'}"
                 if result.missing:
                     text += f"; not waiting in {queue}: {', '.join(result.missing)}"
                 return (200 if result.moved or not result.missing else 404), text

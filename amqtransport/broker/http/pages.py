@@ -100,6 +100,7 @@ class Page:
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="csrf-token" content="{e(self.csrf)}">
 <link rel="stylesheet" href="/static/console.css">
+<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">
 <script src="/static/console.js" defer></script>
 </head><body data-page="{e(page)}">
 <header><a class="brand" href="/">amq broker <b>{e(n.get("name"))}</b></a>
