@@ -151,12 +151,18 @@ async def _serve(cfg: object, users: dict[str, str] | None) -> int:
     log = logging.getLogger("amqtransport.broker")
     server = BrokerServer(cfg, users=users)
     try:
-        await server.start()
+        await server.open()
     except StoreLockedError as exc:
         click.echo(f"error: {exc}", err=True)
         return 1
+    except OSError as exc:  # e.g. a full disk: recovery starts a new journal segment
+        click.echo(f"error: cannot open the journal in {server.data_dir}: {exc}", err=True)
+        return 1
+    try:
+        await server.listen()
     except OSError as exc:
         click.echo(f"error: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", err=True)
+        await server.stop()
         return 1
     http = None
     if cfg.http:

@@ -148,6 +148,11 @@ def test_a_full_disk_fails_the_sends_with_their_receipts_and_fences_the_broker(
         q = StompPy(bp.port)
         q.wait_receipts([q.send("/queue/full", "after", seq="-1")])  # serving again
         q.close()
+        assert bp.terminate() == 0
+        fill(disk)  # not a byte left for a new journal segment: a start says so and exits 1
+        with pytest.raises(RuntimeError, match="exit code 1"):
+            bp.start()
+        assert "cannot open the journal" in bp.log_text() and "No space left on device" in bp.log_text()
 
 
 def test_store_limit_flow_control_keeps_a_small_disk_from_filling(
