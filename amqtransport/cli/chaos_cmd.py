@@ -69,10 +69,12 @@ def proxy(host: str, port: int, verbose: bool) -> None:
 @click.option("--link-timeout", default=1.0, show_default=True, type=click.FloatRange(0.05, 600),
               help="Nemesis: the pair's replication --link-timeout (s); a frozen master is taken over "
                    "after about 4x this.")
+@click.option("--keep", is_flag=True, help="Nemesis: keep the scratch directory (broker logs, nemesis.log) "
+                                         "even when the run passes.")
 @click.option("--list", "list_only", is_flag=True, help="List the scenarios and the nemesis's fault kinds, and exit.")
 def run(names: tuple[str, ...], rounds: int, report_dir: str | None, mode: str, rate: float | None,
         seed: int | None, faults: str, double_faults: bool, no_disk: bool, link_timeout: float,
-        list_only: bool) -> None:
+        keep: bool, list_only: bool) -> None:
     """Run chaos scenarios (e.g. kill-master) or the nemesis, and check their invariants.
 
     \b
@@ -117,10 +119,11 @@ def run(names: tuple[str, ...], rounds: int, report_dir: str | None, mode: str, 
         params = NemesisParams(rounds=rounds, seed=random_seed() if seed is None else seed,
                                kinds=tuple(kinds) if kinds is not None else None, double_faults=double_faults,
                                rate=20.0 if rate is None else rate, disk=not no_disk, link_timeout_s=link_timeout)
-        raise SystemExit(run_nemesis(mode, params, report_dir=report, echo=click.echo, seed_given=seed is not None))
-    if seed is not None or faults != "default" or double_faults or no_disk:
-        raise click.UsageError("--seed, --faults, --double-faults and --no-disk are options of the nemesis "
-                               "(amq chaos run nemesis)")
+        raise SystemExit(run_nemesis(mode, params, report_dir=report, echo=click.echo, seed_given=seed is not None,
+                                     keep=keep))
+    if seed is not None or faults != "default" or double_faults or no_disk or keep:
+        raise click.UsageError("--seed, --faults, --double-faults, --no-disk and --keep are options of the "
+                               "nemesis (amq chaos run nemesis)")
     from chaos.scenarios.cli import run_cli
     from chaos.scenarios.runner import RunParams
 

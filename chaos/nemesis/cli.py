@@ -109,7 +109,7 @@ class ModeRunner(Protocol):
 
 
 def run_nemesis(mode: str, params: NemesisParams, *, report_dir: Path | None, echo: Echo = print,
-                workdir: Path | None = None, seed_given: bool = True,
+                workdir: Path | None = None, seed_given: bool = True, keep: bool = False,
                 mode_runner: Callable[[str, NemesisParams, Path, Echo, Callable[[], float]], ModeRunner] = ModeRun,
                 ) -> int:
     """Run the nemesis on each mode; print progress, the summary and the failing rounds'
@@ -178,7 +178,7 @@ def run_nemesis(mode: str, params: NemesisParams, *, report_dir: Path | None, ec
     if target is not None and results:
         path = write_nemesis_report(target, results, meta)
         echo(f"\nreport: {path}")
-    if ok:
+    if ok and not keep:
         shutil.rmtree(base, ignore_errors=True)
     else:
         echo(f"broker logs and data kept in {base}")

@@ -34,10 +34,9 @@ failovers must not end in a DLQ the checker does not read).
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import subprocess
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from toxiproxy.api import APIConsumer
 from toxiproxy.proxy import Proxy
 
 from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.testing.disk import TmpfsUnavailable, fill, tmpfs
 from amqtransport.testing.ports import free_port
 from chaos.scenarios.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
 from chaos.server import ToxiproxyServer
@@ -81,52 +81,37 @@ def _toml(values: Mapping[str, Any]) -> str:
 
 
 class TmpfsMount:
-    """A size-limited tmpfs on ``path`` (root only), with a ballast file to fill it."""
+    """A size-limited tmpfs on ``path`` (``amqtransport.testing.disk``), with a ballast
+    file to fill it and empty it again."""
 
     def __init__(self, path: Path, size_mb: int) -> None:
         self.path = path
         self.size_mb = size_mb
+        self._stack = contextlib.ExitStack()
         self.mounted = False
 
     @staticmethod
     def unavailable_reason() -> str | None:
+        if shutil.which("mount") is None:
+            return "no mount(8) on this machine"
         if not hasattr(os, "geteuid") or os.geteuid() != 0:
-            return "not root: mounting a tmpfs needs root (or CAP_SYS_ADMIN)"
+            return "mounting a tmpfs needs root"
         return None
 
     def mount(self) -> None:
-        """Mount it; raises :class:`OSError` with the reason when the system refuses."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m", "tmpfs", str(self.path)],
-                              capture_output=True, text=True, timeout=30, check=False)
-        if proc.returncode != 0:
-            raise OSError(f"mount -t tmpfs on {self.path} failed: {(proc.stderr or proc.stdout).strip()}")
+        """Mount it; raises :class:`~amqtransport.testing.disk.TmpfsUnavailable` with the
+        reason when the system refuses."""
+        self._stack.enter_context(tmpfs(self.path, self.size_mb << 20))
         self.mounted = True
 
     def unmount(self) -> None:
-        if not self.mounted:
-            return
-        for args in (["umount", str(self.path)], ["umount", "-l", str(self.path)]):
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
-            if proc.returncode == 0:
-                self.mounted = False
-                return
-            log.warning("%s: %s", " ".join(args), (proc.stderr or proc.stdout).strip())
+        """Unmount (lazily if still busy); idempotent."""
+        self._stack.close()
+        self.mounted = False
 
     def fill(self) -> int:
-        """Write a ballast file until the filesystem is full; the bytes written."""
-        written = 0
-        chunk = b"\0" * (1 << 20)
-        with open(self.path / BALLAST, "ab", buffering=0) as f:
-            for size in (1 << 20, 1 << 12, 1 << 9):
-                while True:
-                    try:
-                        written += f.write(chunk[:size])
-                    except OSError as exc:
-                        if exc.errno != errno.ENOSPC:
-                            raise
-                        break
-        return written
+        """Write the ballast file until the filesystem is full; its size."""
+        return fill(self.path, BALLAST).stat().st_size
 
     def drain(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -196,7 +181,7 @@ class NemesisCluster:
                 m = TmpfsMount(Path(path), disk_mb)
                 m.mount()
                 self.mounts[name] = m
-        except OSError as exc:
+        except (OSError, TmpfsUnavailable) as exc:
             self.disk_reason = str(exc)
             self._unmount()
 

@@ -18,7 +18,9 @@ The generator keeps a small model of the pair while it draws steps:
 
 * ``dead``: how many nodes are down. ``kill-master``/``kill-slave`` need both nodes
   up (never both down: the promise is about *single* failures), ``restart-dead``
-  needs one down.
+  needs one down. ``disk-full`` counts as a node down too: a master whose journal
+  fails fences itself and hands over, and stays out until it has space and resyncs
+  (or is restarted).
 * pair faults (``scope == "pair"``: process, disk, lock and replication-link faults)
   never overlap each other and start only with both nodes up, so a round never
   stacks two failures of the pair (``double_faults=True`` lifts that, for runs that
@@ -45,6 +47,7 @@ __all__ = [
     "Step",
     "RoundPlan",
     "PAIR_MODES",
+    "LEAVES",
     "default_kinds",
     "parse_kinds",
     "next_seed",
@@ -54,6 +57,8 @@ __all__ = [
 ]
 
 PAIR_MODES = ("replicated", "shared-store")
+#: faults after which the generator counts a node as down (until ``restart-dead``)
+LEAVES = ("kill-master", "kill-slave", "disk-full")
 
 Param = str | int | float
 
@@ -79,8 +84,8 @@ FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("restart-dead", "start the node that is down again (it must come back as the slave)", "pair"),
     FaultKind("cut-replication", "break the replication link (its proxy disabled, or half-open) for the hold",
               "pair", modes=("replicated",), hold=(1.0, 4.0)),
-    FaultKind("disk-full", "fill the master's data filesystem (a size-limited tmpfs) for the hold", "pair",
-              hold=(1.0, 4.0), pending="store: fencing and hand-over on ENOSPC (issue 11 item 4)"),
+    FaultKind("disk-full", "fill the master's data filesystem (a size-limited tmpfs) for the hold; the master "
+              "fences and hands over (shared store: the whole pair waits for space)", "pair", hold=(1.0, 4.0)),
     FaultKind("delete-lock", "delete the shared store's lock file under the running pair", "pair",
               modes=("shared-store",), pending="ha: the shared lock file deleted (issue 11 item 3)"),
     FaultKind("cut-client", "disable the master's client proxy (every client link closed, new ones "
@@ -215,7 +220,7 @@ def plan_round(seed: int, mode: str, kinds: Iterable[str] | None = None, *, roun
         kind = rng.choices([c[0] for c in choices], weights=[c[1] for c in choices])[0]
         step = _make_step(kind, t, mode, rng)
         steps.append(step)
-        if kind in ("kill-master", "kill-slave"):
+        if kind in LEAVES:
             dead = 1
         elif kind == "restart-dead":
             dead = 0
@@ -225,11 +230,11 @@ def plan_round(seed: int, mode: str, kinds: Iterable[str] | None = None, *, roun
         # second pair fault too, but never a second node down)
         others = [k for k in link_kinds if k != kind]
         if double_faults:
-            others += [k for k in pair_kinds if k != kind and not (dead and k in ("kill-master", "kill-slave"))]
+            others += [k for k in pair_kinds if k != kind and not (dead and k in LEAVES)]
         if others and rng.random() < p_concurrent:
             extra = _make_step(rng.choice(others), round(t + rng.uniform(0.0, 0.5), 2), mode, rng)
             steps.append(extra)
-            if extra.kind in ("kill-master", "kill-slave"):
+            if extra.kind in LEAVES:
                 dead = 1
             if FAULT_KINDS[extra.kind].scope == "pair":
                 pair_busy_until = max(pair_busy_until, extra.until)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from chaos.nemesis.schedule import (
     FAULT_KINDS,
+    LEAVES,
     RoundPlan,
     default_kinds,
     next_seed,
@@ -83,11 +84,11 @@ def _check_rules(plan: RoundPlan, enabled: list[str], double: bool = False) -> N
                 assert dead == 1, plan.describe()
                 dead = 0
             else:
-                if not double or step.kind in ("kill-master", "kill-slave"):
+                if not double or step.kind in LEAVES:
                     assert dead == 0, f"a second pair failure while a node is down: {plan.describe()}"
                 if not double:
                     assert step.at >= pair_until, f"overlapping pair faults: {plan.describe()}"
-                if step.kind in ("kill-master", "kill-slave"):
+                if step.kind in LEAVES:
                     dead = 1
             pair_until = max(pair_until, step.until)
         assert step.until <= plan.window_s - 1.0 + 1e-9
