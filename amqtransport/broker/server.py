@@ -128,9 +128,7 @@ class BrokerServer:
             self.core.shutting_down = True
         if self._server is not None:
             self._server.close()
-        for conn in list(self.connections):
-            if conn.transport is not None:
-                conn.transport.abort()
+        self.abort_connections()
         self.connections.clear()
         if self._server is not None:
             try:
@@ -229,6 +227,15 @@ class BrokerServer:
         self.connections.add(conn)
         self.connections_opened += 1
         return True
+
+    def abort_connections(self) -> int:
+        """Cut every client connection at once (no ERROR frame, nothing flushed): their
+        clients fail over and replay what was not receipted. Returns how many."""
+        conns = [c for c in self.connections if c.transport is not None]
+        for conn in conns:
+            assert conn.transport is not None
+            conn.transport.abort()
+        return len(conns)
 
     def unregister(self, conn: StompConnection) -> None:
         self.connections.discard(conn)

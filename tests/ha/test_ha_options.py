@@ -114,12 +114,15 @@ def test_shared_store_clean_shutdown_hands_over_and_failback(tmp_path: Path) -> 
 
 def test_receipt_waits_for_the_slave(tmp_path: Path) -> None:
     """A receipt means both disks: with the slave frozen (SIGSTOP) a receipted send
-    stays blocked until the master gives up on the slave (--link-timeout)."""
+    stays blocked. Once the master gives up on the slave (--link-timeout) it cannot
+    tell a frozen slave from one that took over, so it cuts the client (the client
+    replays the send) and holds every receipt until the slave answers its stand-by
+    request: after SIGCONT."""
     import os
     import signal
     import threading
 
-    with BrokerPair("replicated", tmp_path, link_timeout=2.0) as bp:
+    with BrokerPair("replicated", tmp_path, link_timeout=1.0) as bp:
         with amqtransport.connect(bp.uri) as c:
             c.send("/queue/r", "warm-up")
             os.kill(bp.b.pid, signal.SIGSTOP)
@@ -130,11 +133,18 @@ def test_receipt_waits_for_the_slave(tmp_path: Path) -> None:
                 assert not done.wait(0.5), "receipt came while the slave could not have the message"
                 st = bp.a.status()
                 assert int(st["amq-ha-seq"]) > int(st["amq-ha-acked"]), st
-                assert done.wait(20), "the master never dropped the frozen slave"
+                wait_for(lambda: "amq-ha-suspect" in bp.a.status(), 10, "the master to drop the frozen slave")
+                assert not done.wait(3.0), "receipted on one disk while the peer could not be asked to stand by"
+                st = bp.a.status()
+                assert st["amq-ha-role"] == "master" and int(st["amq-ha-held"]) >= 1, st
             finally:
                 os.kill(bp.b.pid, signal.SIGCONT)
-            assert "no ack for seq" in bp.a.log_text() or "slave silent" in bp.a.log_text()
-        # the slave comes back, relinks and resyncs both messages
+            assert done.wait(20), "the thawed slave stood by but the receipt never came"
+            t.join(5)
+            log = bp.a.log_text()
+            assert "no ack for seq" in log or "slave silent" in log
+            assert "client connections so their clients replay" in log and "receipts resume" in log, log[-3000:]
+        # the slave relinks and resyncs both messages (the replayed copy was dropped by its key)
         wait_for(lambda: bp.b.status().get("amq-ha-peer-state") == "in-sync"
               and bp.b.status().get("amq-ha-messages") == "2", 30, "the thawed slave to resync")
 

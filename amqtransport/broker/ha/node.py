@@ -10,7 +10,9 @@ peer, message counts) and accepts replication links when the node is master. The
 "connection refused" everywhere except on the master and their ``failover:`` URI
 finds it. Both ports accept the same HA requests (a master's client port also answers
 ``amq-ha-status`` and replication ``CONNECT`` frames, as ActiveMQ's master connector
-points at the master's transport connector).
+points at the master's transport connector). Every request that changes a role or a
+store -- replication link, demote, stand-by -- is signed with the pair's cluster
+secret and checked (:mod:`.auth`); the HA port is bounded (:mod:`.port`).
 
 Shared store (``--ha shared-store``). Both nodes use one data directory. The node
 polls the exclusive lock ``ha.lock`` every ``--lock-interval`` (default 0.1 s); once
@@ -35,25 +37,39 @@ every lost link) the node *decides* (:meth:`HaNode._decide`):
 2. If the peer answers but is not master either (both starting), the higher epoch of
    a synced store wins, then the node that was master at that epoch, then the
    configured master, then the lower name.
-3. If the peer is unreachable: an unsynced store never becomes master; a node whose
-   state says a slave had synced from it (``peer_may_be_master``) waits -- that slave
-   may have taken over and hold newer data; otherwise the configured master (or a node
-   that was master last) becomes master; a configured slave waits for its master.
+3. If the peer is unreachable: an unsynced store never becomes master; a node that was
+   a slave last waits for its master (the master may have receipted messages this copy
+   lacks); a node whose state says a slave had synced from it (``peer_may_be_master``)
+   waits -- that slave may have taken over and hold newer data; otherwise the
+   configured master (or a node that was master last) becomes master; a configured
+   slave waits for its master.
 
 A master raises the epoch before binding, installs the
 :class:`~.replication.ReplicationMaster` (store listener + journal gate: a receipt
 waits for the slave's fsync while a slave is attached), and binds the client port --
 at once, or with ``--wait-for-slave`` only when a slave has synced. When a synced slave
-is lost the master carries on alone, or with ``--shutdown-on-slave-failure`` stops
-(receipts for unreplicated records are refused). With no slave attached it probes its
+is lost without a goodbye, or the master's event loop stalled for longer than
+``--link-timeout`` (it was frozen: the slave may have taken over meanwhile), the
+receipts that waited for the slave are never sent (their client connections are cut;
+the clients replay to whichever node is master and idempotency keys drop the copies)
+and the master receipts nothing more until its peer has answered a *stand-by* request
+(:mod:`.peercheck`): a peer that is master at a newer epoch makes it step down; a peer
+that agrees to stand by marks its store as no longer a complete copy (it will resync
+before it could take over) and the master goes on alone; no answer keeps the receipts
+held. With ``--shutdown-on-slave-failure`` the master stops instead (receipts for
+unreplicated records are refused). With no slave attached it probes its
 known peer every second and demotes itself if the peer is a master with a higher
 epoch (the end of a split brain); if the peer is a master with a *lower* epoch (it came
 back knowing nothing of us, e.g. with a wiped store), it sends it a demote request
-(``amq-ha-demote``, authenticated like a replication link) and the stale master steps
-down, learns our address and joins us as slave.
+(``amq-ha-demote``) and the stale master -- once the requester's own HA port confirms
+that it is master at that newer epoch -- steps down, learns our address and joins us
+as slave.
 
 A slave connects, wipes its store, imports the snapshot, acks, then applies and acks
-every record. It starts no client connector. When the link breaks after it was in
+every record. It starts no client connector. Its store counts as a complete copy
+(``synced`` in ``ha-state.json``) from the end of the full sync until it leaves with a
+goodbye or agrees to stand by; the takeover decision re-checks that flag right before
+it raises the epoch, with nothing awaited in between. When the link breaks after it was in
 sync, ``--shutdown-on-master-failure`` makes it stop (a cold backup holding a
 complete copy); otherwise it takes over only if the master is unreachable on *every*
 address it knows (master connector, master client port, master HA port) *and* the
@@ -67,27 +83,37 @@ Partition cases (M = master, S = slave, C = the takeover-check address)
    disk.
 2. M's host or network dies silently: no ack/ping for ``--link-timeout`` (default
    2 s) -> S probes M (times out) -> C answers -> S takes over.
-3. Only the replication link is cut (a proxy between them dies), M is alive:
-   M drops S after ``--link-timeout`` without an ack and serves alone (or stops with
+3. M is frozen (SIGSTOP, a long pause, a VM freeze) longer than ``--link-timeout``:
+   as case 2, S takes over. When M resumes, its overdue timers see the link gone (or
+   the loop stall): it cuts the clients whose receipts waited for S, asks S to stand
+   by, finds S master at a newer epoch and steps down, resyncing from S. No loss: M
+   never receipts what S lacks (the SENDs that reached M while it was frozen are
+   replayed by their clients to S).
+4. Only the replication link is cut (a proxy between them dies), M is alive:
+   M drops S after ``--link-timeout`` without an ack, cuts the clients whose receipts
+   waited for S, and asks S (on S's own address) to stand by; S agrees (its copy is
+   stale from now on) and M serves alone (or stops with
    ``--shutdown-on-slave-failure``). S sees the link go, probes M's own client/HA
    address, gets an answer, and stays slave, retrying the link every interval; when
-   it comes back S resyncs. No second master.
-4. S is isolated (its network is down): S cannot reach M nor C -> S does not take
-   over; it retries. M loses S and goes on alone (or stops with
-   ``--shutdown-on-slave-failure``).
-5. M is isolated (M cannot reach S nor C; S reaches C): S takes over. M, when its
-   synced slave is lost and ``--takeover-check`` is set on M too, tests C; it cannot
-   reach it, so it *fences itself*: it closes its client port and every client and
-   goes back to deciding (case 1 of the decision: it joins S as slave when the
-   network heals). Without ``--takeover-check`` on M, M keeps serving the clients that
-   can still reach it until it sees S as a master with a higher epoch.
-6. M and S cannot reach each other at all but both reach C (the residual case no
-   two-node design without a quorum can settle): both are masters for the duration.
-   When the partition heals, M (the lower epoch) sees S as master and demotes itself,
-   resyncing from S: messages M receipted during the split (on M's disk only) are
-   lost. ``--shutdown-on-slave-failure`` on M closes this hole (M never receipts
-   without a second copy), at the price of availability when S is down.
-7. Both nodes die and only the stale one (the old master, whose slave had synced)
+   it comes back S resyncs. No second master, no loss.
+5. S is isolated, frozen, or its host hangs: S cannot reach M nor C -> S does not take
+   over; it retries. M cannot tell this from S having taken over, so it receipts
+   nothing (SENDs wait for their receipts) until S answers again or its ports refuse
+   (S's process is gone: a restarted slave waits for its master); or it stops with
+   ``--shutdown-on-slave-failure``.
+6. M is isolated (M cannot reach S nor C; S reaches C): S takes over. M holds its
+   receipts (case 5); when its synced slave is lost and ``--takeover-check`` is set on
+   M too, it tests C, cannot reach it, and *fences itself*: it closes its client port
+   and every client and goes back to deciding (case 1 of the decision: it joins S as
+   slave when the network heals). Without ``--takeover-check`` on M, M keeps its
+   client port open (holding receipts) until it sees S as a master with a higher epoch.
+7. M and S cannot reach each other at all but both reach C (the residual case no
+   two-node design without a quorum can settle): S takes over; M holds every receipt
+   (it cannot ask S to stand by), so clients still connected to M see their sends
+   wait rather than a receipt. When the partition heals, M sees S as master with a
+   higher epoch and steps down; its clients replay to S. No receipted message is lost;
+   availability is what is given up (the CP choice).
+8. Both nodes die and only the stale one (the old master, whose slave had synced)
    restarts: it waits for its peer instead of serving stale data (rule 3). Delete
    ``ha-state.json`` on it to force it up if the other node's disk is lost for good.
 """
@@ -116,6 +142,16 @@ from ..store import Callback, MessageStore, run_completions
 from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestSigner, RequestVerifier, load_secret
 from .epoch import HaState
 from .lock import FileLock, wait_for_lock
+from .peercheck import (
+    CLEAR,
+    DEMOTE_PEER,
+    STANDBY_ANSWER,
+    STANDBY_HEADER,
+    STANDBY_REASON,
+    STEP_DOWN,
+    ask_peer,
+    judge,
+)
 from .port import HaPortLimits, HaPortProtocol, RefusalLog, answer_error
 from .replication import (
     ACK,
@@ -150,8 +186,9 @@ MODES = ("shared-store", "replicated")
 #: a master with a higher epoch asks a stale master to step down (the end of a split brain)
 DEMOTE_HEADER = "amq-ha-demote"
 #: requests that change a node's role or state: signed with the cluster secret (auth.py)
-ROLE_REQUESTS = (REPLICA_HEADER, DEMOTE_HEADER)
-REQUEST_NAMES = {REPLICA_HEADER: "replication link", DEMOTE_HEADER: "demote request"}
+ROLE_REQUESTS = (REPLICA_HEADER, DEMOTE_HEADER, STANDBY_HEADER)
+REQUEST_NAMES = {REPLICA_HEADER: "replication link", DEMOTE_HEADER: "demote request",
+                 STANDBY_HEADER: "stand-by request"}
 
 
 @dataclass(frozen=True)
@@ -275,6 +312,10 @@ class HaNode:
         self.exit_code = 0
         self._stop = asyncio.Event()
         self._demote: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._held_since = 0.0
+        self._held_logged = 0.0
+        self.link_up = False  # slave: the replication link is open
         self._ha_server: asyncio.Server | None = None
         self._waiting_reason = ""
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -388,6 +429,10 @@ class HaNode:
             if repl is not None:
                 st["amq-ha-seq"] = str(repl.seq)
                 st["amq-ha-acked"] = str(repl.acked)
+                st["amq-ha-held"] = str(repl.held)
+                st["amq-ha-refused-receipts"] = str(repl.refused_receipts)
+                if repl.suspect is not None:
+                    st["amq-ha-suspect"] = repl.suspect
                 link = repl.link
                 if link is None:
                     st["amq-ha-peer"] = self.state.peer.get("client", "")
@@ -440,6 +485,8 @@ class HaNode:
             elif request == DEMOTE_HEADER:
                 assert self.loop is not None
                 self.loop.create_task(self._demote_request(transport, frame, peer))
+            else:
+                self._standby_request(transport, frame)
             return
         if frame.get(STATUS_HEADER) is not None:
             answer = Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])
@@ -555,6 +602,33 @@ class HaNode:
         answer = serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()]))
         self.repl.attach(transport, slave, answer, info)
 
+    def _standby_request(self, transport: asyncio.Transport, frame: Frame) -> None:
+        """Our peer is master, lost us (or froze) and asks us to stand by before it
+        receipts alone (peercheck.py). Agreeing means: this store is no longer a
+        complete copy, so we never take over before resyncing from it. This runs on
+        the loop, like the takeover decision (which checks ``state.synced`` right before
+        it raises the epoch), so the two cannot interleave."""
+        who = frame.get(STANDBY_HEADER) or "?"
+        theirs = int(frame.get("amq-ha-epoch") or 0)
+        if self.role == "master":
+            answer, reason = "refused", f"node {self.name} is master at epoch {self.state.epoch}"
+        elif self.state.synced and self.state.epoch > theirs:
+            answer, reason = "refused", f"this store has epoch {self.state.epoch}, newer than {theirs}"
+        elif self.link_up and self.slave_synced and self.state.peer.get("name") == who:
+            answer, reason = "in-sync", f"in sync with {who}"
+        else:
+            answer, reason = "ok", "standing by"
+            if self.state.synced:
+                self.state.synced = False
+                self.state.save(self.data_dir)
+                log.warning(
+                    "node %s: master %s (epoch %d) is alive and goes on without us: this store is no longer "
+                    "a complete copy; it will not take over before it has resynced", self.name, who, theirs,
+                )
+        headers = [("version", "1.2"), *self.status().items(), (STANDBY_ANSWER, answer), (STANDBY_REASON, reason)]
+        transport.write(serialize(Frame.make("CONNECTED", headers)))
+        transport.close()
+
     # ------------------------------------------------------------------ shared store
     async def _run_shared_store(self) -> None:
         lock = FileLock(self.data_dir / "ha.lock")
@@ -621,6 +695,7 @@ class HaNode:
         server.on_fenced = self._master_fenced
         self.server = server
         self._demote = asyncio.Event()
+        self._wake = asyncio.Event()
         self.role = "master"
         if replicate:
             self.repl = ReplicationMaster(
@@ -629,6 +704,7 @@ class HaNode:
                 shutdown_on_slave_failure=self.opts.shutdown_on_slave_failure,
                 on_synced=self._on_slave_synced,
                 on_lost=self._on_slave_lost,
+                on_suspect=self._on_suspect,
             )
         self._set_role("master", f"epoch {self.state.epoch}")
         self.became_master_at = time.monotonic()
@@ -706,21 +782,30 @@ class HaNode:
         if self._demote is not None:
             self._demote.set()
 
+    def _on_suspect(self, _reason: str) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
     async def _serve_master(self) -> None:
         self.state.epoch += 1
         self.state.role = "master"
         self.state.synced = True
         self.state.save(self.data_dir)
         await self._start_master(replicate=True)
-        demote = self._demote
-        assert demote is not None
+        demote, wake = self._demote, self._wake
+        assert demote is not None and wake is not None
         try:
             while not self.stopping and not demote.is_set():
+                repl = self.repl
+                every = 1.0 if repl is None or repl.suspect is None else max(0.05, self.opts.link_timeout / 4)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(demote.wait(), 1.0)
-                if self.stopping or demote.is_set():
+                    await asyncio.wait_for(wake.wait(), every)
+                wake.clear()
+                if self.stopping or demote.is_set() or self.repl is None:
                     break
-                if self.repl is not None and self.repl.link is None:
+                if self.repl.suspect is not None:
+                    await self._confirm_peer()
+                elif self.repl.link is None:
                     await self._check_peer_not_master()
         finally:
             await self._stop_master()
@@ -728,35 +813,66 @@ class HaNode:
             raise _Stop()
         self._set_role("fenced", "left the master role")
 
-    async def _check_peer_not_master(self) -> None:
-        for addr in self._peer_addresses():
-            info = await probe(*addr, timeout=0.5)
-            if info is None or info.get("amq-ha-role") != "master":
-                continue
-            theirs = int(info.get("amq-ha-epoch", "0") or 0)
-            if theirs > self.state.epoch or (theirs == self.state.epoch and info.get("amq-ha-name", "") < self.name):
-                log.error(
-                    "node %s: peer %s:%d is master at epoch %d > ours %d: split brain ended; "
-                    "demoting to slave and resyncing (our unreplicated writes are dropped)",
-                    self.name, *addr, theirs, self.state.epoch,
-                )
-                if self._demote is not None:
-                    self._demote.set()
-                return
-            # a master with an older epoch (it came back without knowing about us, e.g. with
-            # a wiped store): ask it to step down and join us
-            ha = info.get("amq-ha-port")
-            target = parse_address(ha) if ha else addr
-            headers = self._request_headers(DEMOTE_HEADER)
-            try:
-                _answer, _r, writer = await ha_request(*target, headers, timeout=1.0)
-                writer.close()
-                log.warning("node %s: stale master %s (epoch %d < %d) at %s:%d agreed to step down",
-                            self.name, info.get("amq-ha-name"), theirs, self.state.epoch, *target)
-            except (OSError, TimeoutError, ReplicationError) as exc:
-                log.error("node %s: a second master %s (epoch %d) at %s:%d refused to step down: %s",
-                          self.name, info.get("amq-ha-name"), theirs, *target, exc)
+    async def _confirm_peer(self) -> None:
+        """One round of asking the peer to stand by while receipts are held (peercheck.py)."""
+        repl = self.repl
+        assert repl is not None
+        answers = await ask_peer(
+            self._peer_addresses(), lambda: self._request_headers(STANDBY_HEADER), min(1.0, self.opts.link_timeout)
+        )
+        if self.repl is not repl or repl.suspect is None or self.stopping:
             return
+        link = repl.link
+        verdict = judge(self.name, self.state.epoch, answers,
+                        in_sync_slave=link.slave if link is not None and link.synced else None)
+        if verdict.kind == CLEAR:
+            repl.clear_suspect(verdict.reason)
+            self._held_since = 0.0
+        elif verdict.kind == STEP_DOWN:
+            self._step_down(verdict.reason)
+        elif verdict.kind == DEMOTE_PEER:
+            assert verdict.address is not None
+            await self._ask_to_step_down(verdict.address, verdict.info)
+        else:
+            now = time.monotonic()
+            if not self._held_since:
+                self._held_since = self._held_logged = now
+                log.error("node %s: receipts held until the peer can be asked to stand by: %s", self.name,
+                          verdict.reason)
+            elif now - self._held_logged >= 10:
+                self._held_logged = now
+                log.error("node %s: receipts held for %.0f s: %s", self.name, now - self._held_since, verdict.reason)
+
+    def _step_down(self, reason: str) -> None:
+        log.error("node %s: %s: split brain ended; demoting to slave and resyncing "
+                  "(our unreplicated writes are dropped)", self.name, reason)
+        if self._demote is not None:
+            self._demote.set()
+
+    async def _check_peer_not_master(self) -> None:
+        """With no slave attached: is the peer a master too (the end of a split brain)?"""
+        answers = await ask_peer(self._peer_addresses(), None, 0.5)
+        if self.repl is None or self.repl.link is not None or self.stopping:
+            return
+        verdict = judge(self.name, self.state.epoch, answers)
+        if verdict.kind == STEP_DOWN:
+            self._step_down(verdict.reason)
+        elif verdict.kind == DEMOTE_PEER:
+            assert verdict.address is not None
+            await self._ask_to_step_down(verdict.address, verdict.info)
+
+    async def _ask_to_step_down(self, target: tuple[str, int], info: Mapping[str, str]) -> None:
+        """A master with an older epoch (it came back without knowing about us, e.g. with a
+        wiped store): ask it to step down and join us."""
+        headers = self._request_headers(DEMOTE_HEADER)
+        try:
+            _answer, _r, writer = await ha_request(*target, headers, timeout=1.0)
+            writer.close()
+            log.warning("node %s: stale master %s (epoch %s < %d) at %s:%d agreed to step down",
+                        self.name, info.get("amq-ha-name"), info.get("amq-ha-epoch"), self.state.epoch, *target)
+        except (OSError, TimeoutError, ReplicationError) as exc:
+            log.error("node %s: a second master %s (epoch %s) at %s:%d refused to step down: %s",
+                      self.name, info.get("amq-ha-name"), info.get("amq-ha-epoch"), *target, exc)
 
     # ------------------------------------------------------------------ replicated
     def peer_addresses(self) -> list[tuple[str, int]]:
@@ -784,6 +900,12 @@ class HaNode:
         while not self.stopping:
             if action == "decide":
                 action, join = await self._decide()
+            if action == "master" and not self.state.synced:
+                # a stand-by request arrived since the decision (it runs on this loop too;
+                # from here to the epoch raise in _serve_master nothing awaits)
+                log.warning("node %s: not taking over: the master asked us to stand by "
+                            "(this store is no longer a complete copy)", self.name)
+                action = "decide"
             if action == "master":
                 await self._serve_master()
                 action = "decide"
@@ -835,6 +957,10 @@ class HaNode:
             if mine > theirs or (mine == theirs and self.name < info.get("amq-ha-name", "")):
                 return "master", None
             self._wait(f"peer {info.get('amq-ha-name')} has the better claim (epoch {theirs[0]})")
+            return "wait", None
+        if st.role == "slave":
+            self._wait("peer unreachable; this store is a slave's copy and the master may have receipted "
+                       "messages it lacks: waiting for the master")
             return "wait", None
         if st.peer_may_be_master:
             self._wait("peer unreachable and it may hold newer data (it had synced from us): waiting for it")
@@ -995,6 +1121,7 @@ class HaNode:
         stop_wait = asyncio.ensure_future(self._stop.wait())
         last_ping = loop.time()
         last_compact = loop.time()
+        self.link_up = True
         try:
             while True:
                 now = loop.time()
@@ -1015,6 +1142,11 @@ class HaNode:
                         writer.write(pack(BYE))
                         await asyncio.wait_for(writer.drain(), 1.0)
                     store.flush(5)
+                    if self.state.synced:
+                        # the master goes on without us after a goodbye: this copy is stale from
+                        # its next receipt on, so it must resync before it could serve
+                        self.state.synced = False
+                        self.state.save(self.data_dir)
                     return "stop"
                 if read not in done:
                     read.cancel()
@@ -1044,6 +1176,7 @@ class HaNode:
             log.error("replication stream error: %s", exc)
             return "lost"
         finally:
+            self.link_up = False
             stop_wait.cancel()
 
     async def _after_master_loss(self, addr: tuple[str, int]) -> str:

@@ -36,10 +36,18 @@ them in order. So *a receipt means the record is on both disks*, and nothing blo
 the master's writer goes on fsyncing the next batch while the slave works (the journal
 pipeline is not stalled by the network), and records are streamed to the slave as soon
 as they are appended, before the master's own fsync, so the two fsyncs overlap. A slave
-in sync that leaves a batch unacknowledged for ``link_timeout`` is dropped and the
-held completions are released (the master carries on alone), or, with
-``--shutdown-on-slave-failure``, they fail with an error (no receipt) and the node
-stops. During the full sync there is no deadline: ActiveMQ's rule, a master does not
+in sync that leaves a batch unacknowledged for ``link_timeout`` is dropped. Completions
+held for a synced slave that is lost without a goodbye are *never* run as successes:
+that slave may be taking over without those records. Every client connection is cut
+first (:meth:`BrokerServer.abort_connections`: the clients replay to whichever node is
+master, and idempotency keys drop the copies), then they run with an error nobody
+sees. The master is then *suspect* (:attr:`ReplicationMaster.suspect`, also set when
+its own loop stalled for longer than ``link_timeout``): no completion runs unless a
+slave ack covers it, until the node has asked its peer to stand by
+(:mod:`.peercheck`) and calls :meth:`clear_suspect` -- or steps down. With
+``--shutdown-on-slave-failure`` the node stops instead. A slave lost during its full
+sync, or one that said goodbye, releases what waited for it (it cannot take over).
+During the full sync there is no deadline: ActiveMQ's rule, a master does not
 answer a client until the event is forwarded, and a slave that has not finished its
 sync cannot take over anyway. (``Journal.on_durable`` with nothing queued completes at
 once on the loop: such a completion waits for the slave to have every record so far.)
@@ -269,6 +277,7 @@ class ReplicationMaster:
         shutdown_on_slave_failure: bool,
         on_synced: Callable[[MasterLink], None],
         on_lost: Callable[[MasterLink, str, bool], None],
+        on_suspect: Callable[[str], None] = lambda _reason: None,
     ) -> None:
         assert server.store is not None
         self.server = server
@@ -278,6 +287,10 @@ class ReplicationMaster:
         self.shutdown_on_slave_failure = shutdown_on_slave_failure
         self.on_synced = on_synced
         self.on_lost = on_lost
+        self.on_suspect = on_suspect
+        #: why receipts not covered by a slave ack are held (None: they are not); see peercheck.py
+        self.suspect: str | None = None
+        self.refused_receipts = 0  # completions never run as successes (their clients were cut off)
         journal = self.store.journal
         with journal._cond:  # noqa: SLF001 - the append counter numbers the stream
             self.seq = journal._appended  # noqa: SLF001
@@ -286,6 +299,7 @@ class ReplicationMaster:
         self._acked = 0
         self._gated: MasterLink | None = None
         self._fatal: str | None = None
+        self._closed = False
         self._held: deque[tuple[int, float, list[tuple[Callback, BaseException | None]]]] = deque()
         self.link: MasterLink | None = None
         self.gate_timeouts = 0
@@ -300,7 +314,8 @@ class ReplicationMaster:
         journal.add_batch_hook(self._hook)
         self._orig_notify = journal._notify  # noqa: SLF001
         journal._notify = self._notify  # noqa: SLF001 - completions pass through the gate
-        self._timer: asyncio.TimerHandle | None = self.loop.call_later(self._tick_every, self._tick)
+        self._tick_due = self.loop.time() + self._tick_every
+        self._timer: asyncio.TimerHandle | None = self.loop.call_at(self._tick_due, self._tick)
 
     @property
     def _tick_every(self) -> float:
@@ -319,6 +334,7 @@ class ReplicationMaster:
         # copy the slave (which may take over) does not have
         self._held.clear()
         self._fatal = "master stopping"
+        self._closed = True
         link, self.link = self.link, None
         self._gated = None
         if link is not None:
@@ -342,11 +358,21 @@ class ReplicationMaster:
         self.loop.call_soon_threadsafe(self._hold, self._batch_target, items)
 
     # loop thread -------------------------------------------------------
+    def _may_run(self, target: int) -> bool:
+        """May completions up to record ``target`` run? With a slave attached, when it has
+        acked them; without one, unless we are suspect (see peercheck.py)."""
+        if self._gated is not None:
+            return self._acked >= target
+        return self.suspect is None
+
     def _hold(self, target: int, items: list[tuple[Callback, BaseException | None]]) -> None:
-        if self._fatal is not None:
-            run_completions([(cb, err or JournalError(self._fatal)) for cb, err in items])
+        if self._closed:
+            run_completions([(cb, err or JournalError("master stopping")) for cb, err in items])
             return
-        if not self._held and (self._gated is None or self._acked >= target):
+        if self._fatal is not None:
+            self._refuse([items], self._fatal)
+            return
+        if not self._held and self._may_run(target):
             run_completions(items)
             return
         self._held.append((target, self.loop.time(), items))
@@ -354,20 +380,50 @@ class ReplicationMaster:
 
     def _release(self) -> None:
         held = self._held
-        while held and (self._gated is None or held[0][0] <= self._acked):
+        while held and self._may_run(held[0][0]):
             run_completions(held.popleft()[2])
 
-    def _release_all(self) -> None:
-        held, self._held = self._held, deque()
-        fatal = self._fatal
-        for _target, _t, items in held:
-            if fatal is not None:
-                items = [(cb, err or JournalError(fatal)) for cb, err in items]
-            run_completions(items)
+    def _refuse(self, batches: list[list[tuple[Callback, BaseException | None]]], reason: str) -> None:
+        """Never receipt these: cut every client connection first (their clients fail over
+        and replay what was not receipted; idempotency keys drop the copies), then run the
+        completions with an error once the connections are gone (so the store's own
+        bookkeeping, e.g. duplicate waiters, completes and no RECEIPT or ERROR is written)."""
+        n = sum(len(items) for items in batches)
+        if not n:
+            return
+        self.refused_receipts += n
+        cut = self.server.abort_connections()
+        log.error("replication: %d completions will never be receipted (%s); cut %d client connections so "
+                  "their clients replay", n, reason, cut)
+        err = JournalError(f"not receipted: {reason}")
+        items: list[tuple[Callback, BaseException | None]] = [(cb, e or err) for batch in batches for cb, e in batch]
+        self.loop.call_soon(run_completions, items)  # after the connections' connection_lost
+
+    def suspect_now(self, reason: str) -> None:
+        """Hold every completion a slave ack does not cover until :meth:`clear_suspect`."""
+        if self.suspect is None and self._fatal is None:
+            self.suspect = reason
+            log.warning("replication: receipts without a slave ack are held: %s", reason)
+            _safe(self.on_suspect, reason)
+
+    def clear_suspect(self, reason: str) -> None:
+        if self.suspect is None:
+            return
+        log.warning("replication: receipts resume (%s); %d batches held were waiting", reason, len(self._held))
+        self.suspect = None
+        self._release()
 
     def _tick(self) -> None:
-        """Drop an in-sync slave that leaves a batch unacknowledged for ``link_timeout``."""
-        self._timer = self.loop.call_later(self._tick_every, self._tick)
+        """Notice a stalled loop; drop an in-sync slave that leaves a batch unacknowledged
+        for ``link_timeout``."""
+        now = self.loop.time()
+        lag = now - self._tick_due
+        self._tick_due = now + self._tick_every
+        self._timer = self.loop.call_at(self._tick_due, self._tick)
+        if lag > self.link_timeout:
+            # frozen (SIGSTOP, a pause) for longer than the slave waits: it may have taken over
+            self.suspect_now(f"the event loop stalled for {lag:.1f} s, longer than --link-timeout "
+                             f"{self.link_timeout:g} s")
         link = self._gated
         if link is None or not link.synced or not self._held:
             return
@@ -448,16 +504,29 @@ class ReplicationMaster:
         was_synced = link.synced and not link.bye
         if self._gated is link:
             self._gated = None
-        if was_synced and self.shutdown_on_slave_failure:
-            self._fatal = f"slave {link.slave} lost ({reason}) and --shutdown-on-slave-failure is set"
         level = logging.INFO if link.bye else logging.WARNING
         log.log(level, "replication: slave %s detached: %s", link.slave, reason)
-        self._release_all()
+        if was_synced:
+            # no goodbye: the slave may be taking over right now. What waited for its ack
+            # may be missing on the next master: never receipt it (issue: a thawed master
+            # receipted SENDs the new master never had).
+            held, self._held = self._held, deque()
+            self._refuse([items for _t, _s, items in held], f"slave {link.slave} lost before it acknowledged them")
+            if self.shutdown_on_slave_failure:
+                self._fatal = f"slave {link.slave} lost ({reason}) and --shutdown-on-slave-failure is set"
+            else:
+                self.suspect_now(f"synced slave {link.slave} lost without a goodbye ({reason})")
+        self._release()
         _safe(self.on_lost, link, reason, was_synced)
 
     @property
     def acked(self) -> int:
         return self._acked
+
+    @property
+    def held(self) -> int:
+        """Completions waiting (for a slave ack, or for the peer check while suspect)."""
+        return sum(len(items) for _t, _s, items in self._held)
 
 
 def _safe(fn: Callable[..., None], *args: object) -> None:

@@ -1,0 +1,113 @@
+"""A frozen master (SIGSTOP ... SIGCONT) must not receipt a SEND the new master never had.
+
+Real processes: a replicated pair with a small ``--link-timeout``. A raw STOMP socket
+is connected to the master; the master is frozen; a SEND with a receipt request is
+written into that socket (it sits in the kernel buffer of the frozen process); the
+slave takes over (epoch 2); the old master is thawed. Its overdue timers then see
+the replication link gone: before the fix it released the receipt it was holding
+for the slave as a success and wrote a RECEIPT for a message only its own disk had,
+and stepped down (wiping that disk) a moment later: a receipted message lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from ha_helpers import wait_for
+
+import amqtransport
+from amqtransport.stomp import IDEMPOTENCY_HEADER
+from amqtransport.testing.broker_pair import BrokerPair
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _read_frames(sock: socket.socket, until: float) -> tuple[list[bytes], bool]:
+    """Frames (raw bytes up to each NUL, EOLs stripped) read until EOF or ``until``;
+    and whether the peer closed the connection."""
+    buf = b""
+    closed = False
+    while time.monotonic() < until:
+        sock.settimeout(max(0.05, until - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        except OSError:
+            closed = True
+            break
+        if not chunk:
+            closed = True
+            break
+        buf += chunk
+    frames = [f.lstrip(b"\r\n") for f in buf.split(b"\x00")]
+    return [f for f in frames if f], closed
+
+
+def _raw_connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"CONNECT\naccept-version:1.2\nhost:x\nheart-beat:0,0\n\n\x00")
+    data = b""
+    while b"\x00" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, "the broker closed the connection instead of answering CONNECT"
+        data += chunk
+    assert data.startswith(b"CONNECTED"), data
+    return sock
+
+
+def freeze_round(bp: BrokerPair, queue: str, tag: str, sockets: int = 6) -> tuple[set[str], set[str]]:
+    """One freeze of the current master with a SEND in each of ``sockets`` socket buffers.
+
+    Returns (receipted, present): the bodies the frozen-then-thawed master wrote a
+    RECEIPT for, and the bodies found on the node that is master afterwards.
+    """
+    old = bp.wait_master(30)
+    new = bp.other(old)
+    socks = [_raw_connect(old.port) for _ in range(sockets)]
+    bodies = [f"{tag}-{i}" for i in range(sockets)]
+    try:
+        os.kill(old.pid, signal.SIGSTOP)
+        try:
+            for sock, body in zip(socks, bodies, strict=True):
+                sock.sendall(
+                    f"SEND\ndestination:{queue}\nreceipt:{body}\npersistent:true\n"
+                    f"{IDEMPOTENCY_HEADER}:key-{body}\ncontent-length:{len(body)}\n\n{body}\x00".encode()
+                )
+            assert bp.wait_master(30, exclude=old) is new
+        finally:
+            os.kill(old.pid, signal.SIGCONT)
+        until = time.monotonic() + 5
+        receipted = set()
+        for sock, body in zip(socks, bodies, strict=True):
+            frames, _closed = _read_frames(sock, until)
+            if any(f.startswith(b"RECEIPT") for f in frames):
+                receipted.add(body)
+    finally:
+        for sock in socks:
+            sock.close()
+    # the thawed node steps down and resyncs from the new master
+    wait_for(lambda: old.status().get("amq-ha-peer-state") == "in-sync", 30, "the old master to resync as slave")
+    assert bp.wait_master(10) is new
+    with amqtransport.connect(bp.uri) as c:
+        sub = c.subscribe(queue, ack="auto")
+        got = {m.text for m in iter(lambda: sub.receive(timeout=1.5), None)}
+    return receipted, got
+
+
+def test_thawed_master_never_receipts_what_the_new_master_lacks(tmp_path: Path) -> None:
+    with BrokerPair("replicated", tmp_path, link_timeout=0.5) as bp:
+        with amqtransport.connect(bp.uri) as c:
+            c.send("/queue/frozen", "warm-up")
+        for n in range(2):  # a freezes, then b (the new master) freezes
+            receipted, present = freeze_round(bp, f"/queue/frozen{n}", f"round{n}")
+            lost = receipted - present
+            assert not lost, f"round {n}: the thawed master receipted SENDs the new master never had: {lost}"
+            assert not receipted, f"round {n}: a master that lost its slave uncleanly receipted {receipted}"
+        log = bp.a.log_text()
+        assert "demoting to slave" in log or "step down" in log, log[-3000:]
