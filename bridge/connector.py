@@ -309,6 +309,7 @@ class Bridge:
         self._stop.set()
 
     def _remote_resumed(self, address: str | None) -> None:
+        self.status.failover()
         if address:
             self.last_remote = address
 

@@ -60,6 +60,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -311,13 +312,16 @@ class DestinationForwarder:
         if not to_send:
             return (_Batch(None, 0, acks) if acks else None), held
         producer = self._dst.producer(window=len(to_send))
+        started = time.monotonic()
+        self._status.add_in_flight(len(to_send))
         try:
             for msg, dest, headers, persistent, key in to_send:
                 producer.send(dest, msg.body, headers, persistent=persistent, idempotency_key=key)
         except BaseException:
+            self._status.add_in_flight(-len(to_send))
             self._status.add_failed(len(to_send))
             raise
-        return _Batch(producer, len(to_send), acks), held
+        return _Batch(producer, len(to_send), acks, started), held
 
     def _finish_batch(self, batch: _Batch) -> None:
         """Wait for the far broker's receipts, then acknowledge on the source."""
@@ -325,8 +329,11 @@ class DestinationForwarder:
             try:
                 batch.producer.flush()
             except BaseException:
+                self._status.add_in_flight(-batch.forwarded)
                 self._status.add_failed(batch.forwarded)
                 raise
+            self._status.add_in_flight(-batch.forwarded)
+            self._status.forward_seconds.observe(time.monotonic() - batch.started)
         ack_many = getattr(self._src, "ack_many", None)
         if ack_many is not None:
             ack_many(batch.acks)  # one ACK per message, all in one socket write
@@ -334,7 +341,7 @@ class DestinationForwarder:
             for msg in batch.acks:
                 msg.ack()
         if batch.forwarded:
-            self._status.add_forwarded(batch.forwarded)
+            self._status.add_forwarded(batch.forwarded, self.destination)
 
 
 @dataclass
@@ -342,6 +349,7 @@ class _Batch:
     producer: Any  # None when nothing was sent (only drops to acknowledge)
     forwarded: int
     acks: list[Any]
+    started: float = 0.0  # time.monotonic() when the batch's first send went out
 
 
 def _quietly(fn: Callable[[], Any]) -> None:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from amqtransport.broker.stats import LATENCY_BUCKETS, Histogram, HistogramSnapshot
+
 __all__ = ["UP", "DOWN", "CONNECTING", "BridgeStatus", "StatusRegistry", "StatusServer", "render_table"]
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,10 @@ class BridgeStatus:
     last_error: str | None = None
     since: float = field(default_factory=time.time)
     destinations: set[str] = field(default_factory=set)
+    by_destination: dict[str, int] = field(default_factory=dict)  # forwarded per source destination
+    in_flight: int = 0  # sent to the far broker, receipt awaited
+    failovers: int = 0  # the remote connection resumed after a failover
+    forward_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS), repr=False)
     _remote_probe: Probe | None = None
     _local_probe: Probe | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -102,9 +108,20 @@ class BridgeStatus:
         with self._lock:
             self.last_error = _describe(error)
 
-    def add_forwarded(self, n: int = 1) -> None:
+    def add_forwarded(self, n: int = 1, destination: str | None = None) -> None:
         with self._lock:
             self.forwarded += n
+            if destination is not None:
+                self.by_destination[destination] = self.by_destination.get(destination, 0) + n
+
+    def add_in_flight(self, n: int) -> None:
+        """``n`` messages sent to the far broker (negative: their receipts are in, or failed)."""
+        with self._lock:
+            self.in_flight = max(0, self.in_flight + n)
+
+    def failover(self) -> None:
+        with self._lock:
+            self.failovers += 1
 
     def add_failed(self, n: int = 1) -> None:
         with self._lock:
@@ -134,6 +151,10 @@ class BridgeStatus:
             rprobe = self._remote_probe if state == UP else None
             lprobe = self._local_probe if state == UP else None
             out: dict[str, Any] = {
+                "by_destination": dict(self.by_destination),
+                "in_flight": self.in_flight,
+                "failovers": self.failovers,
+                "forward_seconds": _histogram_json(self.forward_seconds.snapshot()),
                 "name": self.name,
                 "state": state,
                 "remote": None,
@@ -153,6 +174,10 @@ class BridgeStatus:
         return out
 
 
+def _histogram_json(snap: HistogramSnapshot) -> dict[str, Any]:
+    return {"buckets": [list(b) for b in snap.buckets], "count": snap.count, "sum": snap.sum}
+
+
 def _describe(error: BaseException | str) -> str:
     if isinstance(error, BaseException):
         text = str(error) or type(error).__name__
@@ -166,6 +191,7 @@ class StatusRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._bridges: dict[str, BridgeStatus] = {}
+        self._started = time.monotonic()
 
     def register(self, name: str, *, connector: str, service: str) -> BridgeStatus:
         with self._lock:
@@ -192,14 +218,14 @@ class StatusRegistry:
         return json.dumps(self.snapshot(), indent=2)
 
     def to_prometheus(self) -> str:
-        return render_metrics(self.snapshot()["bridges"])
+        return render_metrics(self.snapshot()["bridges"], uptime=time.monotonic() - self._started)
 
 
 def _label(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render_metrics(bridges: Iterable[dict[str, Any]]) -> str:
+def render_metrics(bridges: Iterable[dict[str, Any]], uptime: float | None = None) -> str:
     bridges = list(bridges)
     lines: list[str] = []
 
@@ -225,6 +251,31 @@ def render_metrics(bridges: Iterable[dict[str, Any]]) -> str:
     ):
         family(f"amq_bridge_{key}_total", "counter", help_text,
                (({"bridge": b["name"]}, float(b[key])) for b in bridges))
+    # the client-side counterparts of the broker's families (docs/metrics.md)
+    family("amq_bridge_connected", "gauge", "1 while the bridge's local / remote connection is up.",
+           (({"bridge": b["name"], "side": side}, 1.0 if b.get(side) else 0.0)
+            for b in bridges for side in ("local", "remote")))
+    family("amq_bridge_destination_forwarded_total", "counter", "Messages forwarded, per source destination.",
+           (({"bridge": b["name"], "destination": d}, float(n))
+            for b in bridges for d, n in sorted(b.get("by_destination", {}).items())))
+    family("amq_bridge_in_flight", "gauge", "Messages sent to the far broker whose receipt is awaited.",
+           (({"bridge": b["name"]}, float(b.get("in_flight", 0))) for b in bridges))
+    family("amq_bridge_failovers_total", "counter",
+           "Times the remote connection resumed on a broker after a failover.",
+           (({"bridge": b["name"]}, float(b.get("failovers", 0))) for b in bridges))
+    name = "amq_bridge_forward_duration_seconds"
+    lines.append(f"# HELP {name} Send of a batch to the far broker's last receipt.")
+    lines.append(f"# TYPE {name} histogram")
+    for b in bridges:
+        h = b.get("forward_seconds") or {"buckets": [], "count": 0, "sum": 0.0}
+        bridge = _label(b["name"])
+        for bound, count in h["buckets"]:
+            lines.append(f'{name}_bucket{{bridge="{bridge}",le="{bound:g}"}} {count}')
+        lines.append(f'{name}_bucket{{bridge="{bridge}",le="+Inf"}} {h["count"]}')
+        lines.append(f'{name}_sum{{bridge="{bridge}"}} {h["sum"]:g}')
+        lines.append(f'{name}_count{{bridge="{bridge}"}} {h["count"]}')
+    if uptime is not None:
+        family("amq_bridge_uptime_seconds", "gauge", "Seconds since the agent started.", [({}, uptime)])
     return "\n".join(lines) + "\n"
 
 

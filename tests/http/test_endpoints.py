@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -342,3 +343,19 @@ def test_json_is_json(console: Console) -> None:
         assert r.status_code == 200 and r.headers["content-type"] == "application/json"
         json.loads(r.text)
     assert console.get("/api/nope").status_code == 404
+
+
+def test_readyz_turns_503_when_flow_control_holds_too_long(tmp_path: Path) -> None:
+    config = "memory_limit = 4096\nhttp_ready_flow_control_seconds = 0.3\n"
+    with running_console(tmp_path, config=config, name="flow") as c:
+        send(c.uri, "full.q", ["x" * 3000, "y" * 3000])  # the second one engages flow control
+        deadline = time.monotonic() + 10
+        while c.get("/readyz").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = c.get("/readyz")
+        assert r.status_code == 503 and "flow control has held" in r.text
+        text = c.metrics()
+        assert metric(text, "amq_memory_flow_control") == 1 and metric(text, "amq_ready") == 0
+        assert c.get("/healthz").status_code == 200  # alive all the same
+        assert c.post("/api/queues/full.q/purge").status_code == 200  # frees the memory
+        assert c.get("/readyz").status_code == 200

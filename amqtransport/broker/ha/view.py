@@ -33,7 +33,7 @@ PEER_TIMEOUT = 0.5
 REPLICA_DETAIL_MAX = 50_000  # live messages above which a slave does not count them per destination
 
 WHY_NOT_READY = {
-    "slave": "slave: it serves no clients until it takes over",
+    "slave": "it is the slave, holding a copy of the master's store, and takes over if the master is lost",
     "waiting": "waiting to become master or slave",
     "fenced": "fenced: it left the master role",
     "cold-backup": "cold backup: stopped after its master was lost",

@@ -126,12 +126,12 @@ def _node_card(n: Mapping[str, Any]) -> str:
         link = f' <a class="console-link" href="http://{e(n["http"])}/">console</a>'
     lag = ""
     if n.get("lag_records") is not None:
-        lag = f"{num(n['lag_records'])} records"
+        lag = f"{num(n['lag_records'])} record{'' if n['lag_records'] == 1 else 's'}"
         if n.get("lag_bytes") is not None:
             lag += f" / {size(n['lag_bytes'])}"
     rows = [
         ("role", f'<span class="role role-{e(n.get("role"))}">{e(n.get("role"))}</span>'),
-        ("epoch", e(n.get("epoch"))),
+        ("epoch", e(n.get("epoch")) if n.get("reachable") else "–"),
         ("client port", e(n.get("client") or "–")),
         ("peer state", e(n.get("peer_state") or "–")),
         ("replication lag", lag or "–"),
@@ -167,8 +167,9 @@ def overview_page(page: Page, nodes: list[Mapping[str, Any]], destinations: list
         hint = ""
         if master is not None and master.get("http"):
             hint = f' The master is <a href="http://{e(master["http"])}/">{e(master.get("name"))}</a>.'
-        banner = (f'<p class="banner">This node serves no clients: {e(n.get("ready_reason"))}.'
-                  f" {e(n.get('detail'))}{hint}</p>")
+        detail = f" ({e(n.get('detail'))})" if n.get("detail") else ""
+        banner = f'<p class="banner">This node serves no clients: {e(n.get("ready_reason"))}{detail}.{hint}</p>'
+
     cards = "".join(_node_card(x) for x in nodes)
     mem = n.get("memory") or {}
     store = n.get("store") or {}
@@ -188,8 +189,10 @@ def overview_page(page: Page, nodes: list[Mapping[str, Any]], destinations: list
         ("stored messages", f'<span id="stat-messages">{num(store.get("messages"))}</span>'),
         ("fsync p50 / p99", _latency(store.get("fsync_p50"), store.get("fsync_p99"))),
         ("takeovers", num(n.get("takeovers"))),
-        ("uptime", duration(n.get("uptime"))),
+        ("uptime", f'<span id="stat-uptime">{duration(n.get("uptime"))}</span>'),
     ]
+    if not n.get("serving"):  # a slave: no clients, no traffic of its own
+        facts = [f for f in facts if f[0] in ("stored messages", "fsync p50 / p99", "takeovers", "uptime")]
     fact_rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     queues = sorted((d for d in destinations if d.get("kind") != "topic"), key=lambda d: -int(d.get("depth", 0)))
     top = "".join(
@@ -328,7 +331,8 @@ def queue_page(page: Page, d: Mapping[str, Any], browse: Mapping[str, Any], limi
     return page.render(title, "queue", f"""<h2>{e(title)}{' <span class="tag">DLQ</span>' if dlq else ''}</h2>
 <div class="stats" data-queue="{e(q)}">{cells}</div>{dlq_link}
 <div class="columns"><section class="card"><h3>Send a test message</h3>{send}</section>
-<section class="card"><h3>All waiting messages</h3><div class="bulk">{bulk}</div></section></div>
+<section class="card"><h3>All waiting messages</h3><div class="bulk">{bulk}</div>
+<p class="hint">Purge removes every waiting message; {"Retry all puts each one back on the queue named in its <code>original-destination</code> header; " if dlq else ""}Move all puts them on the queue you name. Messages in a consumer's hands stay where they are.</p></section></div>
 <h3>Browse</h3>{listing}
 <table class="grid messages" id="messages"><thead><tr><th>id</th><th>accepted</th><th>deliveries</th><th>size</th>
 <th>headers and body</th><th>actions</th></tr></thead><tbody>{rows}</tbody></table>""")

@@ -20,6 +20,13 @@
     return n + " B";
   }
   function rate(v) { return v === null || v === undefined ? "–" : v < 10 ? v.toFixed(1) : Math.round(v).toString(); }
+  function duration(s) {
+    s = Math.floor(s || 0);
+    if (s < 120) return s + " s";
+    if (s < 7200) return Math.floor(s / 60) + " min";
+    if (s < 172800) return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
+    return Math.floor(s / 86400) + " d " + Math.floor((s % 86400) / 3600) + " h";
+  }
   function queueUrl(name) { return "/queues/" + encodeURIComponent(name); }
 
   // ------------------------------------------------------------ flash messages
@@ -107,7 +114,7 @@
     }
     ctx.fillText("last 2 min", w - 64, h - 2);
     for (const [key, color] of [["in", "#0969da"], ["out", "#1a7f37"]]) {
-      ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.beginPath();
+      ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.setLineDash(key === "out" ? [6, 4] : []); ctx.beginPath();
       samples.forEach((s, i) => {
         const x = pad + (w - pad - 4) * (i + n - samples.length) / (n - 1);
         const y = h - 14 - (s[key] / max) * (h - 24);
@@ -119,10 +126,10 @@
 
   function nodeCard(n) {
     const lag = n.lag_records === null || n.lag_records === undefined ? "–"
-      : num(n.lag_records) + " records" + (n.lag_bytes === null || n.lag_bytes === undefined ? "" : " / " + size(n.lag_bytes));
+      : num(n.lag_records) + (n.lag_records === 1 ? " record" : " records") + (n.lag_bytes === null || n.lag_bytes === undefined ? "" : " / " + size(n.lag_bytes));
     const rows = [
       ["role", '<span class="role role-' + esc(n.role) + '">' + esc(n.role) + "</span>"],
-      ["epoch", esc(n.epoch)], ["client port", esc(n.client || "–")], ["peer state", esc(n.peer_state || "–")],
+      ["epoch", n.reachable ? esc(n.epoch) : "–"], ["client port", esc(n.client || "–")], ["peer state", esc(n.peer_state || "–")],
       ["replication lag", lag], ["connections", num(n.connections)], ["stored messages", num(n.messages)],
     ].map(([k, v]) => "<tr><th>" + k + "</th><td>" + v + "</td></tr>").join("");
     const name = esc(n.name || n.address);
@@ -155,6 +162,8 @@
     set("stat-connections", node.connections);
     set("stat-sent", node.counters.sent);
     set("stat-dead-lettered", node.counters.dead_lettered);
+    const up = $("#stat-uptime");
+    if (up) up.textContent = duration(node.uptime);
     if (node.store) set("stat-messages", node.store.messages);
     const t = data.totals, now = data.time;
     if (lastTotals) {
