@@ -113,10 +113,13 @@ class BrokerProcess:
                     break
         finally:
             sel.close()
-        code = self.proc.poll()
+        try:  # stdout closed: the process is exiting (give it a moment to be reaped)
+            code: int | None = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
         raise RuntimeError(
-            f"broker did not report 'listening on' within {self.startup_timeout} s "
-            f"(exit code {code}); stdout={buf!r}; log:\n{self.log_text()[-3000:]}"
+            f"broker did not report 'listening on' (exit code {code}; waited at most "
+            f"{self.startup_timeout} s); stdout={buf!r}; log:\n{self.log_text()[-3000:]}"
         )
 
     def log_text(self) -> str:
