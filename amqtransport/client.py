@@ -12,20 +12,12 @@ the failover layer can replay it after a reconnect and a broker that honours the
 :class:`Producer` keeps up to ``window`` receipts outstanding for throughput.
 
 Messages arrive on the transport's reader thread, pass the **duplicate filter**
-(ActiveMQ's "message audit": a bounded LRU of ``(subscription, key)`` where the key
-is the idempotency key, else the message-id) and are queued on their
-:class:`Subscription`. A redelivery after a failover of a message the application
-already has is dropped. In the client-acknowledged modes such a dropped copy still has
-to be acknowledged on the new link, or the broker would keep it: if the application
-already acked the original, the copy is acked on arrival; if not, it is remembered
-and acked when the application acks the original (an ACK for a message from a dead
-link cannot be sent on the new one: the broker no longer knows that delivery).
-``nack()`` forgets the key, so the broker's redelivery reaches the application.
-(With ``ack="client"`` an ACK is cumulative on most brokers: acking a dropped copy on
-arrival also acks what the broker delivered before it on that subscription. After a
-failover the broker redelivers the unacked messages first, so in practice that is
-only other copies; ``client-individual`` has no such caveat and is what ``amq recv``
-uses.)
+(:mod:`amqtransport.audit`: ActiveMQ's "message audit", a bounded LRU of
+``(subscription, key)`` where the key is the idempotency key, else the message-id) and
+are queued on their :class:`Subscription`. A redelivery of a message the application
+already has is dropped; in the client-acknowledged modes the filter also says when
+such a dropped copy may be acknowledged (after its original, and in ``client`` mode
+never by an ACK that would cover an unacknowledged message).
 
 Transactions (:meth:`Connection.transaction`) wait for a receipt on every frame; a
 failover while one is open makes its next send or its commit raise
@@ -37,15 +29,15 @@ from __future__ import annotations
 import logging
 import queue
 import random
-import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
 from amqtransport._backends.base import Backend
+from amqtransport.audit import Delivery, DuplicateFilter, message_key
 from amqtransport.errors import AmqTransportError, ConnectionClosed, LocalProtocolError
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.transports.factory import build_transport
@@ -60,14 +52,6 @@ _ACK_MODES = ("auto", "client", "client-individual")
 DEFAULT_AUDIT_SIZE = 100_000
 
 
-class _AuditEntry:
-    __slots__ = ("acked", "shadow")
-
-    def __init__(self) -> None:
-        self.acked = False
-        self.shadow: tuple[Frame, int] | None = None
-
-
 class _Closed:
     def __init__(self, error: BaseException | None) -> None:
         self.error = error
@@ -76,16 +60,16 @@ class _Closed:
 class Message:
     """A received message. ``ack()``/``nack()`` matter in the client ack modes."""
 
-    __slots__ = ("frame", "_conn", "_sub", "generation", "key", "_entry")
+    __slots__ = ("frame", "_conn", "_sub", "generation", "key", "_delivery")
 
     def __init__(self, frame: Frame, conn: Connection, sub: Subscription, generation: int, key: str,
-                 entry: _AuditEntry | None) -> None:
+                 delivery: Delivery | None) -> None:
         self.frame = frame
         self._conn = conn
         self._sub = sub
         self.generation = generation
         self.key = key
-        self._entry = entry
+        self._delivery = delivery
 
     @property
     def body(self) -> bytes:
@@ -123,10 +107,11 @@ class Message:
 
     def nack(self) -> None:
         """Reject: the broker redelivers (or dead-letters) it; the duplicate filter
-        forgets it so the redelivery reaches the application."""
+        forgets it so the redelivery reaches the application. With ``ack="client"`` a
+        NACK is cumulative, like an ACK: it also rejects every earlier unacknowledged
+        message of the subscription (acking one of those afterwards raises)."""
         if self._sub.ack_mode == "auto":
             raise LocalProtocolError("nack() needs ack='client' or 'client-individual'")
-        self._conn._forget(self)
         self._conn._ack(self, "NACK")
 
     def __repr__(self) -> str:
@@ -316,12 +301,9 @@ class Connection:
         self.uri = uri
         self._transport = transport
         self._dedupe = dedupe
-        self._audit: OrderedDict[tuple[str, str], _AuditEntry] = OrderedDict()
-        self._audit_size = audit_size
-        self._audit_lock = threading.Lock()
+        self._filter = DuplicateFilter(audit_size)
         self._subs: dict[str, Subscription] = {}
         self._closed = False
-        self.duplicates = 0
         transport.on_message = self._on_message
         transport.add_listener(_InternalListener(self))
 
@@ -338,6 +320,11 @@ class Connection:
     @property
     def is_connected(self) -> bool:
         return self._transport.is_connected
+
+    @property
+    def duplicates(self) -> int:
+        """Redelivered copies the duplicate filter dropped so far."""
+        return self._filter.duplicates
 
     @property
     def server(self) -> str | None:
@@ -405,13 +392,10 @@ class Connection:
 
     def _unsubscribe(self, sub: Subscription) -> None:
         self._subs.pop(sub.id, None)
+        self._filter.forget(sub.id)
         rec = self._transport.unsubscribe(sub.id, Frame.make("UNSUBSCRIBE", {"id": sub.id}))
         if rec is not None:
             self._transport.wait(rec)
-
-    def _key_of(self, frame: Frame) -> str:
-        key = frame.get(IDEMPOTENCY_HEADER) or frame.get("_AMQ_DUPL_ID")
-        return key if key is not None else "id:" + (frame.get("message-id") or "")
 
     def _on_message(self, frame: Frame, generation: int) -> None:
         sub_id = frame.get("subscription") or ""
@@ -419,31 +403,21 @@ class Connection:
         if sub is None:
             log.debug("message for unknown subscription %r dropped", sub_id)
             return
-        key = self._key_of(frame)
-        entry: _AuditEntry | None = None
-        if self._dedupe:
-            ack_now = False
-            with self._audit_lock:
-                old = self._audit.get((sub_id, key))
-                if old is not None:
-                    self._audit.move_to_end((sub_id, key))
-                    self.duplicates += 1
-                    if sub.ack_mode != "auto":
-                        if old.acked:
-                            ack_now = True
-                        else:
-                            old.shadow = (frame, generation)
-                else:
-                    entry = _AuditEntry()
-                    self._audit[(sub_id, key)] = entry
-                    while len(self._audit) > self._audit_size:
-                        self._audit.popitem(last=False)
-            if old is not None:
-                log.debug("duplicate %s on %s dropped", key, sub_id)
-                if ack_now:
-                    self._transport.write_if_current(self._ack_frame("ACK", frame), generation)
-                return
-        sub._queue.put(Message(frame, self, sub, generation, key, entry))
+        if not self._dedupe:
+            sub._queue.put(Message(frame, self, sub, generation, message_key(frame), None))
+            return
+        delivery, owed = self._filter.arrived(sub_id, sub.ack_mode, frame, generation)
+        self._ack_copies(owed)
+        if delivery is None:
+            log.debug("duplicate %s on %s dropped", message_key(frame), sub_id)
+            return
+        sub._queue.put(Message(frame, self, sub, generation, delivery.key, delivery))
+
+    def _ack_copies(self, copies: list[Delivery]) -> None:
+        """ACK dropped copies the broker still waits for, each on its own link (a
+        stale link's copy needs nothing: the broker forgot that delivery)."""
+        for copy in copies:
+            self._transport.write_if_current(self._ack_frame("ACK", copy.frame), copy.generation)
 
     def _ack_frame(self, command: str, frame: Frame) -> Frame:
         version = self._transport.version
@@ -458,14 +432,22 @@ class Connection:
         return Frame.make(command, hdrs)
 
     def _ack(self, msg: Message, command: str) -> None:
+        d = msg._delivery
+        if d is not None and d.settled:
+            if d.nacked:
+                raise LocalProtocolError(
+                    f"{command} of message {msg.message_id}: a later nack() on this ack='client' subscription "
+                    "already rejected it (a NACK is cumulative in client mode); the broker redelivers it")
+            return  # covered by a later cumulative ACK already
         frame = self._ack_frame(command, msg.frame)
-        if self._transport.write_if_current(frame, msg.generation):
-            if msg._entry is not None and command == "ACK":
-                msg._entry.acked = True
-            return
-        if command != "ACK":
-            return  # NACK of a dead link's delivery: the broker redelivers anyway
-        self._ack_stale(msg)
+        if command == "NACK":
+            if d is not None:
+                self._filter.nacked(msg._sub.id, d)  # before the NACK: its redelivery must get through
+            self._transport.write_if_current(frame, msg.generation)
+            return  # a dead link's delivery needs no NACK: the broker redelivers it anyway
+        sent = self._transport.write_if_current(frame, msg.generation)
+        if d is not None:
+            self._ack_copies(self._filter.acked(msg._sub.id, d, sent=sent))
 
     def ack_many(self, messages: Iterable[Message]) -> None:
         """Acknowledge several messages at once: the same as ``msg.ack()`` for each,
@@ -476,31 +458,16 @@ class Connection:
         the duplicate filter acks the copy)."""
         groups: dict[int, list[Message]] = {}
         for msg in messages:
-            if msg._sub.ack_mode != "auto":
+            if msg._sub.ack_mode != "auto" and not (msg._delivery is not None and msg._delivery.settled):
                 groups.setdefault(msg.generation, []).append(msg)
         for generation, batch in groups.items():
             frames = [self._ack_frame("ACK", msg.frame) for msg in batch]
-            if self._transport.write_many_if_current(frames, generation):
-                for msg in batch:
-                    if msg._entry is not None:
-                        msg._entry.acked = True
-            else:
-                for msg in batch:
-                    self._ack_stale(msg)
-
-    def _ack_stale(self, msg: Message) -> None:
-        """An ACK that could not go out on the link its message came from."""
-        if msg._entry is None:
-            return
-        with self._audit_lock:
-            msg._entry.acked = True
-            shadow, msg._entry.shadow = msg._entry.shadow, None
-        if shadow is not None:
-            self._transport.write_if_current(self._ack_frame("ACK", shadow[0]), shadow[1])
-
-    def _forget(self, msg: Message) -> None:
-        with self._audit_lock:
-            self._audit.pop((msg._sub.id, msg.key), None)
+            sent = self._transport.write_many_if_current(frames, generation)
+            owed: list[Delivery] = []
+            for msg in batch:
+                if msg._delivery is not None:
+                    owed.extend(self._filter.acked(msg._sub.id, msg._delivery, sent=sent))
+            self._ack_copies(owed)
 
     def _on_failed(self, error: BaseException) -> None:
         for sub in list(self._subs.values()):

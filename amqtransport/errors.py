@@ -24,6 +24,7 @@ layer (including the sans-IO ``stomp`` package) may import it.
     ├── ReconnectExhausted                  failover gave up (maxReconnectAttempts)
     ├── SendTimeout                         failover ``timeout`` elapsed while disconnected
     └── TransactionRolledBack               a transaction spanned a failover
+        └── TransactionInDoubt              the link died while its COMMIT was in flight
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "ReconnectExhausted",
     "SendTimeout",
     "TransactionRolledBack",
+    "TransactionInDoubt",
 ]
 
 
@@ -145,8 +147,38 @@ class ReconnectExhausted(AmqTransportError):
 
 
 class SendTimeout(AmqTransportError):
-    """A send waited longer than the failover ``timeout`` while disconnected."""
+    """A send waited longer than the failover ``timeout`` while disconnected (or longer
+    than the caller's own timeout for its receipt).
+
+    The message may or may not have reached a broker. ``idempotency_key`` is the key it
+    was sent with (None for a frame that carried none): send it again with the same key
+    and a broker that honours the key stores it once. ``receipt_id`` names the request.
+    """
+
+    def __init__(self, message: str, *, idempotency_key: str | None = None, receipt_id: str | None = None) -> None:
+        super().__init__(message)
+        self.idempotency_key = idempotency_key
+        self.receipt_id = receipt_id
 
 
 class TransactionRolledBack(AmqTransportError):
-    """A transaction was open across a failover; its commit cannot succeed."""
+    """A transaction was open across a failover; its commit cannot succeed.
+
+    ``keys`` holds the idempotency keys of the transaction's sends, in order, so the
+    caller can send them again in a new transaction."""
+
+    def __init__(self, message: str, *, transaction: str | None = None, keys: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.transaction = transaction
+        self.keys = tuple(keys)
+
+
+class TransactionInDoubt(TransactionRolledBack):
+    """The link died after the COMMIT was written and before its receipt arrived: the
+    broker may have committed the transaction or rolled it back, nobody can tell.
+
+    A subclass of :class:`TransactionRolledBack` so existing ``except`` clauses still
+    catch it, but do not read it as "nothing was stored": the safe recovery is to send
+    the same messages again with the same idempotency keys (``keys``); a broker that
+    honours the key (ours, Artemis with ``_AMQ_DUPL_ID``) drops those it already
+    committed, elsewhere the consumer's duplicate filter removes the copies."""

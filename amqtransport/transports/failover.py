@@ -34,16 +34,23 @@ cache. Network writes of ordinary requests happen *outside* the lock (so a slow
 socket never blocks the reader's dispatch); the replay after a reconnect is written
 *inside* the lock, so nothing new can overtake it on the new link.
 
-*Replay order on a new link* (``_install``, under the lock, before the state becomes
-``connected``): (1) SUBSCRIBE for every live subscription, with the same ids and
-headers; (2) every request still waiting for its receipt, in the order it was first
-sent, with the same receipt id and the same idempotency key (the broker drops a copy
-it already stored and still answers with the receipt); (3) with ``trackMessages``,
-the cache of recent fire-and-forget sends (bounded by ``maxCacheSize`` bytes), again
-with their idempotency keys. Requests belonging to a transaction whose state the
-broker had already acknowledged on the dead link are *not* replayed: they fail with
-``TransactionRolledBack``, as does a COMMIT that was written on the dead link (its
-outcome is unknown), and any later use of that transaction.
+*Replay on a new link* (``_install``, under the lock, before the state becomes
+``connected``): the plan comes from :func:`~amqtransport.transports.replay.plan_replay`
+(pure; its docstring has the rules): SUBSCRIBE for every live subscription (same ids and
+headers), then every request still waiting for its receipt in the order it was first
+sent (same receipt id, same idempotency key: the broker drops a copy it already stored
+and still answers with the receipt), then with ``trackMessages`` the cached
+fire-and-forget sends that no receipt has proven yet. A transaction the broker had
+acknowledged on a dead link fails with ``TransactionRolledBack``; one whose COMMIT was
+in flight fails with ``TransactionInDoubt`` (both carry the keys of its sends).
+
+*Broker ERRORs.* An ERROR carrying a request's ``receipt-id`` fails that request with
+``BrokerError``. An ERROR that names no request ends the link (RabbitMQ keeps some
+links open after one; STOMP closes them) and is remembered as a *refusal*: the next
+link replays the pending requests one at a time (``_replay_stepwise``), so the request
+the broker keeps refusing is found and fails with its ``BrokerError`` instead of being
+replayed forever. The same refusal three times in a row with nothing but
+subscriptions left to replay ends the transport (``on_failed``).
 
 *A send in flight when the link drops.* A receipted send is registered in the
 request map *before* it is written. If the link dies before the receipt arrives,
@@ -60,6 +67,7 @@ broker redelivers unacknowledged messages and the client's duplicate filter cope
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
@@ -80,13 +88,25 @@ from amqtransport.errors import (
     TransactionRolledBack,
     TransportError,
 )
-from amqtransport.stomp import Frame
+from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.transports.replay import (
+    TRACK_IDLE_SECONDS,
+    TRACK_RECEIPT_EVERY,
+    ReplayPlan,
+    SendCache,
+    TxState,
+    deletes_durable,
+    plan_replay,
+    refusal_error,
+)
 from amqtransport.transports.stomp import (
     Clock,
     ConnectParams,
     Receipt,
     StompConnection,
     Transport,
+    error_from_frame,
+    error_text,
     with_receipt,
 )
 
@@ -98,12 +118,25 @@ Sleep = Callable[[float], Any]
 ScheduleFn = Callable[..., Iterator[Any]]
 
 
-class _Tx:
-    __slots__ = ("acked_gen", "rolled_back")
+#: after a refusal, how long a request replayed on its own may go unanswered before
+#: the rest is written anyway
+STEPWISE_WAIT = 10.0
+#: ... and how long a link that died under it may take to deliver the broker's last words
+STEPWISE_READER_WAIT = 2.0
+#: refusals in a row, with nothing but subscriptions to blame, before giving up
+GIVE_UP_REFUSALS = 3
 
-    def __init__(self) -> None:
-        self.acked_gen: int | None = None
-        self.rolled_back = False
+
+def _error_text(frame: Frame | None) -> str:
+    return error_text(frame) if frame is not None else ""
+
+
+def _timeout(message: str, rec: Receipt | None = None, frame: Frame | None = None) -> SendTimeout:
+    frame = frame if frame is not None else (rec.frame if rec is not None else None)
+    key = frame.get(IDEMPOTENCY_HEADER) if frame is not None else None
+    if key is not None:
+        message += f" (idempotency key {key}: send it again with that key)"
+    return SendTimeout(message, idempotency_key=key, receipt_id=rec.receipt_id if rec is not None else None)
 
 
 class FailoverTransport(Transport):
@@ -144,9 +177,15 @@ class FailoverTransport(Transport):
         self._conn: StompConnection | None = None
         self._error: AmqTransportError | None = None
         self._subs: OrderedDict[str, Frame] = OrderedDict()
-        self._txs: dict[str, _Tx] = {}
-        self._cache: OrderedDict[str, Frame] = OrderedDict()
-        self._cache_bytes = 0
+        self._txs: dict[str, TxState] = {}
+        self._cache = SendCache(int(getattr(options, "max_cache_size", 131072)))
+        self._track = bool(getattr(options, "track_messages", False))
+        self._tracked_unreceipted = 0  # tracked sends since the last one asking for a receipt
+        self._barriers: dict[str, int] = {}  # receipt id -> position, of idle barriers in flight
+        self._idle_timer: threading.Timer | None = None
+        self._wseq = itertools.count(1)  # positions of writes, see replay.SendCache
+        self._refusal: Frame | None = None  # the unmatched ERROR that ended the last link(s)
+        self._refusal_streak = 0
         self._supervising = False
         self._probing = False
         self._backups: list[StompConnection] = []
@@ -195,7 +234,7 @@ class FailoverTransport(Transport):
                     self._error = exc
                 self._notify("on_failed", exc)
                 raise
-            if self._install(conn):
+            if self._install(conn) is not None:
                 break
         self._after_connect()
 
@@ -210,6 +249,9 @@ class FailoverTransport(Transport):
             pending = list(self._pending.values())
             self._pending.clear()
             self._cond.notify_all()
+            timer, self._idle_timer = self._idle_timer, None
+        if timer is not None:
+            timer.cancel()
         self._closed_event.set()
         if conn is not None:
             conn.close()
@@ -324,90 +366,147 @@ class FailoverTransport(Transport):
             attempts=attempts, last_error=last_error,
         )
 
-    def _install(self, conn: StompConnection, *, expect_gen: int | None = None) -> bool:
-        """Make ``conn`` the current link and replay state on it (see module docstring).
+    def _install(self, conn: StompConnection, *, expect_gen: int | None = None) -> ReplayPlan | None:
+        """Make ``conn`` the current link and replay state on it (see module docstring);
+        the plan, or None when the link was not installed.
 
-        ``expect_gen`` (priority switch): only if the current link is still that one."""
-        rolled: list[tuple[Receipt, BaseException | None]] = []
+        ``expect_gen`` (priority switch): only if the current link is still that one.
+        When the plan has ``stepwise`` requests the state is ``replaying`` and the
+        caller runs :meth:`_replay_stepwise` next."""
+        plan: ReplayPlan | None = None
         with self._lock:
             if self._closed:
                 conn.close()
-                return True
+                return ReplayPlan()
             if expect_gen is not None and (expect_gen != self.generation or self._state != "connected"):
                 conn.close()
-                return False
+                return None
             self.generation += 1
             gen = self.generation
             conn.tag = gen
             old, self._conn = self._conn, conn
-            frames: list[Frame] = []
-            # transactions the broker had acknowledged on a dead link are gone
-            for open_tx in self._txs.values():
-                if open_tx.acked_gen is not None and open_tx.acked_gen < gen:
-                    open_tx.rolled_back = True
-            pending_sub: dict[str | None, str] = {}
-            for rid, rec in list(self._pending.items()):
-                f = rec.frame
-                if rec.tx is not None:
-                    tx = self._txs.get(rec.tx)
-                    if tx is not None and tx.rolled_back:
-                        del self._pending[rid]
-                        rolled.append((rec, TransactionRolledBack(
-                            f"transaction {rec.tx} was open across a failover: rolled back by the broker")))
-                        continue
-                    if f.command == "COMMIT" and rec.generation and rec.generation < gen:
-                        del self._pending[rid]
-                        if tx is not None:
-                            tx.rolled_back = True
-                        rolled.append((rec, TransactionRolledBack(
-                            f"link lost while committing transaction {rec.tx}: outcome unknown, treat as rolled back")))
-                        continue
-                if f.command == "SUBSCRIBE":
-                    pending_sub[f.get("id")] = rid
-                elif f.command == "UNSUBSCRIBE":
-                    del self._pending[rid]
-                    rolled.append((rec, None))
-            for sub_id, sub_frame in self._subs.items():
-                sub_rid = pending_sub.pop(sub_id, None)
-                if sub_rid is not None:
-                    frames.append(self._pending[sub_rid].frame)
-                    self._pending[sub_rid].generation = gen
-                else:
-                    frames.append(sub_frame)
-            for rid in pending_sub.values():  # subscribe then unsubscribe while down
-                rec = self._pending.pop(rid)
-                rolled.append((rec, None))
-            for rec in self._pending.values():
-                if rec.frame.command == "SUBSCRIBE":
-                    continue
-                frames.append(rec.frame)
+            self._barriers.clear()
+            stepwise = self._refusal is not None and expect_gen is None
+            if stepwise and self._refusal_streak >= 2 and not self._pending and len(self._cache):
+                dropped = self._cache.clear()
+                log.error("failover: the broker refuses the replay again (%s): dropping %d cached "
+                          "fire-and-forget send(s) of trackMessages", _error_text(self._refusal), dropped)
+            plan = plan_replay(subs=self._subs, pending=self._pending.values(), txs=self._txs,
+                               cache_frames=self._cache.frames(), gen=gen, stepwise=stepwise,
+                               durable_unsubscribe=deletes_durable)
+            for tx_id in plan.rolled_back:
+                tx = self._txs.get(tx_id)
+                if tx is not None:
+                    tx.rolled_back = True
+            for rec, _ in plan.fail:
+                self._pending.pop(rec.receipt_id, None)
+            for rec in plan.complete:
+                self._pending.pop(rec.receipt_id, None)
+            for rec in plan.batch_requests:
                 rec.generation = gen
-            if getattr(self.options, "track_messages", False):
-                frames.extend(self._cache.values())
+            first = next(self._wseq)
+            positions = [next(self._wseq) for _ in plan.batch]
+            for rec in plan.batch_requests:
+                rec.rseq = first  # after the subscriptions, before any cached send
+            n_cached = 0 if plan.stepwise else len(self._cache)
+            self._cache.replayed(gen, positions[len(positions) - n_cached:])
+            if n_cached:
+                self._arm_idle_barrier()
             try:
-                conn.write_many(frames)
+                conn.write_many(plan.batch)
             except TransportError as exc:
                 log.info("failover: %s died during replay: %s", conn.address, exc)
                 self._conn = old if old is not None and old.alive else None
-                self.generation = gen  # keep counting; a stale tag is harmless
                 conn.close(disconnect=False)
-                ok = False
+                plan = None
             else:
-                ok = True
-                self._state = "connected"
+                self._state = "replaying" if plan.stepwise else "connected"
                 self._error = None
                 self._cond.notify_all()
-                if frames:
-                    log.info("failover: replayed %d frame(s) on %s (%d subscription(s))",
-                             len(frames), conn.address, len(self._subs))
-        for rec, err in rolled:
-            if err is None:
-                rec.set_result(Frame.make("RECEIPT", {"receipt-id": rec.receipt_id}))
-            else:
-                rec.set_error(err)
-        if ok and old is not None and old is not conn:
+                if plan.batch or plan.stepwise:
+                    log.info("failover: replayed %d frame(s) on %s (%d subscription(s))%s", len(plan.batch),
+                             conn.address, len(self._subs),
+                             f"; {len(plan.stepwise)} request(s) follow one at a time" if plan.stepwise else "")
+        if plan is None:
+            return None
+        for rec, err in plan.fail:
+            rec.set_error(err)
+        for rec in plan.complete:
+            rec.set_result(Frame.make("RECEIPT", {"receipt-id": rec.receipt_id}))
+        if old is not None and old is not conn:
             old.close()  # a priority switch: retire the previous link
-        return ok
+        return plan
+
+    def _replay_stepwise(self, conn: StompConnection, plan: ReplayPlan) -> bool:
+        """Write ``plan.stepwise`` one request at a time after a refusal (module
+        docstring); True once the link is ``connected``, False when it was lost."""
+        gen = conn.tag
+        for rec in plan.stepwise:
+            with self._lock:
+                if self._conn is not conn or self._state != "replaying":
+                    return False
+                if self._pending.get(rec.receipt_id) is not rec:
+                    continue  # settled meanwhile
+                rec.generation = gen
+                rec.rseq = next(self._wseq)
+            try:
+                conn.write(rec.frame)
+            except TransportError as exc:
+                # the broker may have refused it and closed: read its ERROR before judging
+                conn.wait_reader(STEPWISE_READER_WAIT)
+                conn.kill(exc)
+            else:
+                if rec.tx is not None and rec.frame.command == "SEND":
+                    continue  # some brokers answer a transactional SEND only after its COMMIT
+                deadline = self._clock() + STEPWISE_WAIT
+                while not rec.wait_event(0.05):
+                    with self._lock:
+                        if self._conn is not conn or self._state != "replaying":
+                            break
+                    if self._clock() >= deadline:
+                        log.warning("failover: no answer to %s within %.0f s; replaying the rest at once",
+                                    rec.frame.command, STEPWISE_WAIT)
+                        break
+            if not rec.done and not conn.alive:
+                conn.wait_reader(STEPWISE_READER_WAIT)
+            blamed: BaseException | None = None
+            with self._lock:
+                if not rec.done and (self._conn is not conn or self._state != "replaying"):
+                    refusal = conn.error_frame
+                    if refusal is None or self._pending.get(rec.receipt_id) is not rec:
+                        return False  # lost for another reason: try again on the next link
+                    del self._pending[rec.receipt_id]
+                    if rec.frame.command == "SUBSCRIBE":
+                        self._subs.pop(rec.frame.get("id") or "", None)
+                    self._refusal, self._refusal_streak = None, 0
+                    blamed = refusal_error(refusal, rec.frame.command)
+            if blamed is not None:
+                log.error("failover: the broker refuses a %s: %s", rec.frame.command, blamed)
+                rec.set_error(blamed)
+                return False
+            if not rec.done:
+                break  # no answer in time: give up the stepwise mode for this link
+        with self._lock:
+            if self._conn is not conn or self._state != "replaying":
+                return False
+            frames: list[Frame] = []
+            first = next(self._wseq)
+            for rec in self._pending.values():
+                if rec.generation != gen:  # sent while we replayed, or left after a silence
+                    rec.generation, rec.rseq = gen, first
+                    frames.append(rec.frame)
+            positions = [next(self._wseq) for _ in plan.tail]
+            self._cache.replayed(gen, positions)
+            self._arm_idle_barrier()
+            try:
+                conn.write_many(frames + plan.tail)
+            except TransportError as exc:
+                conn.kill(exc)
+                return False
+            self._refusal, self._refusal_streak = None, 0
+            self._state = "connected"
+            self._cond.notify_all()
+        return True
 
     def _after_connect(self) -> None:
         if getattr(self.options, "priority_backup", False) and not self._is_priority(self._conn):
@@ -448,6 +547,10 @@ class FailoverTransport(Transport):
                     f"failover: link lost and maxReconnectAttempts=0, not reconnecting: {error}",
                     attempts=0, last_error=error))
                 return
+            hopeless = self._hopeless_refusal()
+            if hopeless is not None:
+                self._fail(hopeless)
+                return
             try:
                 conn = self._connect_loop(startup=False, last_error=error)
             except ConnectionClosed:
@@ -457,7 +560,10 @@ class FailoverTransport(Transport):
             except (ReconnectExhausted, AuthenticationError) as exc:
                 self._fail(exc)
                 return
-            if not self._install(conn):
+            plan = self._install(conn)
+            if plan is None:
+                continue
+            if plan.stepwise and not self._replay_stepwise(conn, plan):
                 continue
             self._notify("on_resumed", conn.address)
             with self._lock:
@@ -466,6 +572,18 @@ class FailoverTransport(Transport):
                 self._supervising = False
                 break
         self._after_connect()
+
+    def _hopeless_refusal(self) -> BrokerError | None:
+        """The broker refused the replay :data:`GIVE_UP_REFUSALS` times in a row with the
+        same ERROR although nothing but subscriptions was left to write: give up."""
+        with self._lock:
+            frame = self._refusal
+            if frame is None or self._refusal_streak < GIVE_UP_REFUSALS or self._pending or len(self._cache):
+                return None
+            subs = len(self._subs)
+        err = error_from_frame(frame)
+        return type(err)(f"failover: the broker refused the replay of {subs} subscription(s) "
+                         f"{self._refusal_streak} times in a row: {err}", frame=frame)
 
     def _fail(self, error: AmqTransportError) -> None:
         with self._lock:
@@ -527,7 +645,7 @@ class FailoverTransport(Transport):
                 except (TransportError, BrokerError) as exc:
                     log.debug("failover: priority endpoint %s still down: %s", leaf_address(attempt.endpoint), exc)
                     continue
-                ok = self._install(conn, expect_gen=gen)
+                ok = self._install(conn, expect_gen=gen) is not None
                 if ok:
                     log.info("failover: back on priority endpoint %s", conn.address)
                     self._notify("on_resumed", conn.address)
@@ -565,16 +683,62 @@ class FailoverTransport(Transport):
             rid = frame.get("receipt-id")
             with self._lock:
                 rec = self._pending.pop(rid, None) if rid is not None else None
-                if rec is not None and rec.tx is not None:
-                    tx = self._txs.get(rec.tx)
-                    if tx is not None and tx.acked_gen is None:
-                        tx.acked_gen = gen
+                if rec is not None:
+                    if rec.tx is not None:
+                        tx = self._txs.get(rec.tx)
+                        if tx is not None and tx.acked_gen is None:
+                            tx.acked_gen = gen
+                    if rec.generation == gen:
+                        self._cache.on_receipt(gen, rec.rseq)
+                elif rid is not None:
+                    self._own_receipt(rid, gen)
             if rec is not None:
                 rec.set_result(frame)
             return
         if frame.command == "MESSAGE" and conn is not self._conn:
             return  # from a retired link: the broker redelivers on the current one
-        self._dispatch(frame, gen)
+        self._dispatch(frame, gen, conn)
+
+    def _own_receipt(self, rid: str, gen: int) -> None:
+        """A receipt the transport asked for itself (trackMessages; lock held)."""
+        if rid in self._barriers:
+            self._cache.on_receipt(gen, self._barriers.pop(rid))
+            return
+        found = self._cache.own_receipt(rid)
+        if found is not None:
+            key, entry_gen, rseq = found
+            if entry_gen == gen:
+                self._cache.on_receipt(gen, rseq)
+                self._cache.discard(key)
+
+    def _on_error(self, conn: StompConnection | None, frame: Frame) -> None:
+        rid = frame.get("receipt-id")
+        if rid is not None:
+            with self._lock:
+                own = rid in self._barriers or self._cache.own_receipt(rid) is not None
+                if own:
+                    self._barriers.pop(rid, None)
+                    found = self._cache.own_receipt(rid)
+                    if found is not None:
+                        self._cache.discard(found[0])
+                        log.error("failover: the broker refused a fire-and-forget send (%s): dropped from "
+                                  "the trackMessages cache", _error_text(frame))
+            if own:
+                return
+        first = conn is not None and conn.error_frame is None
+        super()._on_error(conn, frame)
+        if first and conn is not None and conn.error_frame is frame:
+            # the broker refused something we wrote and did not say what: the next link
+            # replays stepwise (module docstring of replay.py)
+            with self._lock:
+                same = self._refusal is not None and _error_text(self._refusal) == _error_text(frame)
+                self._refusal_streak = self._refusal_streak + 1 if same else 1
+                self._refusal = frame
+
+    def _request_refused(self, rec: Receipt) -> None:
+        if rec.frame.command == "SUBSCRIBE":
+            with self._lock:
+                self._subs.pop(rec.frame.get("id") or "", None)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -598,7 +762,7 @@ class FailoverTransport(Transport):
                 if timeout_ms >= 0:
                     remaining = timeout_ms / 1000.0 - (self._clock() - started)
                     if remaining <= 0:
-                        raise SendTimeout(f"failover: not connected within timeout={timeout_ms} ms")
+                        raise _timeout(f"failover: not connected within timeout={timeout_ms} ms")
                     self._cond.wait(min(remaining, 0.1))
                 else:
                     self._cond.wait(0.5)
@@ -615,11 +779,15 @@ class FailoverTransport(Transport):
             if tx_id is not None:
                 tx = self._txs.get(tx_id)
                 if tx is not None and tx.rolled_back:
-                    raise TransactionRolledBack(f"transaction {tx_id} was rolled back by a failover")
+                    raise TransactionRolledBack(f"transaction {tx_id} was rolled back by a failover",
+                                                transaction=tx_id, keys=tx.keys)
+                if tx is not None and frame.command == "SEND":
+                    tx.keys.append(frame.get(IDEMPOTENCY_HEADER) or "")
             self._pending[rid] = rec
             conn = self._conn if self._state == "connected" else None
             if conn is not None:
                 rec.generation = self.generation
+                rec.rseq = next(self._wseq)
         if conn is not None:
             try:
                 conn.write(rec.frame)
@@ -629,33 +797,69 @@ class FailoverTransport(Transport):
 
     def _oneway(self, frame: Frame) -> None:
         started = self._clock()
-        track = frame.command == "SEND" and getattr(self.options, "track_messages", False)
-        if track:
-            self._cache_put(frame)
+        key: str | None = None
+        if self._track and frame.command == "SEND":
+            key = SendCache.key_of(frame)
+            with self._lock:
+                self._tracked_unreceipted += 1
+                if self._tracked_unreceipted >= TRACK_RECEIPT_EVERY:
+                    # a receipt now and then proves (and trims) everything written before
+                    self._tracked_unreceipted = 0
+                    frame = with_receipt(frame, self.next_id("t"))
+                if not self._cache.put(key, frame):
+                    key = None  # the same key is already cached: this copy is not tracked
         while True:
-            conn = self._wait_connected(started)
+            try:
+                conn = self._wait_connected(started)
+            except SendTimeout as exc:
+                raise _timeout(str(exc), frame=frame) from None
+            with self._lock:
+                gen = self.generation
+                rseq = next(self._wseq) if "receipt" in frame else None
             try:
                 conn.write(frame)
-                return
             except TransportError as exc:
                 conn.kill(exc)
-                if track:
+                if key is not None:
                     return  # in the cache: replayed on the next link
+                continue
+            if key is not None:
+                with self._lock:
+                    self._cache.written(key, gen, next(self._wseq), rseq)
+                    self._arm_idle_barrier()
+            return
 
-    def _cache_put(self, frame: Frame) -> None:
-        from amqtransport.stomp import IDEMPOTENCY_HEADER
+    def _arm_idle_barrier(self) -> None:
+        """(lock held) Write a barrier once tracked sends pause (:meth:`_idle_barrier`)."""
+        if self._idle_timer is None and not self._closed and len(self._cache):
+            self._idle_timer = threading.Timer(TRACK_IDLE_SECONDS, self._idle_barrier)
+            self._idle_timer.daemon = True
+            self._idle_timer.start()
 
-        key = frame.get(IDEMPOTENCY_HEADER) or f"anon-{id(frame)}"
-        size = len(frame.body) + sum(len(k) + len(v) for k, v in frame.headers)
-        limit = int(getattr(self.options, "max_cache_size", 131072))
+    def _idle_barrier(self) -> None:
+        """Tracked sends stopped for a while: ask the broker for a receipt (an empty
+        transaction: BEGIN, receipted ABORT) so the cache can be trimmed."""
         with self._lock:
-            if key in self._cache:
+            self._idle_timer = None
+            if self._closed or self._state != "connected" or self._conn is None or not len(self._cache):
                 return
-            self._cache[key] = frame
-            self._cache_bytes += size
-            while self._cache and self._cache_bytes > limit:
-                _, old = self._cache.popitem(last=False)
-                self._cache_bytes -= len(old.body) + sum(len(k) + len(v) for k, v in old.headers)
+            conn, gen = self._conn, self.generation
+            tx_id, rid = self.next_id("amq-barrier"), self.next_id("t")
+            self._barriers[rid] = next(self._wseq)
+            self._tracked_unreceipted = 0
+        try:
+            conn.write_many([Frame.make("BEGIN", {"transaction": tx_id}),
+                             Frame.make("ABORT", {"transaction": tx_id, "receipt": rid})])
+        except TransportError as exc:
+            conn.kill(exc)
+        with self._lock:
+            if gen != self.generation:
+                self._barriers.pop(rid, None)
+
+    @property
+    def cached_sends(self) -> int:
+        """How many fire-and-forget sends ``trackMessages`` would replay on a new link."""
+        return len(self._cache)
 
     def wait(self, receipt: Receipt, timeout: float | None = None) -> Frame:
         if not receipt.done:
@@ -680,16 +884,16 @@ class FailoverTransport(Transport):
             now = self._clock()
             if deadline is not None and now >= deadline:
                 self._withdraw(receipt)
-                raise SendTimeout(f"no receipt for {receipt.receipt_id} within {timeout}s")
+                raise _timeout(f"no receipt for {receipt.receipt_id} within {timeout}s", receipt)
             if timeout_ms >= 0:
                 if self._state != "connected":
                     if down_since is None:
                         down_since = now
                     if (now - down_since) * 1000 >= timeout_ms:
                         if self._withdraw(receipt):
-                            raise SendTimeout(
+                            raise _timeout(
                                 f"failover: disconnected for longer than timeout={timeout_ms} ms while "
-                                f"waiting for receipt {receipt.receipt_id}")
+                                f"waiting for receipt {receipt.receipt_id}", receipt)
                 else:
                     down_since = None
 
@@ -697,11 +901,17 @@ class FailoverTransport(Transport):
         with self._lock:
             return self._pending.pop(receipt.receipt_id, None) is not None
 
+    def _link_of(self, generation: int) -> StompConnection | None:
+        """The current link if it is link ``generation`` and may carry ACKs (lock held)."""
+        if generation != self.generation or self._state not in ("connected", "replaying"):
+            return None
+        return self._conn
+
     def write_if_current(self, frame: Frame, generation: int) -> bool:
         with self._lock:
-            if generation != self.generation or self._state != "connected" or self._conn is None:
+            conn = self._link_of(generation)
+            if conn is None:
                 return False
-            conn = self._conn
         try:
             conn.write(frame)
             return True
@@ -711,9 +921,9 @@ class FailoverTransport(Transport):
 
     def write_many_if_current(self, frames: list[Frame], generation: int) -> bool:
         with self._lock:
-            if generation != self.generation or self._state != "connected" or self._conn is None:
+            conn = self._link_of(generation)
+            if conn is None:
                 return False
-            conn = self._conn
         try:
             conn.write_many(frames)
             return True
@@ -741,7 +951,7 @@ class FailoverTransport(Transport):
     def begin(self, tx_id: str) -> Receipt:
         with self._lock:
             self._check_usable()
-            self._txs[tx_id] = _Tx()
+            self._txs[tx_id] = TxState()
         rec = self.request(Frame.make("BEGIN", {"transaction": tx_id}))
         assert rec is not None
         return rec
@@ -752,7 +962,8 @@ class FailoverTransport(Transport):
             if tx is not None and (tx.rolled_back or (tx.acked_gen is not None and tx.acked_gen != self.generation)):
                 self._txs.pop(tx_id, None)
                 raise TransactionRolledBack(
-                    f"transaction {tx_id} was open across a failover: the broker rolled it back")
+                    f"transaction {tx_id} was open across a failover: the broker rolled it back",
+                    transaction=tx_id, keys=tx.keys)
         rec = self.request(Frame.make("COMMIT", {"transaction": tx_id}))
         assert rec is not None
         return rec

@@ -81,7 +81,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-_AUTH_WORDS = ("auth", "login", "password", "passcode", "credential", "security", "not authorized", "access denied")
+# in the ERROR's message header (short, chosen by the broker for this purpose)
+_AUTH_WORDS = ("auth", "login", "password", "passcode", "credential", "security", "not authorized", "access denied",
+               "access refused")
+# in its body (free text: only unambiguous phrases)
+_AUTH_PHRASES = ("access refused", "access denied", "not authorized", "authentication failed", "bad credentials",
+                 "invalid credentials", "login failed")
 
 
 @dataclass(frozen=True)
@@ -123,13 +128,28 @@ def _leaf_connect_timeout(leaf: Any, params: ConnectParams) -> float:
     return (ms if ms is not None else 10000) / 1000.0
 
 
+def error_text(frame: Frame) -> str:
+    """One line for an ERROR frame: its ``message`` header and its body (where brokers
+    such as RabbitMQ put the real reason: "Bad CONNECT: Virtual host '127.0.0.1' access
+    denied"), the body cut at 300 characters."""
+    message = (frame.get("message") or "").strip()
+    body = " ".join(frame.body.decode("utf-8", "replace").split())
+    if len(body) > 300:
+        body = body[:297] + "..."
+    if message and body and body != message and message not in body:
+        return f"{message}: {body}"
+    return body if body and message in body else (message or "ERROR frame")
+
+
 def error_from_frame(frame: Frame, context: str = "") -> BrokerError:
-    """A :class:`BrokerError` (or :class:`AuthenticationError`) for an ERROR frame."""
-    message = frame.get("message") or frame.body.decode("utf-8", "replace").strip()[:200] or "ERROR frame"
-    text = f"{context}{message}" if context else message
-    if any(word in message.lower() for word in _AUTH_WORDS):
-        return AuthenticationError(text, frame=frame)
-    return BrokerError(text, frame=frame)
+    """A :class:`BrokerError` for an ERROR frame, or an :class:`AuthenticationError` when
+    the broker refused the credentials or access (its message or body says so)."""
+    text = error_text(frame)
+    message = (frame.get("message") or "").lower()
+    body = frame.body[:1000].decode("utf-8", "replace").lower()
+    if any(word in message for word in _AUTH_WORDS) or any(phrase in body for phrase in _AUTH_PHRASES):
+        return AuthenticationError(f"{context}{text}", frame=frame)
+    return BrokerError(f"{context}{text}", frame=frame)
 
 
 class StompConnection:
@@ -161,6 +181,8 @@ class StompConnection:
         self._parser = FrameParser("1.2")
         self.version = "1.2"
         self.connected_frame: Frame | None = None
+        #: the ERROR frame, tied to no request, that ended this link (see :meth:`end_with_error`)
+        self.error_frame: Frame | None = None
         self.send_every_ms = 0
         self.expect_every_ms = 0
         self._last_rx = 0.0
@@ -358,6 +380,24 @@ class StompConnection:
         """Declare the link lost (from outside the reader), reporting ``error`` once."""
         self._report_lost(error)
 
+    def wait_reader(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the reader thread to end (it delivers what
+        the broker sent before closing); True when it has ended."""
+        reader = self._reader
+        if reader is None or reader is threading.current_thread():
+            return reader is None
+        reader.join(timeout)
+        return not reader.is_alive()
+
+    def end_with_error(self, frame: Frame) -> None:
+        """The broker sent an ERROR that answers no request we can name: the link is
+        over (STOMP: the broker closes the connection after an ERROR; RabbitMQ keeps
+        some open, and a request it refused that way would otherwise wait forever).
+        ``error_frame`` keeps the frame for whoever handles the loss."""
+        if self.error_frame is None:
+            self.error_frame = frame
+        self._report_lost(ConnectionClosed(f"{self.address}: broker ERROR: {error_from_frame(frame)}"))
+
     def close(self, *, disconnect: bool = True, wait_receipt: float = 0.0) -> None:
         """Close locally (no ``on_lost``). Sends DISCONNECT first when asked."""
         if self._closing:
@@ -383,7 +423,7 @@ class Receipt:
     """A request waiting for the broker's RECEIPT (a tiny future on a raw lock,
     cheaper than ``threading.Event`` on the per-message path)."""
 
-    __slots__ = ("receipt_id", "frame", "_gate", "_done", "error", "result", "tracked", "generation", "tx")
+    __slots__ = ("receipt_id", "frame", "_gate", "_done", "error", "result", "tracked", "generation", "tx", "rseq")
 
     def __init__(self, receipt_id: str, frame: Frame, *, tracked: bool = True, tx: str | None = None) -> None:
         self.receipt_id = receipt_id
@@ -396,6 +436,8 @@ class Receipt:
         self.tracked = tracked
         self.generation = 0
         self.tx = tx
+        #: position of its latest write among the link's writes (the failover transport's)
+        self.rseq: int | None = None
 
     @property
     def done(self) -> bool:
@@ -532,8 +574,8 @@ class Transport:
     def next_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids)}"
 
-    def _dispatch(self, frame: Frame, generation: int) -> None:
-        """Handle one frame from the link of ``generation`` (reader thread)."""
+    def _dispatch(self, frame: Frame, generation: int, conn: StompConnection | None = None) -> None:
+        """Handle one frame from link ``conn`` of ``generation`` (reader thread)."""
         command = frame.command
         if command == "MESSAGE":
             handler = self.on_message
@@ -546,22 +588,33 @@ class Transport:
             if rec is not None:
                 rec.set_result(frame)
         elif command == "ERROR":
-            rid = frame.get("receipt-id")
-            with self._lock:
-                rec = self._pending.pop(rid, None) if rid is not None else None
-            if rec is not None:
-                rec.set_error(error_from_frame(frame))
-            else:
-                log.warning("broker ERROR: %s", frame.get("message") or frame.body[:200])
-                self._on_unmatched_error(frame)
-                if self.on_broker_error is not None:
-                    try:
-                        self.on_broker_error(frame)
-                    except Exception:
-                        log.exception("broker-error handler failed")
+            self._on_error(conn, frame)
+
+    def _on_error(self, conn: StompConnection | None, frame: Frame) -> None:
+        """An ERROR frame: it fails the request whose ``receipt-id`` it carries; one that
+        names no request ends the link (:meth:`StompConnection.end_with_error`)."""
+        rid = frame.get("receipt-id")
+        with self._lock:
+            rec = self._pending.pop(rid, None) if rid is not None else None
+        if rec is not None:
+            self._request_refused(rec)
+            rec.set_error(error_from_frame(frame))
+            return
+        log.warning("broker ERROR (not tied to a request; ending the link): %s", error_from_frame(frame))
+        self._on_unmatched_error(frame)
+        if self.on_broker_error is not None:
+            try:
+                self.on_broker_error(frame)
+            except Exception:
+                log.exception("broker-error handler failed")
+        if conn is not None:
+            conn.end_with_error(frame)
+
+    def _request_refused(self, rec: Receipt) -> None:
+        """``rec`` failed with a broker ERROR (hook; the lock is not held)."""
 
     def _on_unmatched_error(self, frame: Frame) -> None:
-        """An ERROR frame not tied to a request (the broker will close the link)."""
+        """An ERROR frame not tied to a request (the link is ended right after)."""
 
 
 class DirectTransport(Transport):
@@ -579,7 +632,7 @@ class DirectTransport(Transport):
 
     def start(self) -> None:
         conn = StompConnection(self.leaf, backend=self._backend, params=self._params, clock=self._clock,
-                               on_frame=lambda c, f: self._dispatch(f, 1), on_lost=self._lost)
+                               on_frame=lambda c, f: self._dispatch(f, 1, c), on_lost=self._lost)
         conn.open()
         with self._lock:
             self._conn = conn

@@ -607,3 +607,151 @@ def test_concurrent_senders_share_a_connection_through_a_failover(backend: Memor
         # a writer or the reader notices first: either way one interruption, one resume
         assert [c[0] for c in rec.calls] == ["interrupted", "resumed"]
         assert rec.calls[0][1] in ("ConnectionClosed", "WriteError") and rec.calls[1] == ("resumed", "tcp://b:2")
+
+
+# -- trackMessages: the cache holds only what no receipt has proven yet -------------------------
+
+
+def _replayed_keys(backend: MemoryBackend, a: ScriptedBroker, b: ScriptedBroker, conn: Any, rec: Recorder) -> list[str]:
+    a.up = False
+    a.drop()
+    assert rec.event.wait(5)
+    wait_for(lambda: conn.is_connected)
+    return [f.get(IDEMPOTENCY_HEADER) or "" for f in b.frames("SEND")]
+
+
+def test_track_messages_a_receipt_trims_the_cache(backend: MemoryBackend) -> None:
+    """Any RECEIPT proves every frame written before it on that link: those cached
+    fire-and-forget sends are not replayed after a later reconnect."""
+    a, b = two(backend)
+    rec = Recorder()
+    with amqtransport.connect(URI2 + "&trackMessages=true", backend=backend, sleep=lambda s: None,
+                              listener=rec) as conn:
+        for i in range(5):
+            conn.send("/queue/ff", f"old-{i}", receipt=False, idempotency_key=f"old-{i}")
+        conn.send("/queue/other", "receipted", idempotency_key="r")  # its receipt proves old-0..4
+        conn.send("/queue/ff", "new", receipt=False, idempotency_key="new")
+        assert _replayed_keys(backend, a, b, conn, rec) == ["new"]
+
+
+def test_track_messages_asks_for_a_receipt_every_so_often(backend: MemoryBackend) -> None:
+    """Only fire-and-forget traffic: every 64th tracked send carries a receipt, so an
+    old message is never re-sent after thousands of later ones."""
+    from amqtransport.transports.replay import TRACK_RECEIPT_EVERY
+
+    a, b = two(backend)
+    rec = Recorder()
+    with amqtransport.connect(URI2 + "&trackMessages=true&maxCacheSize=10000000", backend=backend,
+                              sleep=lambda s: None, listener=rec) as conn:
+        total = 1000
+        for i in range(total):
+            conn.send("/queue/ff", f"m{i}", receipt=False, idempotency_key=f"m{i}")
+        receipted = [f for f in a.frames("SEND") if f.get("receipt")]
+        assert len(receipted) == total // TRACK_RECEIPT_EVERY
+        wait_for(lambda: conn.transport.cached_sends < TRACK_RECEIPT_EVERY)  # type: ignore[attr-defined]
+        replayed = _replayed_keys(backend, a, b, conn, rec)
+        assert replayed == [f"m{i}" for i in range(total - len(replayed), total)]
+        assert len(replayed) < TRACK_RECEIPT_EVERY
+
+
+def test_track_messages_idle_barrier_empties_the_cache(backend: MemoryBackend) -> None:
+    a, b = two(backend)
+    rec = Recorder()
+    with amqtransport.connect(URI2 + "&trackMessages=true", backend=backend, sleep=lambda s: None,
+                              listener=rec) as conn:
+        for i in range(3):
+            conn.send("/queue/ff", f"m{i}", receipt=False, idempotency_key=f"m{i}")
+        wait_for(lambda: conn.transport.cached_sends == 0, timeout=5)  # type: ignore[attr-defined]
+        # the barrier is an empty transaction: BEGIN, then a receipted ABORT
+        begin, abort = a.frames("BEGIN")[-1], a.frames("ABORT")[-1]
+        assert begin.get("transaction") == abort.get("transaction") and abort.get("receipt")
+        assert a.frames("COMMIT") == []
+        assert _replayed_keys(backend, a, b, conn, rec) == []
+
+
+def test_track_messages_unreceipted_sends_are_still_replayed(backend: MemoryBackend) -> None:
+    a, b = two(backend)
+    a.hold_receipts = True  # nothing is proven
+    rec = Recorder()
+    with amqtransport.connect(URI2 + "&trackMessages=true", backend=backend, sleep=lambda s: None,
+                              listener=rec) as conn:
+        for i in range(100):
+            conn.send("/queue/ff", f"m{i}", receipt=False, idempotency_key=f"m{i}")
+        time.sleep(1.2)  # the idle barrier goes out but is not answered either
+        assert _replayed_keys(backend, a, b, conn, rec) == [f"m{i}" for i in range(100)]
+        wait_for(lambda: conn.transport.cached_sends == 0, timeout=5)  # type: ignore[attr-defined]
+
+
+# -- what a caller needs to recover ------------------------------------------------------------
+
+
+def test_send_timeout_names_the_idempotency_key(backend: MemoryBackend) -> None:
+    a, b = two(backend)
+    conn = amqtransport.connect(URI2 + "&timeout=100", backend=backend, sleep=lambda s: time.sleep(0.01))
+    try:
+        a.up = b.up = False
+        a.drop()
+        wait_for(lambda: not conn.is_connected)
+        with pytest.raises(SendTimeout) as info:
+            conn.send("/queue/x", "never", idempotency_key="order-17")
+        assert info.value.idempotency_key == "order-17" and "order-17" in str(info.value)
+        with pytest.raises(SendTimeout) as info:
+            conn.send("/queue/x", "never", receipt=False, idempotency_key="order-18")
+        assert info.value.idempotency_key == "order-18"
+        # re-sending with the key once a broker is back
+        b.up = True
+        wait_for(lambda: conn.is_connected, timeout=10)
+        conn.send("/queue/x", "again", idempotency_key=info.value.idempotency_key)
+        assert [f.get(IDEMPOTENCY_HEADER) for f in b.frames("SEND")] == ["order-18"]
+    finally:
+        conn.close()
+
+
+def test_commit_in_flight_across_a_failover_is_in_doubt_with_the_keys(backend: MemoryBackend) -> None:
+    """The link dies after the COMMIT was written, before its receipt: the broker may
+    have committed. Not "rolled back" (that invites a blind re-send without the keys)."""
+    from amqtransport.errors import TransactionInDoubt
+
+    a, b = two(backend)
+    rec = Recorder()
+
+    def no_commit_receipt(stream: Any, frame: Any) -> bool:
+        if frame.command == "COMMIT":
+            a.up = False
+            stream.hang_up()  # the broker got it; did it commit? nobody knows
+            return True
+        return False
+
+    a.on_frame = no_commit_receipt
+    with amqtransport.connect(URI2, backend=backend, sleep=lambda s: None, listener=rec) as conn:
+        with pytest.raises(TransactionRolledBack) as info:  # old except clauses still catch it
+            with conn.transaction() as tx:
+                tx.send("/queue/t", "one", idempotency_key="t-1")
+                tx.send("/queue/t", "two", idempotency_key="t-2")
+        assert isinstance(info.value, TransactionInDoubt)
+        assert info.value.keys == ("t-1", "t-2")
+        assert "may or may not" in str(info.value)
+        assert b.frames("COMMIT") == []  # never replayed blindly
+        # the recovery it suggests: the same keys in a new transaction
+        with conn.transaction() as tx:
+            for key in info.value.keys:
+                tx.send("/queue/t", key, idempotency_key=key)
+        assert [f.get(IDEMPOTENCY_HEADER) for f in b.frames("SEND")] == ["t-1", "t-2"]
+
+
+def test_rolled_back_transaction_offers_its_keys(backend: MemoryBackend) -> None:
+    from amqtransport.errors import TransactionInDoubt
+
+    a, b = two(backend)
+    rec = Recorder()
+    with amqtransport.connect(URI2, backend=backend, sleep=lambda s: None, listener=rec) as conn:
+        tx = conn.transaction().__enter__()
+        tx.send("/queue/t", "one", idempotency_key="r-1")
+        a.up = False
+        a.drop()
+        assert rec.event.wait(5)
+        wait_for(lambda: conn.is_connected)
+        with pytest.raises(TransactionRolledBack) as info:
+            tx.commit()
+        assert not isinstance(info.value, TransactionInDoubt)
+        assert info.value.keys == ("r-1",)

@@ -1,0 +1,291 @@
+"""What the failover transport writes on a new link, and its ``trackMessages`` cache.
+
+Pure bookkeeping: no sockets, threads or clocks here. The failover transport holds its
+lock around every call and does the I/O itself (a sans-IO driver can call the same
+functions).
+
+Theory of operation
+-------------------
+*The replay plan* (:func:`plan_replay`). After a reconnect the new link gets, in
+order: a SUBSCRIBE for every live subscription (same ids and headers), every request
+still waiting for its receipt (in the order it was first sent, same receipt id, same
+idempotency key), then the cached fire-and-forget sends (``trackMessages``). Some
+requests are settled instead of replayed:
+
+- a transaction the broker had acknowledged on a dead link is gone with that link: its
+  requests fail with :class:`TransactionRolledBack` (with the keys of its sends);
+- a COMMIT written on a dead link whose receipt never came is *in doubt*: the broker
+  may have committed it. Every request of that transaction fails with
+  :class:`TransactionInDoubt`, which offers the keys so the caller can send them again;
+- an UNSUBSCRIBE of a subscription that died with the link is answered locally (the
+  broker forgot the subscription with the link), unless it deletes a durable
+  subscription (``durable_unsubscribe``): that is broker state and is replayed;
+- a SUBSCRIBE then UNSUBSCRIBE issued while disconnected cancel out.
+
+*Stepwise replay.* When the previous link ended right after an ERROR that named no
+request (no ``receipt-id``), the broker refused *something* we wrote and we cannot
+tell what. Writing everything again would be refused again, forever (a SEND the broker
+cannot store, a frame over its size limit). So the plan then writes the live
+subscriptions at once but lists the pending requests as ``stepwise``: the transport
+writes them one at a time and waits for each outcome. A request whose link dies with
+an unmatched ERROR while it is the only one outstanding is the one the broker refuses:
+it fails with that :class:`BrokerError` and is never replayed again. The cached sends
+(``tail``) go out after the last stepwise request.
+
+*The send cache* (:class:`SendCache`). Fire-and-forget sends (``receipt=False``) are
+kept by idempotency key, bounded by ``maxCacheSize`` bytes, and replayed on a new link.
+A broker processes a connection's frames in order, so a RECEIPT for a frame proves
+that every frame written before it on that link was processed: each receipt trims the
+cache. Positions come from one counter: a receipted write takes its position *before*
+it is written (``rseq``), a cached send *after* its write returned (``wseq``); a receipt
+for ``rseq`` on link ``g`` then proves exactly the entries of link ``g`` with ``wseq <
+rseq``, however threads interleave their writes (the writer keeps call order). To keep
+the cache small without any receipted traffic the transport asks for a receipt on one
+tracked send every :data:`TRACK_RECEIPT_EVERY` sends, and writes a barrier (a BEGIN and
+a receipted ABORT of an empty transaction) when tracked sends stop for a while.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from amqtransport.errors import BrokerError, TransactionInDoubt, TransactionRolledBack
+from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.transports.stomp import Receipt, error_from_frame
+
+__all__ = [
+    "TRACK_RECEIPT_EVERY",
+    "TRACK_IDLE_SECONDS",
+    "TxState",
+    "ReplayPlan",
+    "plan_replay",
+    "SendCache",
+    "refusal_error",
+    "deletes_durable",
+]
+
+#: a tracked fire-and-forget send asks for a receipt every this many sends
+TRACK_RECEIPT_EVERY = 64
+#: ... and a barrier is written this long after the last tracked send
+TRACK_IDLE_SECONDS = 1.0
+
+
+@dataclass
+class TxState:
+    """A transaction as the transport sees it."""
+
+    #: link generation on which the broker first acknowledged it (BEGIN's receipt)
+    acked_gen: int | None = None
+    rolled_back: bool = False
+    #: idempotency keys of its sends, in order
+    keys: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReplayPlan:
+    #: written at once, in this order, before anything else
+    batch: list[Frame] = field(default_factory=list)
+    #: requests of ``batch`` (their generation becomes the new link's)
+    batch_requests: list[Receipt] = field(default_factory=list)
+    #: then written one at a time, each awaiting its outcome (stepwise replay)
+    stepwise: list[Receipt] = field(default_factory=list)
+    #: cached sends written after the stepwise requests
+    tail: list[Frame] = field(default_factory=list)
+    #: requests settled with an error instead of replayed
+    fail: list[tuple[Receipt, BaseException]] = field(default_factory=list)
+    #: requests answered locally with a synthetic receipt
+    complete: list[Receipt] = field(default_factory=list)
+    #: transactions now known to be gone
+    rolled_back: set[str] = field(default_factory=set)
+
+
+def deletes_durable(frame: Frame) -> bool:
+    """Does this UNSUBSCRIBE delete a durable subscription (broker state that outlives
+    the link, so it is replayed)? Each broker's header: ActiveMQ's
+    ``activemq.subscriptionName``, Artemis' ``durable-subscription-name``, RabbitMQ's
+    ``durable:true``."""
+    return (frame.command == "UNSUBSCRIBE"
+            and (frame.get("durable") == "true" or "activemq.subscriptionName" in frame
+                 or "durable-subscription-name" in frame))
+
+
+def plan_replay(
+    *,
+    subs: Mapping[str, Frame],
+    pending: Iterable[Receipt],
+    txs: Mapping[str, TxState],
+    cache_frames: Sequence[Frame],
+    gen: int,
+    stepwise: bool = False,
+    durable_unsubscribe: Callable[[Frame], bool] = deletes_durable,
+) -> ReplayPlan:
+    """The replay for link ``gen`` (see the module docstring)."""
+    plan = ReplayPlan()
+    pending = list(pending)
+    for tx_id, tx in txs.items():
+        if tx.rolled_back or (tx.acked_gen is not None and tx.acked_gen < gen):
+            plan.rolled_back.add(tx_id)
+    in_doubt = {rec.tx for rec in pending
+                if rec.frame.command == "COMMIT" and rec.tx is not None and 0 < rec.generation < gen}
+    plan.rolled_back |= {tx_id for tx_id in in_doubt if tx_id is not None}
+    live: list[Receipt] = []
+    pending_sub: dict[str | None, Receipt] = {}
+    for rec in pending:
+        if rec.tx is not None and (rec.tx in in_doubt or rec.tx in plan.rolled_back):
+            keys = txs[rec.tx].keys if rec.tx in txs else []
+            if rec.tx in in_doubt:
+                err: BaseException = TransactionInDoubt(
+                    f"link lost while committing transaction {rec.tx}: the broker may or may not have "
+                    f"committed it; send its {len(keys)} message(s) again with the same idempotency keys "
+                    "(exception.keys)", transaction=rec.tx, keys=keys)
+            else:
+                err = TransactionRolledBack(
+                    f"transaction {rec.tx} was open across a failover: rolled back by the broker",
+                    transaction=rec.tx, keys=keys)
+            plan.fail.append((rec, err))
+            continue
+        command = rec.frame.command
+        if command == "SUBSCRIBE":
+            pending_sub[rec.frame.get("id")] = rec
+            continue
+        if command == "UNSUBSCRIBE" and not durable_unsubscribe(rec.frame):
+            plan.complete.append(rec)
+            continue
+        live.append(rec)
+    for sub_id, sub_frame in subs.items():
+        sub_rec = pending_sub.pop(sub_id, None)
+        if sub_rec is None:
+            plan.batch.append(sub_frame)
+        elif stepwise:
+            plan.stepwise.append(sub_rec)
+        else:
+            plan.batch.append(sub_rec.frame)
+            plan.batch_requests.append(sub_rec)
+    plan.complete.extend(pending_sub.values())  # subscribed and unsubscribed while down
+    if stepwise:
+        plan.stepwise.extend(live)
+    else:
+        for rec in live:
+            plan.batch.append(rec.frame)
+            plan.batch_requests.append(rec)
+    if plan.stepwise:
+        plan.tail.extend(cache_frames)
+    else:
+        plan.batch.extend(cache_frames)
+    return plan
+
+
+def refusal_error(frame: Frame, what: str) -> BrokerError:
+    """The error for a request the broker refused with an ERROR that named no request."""
+    err = error_from_frame(frame)
+    return type(err)(f"{err} (the broker answered {what} with this ERROR twice, the second time while it was "
+                     "the only request outstanding)", frame=frame)
+
+
+def _size(frame: Frame) -> int:
+    return len(frame.body) + sum(len(k) + len(v) for k, v in frame.headers)
+
+
+@dataclass
+class _Entry:
+    frame: Frame
+    size: int
+    gen: int = 0
+    wseq: int | None = None  # position once written on link ``gen`` (after the write)
+    rseq: int | None = None  # position taken before that write (sends asking for a receipt)
+    rid: str | None = None   # its receipt id when it asks for one
+
+
+class SendCache:
+    """``trackMessages``: recent fire-and-forget SENDs by idempotency key (see the
+    module docstring). Not thread-safe: the caller holds its lock."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._by_rid: dict[str, str] = {}
+        self.bytes = 0
+        self.trimmed = 0   # entries proven processed by a receipt
+        self.evicted = 0   # entries dropped by the size bound
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    @staticmethod
+    def key_of(frame: Frame) -> str:
+        return frame.get(IDEMPOTENCY_HEADER) or f"anon-{id(frame)}"
+
+    def put(self, key: str, frame: Frame) -> bool:
+        """Add a send about to be written; False when the key is already cached."""
+        if key in self._entries:
+            return False
+        entry = _Entry(frame, _size(frame), rid=frame.get("receipt"))
+        self._entries[key] = entry
+        if entry.rid is not None:
+            self._by_rid[entry.rid] = key
+        self.bytes += entry.size
+        while self._entries and self.bytes > self.limit:
+            self._drop(next(iter(self._entries)))
+            self.evicted += 1
+        return True
+
+    def written(self, key: str, gen: int, wseq: int, rseq: int | None = None) -> None:
+        """The send ``key`` is on the wire of link ``gen``: position ``rseq`` taken
+        before its write, ``wseq`` after it."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.gen, entry.wseq, entry.rseq = gen, wseq, rseq
+
+    def frames(self) -> list[Frame]:
+        return [e.frame for e in self._entries.values()]
+
+    def replayed(self, gen: int, positions: Iterable[int]) -> None:
+        """Every entry was written again on link ``gen``, in order, at ``positions``."""
+        for entry, pos in zip(self._entries.values(), positions, strict=False):
+            entry.gen, entry.wseq, entry.rseq = gen, pos, pos
+
+    def on_receipt(self, gen: int, rseq: int | None) -> None:
+        """A receipt arrived on link ``gen`` for a write made at position ``rseq``: drop
+        every entry written before it on that link."""
+        if rseq is None:
+            return
+        while self._entries:
+            key, entry = next(iter(self._entries.items()))
+            if entry.gen != gen or entry.wseq is None or entry.wseq >= rseq:
+                return
+            self._drop(key)
+            self.trimmed += 1
+
+    def own_receipt(self, rid: str) -> tuple[str, int, int | None] | None:
+        """If ``rid`` is the receipt of a cached send: (key, gen, rseq) of its last write."""
+        key = self._by_rid.get(rid)
+        if key is None:
+            return None
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        return key, entry.gen, entry.rseq
+
+    def discard(self, key: str) -> bool:
+        if key not in self._entries:
+            return False
+        self._drop(key)
+        return True
+
+    def clear(self) -> int:
+        n = len(self._entries)
+        self._entries.clear()
+        self._by_rid.clear()
+        self.bytes = 0
+        return n
+
+    def _drop(self, key: str) -> None:
+        entry = self._entries.pop(key)
+        self.bytes -= entry.size
+        if entry.rid is not None:
+            self._by_rid.pop(entry.rid, None)
