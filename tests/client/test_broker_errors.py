@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,12 @@ from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.testing.broker_process import BrokerProcess
 from amqtransport.transports.stomp import error_from_frame
 
+from .client_helpers import wait_for
+
 pytestmark = pytest.mark.timeout(60)
 
 URI2 = "failover:(tcp://a:1,tcp://b:2)?randomize=false&initialReconnectDelay=1&maxReconnectDelay=5"
 
-
-def wait_for(cond: Callable[[], Any], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.005)
-    raise AssertionError("condition not met in time")
 
 
 def refuse_key(broker: ScriptedBroker, key: str, *, receipt_id: bool, close: bool) -> list[Frame]:
@@ -114,10 +107,10 @@ def test_refusal_in_a_pipeline_blames_only_the_refused_send() -> None:
                 t.wait(rec, 10)
             except BrokerError as exc:
                 errors.append((i, exc))
-    assert [i for i, _ in errors] == [3]
+    assert [i for i, _ in errors] == [3], errors
     stored = [f.get(IDEMPOTENCY_HEADER) for f in b.frames("SEND")]
     assert set(stored) == {f"k{i}" for i in range(10)}  # k3 tried (refused), the rest stored
-    assert len(b.connections) <= 3
+    assert len(b.connections) <= 3, [[f.command for f in c.frames] for c in b.connections]
 
 
 def test_error_on_a_link_that_stays_open_fails_the_request_instead_of_hanging() -> None:

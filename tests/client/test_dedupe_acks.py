@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,16 +18,10 @@ from amqtransport._backends.memory import MemoryBackend, ScriptedBroker
 from amqtransport.errors import LocalProtocolError
 from amqtransport.stomp import IDEMPOTENCY_HEADER
 
+from .client_helpers import wait_for
+
 pytestmark = pytest.mark.timeout(30)
 
-
-def wait_for(cond: Callable[[], Any], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.005)
-    raise AssertionError("condition not met in time")
 
 
 def acked_ids(broker: ScriptedBroker, command: str = "ACK") -> list[str]:

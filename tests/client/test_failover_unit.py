@@ -7,7 +7,6 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,16 +22,10 @@ from amqtransport.errors import (
 )
 from amqtransport.stomp import IDEMPOTENCY_HEADER
 
+from .client_helpers import wait_for
+
 pytestmark = pytest.mark.timeout(30)
 
-
-def wait_for(cond: Callable[[], Any], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.005)
-    raise AssertionError("condition not met in time")
 
 
 class Recorder:
