@@ -333,10 +333,15 @@ class ModeRun:
         delay = t_start + plan.window_s - self.clock()
         if delay > 0:
             time.sleep(delay)
-        nemesis.heal_all()
-        self.stage.reset()
-        restarted = nemesis.restart_dead()
-        ok, took, desc = nemesis.wait_healthy(self.params.health_timeout_s)
+        restarted: list[str] = []
+        try:
+            nemesis.heal_all()
+            self.stage.reset()
+            restarted = nemesis.restart_dead()
+            ok, took, desc = nemesis.wait_healthy(self.params.health_timeout_s)
+        except Exception as exc:  # a node that would not start: the round is unhealthy, then repaired
+            log.exception("round %d: healing failed", plan.round)
+            ok, took, desc = False, 0.0, f"healing failed: {exc!r}"
         out.healthy, out.health_s, out.detail = ok, took, desc
         out.pending = drain.wait(self.params.round_drain_s) if ok else len(drain.pending)
         self.history.add(RoundRecord(plan.round, plan.seed, self.mode, t_start, self.clock(), plan.describe(), ok,
@@ -367,13 +372,16 @@ class ModeRun:
         nemesis = self.nemesis
         assert nemesis is not None
         nemesis.thaw_all()
-        master = nemesis.master(timeout=10)
-        for node in nemesis.nodes:
-            if node is not master:
-                self.echo(f"{self.label()}: repair: restarting node {node.name}")
-                node.kill()
-                node.start(timeout=30)
-        ok, _took, desc = nemesis.wait_healthy(self.params.health_timeout_s)
+        try:
+            master = nemesis.master(timeout=10)
+            for node in nemesis.nodes:
+                if node is not master:
+                    self.echo(f"{self.label()}: repair: restarting node {node.name}")
+                    node.kill()
+                    node.start(timeout=30)
+            ok, _took, desc = nemesis.wait_healthy(self.params.health_timeout_s)
+        except Exception as exc:
+            ok, desc = False, f"repair failed: {exc!r}"
         self.result.notes.append(f"repair after round {len(self.result.rounds)}: {'ok' if ok else 'failed'}: {desc}")
         return ok
 

@@ -257,3 +257,18 @@ def test_a_failing_round_prints_its_seed_and_the_replay_command(tmp_path: Path) 
     data = json.loads((tmp_path / "r" / "report.json").read_text())
     assert not data["ok"] and data["results"]["replicated"]["check"]["counts"]["lost"] == 1
     assert "broker logs and data kept in" in text
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(0)  # as long as the rounds take (about 15 s each per mode)
+def test_nemesis_soak(tmp_path: Path) -> None:
+    """The long nemesis as a test (``-m soak``): ``NEMESIS_ROUNDS`` rounds per mode (20),
+    ``NEMESIS_SEED`` (random, printed). The benchmark-style figures come from
+    ``amq chaos run nemesis --rounds 200 --mode both --report out/`` (docs/chaos.md)."""
+    from chaos.nemesis.cli import random_seed
+
+    rounds = int(os.environ.get("NEMESIS_ROUNDS", "20"))
+    seed = int(os.environ.get("NEMESIS_SEED", "0")) or random_seed()
+    code = run_nemesis("both", NemesisParams(rounds=rounds, seed=seed), report_dir=tmp_path / "report",
+                       echo=lambda line: print(line, flush=True), workdir=tmp_path)
+    assert code == 0, f"seed {seed}: see the lines above and {tmp_path / 'report' / 'report.json'}"
