@@ -69,12 +69,15 @@ def proxy(host: str, port: int, verbose: bool) -> None:
 @click.option("--link-timeout", default=1.0, show_default=True, type=click.FloatRange(0.05, 600),
               help="Nemesis: the pair's replication --link-timeout (s); a frozen master is taken over "
                    "after about 4x this.")
+@click.option("--dedupe-window", default=100_000, show_default=True, type=click.IntRange(0),
+              help="Nemesis: the pair's dedupe_window_size (keys); a small one (e.g. 3000, about 20 s of the "
+                   "workload) lets trackMessages replays outlive it.")
 @click.option("--keep", is_flag=True, help="Nemesis: keep the scratch directory (broker logs, nemesis.log) "
                                          "even when the run passes.")
 @click.option("--list", "list_only", is_flag=True, help="List the scenarios and the nemesis's fault kinds, and exit.")
 def run(names: tuple[str, ...], rounds: int, report_dir: str | None, mode: str, rate: float | None,
         seed: int | None, faults: str, double_faults: bool, no_disk: bool, link_timeout: float,
-        keep: bool, list_only: bool) -> None:
+        dedupe_window: int, keep: bool, list_only: bool) -> None:
     """Run chaos scenarios (e.g. kill-master) or the nemesis, and check their invariants.
 
     \b
@@ -118,7 +121,8 @@ def run(names: tuple[str, ...], rounds: int, report_dir: str | None, mode: str, 
             raise click.BadParameter(str(exc), param_hint="--faults") from exc
         params = NemesisParams(rounds=rounds, seed=random_seed() if seed is None else seed,
                                kinds=tuple(kinds) if kinds is not None else None, double_faults=double_faults,
-                               rate=20.0 if rate is None else rate, disk=not no_disk, link_timeout_s=link_timeout)
+                               rate=20.0 if rate is None else rate, disk=not no_disk, link_timeout_s=link_timeout,
+                               dedupe_window_keys=dedupe_window)
         raise SystemExit(run_nemesis(mode, params, report_dir=report, echo=click.echo, seed_given=seed is not None,
                                      keep=keep))
     if seed is not None or faults != "default" or double_faults or no_disk or keep:

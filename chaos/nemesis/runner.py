@@ -74,6 +74,7 @@ class NemesisParams:
     round_drain_s: float = 20.0
     drain_timeout_s: float = 30.0
     client_timeout_ms: int = 30000  # the failover URI's timeout: a send gives up after this long disconnected
+    dedupe_window_keys: int = 100_000  # the pair's dedupe_window_size (the broker's default)
 
     def kinds_for(self, mode: str) -> list[str]:
         base = list(self.kinds) if self.kinds is not None else default_kinds(mode)
@@ -259,7 +260,8 @@ class ModeRun:
         base = self.workdir / self.mode
         try:
             self.cluster = NemesisCluster(base, self.mode, disk=self.params.disk, disk_mb=self.params.disk_mb,
-                                          link_timeout=self.params.link_timeout_s)
+                                          link_timeout=self.params.link_timeout_s,
+                                          broker_config={"dedupe_window_size": self.params.dedupe_window_keys})
         except ClusterError:
             raise
         except Exception as exc:
