@@ -61,11 +61,13 @@ def _raw_connect(port: int) -> socket.socket:
     return sock
 
 
-def freeze_round(bp: BrokerPair, queue: str, tag: str, sockets: int = 6) -> tuple[set[str], set[str]]:
-    """One freeze of the current master with a SEND in each of ``sockets`` socket buffers.
+def freeze_round(bp: BrokerPair, queue: str, tag: str, sockets: int = 6) -> tuple[set[str], set[str], bytes]:
+    """One freeze of the current master with a SEND in each of ``sockets`` socket buffers,
+    and a client CONNECT written during the freeze.
 
-    Returns (receipted, present): the bodies the frozen-then-thawed master wrote a
-    RECEIPT for, and the bodies found on the node that is master afterwards.
+    Returns (receipted, present, answer): the bodies the frozen-then-thawed master wrote
+    a RECEIPT for, the bodies found on the node that is master afterwards, and what the
+    thawed master answered the CONNECT.
     """
     old = bp.wait_master(30)
     new = bp.other(old)
@@ -79,15 +81,20 @@ def freeze_round(bp: BrokerPair, queue: str, tag: str, sockets: int = 6) -> tupl
                     f"SEND\ndestination:{queue}\nreceipt:{body}\npersistent:true\n"
                     f"{IDEMPOTENCY_HEADER}:key-{body}\ncontent-length:{len(body)}\n\n{body}\x00".encode()
                 )
+            # a client connecting now: the kernel queues it; the thawed node answers it later
+            late = socket.create_connection(("127.0.0.1", old.port), timeout=5)
+            socks.append(late)
+            late.sendall(b"CONNECT\naccept-version:1.2\nhost:x\nheart-beat:0,0\n\n\x00")
             assert bp.wait_master(30, exclude=old) is new
         finally:
             os.kill(old.pid, signal.SIGCONT)
         until = time.monotonic() + 5
         receipted = set()
-        for sock, body in zip(socks, bodies, strict=True):
+        for sock, body in zip(socks, bodies, strict=False):
             frames, _closed = _read_frames(sock, until)
             if any(f.startswith(b"RECEIPT") for f in frames):
                 receipted.add(body)
+        late_frames, _closed = _read_frames(late, until)
     finally:
         for sock in socks:
             sock.close()
@@ -97,7 +104,7 @@ def freeze_round(bp: BrokerPair, queue: str, tag: str, sockets: int = 6) -> tupl
     with amqtransport.connect(bp.uri) as c:
         sub = c.subscribe(queue, ack="auto")
         got = {m.text for m in iter(lambda: sub.receive(timeout=1.5), None)}
-    return receipted, got
+    return receipted, got, b"".join(late_frames[:1])
 
 
 def test_thawed_master_never_receipts_what_the_new_master_lacks(tmp_path: Path) -> None:
@@ -105,9 +112,10 @@ def test_thawed_master_never_receipts_what_the_new_master_lacks(tmp_path: Path) 
         with amqtransport.connect(bp.uri) as c:
             c.send("/queue/frozen", "warm-up")
         for n in range(2):  # a freezes, then b (the new master) freezes
-            receipted, present = freeze_round(bp, f"/queue/frozen{n}", f"round{n}")
+            receipted, present, answer = freeze_round(bp, f"/queue/frozen{n}", f"round{n}")
             lost = receipted - present
             assert not lost, f"round {n}: the thawed master receipted SENDs the new master never had: {lost}"
             assert not receipted, f"round {n}: a master that lost its slave uncleanly receipted {receipted}"
+            assert not answer.startswith(b"CONNECTED"), f"round {n}: the thawed master accepted a new client"
         log = bp.a.log_text()
         assert "demoting to slave" in log or "step down" in log, log[-3000:]

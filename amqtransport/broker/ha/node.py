@@ -449,8 +449,13 @@ class HaNode:
         return st
 
     def intercept_connect(self, conn: StompConnection, frame: Frame) -> bool:
-        """Hook called by the client-port STOMP handler for every CONNECT frame."""
-        if frame.get(STATUS_HEADER) is None and all(frame.get(h) is None for h in ROLE_REQUESTS):
+        """Hook called by the client-port STOMP handler for every CONNECT frame: HA
+        requests are handed to :meth:`handle_ha_frame`; while the master is suspect (it
+        may have been replaced while frozen) a client's CONNECT is refused, so no client
+        starts a session on a node that may be about to step down."""
+        repl = self.repl
+        is_request = frame.get(STATUS_HEADER) is not None or any(frame.get(h) is not None for h in ROLE_REQUESTS)
+        if not is_request and (repl is None or repl.suspect is None):
             return False
         transport = conn.transport
         if transport is None:
@@ -464,7 +469,11 @@ class HaNode:
         conn.closing = True
         conn.server.unregister(conn)
         conn.transport = None
-        self.handle_ha_frame(transport, frame, conn.peer)
+        if is_request:
+            self.handle_ha_frame(transport, frame, conn.peer)
+        else:
+            answer_error(transport, f"node {self.name} is not accepting clients right now: it is checking "
+                                    "whether its peer took over; retry (or fail over)")
         return True
 
     def handle_ha_frame(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
@@ -898,25 +907,38 @@ class HaNode:
         action = "decide"
         join: tuple[str, int] | None = None
         while not self.stopping:
-            if action == "decide":
-                action, join = await self._decide()
-            if action == "master" and not self.state.synced:
-                # a stand-by request arrived since the decision (it runs on this loop too;
-                # from here to the epoch raise in _serve_master nothing awaits)
-                log.warning("node %s: not taking over: the master asked us to stand by "
-                            "(this store is no longer a complete copy)", self.name)
-                action = "decide"
-            if action == "master":
-                await self._serve_master()
-                action = "decide"
-            elif action == "slave":
-                assert join is not None
-                action = await self._serve_slave(join)
-            elif action == "wait":
-                await self._sleep(max(self.opts.lock_interval, 0.2))
-                action = "decide"
-            elif action == "stop":
+            try:
+                action, join = await self._replicated_step(action, join)
+            except OSError as exc:
+                # e.g. the state file cannot be written (a full disk): never die for that,
+                # try again (the journal's own failures are fenced by the broker)
+                log.error("node %s: %s failed: %s; retrying in 1 s", self.name, action, exc)
+                self._set_role("waiting", f"I/O error: {exc}")
+                await self._sleep(1.0)
+                action, join = "decide", None
+            if action == "stop":
                 return
+
+    async def _replicated_step(self, action: str, join: tuple[str, int] | None) -> tuple[str, tuple[str, int] | None]:
+        """One step of the replicated role loop; returns the next (action, master address)."""
+        if action == "decide":
+            action, join = await self._decide()
+        if action == "master" and not self.state.synced:
+            # a stand-by request arrived since the decision (it runs on this loop too;
+            # from here to the epoch raise in _serve_master nothing awaits)
+            log.warning("node %s: not taking over: the master asked us to stand by "
+                        "(this store is no longer a complete copy)", self.name)
+            return "decide", None
+        if action == "master":
+            await self._serve_master()
+            return "decide", None
+        if action == "slave":
+            assert join is not None
+            return await self._serve_slave(join), join
+        if action == "wait":
+            await self._sleep(max(self.opts.lock_interval, 0.2))
+            return "decide", None
+        return action, join
 
     async def _decide(self) -> tuple[str, tuple[str, int] | None]:
         action, join = await self._decide_claims()
