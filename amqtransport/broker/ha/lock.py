@@ -8,9 +8,33 @@ at a time and drops it when the holder's process dies (SIGKILL included) or clos
 file, so "holds the lock" is exactly "is the master". The waiting node polls every
 ``interval`` seconds (:func:`wait_for_lock`); a poll costs one syscall. ``flock`` is
 per open file, not per process, so two nodes inside one test process exclude each
-other too (POSIX ``lockf`` would not). On Linux NFS clients ``flock`` is emulated with
-byte-range locks and works across hosts; on other shared filesystems check that it
-does before trusting a pair to it.
+other too (POSIX ``lockf`` would not).
+
+A lock belongs to a file (an inode), not to a name. If ``ha.lock`` is deleted or
+replaced while the master holds it, the master still holds the lock on the old,
+unnamed inode and the other node can create and lock a new file under the same name.
+So :meth:`FileLock.try_acquire` checks after locking that the name still leads to the
+file it locked; the master checks the same every poll (:meth:`FileLock.still_ours`)
+and, when the name leads elsewhere, locks the file it leads to now
+(:meth:`FileLock.relock`) or, failing that for a while, fences itself (node.py). A
+node that has just taken a new ``ha.lock`` also makes sure the journal is free
+(:func:`is_locked`) before it raises the epoch: if the old master still holds the
+journal's own lock (``journal/LOCK``), the lock file was replaced under a live
+master, and the node lets go and stays slave.
+
+Shared filesystems. On Linux NFS clients ``flock`` is emulated with POSIX byte-range
+locks held by the NFS server's lock manager: they work across hosts, but a lock is a
+*lease* (NFSv4; NLM for v3): a client cut off from the server for longer than the
+lease period loses its locks without being told, while its process goes on as if it
+held them, and the other node can then take the lock. The inode check above does not
+see that (the name still leads to the same file); neither does the journal lock,
+which is a second ``flock`` on the same filesystem with the same lease. What the
+journal lock still guarantees: two processes on hosts that both see the lock server
+never open the journal for writing at the same time, and a replaced ``ha.lock`` alone
+never lets a second writer in. Use a shared store only on a filesystem whose locks
+survive the failures you plan for (local disks with a cluster filesystem that fences
+a node it loses, or NFS with hard mounts and a lease longer than any pause); on other
+shared filesystems check that ``flock`` works across hosts at all.
 """
 
 from __future__ import annotations
@@ -22,7 +46,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["FileLock", "wait_for_lock"]
+__all__ = ["FileLock", "is_locked", "wait_for_lock"]
 
 
 class FileLock:
@@ -40,17 +64,44 @@ class FileLock:
         """Take the lock if it is free; ``True`` when we hold it afterwards."""
         if self._fd is not None:
             return True
+        fd = self._lock_path()
+        if fd is None:
+            return False
+        self._fd = fd
+        return True
+
+    def _lock_path(self) -> int | None:
+        """An fd of the file the path names now, locked by us; None when it is locked by
+        another, or the name moved to another file meanwhile."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            return False
-        self._fd = fd
+            return None
+        if not _same_file(self.path, fd):  # deleted or replaced between open and flock
+            os.close(fd)
+            return None
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+
+    def still_ours(self) -> bool:
+        """True while we hold the lock and the path still names the file we locked."""
+        return self._fd is not None and _same_file(self.path, self._fd)
+
+    def relock(self) -> bool:
+        """The path names another file (or none): lock the file it names now (creating it)
+        and let the old one go. False (the old lock still held) when that file is locked
+        by someone else."""
+        fd = self._lock_path()
+        if fd is None:
+            return False
+        old, self._fd = self._fd, fd
+        if old is not None:
+            os.close(old)
         return True
 
     def release(self) -> None:
@@ -68,6 +119,31 @@ class FileLock:
             self.release()
             return False
         return True
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def is_locked(path: str | Path) -> bool:
+    """True when another open file holds an exclusive ``flock`` on ``path`` right now
+    (probes without keeping it; a missing file is not locked and is not created)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops our probe lock
+    return False
 
 
 async def wait_for_lock(

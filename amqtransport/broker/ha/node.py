@@ -138,10 +138,10 @@ from amqtransport.stomp import Frame, serialize
 
 from ..config import BrokerConfig, verify_password
 from ..server import BrokerServer
-from ..store import Callback, MessageStore, run_completions
+from ..store import Callback, MessageStore, StoreLockedError, run_completions
 from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestSigner, RequestVerifier, load_secret
 from .epoch import HaState
-from .lock import FileLock, wait_for_lock
+from .lock import FileLock, is_locked, wait_for_lock
 from .peercheck import (
     CLEAR,
     DEMOTE_PEER,
@@ -316,6 +316,7 @@ class HaNode:
         self._held_since = 0.0
         self._held_logged = 0.0
         self.link_up = False  # slave: the replication link is open
+        self._lock_conflicts = 0  # shared store: ha.lock taken while the journal was locked
         self._ha_server: asyncio.Server | None = None
         self._waiting_reason = ""
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -642,10 +643,12 @@ class HaNode:
     async def _run_shared_store(self) -> None:
         lock = FileLock(self.data_dir / "ha.lock")
         request = self.data_dir / "ha-failback-request"
+        journal_lock = self.data_dir / "journal" / "LOCK"
         try:
             while not self.stopping:
                 self.state = HaState.load(self.data_dir)
-                self._set_role("slave", f"waiting for the store lock {lock.path}")
+                if self.role != "slave":
+                    self._set_role("slave", f"waiting for the store lock {lock.path}")
                 primary = self.state.peer.get("primary")
                 if primary == self.name and lock.is_locked_by_other():
                     request.write_text(self.name)
@@ -662,6 +665,20 @@ class HaNode:
                 got = await wait_for_lock(lock, self.opts.lock_interval, stop=self._stop, may_take=may_take)
                 if not got:
                     return
+                if is_locked(journal_lock):
+                    # we hold ha.lock but another process still holds the journal: the lock
+                    # file was deleted or replaced under a live master. Never raise the epoch
+                    # or open the store: let go and stay slave (the master re-takes the lock).
+                    lock.release()
+                    self._lock_conflicts += 1
+                    if self._lock_conflicts == 1 or self._lock_conflicts % 100 == 0:
+                        log.warning(
+                            "node %s: took %s but the journal is locked by another process: the lock file "
+                            "was deleted or replaced while a master runs; staying slave (%d times)",
+                            self.name, lock.path, self._lock_conflicts,
+                        )
+                    await self._sleep(self.opts.lock_interval)
+                    continue
                 with contextlib.suppress(OSError):
                     if request.exists() and request.read_text().strip() == self.name:
                         request.unlink()
@@ -674,12 +691,20 @@ class HaNode:
                 is_primary = self.state.peer.get("primary") == self.name
                 try:
                     await self._start_master(replicate=False)
-                    yielded = await self._hold_shared_store(request, is_primary)
+                    outcome = await self._hold_shared_store(request, is_primary, lock)
+                except StoreLockedError as exc:
+                    # the journal was taken between our check and the open: never die for it
+                    log.error("node %s: %s; staying slave", self.name, exc)
+                    outcome = "fenced"
                 finally:
                     await self._stop_master()
                     lock.release()
-                if not yielded:
+                if outcome == "stop":
                     return
+                if outcome == "fenced":
+                    self._set_role("fenced", "left the master role")
+                    await self._sleep(self.opts.lock_interval)
+                    continue
                 # give the returning primary the lock before we poll again
                 deadline = time.monotonic() + max(10.0, 20 * self.opts.lock_interval)
                 while request.exists() and time.monotonic() < deadline:
@@ -687,13 +712,33 @@ class HaNode:
         finally:
             lock.release()
 
-    async def _hold_shared_store(self, request: Path, is_primary: bool) -> bool:
-        """Serve until stop (False) or a failback request we honour (True)."""
+    async def _hold_shared_store(self, request: Path, is_primary: bool, lock: FileLock) -> str:
+        """Serve until stop ("stop"), a failback request we honour ("yield"), or a lock
+        file we lost and cannot take back ("fenced")."""
+        lost_at = 0.0
+        grace = max(2.0, 10 * self.opts.lock_interval)
         while True:
             await self._sleep(self.opts.lock_interval)
             if self.opts.allow_failback and not is_primary and request.exists():
                 log.info("node %s: failback requested by the primary; handing the store over", self.name)
-                return True
+                return "yield"
+            if lock.still_ours():
+                continue
+            # ha.lock was deleted or replaced: we hold a lock on a file nobody can see
+            if lock.relock():
+                log.warning("node %s: %s was deleted or replaced while we were master; locked the file "
+                            "that has the name now", self.name, lock.path)
+                lost_at = 0.0
+                continue
+            now = time.monotonic()
+            if not lost_at:
+                lost_at = now
+                log.error("node %s: %s was replaced by a file another process holds; trying to take it back "
+                          "for %.1f s before fencing", self.name, lock.path, grace)
+            elif now - lost_at >= grace:
+                log.error("node %s: cannot take %s back: fencing (closing the client port and the store) so "
+                          "that whoever holds it can be master alone", self.name, lock.path)
+                return "fenced"
 
     # ------------------------------------------------------------------ master role
     async def _start_master(self, *, replicate: bool) -> None:
