@@ -1,6 +1,8 @@
 """Structured Streaming in and out of queues with the ``amq`` data source.
 
     .venv/bin/python examples/spark_streaming.py --seconds 20      # starts an embedded broker
+    spark-submit --master spark://host:7077 examples/spark_streaming.py --uri "failover:(...)" \
+        --checkpoint /durable/chk/stream-example                   # on a cluster
 
 1. A ``rate`` source writes ``--rate`` rows/s to ``/queue/examples.stream.in`` with
    ``writeStream.format("amq")``: keys ``<queryId>-b<batchId>-p<partition>-r<row>`` make a
@@ -8,7 +10,11 @@
 2. ``readStream.format("amq")`` reads that queue at-least-once (messages are logged to a
    write-ahead log under the checkpoint before a batch is planned and acked only after
    the batch commits) and writes them on to ``/queue/examples.stream.out`` keeping the
-   original key in the ``id`` column, so the second hop is exactly-once at the queue too.
+   original key in the ``id`` column, so the second hop is exactly-once at the queue too
+   (the relay recipe of docs/spark.md; ``examples/spark_relay.py`` is the same relay alone).
+
+The session comes from ``job_session``: ``--master``/``--remote`` when given, else
+spark-submit's, else ``local[2,3]``; ``PYSPARK_PYTHON`` is left to the environment.
 """
 
 from __future__ import annotations
@@ -38,14 +44,17 @@ def main() -> None:
     ap.add_argument("--uri", help="connection URI (default: start an embedded broker)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=int, default=200, help="rows per second from the rate source")
-    ap.add_argument("--checkpoint", default=None, help="checkpoint root (default: a temp dir)")
+    ap.add_argument("--checkpoint", default=None, help="checkpoint root (default: a temp dir; on a cluster: durable)")
+    ap.add_argument("--id-prefix", default=None, help="relay keys become <prefix>-<input key> (docs/spark.md)")
+    ap.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[2,3])")
+    ap.add_argument("--remote", default=None, help="Spark Connect URL, e.g. sc://127.0.0.1:15002")
     args = ap.parse_args()
 
-    from amqtransport.spark.session import local_session
+    from amqtransport.spark.session import job_session
 
     root = Path(args.checkpoint or tempfile.mkdtemp(prefix="amq-stream-"))
     with broker_or(args.uri) as uri:
-        spark = local_session(app="amq-spark-streaming")
+        spark = job_session("amq-spark-streaming", master=args.master, remote=args.remote)
         try:
             produce = (
                 spark.readStream.format("rate").option("rowsPerSecond", args.rate).load()
@@ -57,7 +66,7 @@ def main() -> None:
                 .trigger(processingTime="1 second")
                 .start()
             )
-            relay = (
+            relay_writer = (
                 spark.readStream.format("amq")
                 .option("uri", uri)
                 .option("destination", "/queue/examples.stream.in")
@@ -67,11 +76,12 @@ def main() -> None:
                 .writeStream.format("amq")
                 .option("uri", uri)
                 .option("destination", "/queue/examples.stream.out")
-                .option("idPrefix", "relay")
                 .option("checkpointLocation", str(root / "relay"))
                 .trigger(processingTime="1 second")
-                .start()
             )
+            if args.id_prefix:
+                relay_writer = relay_writer.option("idPrefix", args.id_prefix)
+            relay = relay_writer.start()
             # Spark and its Python workers take a while to start on a busy machine: count the
             # run time from the producer's first rows.
             start_by = time.monotonic() + 180

@@ -349,7 +349,7 @@ class SparkCluster:
     # ------------------------------------------------------------------ jobs
 
     def submit_command(self, app: str | Path, app_args: Sequence[str] = (), conf: Mapping[str, str] | None = None,
-                       submit_args: Sequence[str] = ()) -> list[str]:
+                       submit_args: Sequence[str] = (), master: str | None = None) -> list[str]:
         conf_args: list[str] = []
         merged = {
             "spark.driver.host": "127.0.0.1",
@@ -361,7 +361,7 @@ class SparkCluster:
         for key, value in merged.items():
             conf_args += ["--conf", f"{key}={value}"]
         return [
-            str(self.home / "bin" / "spark-submit"), "--master", self.master_url, "--deploy-mode", "client",
+            str(self.home / "bin" / "spark-submit"), "--master", master or self.master_url, "--deploy-mode", "client",
             *conf_args, *submit_args, str(app), *app_args,
         ]
 
@@ -374,11 +374,13 @@ class SparkCluster:
         submit_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         cwd: str | Path | None = None,
+        master: str | None = None,
     ) -> Submission:
         """Start ``spark-submit --master <this cluster> --deploy-mode client ... app app_args``.
 
         The app's stdout goes to ``logs/submit-N.out``, the driver's log (stderr) to
-        ``logs/submit-N.log``. ``PYSPARK_PYTHON`` defaults to this interpreter.
+        ``logs/submit-N.log``. ``PYSPARK_PYTHON`` defaults to this interpreter. ``master``
+        replaces the cluster's (e.g. ``local[2]`` for a same-machine comparison).
         """
         self._submits += 1
         logs = self.workdir / "logs"
@@ -389,7 +391,7 @@ class SparkCluster:
         full_env.update(env or {})
         with open(out_path, "wb") as out, open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                self.submit_command(app, app_args, conf, submit_args),
+                self.submit_command(app, app_args, conf, submit_args, master),
                 stdout=out,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
@@ -409,9 +411,10 @@ class SparkCluster:
         submit_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         cwd: str | Path | None = None,
+        master: str | None = None,
     ) -> SubmitResult:
         """Run a job to the end (see :meth:`start_submit`); the result is not checked."""
-        job = self.start_submit(app, app_args, conf=conf, submit_args=submit_args, env=env, cwd=cwd)
+        job = self.start_submit(app, app_args, conf=conf, submit_args=submit_args, env=env, cwd=cwd, master=master)
         return job.wait(timeout)
 
     # ------------------------------------------------------------------ executors
