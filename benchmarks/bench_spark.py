@@ -25,7 +25,8 @@ from _common import compare, print_table, quick, scale, write_result  # noqa: E4
 WINDOW = 200
 
 
-def _drain(uri: str, dest: str, expected: int) -> int:
+def drain_count(uri: str, dest: str, expected: int) -> int:
+    """How many of ``expected`` messages ``dest`` yields (5 s without one ends it); shared with bench_spark_cluster."""
     import amqtransport
 
     got = 0
@@ -58,7 +59,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 w.save()
                 took = time.perf_counter() - t0
-                assert _drain(uri, dest, rows) == rows
+                assert drain_count(uri, dest, rows) == rows
                 return rows / took
 
             def loop_round() -> float:
@@ -68,7 +69,7 @@ def main() -> None:
                     for i in range(rows):
                         producer.send(dest, f"row-{i}", idempotency_key=f"loop-{dest}-{i}")
                 took = time.perf_counter() - t0
-                assert _drain(uri, dest, rows) == rows
+                assert drain_count(uri, dest, rows) == rows
                 return rows / took
 
             # warm-up: the first Python data-source write pays for worker start-up and imports

@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import print_table, quick, scale, write_result  # noqa: E402
+from bench_spark import drain_count  # noqa: E402
 
 WINDOW = 200
 PARTITIONS = 8
@@ -71,17 +72,6 @@ def job(args: argparse.Namespace) -> None:
         spark.stop()
 
 
-def _drain(uri: str, dest: str, expected: int) -> int:
-    import amqtransport
-
-    got = 0
-    with amqtransport.connect(uri, dedupe=False) as conn:
-        sub = conn.subscribe(dest, prefetch=1000)
-        while got < expected and sub.receive(timeout=5.0) is not None:
-            got += 1
-    return got
-
-
 def main() -> None:
     from amqtransport.testing.broker_process import BrokerProcess
     from amqtransport.testing.spark_cluster import SparkCluster, missing_reason
@@ -113,7 +103,7 @@ def main() -> None:
             if len(got) != rounds:
                 raise SystemExit(f"{label}: expected {rounds} rounds, got {got}\n{result.stdout[-2000:]}")
             for r in range(rounds):
-                landed = _drain(uri, f"{queue}.{r}", rows)
+                landed = drain_count(uri, f"{queue}.{r}", rows)
                 if landed != rows:
                     raise SystemExit(f"{label} round {r}: {landed} of {rows} rows landed")
             for g in got:
