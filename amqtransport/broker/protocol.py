@@ -99,11 +99,13 @@ from .store import JournalError
 if TYPE_CHECKING:
     from .server import BrokerServer
 
-__all__ = ["StompConnection"]
+__all__ = ["StompConnection", "IN_DOUBT_HEADER"]
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "amqtransport/0.1"
+#: ERROR header of a request whose outcome is unknown (its record failed after being queued)
+IN_DOUBT_HEADER = "amq-in-doubt"
 STATUS_REQUEST_HEADER = "amq-ha-status"  # CONNECT header of `amq broker status` (also HA's STATUS_HEADER)
 #: ioctl giving the bytes in a socket's send queue (SIOCOUTQ is TIOCOUTQ on Linux; None
 #: elsewhere: then only asyncio's buffer is watched)
@@ -337,13 +339,23 @@ class StompConnection(asyncio.Protocol):
             self._out_frames = 0
             self.transport.write(data)
 
-    def _error(self, message: str, *, receipt: str | None = None, detail: str = "", close: bool = True) -> None:
+    def _error(
+        self,
+        message: str,
+        *,
+        receipt: str | None = None,
+        detail: str = "",
+        close: bool = True,
+        in_doubt: bool = False,
+    ) -> None:
         if self.transport is None or self.closing:
             return
         v = self.version
         head = [f"ERROR\nmessage:{_esc(message, v)}\ncontent-type:text/plain"]
         if receipt is not None:
             head.append(f"receipt-id:{_esc(receipt, v)}")
+        if in_doubt:
+            head.append(f"{IN_DOUBT_HEADER}:true")
         body = (detail or message).encode("utf-8")
         head.append(f"content-length:{len(body)}\n\n")
         self._write("\n".join(head).encode("utf-8") + body + b"\x00")
@@ -365,25 +377,37 @@ class StompConnection(asyncio.Protocol):
 
             def on_error_only(err: BaseException | None) -> None:
                 if err is not None:
-                    self._persist_failed(f"could not persist {what}: {err}", None)
+                    self._persist_failed(what, err, None)
 
             return on_error_only
 
         def done(err: BaseException | None) -> None:
             if err is not None:
-                self._persist_failed(f"could not persist {what}: {err}", receipt)
+                self._persist_failed(what, err, receipt)
             else:
                 self._receipt(receipt)
 
         return done
 
-    def _persist_failed(self, message: str, receipt: str | None) -> None:
-        """An ERROR for one request whose record could not be written; the connection
+    def _persist_failed(self, what: str, err: BaseException, receipt: str | None) -> None:
+        """An ERROR for one request whose record was not made durable; the connection
         closes once the completions of the same journal batch have run, so that each of
-        its failed requests gets its own ERROR (with its ``receipt-id``)."""
+        its failed requests gets its own ERROR (with its ``receipt-id``).
+
+        The outcome is unknown, and the ERROR says so (header ``amq-in-doubt:true``): the
+        record was queued, so its messages may already have been delivered (dispatch
+        runs alongside the write), a slave may have received it, and a record wholly
+        written but not synced may survive a restart. Resending with the same
+        idempotency key is safe."""
         if self.closing or self.transport is None:
             return
-        self._error(message, receipt=receipt, close=False)
+        self._error(
+            f"could not persist {what}: {err}; outcome unknown (it may have been delivered or kept: "
+            "resend with the same idempotency key)",
+            receipt=receipt,
+            close=False,
+            in_doubt=True,
+        )
         self._stop_reading = True
         if not self._close_scheduled:
             self._close_scheduled = True
@@ -545,7 +569,7 @@ class StompConnection(asyncio.Protocol):
         try:
             handler(self, frame)
         except JournalError as exc:  # the journal failed: this request cannot be persisted
-            self._error_no_raise(f"could not persist {cmd}: {exc}", frame.get("receipt"))
+            self._error_no_raise(f"could not persist {cmd}: {exc}; not applied", frame.get("receipt"))
             self.server.fence(str(exc))
 
     def fence(self, reason: str) -> None:
