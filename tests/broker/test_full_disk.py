@@ -1,7 +1,7 @@
-"""A full disk, for real: ``store_limit`` flow control keeps it from filling, and when it
-fills anyway (ENOSPC) the sender gets an ERROR with its ``receipt-id``, the broker
-fences itself (a standalone ``amq broker run`` exits 3, an HA master hands over to its
-slave) and no receipted message is lost.
+"""A full disk (and other journal I/O errors), for real: ``store_limit`` flow control
+keeps it from filling, and when it fills anyway (ENOSPC) the sender gets an ERROR with
+its ``receipt-id``, the broker fences itself (a standalone ``amq broker run`` exits 3,
+an HA master hands over to its slave) and no receipted message is lost.
 
 The full-disk tests mount a size-limited tmpfs (root only); they skip where that is
 not allowed, with the reason."""
@@ -9,6 +9,7 @@ not allowed, with the reason."""
 from __future__ import annotations
 
 import contextlib
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -238,3 +239,20 @@ def tmpfs_as(disk: Path, path: Path) -> Iterator[None]:
     (disk / path.name).mkdir()
     path.symlink_to(disk / path.name)
     yield
+
+
+def test_a_journal_io_error_other_than_enospc_fences_the_same_way(tmp_path: Path) -> None:
+    """Any write error fences: here EFBIG ('File too large'), from a file-size limit put
+    on the running broker (RLIMIT_FSIZE; Python ignores SIGXFSZ, so write() fails)."""
+    with BrokerProcess(tmp_path / "data", log_dir=tmp_path) as bp:
+        resource.prlimit(bp.pid, resource.RLIMIT_FSIZE, (2 * MIB, resource.RLIM_INFINITY))
+        p = Producer(bp.port, 100)
+        assert p.closed.wait(60), "the broker never closed the producer's connection"
+        assert p.errors and all(e.get("amq-in-doubt") == "true" for e in p.errors)
+        assert all("File too large" in (e.get("message") or "") for e in p.errors), p.errors[0].headers
+        assert {int((e.get("receipt-id") or "r-1")[1:]) for e in p.errors}.isdisjoint(p.receipted)
+        assert bp.proc is not None and bp.proc.wait(30) == 3
+        assert 15 <= len(p.receipted) <= 21, len(p.receipted)  # about 2 MiB's worth
+        bp.start()  # a new process: no file-size limit
+        got = drain(bp.port, len(p.receipted))
+        assert p.receipted <= set(got) and len(got) == len(set(got))
