@@ -125,7 +125,7 @@ def parse_http_address(text: str) -> tuple[str, int]:
     if not sep:
         host, port = "127.0.0.1", raw
     host = host.strip("[]")
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:  # '²'.isdigit() is True
         raise ValueError(f"expected HOST:PORT or PORT (0-65535) for the HTTP side port, got {text!r}")
     if sep and not host:
         raise ValueError(f"empty host in HTTP address {text!r} (write 127.0.0.1:PORT, or 0.0.0.0:PORT deliberately)")
