@@ -102,7 +102,9 @@ def run_traffic(
 
 class Forwarder:
     """A TCP forwarder we control: ``cut()`` drops every connection and refuses service
-    (accept + close at once) until ``restore()``."""
+    (accept + close at once) until ``restore()``; ``freeze()`` makes the connections open
+    now silent in both directions and half-open (an EOF on one side is not passed on),
+    while new connections are forwarded as usual."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -111,6 +113,7 @@ class Forwarder:
         self._srv.settimeout(0.2)
         self._cut = False
         self._socks: list[socket.socket] = []
+        self._frozen: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stop = False
         self._thread = threading.Thread(target=self._accept, daemon=True, name="forwarder")
@@ -145,9 +148,13 @@ class Forwarder:
                 data = src.recv(65536)
                 if not data or self._cut:
                     break
+                if src in self._frozen:
+                    continue  # swallowed
                 dst.sendall(data)
         except OSError:
             pass
+        if src in self._frozen and not self._cut:
+            return  # half-open: the other side never hears of it
         for s in (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
@@ -161,6 +168,10 @@ class Forwarder:
                 s.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 s.close()
+
+    def freeze(self) -> None:
+        with self._lock:
+            self._frozen.update(self._socks)
 
     def restore(self) -> None:
         self._cut = False

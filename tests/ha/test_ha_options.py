@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
 import pytest
-from ha_helpers import never_master, refuses, wait_for
+from ha_helpers import never_master, refuses, wait_for, with_opts
 
 import amqtransport
 from amqtransport.testing.broker_pair import BrokerPair
@@ -167,3 +168,92 @@ def test_garbage_on_the_ha_port_is_answered_and_harmless(tmp_path: Path) -> None
         frame = ha_request_sync("127.0.0.1", bp.a.ha_port)
         assert frame.get("amq-ha-role") == "master"
         assert bp.a.alive and bp.b.status()["amq-ha-peer-state"] == "in-sync"
+
+
+def test_shutdown_on_slave_failure_survives_a_slave_relink(tmp_path: Path) -> None:
+    """The slave's link goes silent and half-open (its close never reaches the master);
+    the slave re-links through a new connection while the master still holds the old
+    one. Before: the master took the replacement for a lost slave and stopped
+    (--shutdown-on-slave-failure) while the slave was wiping its store for the full
+    sync: neither node could serve. Now a re-link is not a slave failure."""
+    from ha_helpers import Forwarder
+
+    from amqtransport.testing.ports import free_port
+
+    master_ha = free_port()
+    fwd = Forwarder(("127.0.0.1", master_ha))
+    bp = BrokerPair("replicated", tmp_path, master_connector=fwd.address,
+                    master_args=["--shutdown-on-slave-failure", "--link-timeout", "3"],
+                    slave_args=["--link-timeout", "1.5"])  # the slave gives up first (master pings every 0.75 s)
+    bp.a.ha_port = master_ha
+    try:
+        bp.start()
+        with amqtransport.connect(bp.uri) as c:
+            for i in range(20):
+                c.send("/queue/relink", f"m{i}")
+        fwd.freeze()
+        wait_for(lambda: "replaced by a new connection" in bp.a.log_text(), 15, "the slave to re-link")
+        time.sleep(1.0)
+        assert bp.a.alive, "the master stopped on a slave re-link:\n" + bp.a.log_text()[-2000:]
+        wait_for(lambda: bp.b.status().get("amq-ha-peer-state") == "in-sync"
+                 and bp.b.status().get("amq-ha-messages") == "20", 20, "the slave to resync")
+        assert bp.wait_master(5) is bp.a
+        with amqtransport.connect(with_opts(bp.uri, "maxReconnectAttempts=20")) as c:
+            c.send("/queue/relink", "after")
+        bp.kill_master()
+        assert bp.wait_master(20) is bp.b
+        with amqtransport.connect(bp.uri) as c:
+            sub = c.subscribe("/queue/relink")
+            got = {m.text for m in iter(lambda: sub.receive(timeout=2), None)}
+        assert got == {f"m{i}" for i in range(20)} | {"after"}
+    finally:
+        bp.stop()
+        fwd.close()
+
+
+def test_slave_of_a_strict_master_takes_over_when_it_stops(tmp_path: Path) -> None:
+    """--shutdown-on-slave-failure never receipts without the slave's ack, so a synced
+    slave of such a master holds every receipted message: when that master stops, the
+    slave takes over -- also after a restart of its own. Before: (1) a slave that saw
+    the stopping master still answering as master went back to deciding and then
+    waited for it forever (1 round in 4 measured with a cut link); (2) the slave, killed
+    and restarted after the master had stopped, waited for it forever."""
+    from ha_helpers import Forwarder
+
+    from amqtransport.testing.ports import free_port
+
+    def messages(uri: str) -> set[str]:
+        with amqtransport.connect(uri) as c:
+            sub = c.subscribe("/queue/strict")
+            return {m.text for m in iter(functools.partial(sub.receive, timeout=2), None)}
+
+    for round_ in range(2):  # (1) the replication link is cut: the master stops, the slave takes over
+        master_ha = free_port()
+        fwd = Forwarder(("127.0.0.1", master_ha))
+        bp = BrokerPair("replicated", tmp_path / f"r{round_}", master_connector=fwd.address, link_timeout=1.0,
+                        master_args=["--shutdown-on-slave-failure"])
+        bp.a.ha_port = master_ha
+        try:
+            bp.start()
+            with amqtransport.connect(bp.uri) as c:
+                for i in range(5):
+                    c.send("/queue/strict", f"m{i}")
+            fwd.cut()
+            assert bp.a.proc is not None and bp.a.proc.wait(15) == 3
+            assert bp.wait_master(15) is bp.b, f"round {round_}: nobody serves; " + bp.describe()
+            assert messages(bp.uri) == {f"m{i}" for i in range(5)}
+        finally:
+            bp.stop()
+            fwd.close()
+    # (2) the slave is killed: the master stops; the slave restarts alone and takes over
+    with BrokerPair("replicated", tmp_path / "restart", link_timeout=1.0,
+                    master_args=["--shutdown-on-slave-failure"]) as bp:
+        with amqtransport.connect(bp.uri) as c:
+            for i in range(5):
+                c.send("/queue/strict", f"m{i}")
+        bp.b.kill()
+        assert bp.a.proc is not None and bp.a.proc.wait(15) == 3
+        bp.b.start()
+        assert bp.wait_master(15) is bp.b, "the restarted slave of a strict master did not take over; " + bp.describe()
+        assert "it never receipts without this copy" in bp.b.log_text()
+        assert messages(bp.uri) == {f"m{i}" for i in range(5)}

@@ -23,7 +23,12 @@ The other fields make a restart safe without an operator:
     data.
 ``peer``
     the peer's addresses learnt during the replication handshake (``client``,
-    ``ha``), so a restarted node knows whom to ask.
+    ``ha``) and its ``name``, so a restarted node knows whom to ask.
+``master_strict``
+    set by a slave whose master runs with ``--shutdown-on-slave-failure``: that
+    master never receipts without this store's ack, so while ``synced`` this copy
+    holds every receipted message and may take over when the master is gone, even
+    after a restart (a slave of a master that may serve alone waits for it instead).
 
 Writes are atomic (temp file, fsync, rename, fsync of the directory).
 """
@@ -51,6 +56,7 @@ class HaState:
     role: str = "none"
     peer_may_be_master: bool = False
     peer: dict[str, str] = field(default_factory=dict)
+    master_strict: bool = False
 
     @classmethod
     def load(cls, directory: str | Path) -> HaState:
@@ -74,6 +80,7 @@ class HaState:
                 role=str(raw.get("role", "none")),
                 peer_may_be_master=bool(raw.get("peer_may_be_master", False)),
                 peer={str(k): str(v) for k, v in peer.items()} if isinstance(peer, dict) else {},
+                master_strict=bool(raw.get("master_strict", False)),
             )
         except (TypeError, ValueError, OverflowError) as exc:
             log.error("HA state file %s has bad values (%s): treating the store as unsynced", path, exc)

@@ -39,7 +39,9 @@ every lost link) the node *decides* (:meth:`HaNode._decide`):
    configured master, then the lower name.
 3. If the peer is unreachable: an unsynced store never becomes master; a node that was
    a slave last waits for its master (the master may have receipted messages this copy
-   lacks); a node whose state says a slave had synced from it (``peer_may_be_master``)
+   lacks) -- unless that master runs with ``--shutdown-on-slave-failure`` (learnt in
+   the handshake, ``master_strict``): it never receipts without this copy, so the
+   node takes over; a node whose state says a slave had synced from it (``peer_may_be_master``)
    waits -- that slave may have taken over and hold newer data; otherwise the
    configured master (or a node that was master last) becomes master; a configured
    slave waits for its master.
@@ -57,7 +59,10 @@ and the master receipts nothing more until its peer has answered a *stand-by* re
 that agrees to stand by marks its store as no longer a complete copy (it will resync
 before it could take over) and the master goes on alone; no answer keeps the receipts
 held. With ``--shutdown-on-slave-failure`` the master stops instead (receipts for
-unreplicated records are refused). With no slave attached it probes its
+unreplicated records are refused; from that moment its status no longer says master,
+so the slave takes over). A slave that re-links over a connection the master still
+thinks open (half-open TCP) replaces it: that is not a lost slave, and what waited
+for the old link waits for the new one's full sync. With no slave attached it probes its
 known peer every second and demotes itself if the peer is a master with a higher
 epoch (the end of a split brain); if the peer is a master with a *lower* epoch (it came
 back knowing nothing of us, e.g. with a wiped store), it sends it a demote request
@@ -374,6 +379,8 @@ class HaNode:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._wake is not None:
+            self._wake.set()
 
     @property
     def stopping(self) -> bool:
@@ -416,6 +423,7 @@ class HaNode:
             "amq-ha-synced": "true" if self.state.synced else "false",
             "amq-ha-last-role": self.state.role,
             "amq-ha-configured": "slave" if self.opts.master_connector else "master",
+            "amq-ha-strict": "true" if self.opts.shutdown_on_slave_failure else "false",
             "amq-ha-client": f"{self.host}:{self.port}",
             "amq-ha-port": f"{self.host}:{self.ha_port}",
             "amq-ha-pid": str(os.getpid()),
@@ -456,7 +464,7 @@ class HaNode:
         starts a session on a node that may be about to step down."""
         repl = self.repl
         is_request = frame.get(STATUS_HEADER) is not None or any(frame.get(h) is not None for h in ROLE_REQUESTS)
-        if not is_request and (repl is None or repl.suspect is None):
+        if not is_request and (repl is None or repl.serving):
             return False
         transport = conn.transport
         if transport is None:
@@ -628,7 +636,7 @@ class HaNode:
             answer, reason = "in-sync", f"in sync with {who}"
         else:
             answer, reason = "ok", "standing by"
-            if self.state.synced:
+            if self.state.synced and not self.state.master_strict:
                 self.state.synced = False
                 self.state.save(self.data_dir)
                 log.warning(
@@ -818,6 +826,7 @@ class HaNode:
             return
         if was_synced and self.opts.shutdown_on_slave_failure:
             log.error("node %s: slave lost and --shutdown-on-slave-failure is set: stopping", self.name)
+            self.role = "stopping"  # from now on no probe sees a master here: the slave may take over
             self.exit_code = 3
             self.stop()
             return
@@ -1026,6 +1035,12 @@ class HaNode:
             self._wait(f"peer {info.get('amq-ha-name')} has the better claim (epoch {theirs[0]})")
             return "wait", None
         if st.role == "slave":
+            if st.master_strict:
+                # that master (--shutdown-on-slave-failure) never receipted without our ack:
+                # this synced copy has every receipted message; it stopped or is gone
+                log.warning("node %s: master unreachable; it never receipts without this copy "
+                            "(--shutdown-on-slave-failure): taking over", self.name)
+                return "master", None
             self._wait("peer unreachable; this store is a slave's copy and the master may have receipted "
                        "messages it lacks: waiting for the master")
             return "wait", None
@@ -1104,6 +1119,7 @@ class HaNode:
         self.master_address = info.get("amq-ha-client", where)
         self.state.peer = {k: info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port"),
                                                    ("name", "amq-ha-name")) if h in info}
+        self.state.master_strict = info.get("amq-ha-strict") == "true"
         self._waiting_reason = ""
         self._set_role("slave", f"of {where} (master {info.get('amq-ha-name')} epoch {master_epoch})")
         # a full sync starts from nothing: until the snapshot is durable we are not a copy

@@ -291,6 +291,7 @@ class ReplicationMaster:
         #: why receipts not covered by a slave ack are held (None: they are not); see peercheck.py
         self.suspect: str | None = None
         self.refused_receipts = 0  # completions never run as successes (their clients were cut off)
+        self._refused_logged = float("-inf")
         journal = self.store.journal
         with journal._cond:  # noqa: SLF001 - the append counter numbers the stream
             self.seq = journal._appended  # noqa: SLF001
@@ -393,11 +394,20 @@ class ReplicationMaster:
             return
         self.refused_receipts += n
         cut = self.server.abort_connections()
-        log.error("replication: %d completions will never be receipted (%s); cut %d client connections so "
-                  "their clients replay", n, reason, cut)
+        now = self.loop.time()
+        if now - self._refused_logged >= 10.0:
+            self._refused_logged = now
+            log.error("replication: %d completions will never be receipted (%s); cut %d client connections so "
+                      "their clients replay (%d so far)", n, reason, cut, self.refused_receipts)
         err = JournalError(f"not receipted: {reason}")
         items: list[tuple[Callback, BaseException | None]] = [(cb, e or err) for batch in batches for cb, e in batch]
         self.loop.call_soon(run_completions, items)  # after the connections' connection_lost
+
+    @property
+    def serving(self) -> bool:
+        """False while receipts are held for a peer check or refused for good: new client
+        sessions would only wait (the node refuses their CONNECT)."""
+        return self.suspect is None and self._fatal is None
 
     def suspect_now(self, reason: str) -> None:
         """Hold every completion a slave ack does not cover until :meth:`clear_suspect`."""
@@ -462,12 +472,15 @@ class ReplicationMaster:
         self, transport: asyncio.Transport, slave: str, answer: bytes, info: Mapping[str, str] | None = None
     ) -> MasterLink:
         old = self.link
-        if old is not None:
-            old.abort(f"replaced by a new connection from slave {slave}")
         base = self.seq
         link = MasterLink(self, transport, slave, base)
         link.info = dict(info or {})
         self.link = link
+        if old is not None:
+            # the slave re-links over a connection we still think open (half-open TCP):
+            # not a lost slave. What waited for the old link now waits for the new one,
+            # whose full sync covers every record so far (base >= every held target).
+            old.abort(f"replaced by a new connection from slave {slave}")
         self._acked = 0
         self._gated = link
         self._marks.clear()
