@@ -165,3 +165,28 @@ def test_replicated_state_beyond_sends(tmp_path: object) -> None:
             q = c.subscribe("/queue/acked")
             rest = {x.text for x in iter(lambda: q.receive(timeout=2), None)}
             assert len(rest) == 2 and rest < {f"a{i}" for i in range(4)}, rest
+
+
+def test_full_sync_of_big_messages_in_bounded_frames(tmp_path: object) -> None:
+    """A slave that attaches to a master holding 24 MiB of 768 KiB messages receives them
+    in several bounded SNAP frames (4 MiB each) and has all of them when the master dies."""
+    bp = BrokerPair("replicated", tmp_path)  # type: ignore[arg-type]
+    try:
+        bp.a.start()
+        bp.wait_master()
+        body = "B" * (768 << 10)
+        with amqtransport.connect(bp.uri) as c:
+            for i in range(32):
+                c.send("/queue/big", f"{i:02d}{body}")
+        bp.b.start()
+        bp.wait_in_sync(60)
+        assert bp.b.status()["amq-ha-messages"] == "32"
+        bp.kill_master()
+        assert bp.wait_master(20) is bp.b
+        with amqtransport.connect(bp.uri) as c:
+            sub = c.subscribe("/queue/big", ack="auto")
+            got = [m.text for m in iter(lambda: sub.receive(timeout=3), None)]
+        assert sorted(t[:2] for t in got) == [f"{i:02d}" for i in range(32)]
+        assert all(t[2:] == body for t in got)
+    finally:
+        bp.stop()

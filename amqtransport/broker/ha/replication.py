@@ -13,7 +13,9 @@ speak a small binary protocol on the same socket::
     u8 kind | u32 length | payload
 
 ``SNAP`` and ``RECORDS`` carry journal record payloads (``u64 first_seq`` then
-``u32 len | bytes`` each -- exactly the bytes the master's journal wrote), ``SYNC_END``
+``u32 len | bytes`` each -- exactly the bytes the master's journal wrote; at most
+:data:`FRAME_BYTES` of records per frame, a bigger single record alone, so no frame
+exceeds a journal record plus 12 bytes and the receiver can bound what it buffers), ``SYNC_END``
 closes the snapshot and names the sequence number it covers, ``ACK`` (slave ->
 master) names the highest sequence number durable on the slave's disk, ``PING`` keeps
 a quiet link provably alive, ``BYE`` announces a clean slave shutdown.
@@ -67,13 +69,13 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from amqtransport.errors import RemoteProtocolError
 from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
 
-from ..store import Callback, JournalError, Record, run_completions
+from ..store import MAX_RECORD, Callback, JournalError, Record, run_completions
 from ..store.records import encode
 
 if TYPE_CHECKING:
@@ -87,6 +89,7 @@ __all__ = [
     "WireDecoder",
     "pack",
     "pack_records",
+    "record_frames",
     "unpack_records",
     "ReplicationMaster",
     "MasterLink",
@@ -110,8 +113,13 @@ KINDS = {SNAP: "SNAP", RECORDS: "RECORDS", SYNC_END: "SYNC_END", ACK: "ACK", PIN
 _HDR = struct.Struct("!BI")
 _Q = struct.Struct("!Q")
 _I = struct.Struct("!I")
-MAX_WIRE_FRAME = 1 << 30
-_SNAP_CHUNK = 512
+#: bytes of records per SNAP/RECORDS frame (a bigger single record travels alone)
+FRAME_BYTES = 4 << 20
+#: a frame holds at most one record above FRAME_BYTES, and the journal's records are at
+#: most MAX_RECORD bytes: the slave accepts nothing longer
+MAX_WIRE_FRAME = MAX_RECORD + _Q.size + _I.size
+#: frames a slave sends (ACK, PING, BYE) are tiny: the master accepts nothing longer
+MAX_SLAVE_FRAME = 64
 
 
 class ReplicationError(Exception):
@@ -133,6 +141,31 @@ def pack_records(kind: int, first_seq: int, payloads: Sequence[bytes]) -> bytes:
         parts.append(_I.pack(len(p)))
         parts.append(p)
     return pack(kind, b"".join(parts))
+
+
+def record_frames(
+    kind: int, first_seq: int, payloads: Iterable[bytes], max_bytes: int = FRAME_BYTES,
+    max_record: int = MAX_RECORD,
+) -> Iterator[bytes]:
+    """``payloads`` as SNAP/RECORDS frames of at most ``max_bytes`` of records each (a
+    record bigger than that goes alone), built one at a time; ``first_seq`` numbers the
+    first record of each frame. A record over ``max_record`` (the journal never writes
+    one) raises :class:`ReplicationError` instead of a frame no slave would accept."""
+    chunk: list[bytes] = []
+    size = 0
+    seq = first_seq
+    for p in payloads:
+        n = len(p)
+        if n > max_record:
+            raise ReplicationError(f"record of {n} bytes is over the {max_record}-byte limit of a journal record")
+        if chunk and size + n > max_bytes:
+            yield pack_records(kind, seq, chunk)
+            seq += len(chunk) if kind == RECORDS else 0
+            chunk, size = [], 0
+        chunk.append(p)
+        size += n + _I.size
+    if chunk:
+        yield pack_records(kind, seq, chunk)
 
 
 def unpack_records(payload: bytes) -> tuple[int, list[bytes]]:
@@ -162,10 +195,12 @@ def unpack_seq(payload: bytes) -> int:
 
 
 class WireDecoder:
-    """Incremental decoder of the binary link protocol (sans-IO)."""
+    """Incremental decoder of the binary link protocol (sans-IO); a frame longer than
+    ``max_frame`` is refused before it is buffered."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame: int = MAX_WIRE_FRAME) -> None:
         self._buf = bytearray()
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         self._buf += data
@@ -174,8 +209,10 @@ class WireDecoder:
             kind, length = _HDR.unpack_from(self._buf, 0)
             if kind not in KINDS:
                 raise ReplicationError(f"unknown replication frame kind {kind}")
-            if length > MAX_WIRE_FRAME:
-                raise ReplicationError(f"replication frame of {length} bytes is over the limit")
+            if length > self.max_frame:
+                raise ReplicationError(
+                    f"replication {KINDS[kind]} frame of {length} bytes is over the {self.max_frame}-byte limit"
+                )
             if len(self._buf) < _HDR.size + length:
                 break
             payload = bytes(self._buf[_HDR.size : _HDR.size + length])
@@ -567,7 +604,7 @@ class MasterLink(asyncio.Protocol):
         self.info: dict[str, str] = {}
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self._decoder = WireDecoder()
+        self._decoder = WireDecoder(MAX_SLAVE_FRAME)
         self._pending: list[bytes] = []
         self._first = 0
         self._flush_scheduled = False
@@ -577,11 +614,12 @@ class MasterLink(asyncio.Protocol):
     def start(self, answer: bytes, snapshot: list[bytes]) -> None:
         self.transport.set_protocol(self)
         self.transport.resume_reading()
-        out = [answer]
-        for i in range(0, len(snapshot), _SNAP_CHUNK):
-            out.append(pack_records(SNAP, 0, snapshot[i : i + _SNAP_CHUNK]))
-        out.append(pack(SYNC_END, _Q.pack(self.base)))
-        self.transport.write(b"".join(out))
+        self.transport.write(answer)
+        # bounded frames, written one by one (the transport buffers them: the snapshot
+        # is still encoded in this one loop step; a streaming full sync is future work)
+        for frame in record_frames(SNAP, 0, snapshot):
+            self.transport.write(frame)
+        self.transport.write(pack(SYNC_END, _Q.pack(self.base)))
         self._timer = self.loop.call_later(self.master.link_timeout / 4, self._tick)
 
     def push(self, seq: int, payload: bytes) -> None:
@@ -598,9 +636,9 @@ class MasterLink(asyncio.Protocol):
         self._flush_scheduled = False
         if self.closed or not self._pending:
             return
-        data = pack_records(RECORDS, self._first, self._pending)
-        self._pending = []
-        self.transport.write(data)
+        pending, self._pending = self._pending, []
+        for frame in record_frames(RECORDS, self._first, pending):
+            self.transport.write(frame)
 
     def _tick(self) -> None:
         self._timer = None
