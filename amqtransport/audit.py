@@ -165,6 +165,13 @@ class DuplicateFilter:
                 self._ready(sub)
             return [x for x in covered if not x.copy]
 
+    def forget_one(self, sub_id: str, d: Delivery) -> None:
+        """Forget ``d``'s key only (a transactional ACK that was rolled back: the
+        broker redelivers it), leaving every other delivery as it is."""
+        with self._lock:
+            if self._entries.get((sub_id, d.key)) is d.entry:
+                del self._entries[(sub_id, d.key)]
+
     def forget(self, sub_id: str) -> None:
         """The subscription is gone: drop its ordering state (keys age out of the LRU)."""
         with self._lock:

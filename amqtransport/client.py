@@ -38,7 +38,13 @@ from typing import Any, Literal
 
 from amqtransport._backends.base import Backend
 from amqtransport.audit import Delivery, DuplicateFilter, message_key
-from amqtransport.errors import AmqTransportError, ConnectionClosed, LocalProtocolError
+from amqtransport.errors import (
+    AmqTransportError,
+    ConnectionClosed,
+    LocalProtocolError,
+    TransactionInDoubt,
+    TransactionRolledBack,
+)
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.transports.factory import build_transport
 from amqtransport.transports.stomp import ConnectParams, Receipt, Transport
@@ -50,6 +56,8 @@ log = logging.getLogger(__name__)
 AckMode = Literal["auto", "client", "client-individual"]
 _ACK_MODES = ("auto", "client", "client-individual")
 DEFAULT_AUDIT_SIZE = 100_000
+#: prefetch asked for when none is given, where the broker has no limit of its own (RabbitMQ)
+DEFAULT_PREFETCH = 1000
 
 
 class _Closed:
@@ -121,11 +129,14 @@ class Message:
 class Subscription:
     """Messages of one SUBSCRIBE; survives failovers (replayed with the same id)."""
 
-    def __init__(self, conn: Connection, sub_id: str, destination: str, ack_mode: str) -> None:
+    def __init__(self, conn: Connection, sub_id: str, destination: str, ack_mode: str,
+                 durable_name: str | None = None) -> None:
         self._conn = conn
         self.id = sub_id
         self.destination = destination
         self.ack_mode = ack_mode
+        #: the name of a durable topic subscription (``subscribe(..., durable_name=...)``)
+        self.durable_name = durable_name
         self._queue: queue.Queue[Message | _Closed] = queue.Queue()
         self.active = True
 
@@ -164,11 +175,19 @@ class Subscription:
                 raise ValueError(f"ack_many: {msg!r} was received on subscription {msg._sub.id!r}, not {self.id!r}")
         self._conn.ack_many(batch)
 
-    def unsubscribe(self) -> None:
+    def unsubscribe(self, durable: bool = False) -> None:
+        """Stop receiving. A durable subscription survives this (and the connection's
+        close) and keeps collecting messages on the broker; ``durable=True`` deletes it
+        (with its messages), on the broker's own terms (each dialect's headers)."""
+        if durable and self.durable_name is None:
+            raise ValueError(f"subscription {self.id!r} to {self.destination} is not durable "
+                             "(subscribe(..., durable_name=...))")
         if not self.active:
+            if durable:
+                self._conn._delete_durable(self)
             return
         self.active = False
-        self._conn._unsubscribe(self)
+        self._conn._unsubscribe(self, durable=durable)
         self._queue.put(_Closed(None))
 
     def _close(self, error: BaseException | None) -> None:
@@ -237,12 +256,24 @@ class Producer:
 
 
 class Transaction:
-    """``with conn.transaction() as tx: tx.send(...)`` — commit on exit, abort on error."""
+    """``with conn.transaction() as tx: tx.send(...); tx.ack(msg)`` -- commit on exit,
+    abort on an exception.
+
+    A transactional SEND is not waited for when it is made (RabbitMQ answers it only
+    after the COMMIT, as it publishes then): :meth:`commit` waits for the COMMIT's
+    receipt, then for every send's. A send the broker refused makes the commit raise
+    its error. :meth:`ack` acknowledges a received message as part of the transaction
+    (on Artemis, which ignores ACKs inside a transaction, it is acknowledged right after
+    the COMMIT instead). A link lost while the COMMIT is in flight raises
+    :class:`~amqtransport.errors.TransactionInDoubt` with the keys of the sends."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self.id = conn._transport.next_id("tx")
         self._open = False
+        self._sends: list[Receipt] = []
+        self._acks: list[Message] = []
+        self._after_commit: list[Message] = []  # acks the broker would ignore inside the transaction
 
     def __enter__(self) -> Transaction:
         t = self._conn._transport
@@ -256,26 +287,68 @@ class Transaction:
             raise LocalProtocolError("transaction is not open")
         frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key)
         frame = frame.with_headers(transaction=self.id)
-        t = self._conn._transport
-        rec = t.request(frame)
+        rec = self._conn._transport.request(frame)
         assert rec is not None
-        t.wait(rec)
+        self._sends.append(rec)
+        if rec.done and rec.error is not None:
+            raise rec.error
+
+    def ack(self, msg: Message) -> None:
+        """Acknowledge ``msg`` when (and only if) the transaction commits."""
+        if not self._open:
+            raise LocalProtocolError("transaction is not open")
+        if msg._sub.ack_mode == "auto":
+            return
+        if self._conn._transport.dialect.tx_acks_ignored:
+            self._after_commit.append(msg)
+            return
+        self._conn._tx_ack(msg, self.id)
+        self._acks.append(msg)
 
     def commit(self) -> None:
         if not self._open:
             return
         self._open = False
-        t = self._conn._transport
+        conn, t = self._conn, self._conn._transport
+        failed = next((r for r in self._sends if r.done and r.error is not None), None)
+        if failed is not None:
+            self._rollback()
+            assert failed.error is not None
+            raise failed.error
+        committed = False
         try:
             t.wait(t.commit(self.id))
+            committed = True
+            for rec in self._sends:  # already in (ActiveMQ, ours), or following the COMMIT's (RabbitMQ)
+                t.wait(rec)
+        except TransactionRolledBack as exc:
+            conn._forget_acks(self._acks + self._after_commit)
+            if committed and not isinstance(exc, TransactionInDoubt):
+                raise TransactionInDoubt(
+                    f"transaction {self.id}: the COMMIT was accepted but the link was lost before every "
+                    f"send was confirmed: send its messages again with the same keys (exception.keys)",
+                    transaction=self.id, keys=exc.keys) from exc
+            raise
+        except BaseException:
+            conn._forget_acks(self._acks + self._after_commit)
+            raise
         finally:
             t.tx_done(self.id)
+        conn._tx_acked(self._acks)
+        if self._after_commit:
+            conn.ack_many(self._after_commit)
 
     def abort(self) -> None:
         if not self._open:
             return
         self._open = False
+        self._rollback()
+
+    def _rollback(self) -> None:
         self._conn._transport.abort(self.id)
+        self._conn._transport.tx_done(self.id)
+        # the broker redelivers what this transaction acked: let those copies through
+        self._conn._forget_acks(self._acks)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -297,8 +370,9 @@ class Connection:
     """A connection through a URI. Use :func:`connect`."""
 
     def __init__(self, transport: Transport, *, dedupe: bool = True, audit_size: int = DEFAULT_AUDIT_SIZE,
-                 uri: str = "") -> None:
+                 uri: str = "", client_id: str | None = None) -> None:
         self.uri = uri
+        self._client_id = client_id
         self._transport = transport
         self._dedupe = dedupe
         self._filter = DuplicateFilter(audit_size)
@@ -327,6 +401,13 @@ class Connection:
         return self._filter.duplicates
 
     @property
+    def dialect(self) -> str:
+        """The broker dialect in use (``amq``, ``activemq``, ``artemis``, ``rabbitmq``, or
+        ``generic`` for a broker we do not recognise): the URI's ``dialect`` option, else
+        detected from the ``server`` header of CONNECTED."""
+        return self._transport.dialect.name
+
+    @property
     def server(self) -> str | None:
         """The broker's ``server`` header on the current link (``ActiveMQ/5.17.2``), or None."""
         frame = self._transport.connected_frame
@@ -349,7 +430,10 @@ class Connection:
         if headers:
             hdrs.update({str(k): str(v) for k, v in headers.items()})
         hdrs["persistent"] = "true" if persistent else "false"
-        hdrs[IDEMPOTENCY_HEADER] = idempotency_key or hdrs.get(IDEMPOTENCY_HEADER) or uuid.uuid4().hex
+        key = hdrs[IDEMPOTENCY_HEADER] = idempotency_key or hdrs.get(IDEMPOTENCY_HEADER) or uuid.uuid4().hex
+        dup = self._transport.duplicate_id_header
+        if dup is not None and dup not in hdrs:
+            hdrs[dup] = key
         return Frame.make("SEND", hdrs, data)
 
     def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
@@ -369,19 +453,52 @@ class Connection:
 
     # -- receiving ---------------------------------------------------------------------------
     def subscribe(self, destination: str, *, ack: AckMode = "auto", headers: Mapping[str, str] | None = None,
-                  prefetch: int | None = None) -> Subscription:
+                  prefetch: int | None = None, durable_name: str | None = None) -> Subscription:
+        """Subscribe to ``destination``. ``prefetch``: at most that many unacknowledged
+        messages in flight (each broker's header; RabbitMQ counts it per connection and
+        gets :data:`DEFAULT_PREFETCH` when none is given, as it has no limit of its own).
+        ``durable_name``: a durable topic subscription of that name, which keeps
+        collecting messages while nobody is subscribed (and after ``close()``), until
+        ``unsubscribe(durable=True)``; ActiveMQ, Artemis and our broker file it under the
+        connection's ``connect(..., client_id=...)``."""
         if ack not in _ACK_MODES:
             raise ValueError(f"ack must be one of {', '.join(_ACK_MODES)}, got {ack!r}")
         if self._closed:
             raise ConnectionClosed("connection is closed")
-        sub_id = self._transport.next_id("sub")
-        hdrs: dict[str, str] = {"id": sub_id, "destination": destination, "ack": ack}
+        dialect = self._transport.dialect
+        sub_id: str | None = None
+        hdrs: dict[str, str] = {}
+        if durable_name is not None:
+            if not durable_name or any(c in durable_name for c in "\r\n\x00"):
+                raise ValueError(f"durable_name must be a non-empty name without CR, LF or NUL, got {durable_name!r}")
+            if destination.startswith(("/queue/", "/amq/queue/")):
+                raise ValueError(f"durable_name is for topic subscriptions; {destination} is a queue, "
+                                 "which keeps its messages anyway")
+            if dialect.needs_client_id() and self._client_id is None:
+                raise LocalProtocolError(
+                    f"a durable subscription on {dialect.label} is filed under the connection's client id: "
+                    "connect(..., client_id=...)")
+            sub_id = dialect.durable_id(destination, durable_name)
+            hdrs.update(dialect.durable_headers(durable_name, self._client_id))
+        given_id = (headers or {}).get("id")
+        if given_id is not None:  # the caller's own id: messages and UNSUBSCRIBE must use it
+            if sub_id is not None and str(given_id) != sub_id:
+                raise ValueError(f"a durable subscription on {dialect.label} must use id {sub_id!r}, not {given_id!r}")
+            sub_id = str(given_id)
+        if sub_id is None:
+            sub_id = self._transport.next_id("sub")
+        hdrs.update({"id": sub_id, "destination": destination, "ack": ack})
+        if prefetch is None and dialect.name == "rabbitmq":
+            prefetch = DEFAULT_PREFETCH
         if prefetch is not None:
-            hdrs["activemq.prefetchSize"] = str(prefetch)
-            hdrs["prefetch-count"] = str(prefetch)
+            if prefetch < 1:
+                raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+            hdrs.update(dialect.prefetch_headers(prefetch))
         if headers:
-            hdrs.update({str(k): str(v) for k, v in headers.items()})
-        sub = Subscription(self, sub_id, destination, ack)
+            hdrs.update({str(k): str(v) for k, v in headers.items() if k != "id"})
+        if sub_id in self._subs:
+            raise LocalProtocolError(f"subscription id {sub_id!r} is already in use on this connection")
+        sub = Subscription(self, sub_id, destination, ack, durable_name)
         self._subs[sub_id] = sub
         try:
             self._transport.wait(self._transport.subscribe(sub_id, Frame.make("SUBSCRIBE", hdrs)))
@@ -390,10 +507,34 @@ class Connection:
             raise
         return sub
 
-    def _unsubscribe(self, sub: Subscription) -> None:
+    def _unsubscribe(self, sub: Subscription, *, durable: bool = False) -> None:
         self._subs.pop(sub.id, None)
         self._filter.forget(sub.id)
-        rec = self._transport.unsubscribe(sub.id, Frame.make("UNSUBSCRIBE", {"id": sub.id}))
+        t = self._transport
+        dialect = t.dialect
+        frames = [Frame.make("UNSUBSCRIBE", {"id": sub.id})]
+        if durable:
+            assert sub.durable_name is not None
+            extra = {"id": sub.id, **dialect.durable_unsubscribe_headers(sub.durable_name, self._client_id)}
+            if dialect.name == "rabbitmq":
+                frames = [Frame.make("UNSUBSCRIBE", extra)]  # one frame, while subscribed
+            else:
+                frames.append(Frame.make("UNSUBSCRIBE", extra))  # after the consumer is gone
+        for frame in frames:
+            rec = t.unsubscribe(sub.id, frame)
+            if rec is not None:
+                t.wait(rec)
+
+    def _delete_durable(self, sub: Subscription) -> None:
+        """Delete a durable subscription nobody is subscribed to on this connection
+        (RabbitMQ deletes one only from a live subscription: subscribe, then delete)."""
+        assert sub.durable_name is not None
+        if self._transport.dialect.name == "rabbitmq":
+            again = self.subscribe(sub.destination, ack=sub.ack_mode, durable_name=sub.durable_name)  # type: ignore[arg-type]
+            again.unsubscribe(durable=True)
+            return
+        rec = self._transport.unsubscribe(sub.id, Frame.make("UNSUBSCRIBE", {
+            "id": sub.id, **self._transport.dialect.durable_unsubscribe_headers(sub.durable_name, self._client_id)}))
         if rec is not None:
             self._transport.wait(rec)
 
@@ -441,13 +582,43 @@ class Connection:
             return  # covered by a later cumulative ACK already
         frame = self._ack_frame(command, msg.frame)
         if command == "NACK":
-            if d is not None:
-                self._filter.nacked(msg._sub.id, d)  # before the NACK: its redelivery must get through
-            self._transport.write_if_current(frame, msg.generation)
+            frames = [frame]
+            if d is not None:  # forget before the NACK: the redeliveries must get through
+                covered = self._filter.nacked(msg._sub.id, d)
+                if msg._sub.ack_mode == "client" and not self._transport.dialect.cumulative_nack:
+                    # this broker rejects only the one named: reject each, as a cumulative NACK would
+                    frames = [self._ack_frame("NACK", x.frame) for x in covered]
+            self._transport.write_many_if_current(frames, msg.generation)
             return  # a dead link's delivery needs no NACK: the broker redelivers it anyway
         sent = self._transport.write_if_current(frame, msg.generation)
         if d is not None:
             self._ack_copies(self._filter.acked(msg._sub.id, d, sent=sent))
+
+    def _tx_ack(self, msg: Message, tx_id: str) -> None:
+        """ACK ``msg`` inside transaction ``tx_id`` (settled for the filter at commit)."""
+        d = msg._delivery
+        if d is not None and d.nacked:
+            raise LocalProtocolError(f"ACK of message {msg.message_id}: a later cumulative nack() rejected it")
+        frame = self._ack_frame("ACK", msg.frame).with_headers(transaction=tx_id)
+        if not self._transport.write_if_current(frame, msg.generation):
+            self._forget_acks([msg])
+            raise TransactionRolledBack(
+                f"transaction {tx_id}: message {msg.message_id} came on a link that has failed since; the broker "
+                "redelivers it on the new one (receive it again and ack that copy in a new transaction)",
+                transaction=tx_id)
+
+    def _tx_acked(self, messages: list[Message]) -> None:
+        """The transaction that acked ``messages`` committed."""
+        for msg in messages:
+            if msg._delivery is not None:
+                self._ack_copies(self._filter.acked(msg._sub.id, msg._delivery, sent=True))
+
+    def _forget_acks(self, messages: list[Message]) -> None:
+        """Those transactional ACKs did not happen: the broker redelivers the messages,
+        which must reach the application again."""
+        for msg in messages:
+            if msg._delivery is not None and not msg._delivery.settled:
+                self._filter.forget_one(msg._sub.id, msg._delivery)
 
     def ack_many(self, messages: Iterable[Message]) -> None:
         """Acknowledge several messages at once: the same as ``msg.ack()`` for each,
@@ -518,7 +689,7 @@ def connect(
     params = ConnectParams(login=login, passcode=passcode, vhost=vhost, client_id=client_id,
                            heartbeat=(int(heartbeat[0]), int(heartbeat[1])), connect_timeout=connect_timeout)
     transport = build_transport(uri, params, backend=backend, sleep=sleep, clock=clock, rng=rng)
-    conn = Connection(transport, dedupe=dedupe, audit_size=audit_size, uri=uri)
+    conn = Connection(transport, dedupe=dedupe, audit_size=audit_size, uri=uri, client_id=client_id)
     if listener is not None:
         transport.add_listener(listener)
     transport.start()

@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 __all__ = [
+    "DIALECTS",
     "FailoverOptions",
     "StaticOptions",
     "LeafOptions",
@@ -110,6 +111,22 @@ def _uri_list(value: Any) -> Any:
     return tuple(item for item in items if item)
 
 
+DIALECTS = ("amq", "activemq", "artemis", "rabbitmq")
+
+
+def _dialect(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().lower() in DIALECTS:
+        return value.strip().lower()
+    raise ValueError(f"expected one of {', '.join(DIALECTS)}, got {value!r}")
+
+
+def _header_name(value: Any) -> Any:
+    text = _text(value)
+    if any(ch in text for ch in ":\r\n\x00"):
+        raise ValueError(f"expected a header name (no ':', CR, LF or NUL), got {value!r}")
+    return text
+
+
 def _heartbeat(value: Any) -> Any:
     if isinstance(value, tuple | list) and len(value) == 2:
         value = f"{_strict_int(value[0])},{_strict_int(value[1])}"
@@ -126,6 +143,8 @@ Float = Annotated[float, BeforeValidator(_strict_float)]
 Text = Annotated[str, BeforeValidator(_text)]
 UriList = Annotated[tuple[str, ...], BeforeValidator(_uri_list)]
 HeartBeat = Annotated[str, BeforeValidator(_heartbeat)]
+DialectName = Annotated[str, BeforeValidator(_dialect)]
+HeaderName = Annotated[str, BeforeValidator(_header_name)]
 
 _CONFIG = ConfigDict(
     frozen=True,
@@ -225,7 +244,15 @@ class LeafOptions(_Options):
 
     connect_timeout: Int = _opt(10000, "connectTimeout", ge=0)
     heart_beat: HeartBeat = _opt("10000,10000", "heartBeat")
-    host: Text | None = _opt(None, "host")
+    #: the CONNECT ``host`` header: RabbitMQ's virtual host (default ``/``)
+    host: Text | None = _opt(None, "host", "vhost")
+    #: the broker's STOMP dialect (default: detected from CONNECTED's ``server``)
+    dialect: DialectName | None = _opt(None, "dialect")
+    #: text bodies without content-length (JMS TextMessage); default per dialect
+    text_mode: Bool | None = _opt(None, "textMode")
+    #: a header that also carries the idempotency key (``_AMQ_DUPL_ID`` for Artemis'
+    #: duplicate detection, its default there; ``none`` turns it off)
+    duplicate_id_header: HeaderName | None = _opt(None, "duplicateIdHeader")
     ca_file: Text | None = _opt(None, "caFile")
     cert_file: Text | None = _opt(None, "certFile")
     key_file: Text | None = _opt(None, "keyFile")

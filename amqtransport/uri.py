@@ -238,6 +238,11 @@ def parse_uri(text: str) -> UriNode:
     return _Parser(text).parse()
 
 
+#: broker URI options also accepted on a failover: (applied to every URI inside that
+#: does not set its own, like nested.X)
+_LEAF_SHORTHANDS = ("dialect", "vhost")
+
+
 @dataclass
 class _Option:
     key: str
@@ -382,6 +387,9 @@ class _Parser:
         s: int,
     ) -> CompositeUri:
         self.check_leaves("failover", components, pieces)
+        # dialect= and vhost= on a failover are shorthands for nested.dialect= / nested.vhost=
+        options = [_Option(f"nested.{o.key}", o.value, o.column) if o.key in _LEAF_SHORTHANDS else o
+                   for o in options]
         nested = [o for o in options if o.key.startswith("nested.")]
         plain = [o for o in options if not o.key.startswith("nested.")]
         opts = self.model(FailoverOptions, plain, "failover")

@@ -37,3 +37,15 @@ if [ "${AMQ_SKIP_CHROMIUM:-0}" != "1" ] && { [ ! -x /usr/bin/chromium ] || [ ! -
         echo "setup: not root, the console's browser test will be skipped (apt-get install -y chromium chromium-driver)" >&2
     fi
 fi
+
+# Debian's rabbitmq-server (with its STOMP plugin) for the RabbitMQ interop tests; the tests
+# run their own loopback-only node (amqtransport/testing/rabbitmq.py), never the system service
+if [ "${AMQ_SKIP_RABBITMQ:-0}" != "1" ] && [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+    if [ "$(id -u)" = "0" ]; then
+        echo "setup: installing Debian's rabbitmq-server for the RabbitMQ interop tests" >&2
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null
+    else
+        echo "setup: not root, RabbitMQ interop tests will be skipped (apt-get install -y rabbitmq-server)" >&2
+    fi
+fi

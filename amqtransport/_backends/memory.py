@@ -112,6 +112,8 @@ class ScriptedBroker:
         self.heart_beat = heart_beat
         self.hold_receipts = False
         self.auth_fail = False
+        #: the CONNECTED frame's ``server`` header (the client detects its dialect from it)
+        self.server = "scripted"
         self.received: list[Frame] = []
         self.connections: list[MemoryStream] = []
         self.connect_count = 0
@@ -194,7 +196,7 @@ class ScriptedBroker:
                 stream.hang_up()
                 return
             stream.push(serialize(Frame.make("CONNECTED", {"version": "1.2", "heart-beat": self.heart_beat,
-                                                             "server": "scripted"}), "1.2"))
+                                                             "server": self.server}), "1.2"))
             return
         if frame.command == "DISCONNECT":
             receipt = frame.get("receipt")

@@ -16,6 +16,7 @@ Both show a progress bar on a terminal (stderr) and print a JSON summary with
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 import uuid
@@ -29,6 +30,8 @@ from amqtransport.client import Connection, connect
 from amqtransport.errors import AmqTransportError, UriError
 
 __all__ = ["send", "recv"]
+
+log = logging.getLogger("amqtransport.cli")
 
 
 class _Counter:
@@ -63,15 +66,22 @@ def _bar(count: int, label: str, show: bool | None) -> Iterator[Any]:
         yield bar
 
 
-def _open(uri: str, login: str | None, passcode: str | None, listener: _Counter) -> Connection:
+def _open(uri: str, login: str | None, passcode: str | None, vhost: str | None, listener: _Counter) -> Connection:
     try:
-        return connect(uri, login=login, passcode=passcode, listener=listener)
+        conn = connect(uri, login=login, passcode=passcode, vhost=vhost, listener=listener)
     except UriError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     except AmqTransportError as exc:
         click.echo(f"error: cannot connect: {exc}", err=True)
         sys.exit(1)
+    log.info("connected to %s (%s, dialect %s)", conn.connected_uri, conn.server or "no server header", conn.dialect)
+    return conn
+
+
+def _link_info(conn: Connection) -> dict[str, Any]:
+    """What the summary says about the broker: address, ``server`` header, dialect."""
+    return {"connected": conn.connected_uri, "server": conn.server, "dialect": conn.dialect}
 
 
 def _body(prefix: str, i: int, size: int) -> bytes:
@@ -88,6 +98,8 @@ _common = [
                  help="How many messages."),
     click.option("--login", "-u", default=None, help="STOMP login."),
     click.option("--passcode", "-p", default=None, help="STOMP passcode."),
+    click.option("--vhost", default=None,
+                 help="Virtual host (the CONNECT host header; RabbitMQ's vhost) [default: the URI's, else /]."),
     click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout."),
     click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."),
 ]
@@ -106,12 +118,14 @@ def _apply(fn: Any) -> Any:
               help="Receipts outstanding at once.")
 @click.option("--non-persistent", is_flag=True, help="Send with persistent:false.")
 @click.option("--id-prefix", default=None, help="Idempotency-key prefix (default: a fresh run id).")
-def send(uri: str, destination: str, count: int, login: str | None, passcode: str | None, as_json: bool,
-         progress: bool | None, size: int, window: int, non_persistent: bool, id_prefix: str | None) -> None:
+def send(uri: str, destination: str, count: int, login: str | None, passcode: str | None, vhost: str | None,
+         as_json: bool, progress: bool | None, size: int, window: int, non_persistent: bool,
+         id_prefix: str | None) -> None:
     """Send COUNT messages to DESTINATION through URI; exit 0 only if all were receipted."""
     prefix = id_prefix or uuid.uuid4().hex[:12]
     counter = _Counter()
-    conn = _open(uri, login, passcode, counter)
+    conn = _open(uri, login, passcode, vhost, counter)
+    info = _link_info(conn)
     sent = 0
     start = time.monotonic()
     error: BaseException | None = None
@@ -132,11 +146,12 @@ def send(uri: str, destination: str, count: int, login: str | None, passcode: st
         error = exc
     finally:
         seconds = time.monotonic() - start
-        connected = conn.connected_uri
+        if conn.connected_uri is not None:
+            info = _link_info(conn)
         conn.close()
     summary = {"sent": sent, "requested": count, "seconds": round(seconds, 3),
                "rate": round(sent / seconds, 1) if seconds > 0 else 0.0, "destination": destination,
-               "connected": connected, "failovers": counter.interruptions, "id_prefix": prefix}
+               **info, "failovers": counter.interruptions, "id_prefix": prefix}
     if error is not None:
         summary["error"] = str(error)
         click.echo(f"error: {error}", err=True)
@@ -154,11 +169,12 @@ def send(uri: str, destination: str, count: int, login: str | None, passcode: st
 @click.option("--ack", type=click.Choice(["client-individual", "client", "auto"]), default="client-individual",
               show_default=True, help="Ack mode.")
 @click.option("--print", "print_bodies", is_flag=True, help="Print each body on stdout.")
-def recv(uri: str, destination: str, count: int, login: str | None, passcode: str | None, as_json: bool,
-         progress: bool | None, timeout: float, ack: str, print_bodies: bool) -> None:
+def recv(uri: str, destination: str, count: int, login: str | None, passcode: str | None, vhost: str | None,
+         as_json: bool, progress: bool | None, timeout: float, ack: str, print_bodies: bool) -> None:
     """Receive COUNT distinct messages from DESTINATION; exit non-zero when fewer arrive."""
     counter = _Counter()
-    conn = _open(uri, login, passcode, counter)
+    conn = _open(uri, login, passcode, vhost, counter)
+    info = _link_info(conn)
     received = 0
     start = time.monotonic()
     error: BaseException | None = None
@@ -179,11 +195,12 @@ def recv(uri: str, destination: str, count: int, login: str | None, passcode: st
     finally:
         seconds = time.monotonic() - start
         duplicates = conn.duplicates
-        connected = conn.connected_uri
+        if conn.connected_uri is not None:
+            info = _link_info(conn)
         conn.close()
     summary = {"received": received, "requested": count, "duplicates": duplicates, "seconds": round(seconds, 3),
                "rate": round(received / seconds, 1) if seconds > 0 else 0.0, "destination": destination,
-               "connected": connected, "failovers": counter.interruptions}
+               **info, "failovers": counter.interruptions}
     if error is not None:
         summary["error"] = str(error)
         click.echo(f"error: {error}", err=True)

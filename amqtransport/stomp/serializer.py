@@ -2,7 +2,10 @@
 
 Rules: headers are escaped as the version and command call for (see
 :mod:`.escaping`); a ``content-length`` header is added for every non-empty body
-that has none (so a body may contain NUL); a frame that cannot be expressed in the
+that has none (so a body may contain NUL) -- except in *text mode* for a SEND whose
+``content-type`` is ``text/...`` and whose body has no NUL (ActiveMQ and Artemis turn a
+message with ``content-length`` into a JMS BytesMessage, one without into a
+TextMessage); a frame that cannot be expressed in the
 version raises :class:`~amqtransport.errors.LocalProtocolError` instead of putting
 bytes on the wire that the peer would misread.
 """
@@ -35,8 +38,9 @@ def _why_unexpressible(name: str, value: str, version: str, command: str) -> str
     return None
 
 
-def serialize(frame: Frame, version: str = "1.2") -> bytes:
-    """Encode ``frame`` for a connection speaking ``version``."""
+def serialize(frame: Frame, version: str = "1.2", *, text_mode: bool = False) -> bytes:
+    """Encode ``frame`` for a connection speaking ``version`` (``text_mode``: see the
+    module docstring)."""
     check_version(version)
     command = frame.command
     if not isinstance(command, str) or not command:
@@ -51,6 +55,7 @@ def serialize(frame: Frame, version: str = "1.2") -> bytes:
     escaped = needs_escaping(version, command)
     parts = [command]
     has_length = False
+    text_body = False
     for item in frame.headers:
         try:
             name, value = item
@@ -60,6 +65,8 @@ def serialize(frame: Frame, version: str = "1.2") -> bytes:
             raise LocalProtocolError(f"{command} frame header {item!r}: name and value must be str")
         if not name:
             raise LocalProtocolError(f"{command} frame has a header with an empty name")
+        if text_mode and name == "content-type" and value.startswith("text/"):
+            text_body = True
         if name == "content-length" and not has_length:
             has_length = True
             if value.strip() != str(len(body)):
@@ -78,7 +85,7 @@ def serialize(frame: Frame, version: str = "1.2") -> bytes:
             if problem is not None:
                 raise LocalProtocolError(problem)
         parts.append(f"{name}:{value}")
-    if body and not has_length:
+    if body and not has_length and not (text_body and command == "SEND" and b"\x00" not in body):
         parts.append(f"content-length:{len(body)}")
     parts.append("\n")
     try:

@@ -201,6 +201,10 @@ class FailoverTransport(Transport):
         return self._state
 
     @property
+    def link(self) -> StompConnection | None:
+        return self._conn
+
+    @property
     def connected_address(self) -> str | None:
         conn = self._conn
         return conn.address if conn is not None and self._state == "connected" else None

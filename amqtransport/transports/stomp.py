@@ -67,6 +67,7 @@ from amqtransport.stomp import (
     serialize,
 )
 from amqtransport.transports.coalesce import CoalescingWriter
+from amqtransport.transports.dialect import DEFAULT_VHOST, Dialect, detect, dialect_named
 
 __all__ = [
     "ConnectParams",
@@ -183,6 +184,12 @@ class StompConnection:
         self.connected_frame: Frame | None = None
         #: the ERROR frame, tied to no request, that ended this link (see :meth:`end_with_error`)
         self.error_frame: Frame | None = None
+        #: the broker's dialect (the URI's ``dialect`` option, else detected from CONNECTED)
+        self.dialect: Dialect = dialect_named("generic")
+        #: text bodies go without content-length (``textMode``; default per dialect)
+        self.text_mode = False
+        #: a header that also carries the idempotency key (``duplicateIdHeader``)
+        self.duplicate_id_header: str | None = None
         self.send_every_ms = 0
         self.expect_every_ms = 0
         self._last_rx = 0.0
@@ -200,11 +207,17 @@ class StompConnection:
         """Connect and complete the STOMP handshake; return the CONNECTED frame."""
         timeout = _leaf_connect_timeout(self.leaf, self._params)
         deadline = self._clock() + timeout
+        options = _leaf_options(self.leaf)
+        forced = getattr(options, "dialect", None)
+        forced_dialect = dialect_named(forced) if forced else None
         stream = self._backend.connect(self.leaf, timeout)
         self._stream = stream
         try:
             ours = _leaf_heartbeat(self.leaf, self._params.heartbeat)
-            host = self._params.vhost or getattr(_leaf_options(self.leaf), "host", None) or getattr(self.leaf, "host", None) or "localhost"
+            if forced_dialect is not None and forced_dialect.min_heartbeat_ms:
+                least = forced_dialect.min_heartbeat_ms
+                ours = (ours[0] and max(ours[0], least), ours[1] and max(ours[1], least))
+            host = self._params.vhost or getattr(options, "host", None) or DEFAULT_VHOST
             headers: list[tuple[str, str]] = [("accept-version", "1.0,1.1,1.2"), ("host", str(host))]
             if self._params.login is not None:
                 headers.append(("login", self._params.login))
@@ -229,6 +242,12 @@ class StompConnection:
                 ours, parse_heartbeat_header(frame.get("heart-beat"))
             )
             self.connected_frame = frame
+            self.dialect = forced_dialect or detect(frame.get("server"))
+            text_mode = getattr(options, "text_mode", None)
+            self.text_mode = self.dialect.text_mode if text_mode is None else bool(text_mode)
+            dup = getattr(options, "duplicate_id_header", None)
+            self.duplicate_id_header = self.dialect.duplicate_id_header if dup is None else (
+                None if dup.lower() == "none" else dup)
         except RemoteProtocolError as exc:
             stream.close()
             raise ConnectError(f"{self.address}: bad handshake: {exc}") from exc
@@ -243,8 +262,9 @@ class StompConnection:
         if self.send_every_ms > 0:
             self._beater = threading.Thread(target=self._beat_loop, name=f"amq-heartbeat {self._name}", daemon=True)
             self._beater.start()
-        log.debug("%s: connected (STOMP %s, heart-beat send %d ms, expect %d ms)", self.address,
-                  self.version, self.send_every_ms, self.expect_every_ms)
+        log.debug("%s: connected to %s (dialect %s, STOMP %s, heart-beat send %d ms, expect %d ms)", self.address,
+                  frame.get("server") or "a broker without a server header", self.dialect.name, self.version,
+                  self.send_every_ms, self.expect_every_ms)
         return frame
 
     def _read_handshake(self, stream: NetworkStream, deadline: float) -> Frame:
@@ -285,7 +305,7 @@ class StompConnection:
         writer = self._writer
         if writer is None or self._closing:
             raise ConnectionClosed(f"{self.address}: connection closed")
-        writer.write(serialize(frame, self.version))
+        writer.write(serialize(frame, self.version, text_mode=self.text_mode))
         self._last_tx = self._clock()
 
     def write_many(self, frames: list[Frame]) -> None:
@@ -296,7 +316,8 @@ class StompConnection:
             raise ConnectionClosed(f"{self.address}: connection closed")
         if frames:
             version = self.version
-            writer.write(b"".join([serialize(f, version) for f in frames]))
+            text_mode = self.text_mode
+            writer.write(b"".join([serialize(f, version, text_mode=text_mode) for f in frames]))
             self._last_tx = self._clock()
 
     def _read_loop(self) -> None:
@@ -501,6 +522,7 @@ class Transport:
         self.on_broker_error: Callable[[Frame], None] | None = None
         self.generation = 0
         self._closed = False
+        self._last_dialect = dialect_named("generic")
 
     # -- to implement ---------------------------------------------------------------
     def start(self) -> None:
@@ -522,10 +544,29 @@ class Transport:
         raise NotImplementedError
 
     @property
+    def link(self) -> StompConnection | None:
+        """The current link (None before the first one and while reconnecting)."""
+        raise NotImplementedError
+
+    @property
     def connected_frame(self) -> Frame | None:
         """The CONNECTED frame of the current link (None while disconnected)."""
-        conn: StompConnection | None = getattr(self, "_conn", None)
+        conn = self.link
         return conn.connected_frame if conn is not None and conn.alive else None
+
+    @property
+    def dialect(self) -> Dialect:
+        """The dialect of the current link, else of the last one (``generic`` before any)."""
+        conn = self.link
+        if conn is not None and conn.connected_frame is not None:
+            self._last_dialect = conn.dialect
+        return self._last_dialect
+
+    @property
+    def duplicate_id_header(self) -> str | None:
+        """The header that also carries the idempotency key on the current link."""
+        conn = self.link
+        return conn.duplicate_id_header if conn is not None else None
 
     def request(self, frame: Frame, *, receipt: bool = True) -> Receipt | None:
         raise NotImplementedError
@@ -637,6 +678,10 @@ class DirectTransport(Transport):
         with self._lock:
             self._conn = conn
             self.generation = 1
+
+    @property
+    def link(self) -> StompConnection | None:
+        return self._conn
 
     @property
     def connected_address(self) -> str | None:

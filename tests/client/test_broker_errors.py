@@ -110,7 +110,9 @@ def test_refusal_in_a_pipeline_blames_only_the_refused_send() -> None:
     assert [i for i, _ in errors] == [3], errors
     stored = [f.get(IDEMPOTENCY_HEADER) for f in b.frames("SEND")]
     assert set(stored) == {f"k{i}" for i in range(10)}  # k3 tried (refused), the rest stored
-    assert len(b.connections) <= 3, [[f.command for f in c.frames] for c in b.connections]
+    # the refusal is found by the second link that reads the ERROR (a write that fails
+    # first closes the link before its reader gets to the ERROR): at most 4 links on b
+    assert len(b.connections) <= 4, [[f.command for f in c.frames] for c in b.connections]
 
 
 def test_error_on_a_link_that_stays_open_fails_the_request_instead_of_hanging() -> None:

@@ -32,6 +32,12 @@ def leaf_options(draw: st.DrawFn, scheme: str) -> LeafOptions:
         data["heart_beat"] = f"{draw(st.integers(0, 10**6))},{draw(st.integers(0, 10**6))}"
     if draw(st.booleans()):
         data["host"] = draw(TEXT)
+    if draw(st.booleans()):
+        data["dialect"] = draw(st.sampled_from(["amq", "activemq", "artemis", "rabbitmq"]))
+    if draw(st.booleans()):
+        data["text_mode"] = draw(st.booleans())
+    if draw(st.booleans()):
+        data["duplicate_id_header"] = draw(TEXT.filter(lambda t: not any(c in t for c in ":\r\n\x00")))
     if scheme == "ssl":
         for name in ("ca_file", "cert_file", "key_file", "server_hostname"):
             if draw(st.booleans()):
