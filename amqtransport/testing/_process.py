@@ -1,19 +1,83 @@
-"""Child-process plumbing shared by the broker harnesses (BrokerProcess, HaNodeProcess).
+"""Child-process plumbing shared by the broker harnesses (BrokerProcess, HaNodeProcess,
+ActiveMQNode, RabbitMQNode).
 
 Spawn ``command`` with stdout on a pipe (the harness reads its ``listening on`` /
 role lines) and stderr into a log file; stop it by pid with SIGKILL (a crash) or
 SIGTERM then SIGKILL (a clean stop), always reaping it so no zombie is left.
+:class:`KillAtExit` kills what a harness left running when the interpreter exits;
+:func:`stomp_handshake` is the readiness probe (a CONNECT answered by CONNECTED).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Generic, TypeVar
 
-__all__ = ["kill_and_reap", "read_log", "spawn_logged", "terminate_and_reap"]
+__all__ = ["KillAtExit", "kill_and_reap", "read_log", "spawn_logged", "stomp_handshake", "terminate_and_reap"]
+
+T = TypeVar("T")
+
+
+class KillAtExit(Generic[T]):
+    """The live nodes of one harness (weakly held); ``kill(node)`` runs for each one
+    still registered when the interpreter exits (best effort)."""
+
+    def __init__(self, kill: Callable[[T], object]) -> None:
+        self._kill = kill
+        self._live: weakref.WeakSet[T] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        atexit.register(self.kill_all)
+
+    def add(self, node: T) -> None:
+        with self._lock:
+            self._live.add(node)
+
+    def discard(self, node: T) -> None:
+        with self._lock:
+            self._live.discard(node)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            nodes = list(self._live)
+        for node in nodes:
+            try:
+                self._kill(node)
+            except Exception:  # pragma: no cover - best effort at interpreter exit
+                pass
+
+
+def stomp_handshake(host: str, port: int, timeout: float = 2.0, *, vhost: str = "localhost",
+                    login: str | None = None, passcode: str | None = None) -> bool:
+    """True when a STOMP 1.2 CONNECT on host:port is answered by CONNECTED."""
+    creds = (f"login:{login}\n" if login is not None else "") + (f"passcode:{passcode}\n" if passcode is not None else "")
+    frame = f"CONNECT\naccept-version:1.2\nhost:{vhost}\n{creds}heart-beat:0,0\n\n\x00".encode()
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(frame)
+            buf = b""
+            while b"\x00" not in buf and len(buf) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    return False
+                buf += chunk
+            ok = buf.lstrip(b"\r\n").startswith(b"CONNECTED")
+            if ok:
+                try:
+                    s.sendall(b"DISCONNECT\n\n\x00")
+                except OSError:
+                    pass
+            return ok
+    except OSError:
+        return False
 
 
 def spawn_logged(

@@ -33,7 +33,6 @@ a race at first start is restarted on a new port when the port was ours to choos
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import re
@@ -43,12 +42,12 @@ import socket
 import subprocess
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from xml.sax.saxutils import quoteattr
 
+from amqtransport.testing._process import KillAtExit, stomp_handshake
 from amqtransport.testing.ports import free_port
 
 __all__ = [
@@ -136,44 +135,7 @@ def missing_reason() -> str | None:
 
 # ---------------------------------------------------------------- process bookkeeping
 
-_live: weakref.WeakSet[ActiveMQNode] = weakref.WeakSet()
-_live_lock = threading.Lock()
-
-
-def _kill_leftovers() -> None:
-    with _live_lock:
-        nodes = list(_live)
-    for node in nodes:
-        try:
-            node.kill()
-        except Exception:  # pragma: no cover - best effort at interpreter exit
-            pass
-
-
-atexit.register(_kill_leftovers)
-
-
-def stomp_handshake(host: str, port: int, timeout: float = 2.0) -> bool:
-    """True when a STOMP 1.2 CONNECT on host:port is answered by CONNECTED."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            s.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\nheart-beat:0,0\n\n\x00")
-            buf = b""
-            while b"\x00" not in buf and len(buf) < 65536:
-                chunk = s.recv(4096)
-                if not chunk:
-                    return False
-                buf += chunk
-            ok = buf.lstrip(b"\r\n").startswith(b"CONNECTED")
-            if ok:
-                try:
-                    s.sendall(b"DISCONNECT\n\n\x00")
-                except OSError:
-                    pass
-            return ok
-    except OSError:
-        return False
+_live: KillAtExit[ActiveMQNode] = KillAtExit(lambda node: node.kill())
 
 
 # ---------------------------------------------------------------- one node
@@ -369,8 +331,7 @@ class ActiveMQNode:
                 start_new_session=True,
                 close_fds=True,
             )
-        with _live_lock:
-            _live.add(self)
+        _live.add(self)
         log.info("%s: started pid %d (stomp %s)", self.name, self._proc.pid, self.uri)
 
     def is_serving(self, timeout: float = 2.0) -> bool:
@@ -433,8 +394,7 @@ class ActiveMQNode:
         except subprocess.TimeoutExpired:  # pragma: no cover - a SIGKILLed process that will not die
             log.error("%s: pid %d survived SIGKILL for 30 s", self.name, proc.pid)
             return
-        with _live_lock:
-            _live.discard(self)
+        _live.discard(self)
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (ActiveMQ's shutdown hook stops the broker cleanly), SIGKILL after ``timeout``."""

@@ -31,20 +31,18 @@ machines; a restart on the same directory keeps durable queues and persistent me
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
-import weakref
 from pathlib import Path
 from types import TracebackType
 
+from amqtransport.testing._process import KillAtExit, stomp_handshake
 from amqtransport.testing.ports import free_port
 
 __all__ = ["RABBITMQ_SERVER_ENV", "RabbitMQError", "RabbitMQNode", "missing_reason", "rabbitmq_server"]
@@ -92,47 +90,7 @@ def missing_reason() -> str | None:
 
 # ---------------------------------------------------------------- process bookkeeping
 
-_live: weakref.WeakSet[RabbitMQNode] = weakref.WeakSet()
-_live_lock = threading.Lock()
-
-
-def _kill_leftovers() -> None:
-    with _live_lock:
-        nodes = list(_live)
-    for node in nodes:
-        try:
-            node.kill(epmd=True)
-        except Exception:  # pragma: no cover - best effort at interpreter exit
-            pass
-
-
-atexit.register(_kill_leftovers)
-
-
-def stomp_connected(host: str, port: int, *, vhost: str = "/", login: str = "guest", passcode: str = "guest",
-                    timeout: float = 2.0) -> bool:
-    """True when a STOMP 1.2 CONNECT for ``vhost`` on host:port is answered by CONNECTED."""
-    frame = (f"CONNECT\naccept-version:1.2\nhost:{vhost}\nlogin:{login}\npasscode:{passcode}\n"
-             "heart-beat:0,0\n\n\x00").encode()
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            s.sendall(frame)
-            buf = b""
-            while b"\x00" not in buf and len(buf) < 65536:
-                chunk = s.recv(4096)
-                if not chunk:
-                    return False
-                buf += chunk
-            ok = buf.lstrip(b"\r\n").startswith(b"CONNECTED")
-            if ok:
-                try:
-                    s.sendall(b"DISCONNECT\n\n\x00")
-                except OSError:
-                    pass
-            return ok
-    except OSError:
-        return False
+_live: KillAtExit[RabbitMQNode] = KillAtExit(lambda node: node.kill(epmd=True))
 
 
 def _spawn(cmd: list[str], *, env: dict[str, str], cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
@@ -252,8 +210,7 @@ class RabbitMQNode:
                                 cwd=self.dir, log_path=self.dir / "epmd.out")
         spawned = time.monotonic()
         self._proc = _spawn([str(server), "-noinput"], env=env, cwd=self.dir, log_path=self.log_path)
-        with _live_lock:
-            _live.add(self)
+        _live.add(self)
         log.info("%s: started pid %d (stomp %s)", self.name, self._proc.pid, self.uri)
         try:
             self.wait_until_serving(timeout)
@@ -264,7 +221,10 @@ class RabbitMQNode:
         return self
 
     def is_serving(self, timeout: float = 2.0) -> bool:
-        return self.alive and stomp_connected(self.host, self.stomp_port, timeout=timeout)
+        return self.alive and self._handshake(timeout)
+
+    def _handshake(self, timeout: float) -> bool:
+        return stomp_handshake(self.host, self.stomp_port, timeout, vhost="/", login="guest", passcode="guest")
 
     def wait_until_serving(self, timeout: float = 90.0, poll: float = 0.1) -> None:
         deadline = time.monotonic() + timeout
@@ -273,7 +233,7 @@ class RabbitMQNode:
                 code = None if self._proc is None else self._proc.poll()
                 raise RabbitMQError(f"{self.name}: the VM exited (code {code}) before serving on {self.uri}"
                                     f"\n--- log tail ---\n{self.log_tail()}")
-            if stomp_connected(self.host, self.stomp_port, timeout=1.0):
+            if self._handshake(1.0):
                 return
             if time.monotonic() >= deadline:
                 raise RabbitMQError(f"{self.name}: not serving on {self.uri} after {timeout:.0f}s"

@@ -12,9 +12,10 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
+from bridge_helpers import wait_for
 
 import amqtransport
 from amqtransport.broker import EmbeddedBroker
@@ -23,15 +24,6 @@ from bridge.agent import BridgeAgent
 from bridge.config import parse_config
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(240)]
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
