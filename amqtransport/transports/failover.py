@@ -72,7 +72,6 @@ import logging
 import random
 import threading
 import time
-import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -89,6 +88,7 @@ from amqtransport.errors import (
     TransportError,
 )
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.transports.endpoints import endpoints, priority_leaves
 from amqtransport.transports.replay import (
     TRACK_IDLE_SECONDS,
     TRACK_RECEIPT_EVERY,
@@ -272,47 +272,7 @@ class FailoverTransport(Transport):
     # -- connecting -----------------------------------------------------------------------
 
     def _endpoints(self) -> list[Any]:
-        leaves = list(self.leaves)
-        url = getattr(self.options, "update_uris_url", None)
-        if url:
-            for leaf in self._read_update_uris(url):
-                if all(leaf_address(leaf) != leaf_address(x) for x in leaves):
-                    leaves.append(leaf)
-        return leaves
-
-    def _read_update_uris(self, url: str) -> list[Any]:
-        """``updateURIsURL``: a file path, ``file://`` or ``http(s)://`` URL holding a
-        comma-separated list of leaf URIs, read before each reconnect."""
-        try:
-            if url.startswith(("http://", "https://", "file://")):
-                with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - user-configured URL
-                    text = resp.read().decode("utf-8")
-            else:
-                with open(url, encoding="utf-8") as fh:
-                    text = fh.read()
-        except (OSError, ValueError) as exc:
-            log.warning("updateURIsURL %s: cannot read: %s", url, exc)
-            return []
-        parser = self._uri_parser
-        if parser is None:
-            from amqtransport.uri import parse_uri
-
-            parser = parse_uri
-        out = []
-        for part in text.replace("\n", ",").split(","):
-            part = part.strip()
-            if not part:
-                continue
-            try:
-                node = parser(part)
-            except ValueError as exc:
-                log.warning("updateURIsURL %s: ignoring %r: %s", url, part, exc)
-                continue
-            if hasattr(node, "components"):
-                log.warning("updateURIsURL %s: ignoring composite %r", url, part)
-                continue
-            out.append(node)
-        return out
+        return endpoints(self.leaves, getattr(self.options, "update_uris_url", None), self._uri_parser)
 
     def _open(self, leaf: Any) -> StompConnection:
         conn = StompConnection(leaf, backend=self._backend, params=self._params, clock=self._clock,
@@ -607,16 +567,7 @@ class FailoverTransport(Transport):
     # -- priority backup and the backup pool ---------------------------------------------
 
     def _priority_leaves(self) -> list[Any]:
-        uris = tuple(getattr(self.options, "priority_uris", ()) or ())
-        if not uris:
-            return [self.leaves[0]]
-        wanted = set()
-        for text in uris:
-            addr = text.split("?", 1)[0].rstrip("/")
-            addr = addr.replace("stomp+ssl://", "ssl://").replace("stomp://", "tcp://")
-            wanted.add(addr)
-        found = [leaf for leaf in self.leaves if leaf_address(leaf) in wanted]
-        return found or [self.leaves[0]]
+        return priority_leaves(self.leaves, tuple(getattr(self.options, "priority_uris", ()) or ()))
 
     def _is_priority(self, conn: StompConnection | None) -> bool:
         if conn is None:

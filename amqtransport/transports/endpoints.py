@@ -1,0 +1,80 @@
+"""Which brokers a failover transport tries: its own list, ``updateURIsURL``, and the
+priority endpoints of ``priorityBackup``.
+
+Functions over leaves (parsed broker URIs); the failover transport calls them before
+each reconnect and while it probes for a priority endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from amqtransport._backends.base import leaf_address
+
+__all__ = ["endpoints", "priority_leaves", "read_update_uris"]
+
+log = logging.getLogger("amqtransport.transports.failover")
+
+UriParser = Callable[[str], Any]
+
+
+def read_update_uris(url: str, parser: UriParser | None = None) -> list[Any]:
+    """``updateURIsURL``: a file path, ``file://`` or ``http(s)://`` URL holding a
+    comma-separated list of leaf URIs, read before each reconnect. What cannot be
+    read or parsed is logged and left out."""
+    try:
+        if url.startswith(("http://", "https://", "file://")):
+            with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - user-configured URL
+                text = resp.read().decode("utf-8")
+        else:
+            with open(url, encoding="utf-8") as fh:
+                text = fh.read()
+    except (OSError, ValueError) as exc:
+        log.warning("updateURIsURL %s: cannot read: %s", url, exc)
+        return []
+    if parser is None:
+        from amqtransport.uri import parse_uri
+
+        parser = parse_uri
+    out = []
+    for part in text.replace("\n", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            node = parser(part)
+        except ValueError as exc:
+            log.warning("updateURIsURL %s: ignoring %r: %s", url, part, exc)
+            continue
+        if hasattr(node, "components"):
+            log.warning("updateURIsURL %s: ignoring composite %r", url, part)
+            continue
+        out.append(node)
+    return out
+
+
+def endpoints(leaves: Sequence[Any], update_uris_url: str | None, parser: UriParser | None = None) -> list[Any]:
+    """The leaves to try: the URI's, then those of ``updateURIsURL`` not already listed."""
+    out = list(leaves)
+    if update_uris_url:
+        for leaf in read_update_uris(update_uris_url, parser):
+            if all(leaf_address(leaf) != leaf_address(x) for x in out):
+                out.append(leaf)
+    return out
+
+
+def priority_leaves(leaves: Sequence[Any], priority_uris: Sequence[str]) -> list[Any]:
+    """``priorityBackup``'s endpoints: those of ``leaves`` named by ``priorityURIs``,
+    else (or when none matches) the first leaf."""
+    if not priority_uris:
+        return [leaves[0]]
+    wanted = set()
+    for text in priority_uris:
+        addr = text.split("?", 1)[0].rstrip("/")
+        addr = addr.replace("stomp+ssl://", "ssl://").replace("stomp://", "tcp://")
+        wanted.add(addr)
+    found = [leaf for leaf in leaves if leaf_address(leaf) in wanted]
+    return found or [leaves[0]]
