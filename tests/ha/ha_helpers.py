@@ -7,10 +7,13 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import amqtransport
+from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.ports import free_port
 
 
@@ -181,6 +184,22 @@ class Forwarder:
         self.cut()
         self._srv.close()
         self._thread.join(2)
+
+
+@contextlib.contextmanager
+def forwarded_pair(data_dir: Path, **kwargs: Any) -> Iterator[tuple[BrokerPair, Forwarder]]:
+    """A replicated :class:`BrokerPair` (not started yet) whose slave reaches the master's
+    HA port through a :class:`Forwarder` (``cut()`` / ``freeze()`` it); both are stopped
+    on exit. ``kwargs`` go to BrokerPair."""
+    master_ha = free_port()
+    fwd = Forwarder(("127.0.0.1", master_ha))
+    bp = BrokerPair("replicated", data_dir, master_connector=fwd.address, **kwargs)
+    bp.a.ha_port = master_ha
+    try:
+        yield bp, fwd
+    finally:
+        bp.stop()
+        fwd.close()
 
 
 class Listener:

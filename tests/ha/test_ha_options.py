@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ha_helpers import never_master, refuses, wait_for, with_opts
+from ha_helpers import forwarded_pair, never_master, refuses, wait_for, with_opts
 
 import amqtransport
 from amqtransport.testing.broker_pair import BrokerPair
@@ -176,17 +176,8 @@ def test_shutdown_on_slave_failure_survives_a_slave_relink(tmp_path: Path) -> No
     one. Before: the master took the replacement for a lost slave and stopped
     (--shutdown-on-slave-failure) while the slave was wiping its store for the full
     sync: neither node could serve. Now a re-link is not a slave failure."""
-    from ha_helpers import Forwarder
-
-    from amqtransport.testing.ports import free_port
-
-    master_ha = free_port()
-    fwd = Forwarder(("127.0.0.1", master_ha))
-    bp = BrokerPair("replicated", tmp_path, master_connector=fwd.address,
-                    master_args=["--shutdown-on-slave-failure", "--link-timeout", "3"],
-                    slave_args=["--link-timeout", "1.5"])  # the slave gives up first (master pings every 0.75 s)
-    bp.a.ha_port = master_ha
-    try:
+    with forwarded_pair(tmp_path, master_args=["--shutdown-on-slave-failure", "--link-timeout", "3"],
+                        slave_args=["--link-timeout", "1.5"]) as (bp, fwd):  # the slave gives up first
         bp.start()
         with amqtransport.connect(bp.uri) as c:
             for i in range(20):
@@ -202,13 +193,13 @@ def test_shutdown_on_slave_failure_survives_a_slave_relink(tmp_path: Path) -> No
             c.send("/queue/relink", "after")
         bp.kill_master()
         assert bp.wait_master(20) is bp.b
-        with amqtransport.connect(bp.uri) as c:
-            sub = c.subscribe("/queue/relink")
-            got = {m.text for m in iter(lambda: sub.receive(timeout=2), None)}
-        assert got == {f"m{i}" for i in range(20)} | {"after"}
-    finally:
-        bp.stop()
-        fwd.close()
+        assert _messages(bp.uri, "/queue/relink") == {f"m{i}" for i in range(20)} | {"after"}
+
+
+def _messages(uri: str, queue: str) -> set[str]:
+    with amqtransport.connect(uri) as c:
+        sub = c.subscribe(queue)
+        return {m.text for m in iter(functools.partial(sub.receive, timeout=2), None)}
 
 
 def test_slave_of_a_strict_master_takes_over_when_it_stops(tmp_path: Path) -> None:
@@ -218,22 +209,9 @@ def test_slave_of_a_strict_master_takes_over_when_it_stops(tmp_path: Path) -> No
     the stopping master still answering as master went back to deciding and then
     waited for it forever (1 round in 4 measured with a cut link); (2) the slave, killed
     and restarted after the master had stopped, waited for it forever."""
-    from ha_helpers import Forwarder
-
-    from amqtransport.testing.ports import free_port
-
-    def messages(uri: str) -> set[str]:
-        with amqtransport.connect(uri) as c:
-            sub = c.subscribe("/queue/strict")
-            return {m.text for m in iter(functools.partial(sub.receive, timeout=2), None)}
-
     for round_ in range(2):  # (1) the replication link is cut: the master stops, the slave takes over
-        master_ha = free_port()
-        fwd = Forwarder(("127.0.0.1", master_ha))
-        bp = BrokerPair("replicated", tmp_path / f"r{round_}", master_connector=fwd.address, link_timeout=1.0,
-                        master_args=["--shutdown-on-slave-failure"])
-        bp.a.ha_port = master_ha
-        try:
+        with forwarded_pair(tmp_path / f"r{round_}", link_timeout=1.0,
+                            master_args=["--shutdown-on-slave-failure"]) as (bp, fwd):
             bp.start()
             with amqtransport.connect(bp.uri) as c:
                 for i in range(5):
@@ -241,10 +219,7 @@ def test_slave_of_a_strict_master_takes_over_when_it_stops(tmp_path: Path) -> No
             fwd.cut()
             assert bp.a.proc is not None and bp.a.proc.wait(15) == 3
             assert bp.wait_master(15) is bp.b, f"round {round_}: nobody serves; " + bp.describe()
-            assert messages(bp.uri) == {f"m{i}" for i in range(5)}
-        finally:
-            bp.stop()
-            fwd.close()
+            assert _messages(bp.uri, "/queue/strict") == {f"m{i}" for i in range(5)}
     # (2) the slave is killed: the master stops; the slave restarts alone and takes over
     with BrokerPair("replicated", tmp_path / "restart", link_timeout=1.0,
                     master_args=["--shutdown-on-slave-failure"]) as bp:
@@ -256,4 +231,4 @@ def test_slave_of_a_strict_master_takes_over_when_it_stops(tmp_path: Path) -> No
         bp.b.start()
         assert bp.wait_master(15) is bp.b, "the restarted slave of a strict master did not take over; " + bp.describe()
         assert "it never receipts without this copy" in bp.b.log_text()
-        assert messages(bp.uri) == {f"m{i}" for i in range(5)}
+        assert _messages(bp.uri, "/queue/strict") == {f"m{i}" for i in range(5)}

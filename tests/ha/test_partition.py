@@ -11,34 +11,27 @@ import time
 from pathlib import Path
 
 import pytest
-from ha_helpers import Forwarder, Listener, never_master, refuses, wait_for
+from ha_helpers import Listener, forwarded_pair, never_master, refuses, wait_for
 
 import amqtransport
 from amqtransport.testing.broker_pair import BrokerPair
-from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_link_cut_while_master_lives_makes_no_second_master(tmp_path: Path) -> None:
-    """Case 3: only the replication link is cut. The slave sees the master alive on its
+    """Case 4: only the replication link is cut. The slave sees the master alive on its
     own address and stays slave; the master serves alone; the link heals and resyncs."""
     check = Listener().open()
-    master_ha = free_port()
-    fwd = Forwarder(("127.0.0.1", master_ha))
     try:
-        bp = BrokerPair(
-            "replicated", tmp_path, master_connector=fwd.address, takeover_check=check.address,
-            link_timeout=1.0,
-        )
-        bp.a.ha_port = master_ha
-        with bp:
+        with forwarded_pair(tmp_path, takeover_check=check.address, link_timeout=1.0) as (bp, fwd):
+            bp.start()
             with amqtransport.connect(bp.uri) as c:
                 for i in range(20):
                     c.send("/queue/p", f"before-{i}")
                 fwd.cut()
                 # the master keeps serving: receipts come (from its disk alone) once it has
-                # dropped the slave
+                # dropped the slave and the slave (on its own address) agreed to stand by
                 t0 = time.monotonic()
                 for i in range(20):
                     c.send("/queue/p", f"during-{i}")
@@ -62,12 +55,11 @@ def test_link_cut_while_master_lives_makes_no_second_master(tmp_path: Path) -> N
                     m.ack()
             assert got == {f"before-{i}" for i in range(20)} | {f"during-{i}" for i in range(20)}
     finally:
-        fwd.close()
         check.close()
 
 
 def test_takeover_check(tmp_path: Path) -> None:
-    """Case 4 seen from the slave: master gone AND takeover check unreachable -> no
+    """Case 5 seen from the slave: master gone AND takeover check unreachable -> no
     takeover; once the check answers, the slave takes over with everything."""
     check = Listener().open()
     with BrokerPair("replicated", tmp_path, takeover_check=check.address, link_timeout=1.0) as bp:
@@ -90,7 +82,7 @@ def test_takeover_check(tmp_path: Path) -> None:
 
 
 def test_master_fences_itself_when_isolated(tmp_path: Path) -> None:
-    """Case 5 seen from the master: it loses its synced slave and cannot reach the
+    """Case 6 seen from the master: it loses its synced slave and cannot reach the
     takeover check -> it closes its client port instead of serving alone."""
     check = Listener().open()
     with BrokerPair("replicated", tmp_path, takeover_check=check.address, link_timeout=1.0) as bp:
@@ -111,7 +103,7 @@ def test_master_fences_itself_when_isolated(tmp_path: Path) -> None:
 
 
 def test_frozen_master_is_replaced_and_demotes_itself_on_resume(tmp_path: Path) -> None:
-    """Case 2 then case 6's healing: the master freezes (SIGSTOP: its sockets stay open
+    """Case 3 (a frozen master): the master freezes (SIGSTOP: its sockets stay open
     but nothing answers), the slave takes over after --link-timeout; when the old master
     resumes it finds a master with a higher epoch, stops serving and resyncs as slave."""
     import os
