@@ -119,3 +119,20 @@ def test_thawed_master_never_receipts_what_the_new_master_lacks(tmp_path: Path) 
             assert not answer.startswith(b"CONNECTED"), f"round {n}: the thawed master accepted a new client"
         log = bp.a.log_text()
         assert "demoting to slave" in log or "step down" in log, log[-3000:]
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+def test_frozen_master_many_rounds(tmp_path: Path) -> None:
+    """The same freeze, ROUNDS times in a row on one pair (the nodes swap roles each
+    round): no RECEIPT from a thawed master, no receipted message missing, no client
+    session accepted by a thawed master. ``AMQ_FREEZE_ROUNDS`` sets the count (20)."""
+    rounds = int(os.environ.get("AMQ_FREEZE_ROUNDS", "20"))
+    with BrokerPair("replicated", tmp_path, link_timeout=0.5) as bp:
+        t0 = time.monotonic()
+        for n in range(rounds):
+            receipted, present, answer = freeze_round(bp, f"/queue/soak{n}", f"soak{n}")
+            assert not receipted - present and not receipted, (n, receipted, present)
+            assert not answer.startswith(b"CONNECTED"), n
+        print(f"\n{rounds} freeze rounds, 6 buffered SENDs + 1 CONNECT each: 0 receipted by a thawed master, "
+              f"0 sessions accepted; {time.monotonic() - t0:.0f} s")
