@@ -758,6 +758,7 @@ class HaNode:
         self.server = server
         self._demote = asyncio.Event()
         self._wake = asyncio.Event()
+        self._held_since = 0.0
         self.role = "master"
         if replicate:
             self.repl = ReplicationMaster(

@@ -42,8 +42,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from amqtransport.errors import ConfigError
-
 from .replication import ReplicaRefused, ReplicationError, ha_request, probe
 
 __all__ = ["STANDBY_HEADER", "PeerAnswer", "Verdict", "ask_peer", "judge"]
@@ -144,7 +142,7 @@ async def ask_peer(
             except ReplicaRefused as exc:
                 info = await probe(*addr, timeout=timeout)
                 out.append(PeerAnswer(addr, info=info, error=f"refused: {exc}"))
-            except (OSError, TimeoutError, ReplicationError, ConfigError) as exc:
+            except (OSError, TimeoutError, ReplicationError) as exc:
                 out.append(PeerAnswer(addr, error=str(exc) or type(exc).__name__))
                 continue
             else:
