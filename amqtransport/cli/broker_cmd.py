@@ -25,7 +25,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def broker() -> None:
     """The embedded STOMP broker: 'run' one (with --ha, one node of a master/slave
     pair), start a 'pair', ask a running broker or HA node for its 'status' (role,
-    message counts, memory), 'hash-password' for a users file."""
+    message counts, memory), 'release' an HA master that holds receipts for a peer that
+    is gone for good, 'hash-password' for a users file."""
 
 
 def register(command: click.Command) -> None:
@@ -209,10 +210,11 @@ def hash_password_cmd(password: str | None, user: str | None) -> None:
 
 
 def _register_ha() -> None:
-    from amqtransport.cli.ha_cmd import pair, status
+    from amqtransport.cli.ha_cmd import pair, release, status
 
     broker.add_command(pair)
     broker.add_command(status)
+    broker.add_command(release)
 
 
 _register_ha()

@@ -22,7 +22,7 @@ import click
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["ha_options", "run_ha", "pair", "status", "status_data", "status_lines"]
+__all__ = ["ha_options", "run_ha", "pair", "release", "status", "status_data", "status_lines"]
 
 
 def ha_options(fn: F) -> F:
@@ -238,6 +238,50 @@ def status(port: int, host: str, as_json: bool, timeout: float, user: str | None
         return
     for line in status_lines(data):
         click.echo(line)
+
+
+@click.command("release")
+@click.option("--port", type=int, required=True, help="The master's HA port (or its client port).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--cluster-password-file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The pair's cluster secret (as given to the nodes).")
+@click.option("--cluster-password", default=None, help="The pair's cluster secret itself.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--timeout", type=float, default=3.0, show_default=True)
+def release(port: int, host: str, cluster_password_file: str | None, cluster_password: str | None, yes: bool,
+            timeout: float) -> None:
+    """Tell a replicated master that holds its receipts because it cannot reach its peer
+    (status field 'suspect') that the peer is gone for good, so it receipts alone again.
+
+    Only for a peer whose host is dead or cut off for good: if the peer is in fact alive
+    and took over, this makes two masters, and what this one receipts from now on is
+    lost when they meet. A peer whose process is merely stopped needs no release (its
+    refused port is an answer).
+    """
+    from amqtransport.broker.ha.auth import AUTH_HEADER, RequestSigner, load_secret
+    from amqtransport.broker.ha.node import RELEASE_HEADER
+    from amqtransport.broker.ha.replication import ha_request_sync
+    from amqtransport.errors import ConfigError
+
+    try:
+        secret = load_secret(cluster_password, cluster_password_file)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    if not yes:
+        click.confirm(f"Release the receipts held by the master at {host}:{port}, declaring its peer gone?",
+                      abort=True)
+    headers = {RELEASE_HEADER: "operator", "amq-ha-epoch": "0", "amq-ha-client": "", "amq-ha-port": ""}
+    headers[AUTH_HEADER] = RequestSigner(secret).sign(RELEASE_HEADER, headers, time.time())
+    try:
+        frame = ha_request_sync(host, port, timeout, headers)
+    except (OSError, TimeoutError) as exc:
+        click.echo(f"error: cannot reach {host}:{port}: {exc}", err=True)
+        sys.exit(1)
+    if frame.command != "CONNECTED":
+        click.echo(f"error: {host}:{port} refused: {frame.get('message')}", err=True)
+        sys.exit(1)
+    click.echo(f"released: node {frame.get('amq-ha-name')} (epoch {frame.get('amq-ha-epoch')}) receipts alone again")
 
 
 def status_data(info: Mapping[str, str]) -> dict[str, object]:

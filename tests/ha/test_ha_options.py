@@ -232,3 +232,46 @@ def test_slave_of_a_strict_master_takes_over_when_it_stops(tmp_path: Path) -> No
         assert bp.wait_master(15) is bp.b, "the restarted slave of a strict master did not take over; " + bp.describe()
         assert "it never receipts without this copy" in bp.b.log_text()
         assert _messages(bp.uri, "/queue/strict") == {f"m{i}" for i in range(5)}
+
+
+def test_operator_releases_a_master_whose_peer_is_gone(tmp_path: Path) -> None:
+    """A slave whose host hangs can neither answer nor refuse: its master holds every
+    receipt. `amq broker release` (signed with the cluster secret) tells the master the
+    peer is gone for good: it receipts alone again at once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    amq = [sys.executable, "-m", "amqtransport", "broker", "release"]
+    with BrokerPair("replicated", tmp_path / "pair", link_timeout=1.0) as bp:
+        assert bp.cluster_password_file is not None
+        secret = ["--cluster-password-file", str(bp.cluster_password_file)]
+        idle = subprocess.run([*amq, "--port", str(bp.a.ha_port), *secret, "--yes"], capture_output=True, text=True,
+                              timeout=30)
+        assert idle.returncode == 1 and "not holding receipts" in idle.stderr, idle.stderr
+        with amqtransport.connect(bp.uri) as c:
+            c.send("/queue/rel", "warm-up")
+            os.kill(bp.b.pid, signal.SIGSTOP)
+            try:
+                done = threading.Event()
+                t = threading.Thread(target=lambda: (c.send("/queue/rel", "held"), done.set()), daemon=True)
+                t.start()
+                wait_for(lambda: "amq-ha-suspect" in bp.a.status(), 10, "the master to drop the frozen slave")
+                assert not done.wait(1.0)
+                other = tmp_path / "other.secret"
+                other.write_text("x" * 32)
+                wrong = subprocess.run([*amq, "--port", str(bp.a.ha_port), "--cluster-password-file", str(other),
+                                        "--yes"], capture_output=True, text=True, timeout=30)
+                assert wrong.returncode == 1 and "bad cluster secret" in wrong.stderr, wrong.stderr
+                assert not done.is_set()
+                ok = subprocess.run([*amq, "--port", str(bp.a.ha_port), *secret, "--yes"], capture_output=True,
+                                    text=True, timeout=30)
+                assert ok.returncode == 0 and "receipts alone again" in ok.stdout, ok.stderr
+                assert done.wait(20), "the release did not free the receipt"
+                assert "released the receipts" in bp.a.log_text()
+            finally:
+                os.kill(bp.b.pid, signal.SIGCONT)
+        wait_for(lambda: bp.b.status().get("amq-ha-peer-state") == "in-sync"
+                 and bp.b.status().get("amq-ha-messages") == "2", 30, "the thawed slave to resync")

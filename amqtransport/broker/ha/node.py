@@ -104,8 +104,9 @@ Partition cases (M = master, S = slave, C = the takeover-check address)
 5. S is isolated, frozen, or its host hangs: S cannot reach M nor C -> S does not take
    over; it retries. M cannot tell this from S having taken over, so it receipts
    nothing (SENDs wait for their receipts) until S answers again or its ports refuse
-   (S's process is gone: a restarted slave waits for its master); or it stops with
-   ``--shutdown-on-slave-failure``.
+   (S's process is gone: a restarted slave waits for its master), or an operator
+   declares S gone (``amq broker release``: a signed ``amq-ha-release`` request); or
+   it stops with ``--shutdown-on-slave-failure``.
 6. M is isolated (M cannot reach S nor C; S reaches C): S takes over. M holds its
    receipts (case 5); when its synced slave is lost and ``--takeover-check`` is set on
    M too, it tests C, cannot reach it, and *fences itself*: it closes its client port
@@ -191,9 +192,11 @@ MODES = ("shared-store", "replicated")
 #: a master with a higher epoch asks a stale master to step down (the end of a split brain)
 DEMOTE_HEADER = "amq-ha-demote"
 #: requests that change a node's role or state: signed with the cluster secret (auth.py)
-ROLE_REQUESTS = (REPLICA_HEADER, DEMOTE_HEADER, STANDBY_HEADER)
+#: an operator tells a master that holds receipts that its peer is gone for good (amq broker release)
+RELEASE_HEADER = "amq-ha-release"
+ROLE_REQUESTS = (REPLICA_HEADER, DEMOTE_HEADER, STANDBY_HEADER, RELEASE_HEADER)
 REQUEST_NAMES = {REPLICA_HEADER: "replication link", DEMOTE_HEADER: "demote request",
-                 STANDBY_HEADER: "stand-by request"}
+                 STANDBY_HEADER: "stand-by request", RELEASE_HEADER: "release request"}
 
 
 @dataclass(frozen=True)
@@ -503,8 +506,10 @@ class HaNode:
             elif request == DEMOTE_HEADER:
                 assert self.loop is not None
                 self.loop.create_task(self._demote_request(transport, frame, peer))
-            else:
+            elif request == STANDBY_HEADER:
                 self._standby_request(transport, frame)
+            else:
+                self._release_request(transport, frame, peer)
             return
         if frame.get(STATUS_HEADER) is not None:
             answer = Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])
@@ -528,7 +533,7 @@ class HaNode:
         if not epoch.isdigit():
             return f"bad amq-ha-epoch {epoch!r}"
         known = self.state.peer.get("name")
-        if request != REPLICA_HEADER and known and who != known:
+        if request in (DEMOTE_HEADER, STANDBY_HEADER) and known and who != known:
             return f"node {who!r} is not this node's peer ({known!r})"
         return None
 
@@ -645,6 +650,22 @@ class HaNode:
                 )
         headers = [("version", "1.2"), *self.status().items(), (STANDBY_ANSWER, answer), (STANDBY_REASON, reason)]
         transport.write(serialize(Frame.make("CONNECTED", headers)))
+        transport.close()
+
+    def _release_request(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
+        """An operator (``amq broker release``, signed with the cluster secret) says the
+        peer is gone for good -- its host is dead, so it can neither answer nor refuse:
+        a suspect master receipts alone again. If the peer is in fact alive and took
+        over, this makes two masters; that is the operator's call."""
+        repl = self.repl
+        if self.role != "master" or repl is None or repl.suspect is None:
+            self.refused(peer, "release request", f"node {self.name} holds no receipts (role {self.role})")
+            answer_error(transport, f"node {self.name} is not holding receipts for a peer check (role {self.role})")
+            return
+        log.warning("node %s: an operator at %s (%s) released the receipts held since: %s", self.name, peer,
+                    frame.get(RELEASE_HEADER), repl.suspect)
+        repl.clear_suspect(f"released by an operator from {peer}: the peer was declared gone")
+        transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])))
         transport.close()
 
     # ------------------------------------------------------------------ shared store
