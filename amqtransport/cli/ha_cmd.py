@@ -16,9 +16,12 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+if TYPE_CHECKING:
+    from amqtransport.stomp import Frame
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -212,21 +215,8 @@ def status(port: int, host: str, as_json: bool, timeout: float, user: str | None
     A plain broker reports role ``standalone``; an HA node its role (master, slave,
     waiting...), epoch and peer.
     """
-    from amqtransport.broker.ha.replication import ha_request_sync
-
     creds = {"login": user or "", "passcode": password or ""} if user is not None else {}
-    try:
-        frame = ha_request_sync(host, port, timeout, creds)
-    except ConnectionRefusedError:
-        click.echo(f"error: cannot reach {host}:{port}: nothing is listening there (connection refused); "
-                   "is the broker running?", err=True)
-        sys.exit(1)
-    except (OSError, TimeoutError) as exc:
-        click.echo(f"error: cannot reach {host}:{port}: {exc}", err=True)
-        sys.exit(1)
-    if frame.command != "CONNECTED":
-        click.echo(f"error: {host}:{port} answered {frame.command}: {frame.get('message')}", err=True)
-        sys.exit(1)
+    frame = _ask(host, port, timeout, creds)
     info = {k[len("amq-ha-"):]: v for k, v in frame.headers if k.startswith("amq-ha-")}
     if not info:
         click.echo(f"error: {host}:{port} answered without status headers: not an amqtransport broker "
@@ -238,6 +228,25 @@ def status(port: int, host: str, as_json: bool, timeout: float, user: str | None
         return
     for line in status_lines(data):
         click.echo(line)
+
+
+def _ask(host: str, port: int, timeout: float, headers: Mapping[str, str]) -> Frame:
+    """One HA request (status + ``headers``); its CONNECTED answer, or exit 1 saying why not."""
+    from amqtransport.broker.ha.replication import ha_request_sync
+
+    try:
+        frame = ha_request_sync(host, port, timeout, headers)
+    except ConnectionRefusedError:
+        click.echo(f"error: cannot reach {host}:{port}: nothing is listening there (connection refused); "
+                   "is the broker running?", err=True)
+        sys.exit(1)
+    except (OSError, TimeoutError) as exc:
+        click.echo(f"error: cannot reach {host}:{port}: {exc}", err=True)
+        sys.exit(1)
+    if frame.command != "CONNECTED":
+        click.echo(f"error: {host}:{port} answered {frame.command}: {frame.get('message')}", err=True)
+        sys.exit(1)
+    return frame
 
 
 @click.command("release")
@@ -260,7 +269,6 @@ def release(port: int, host: str, cluster_password_file: str | None, cluster_pas
     """
     from amqtransport.broker.ha.auth import AUTH_HEADER, RequestSigner, load_secret
     from amqtransport.broker.ha.node import RELEASE_HEADER
-    from amqtransport.broker.ha.replication import ha_request_sync
     from amqtransport.errors import ConfigError
 
     try:
@@ -273,14 +281,7 @@ def release(port: int, host: str, cluster_password_file: str | None, cluster_pas
                       abort=True)
     headers = {RELEASE_HEADER: "operator", "amq-ha-epoch": "0", "amq-ha-client": "", "amq-ha-port": ""}
     headers[AUTH_HEADER] = RequestSigner(secret).sign(RELEASE_HEADER, headers, time.time())
-    try:
-        frame = ha_request_sync(host, port, timeout, headers)
-    except (OSError, TimeoutError) as exc:
-        click.echo(f"error: cannot reach {host}:{port}: {exc}", err=True)
-        sys.exit(1)
-    if frame.command != "CONNECTED":
-        click.echo(f"error: {host}:{port} refused: {frame.get('message')}", err=True)
-        sys.exit(1)
+    frame = _ask(host, port, timeout, headers)
     click.echo(f"released: node {frame.get('amq-ha-name')} (epoch {frame.get('amq-ha-epoch')}) receipts alone again")
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import threading
 import time
@@ -184,6 +186,25 @@ class Forwarder:
         self.cut()
         self._srv.close()
         self._thread.join(2)
+
+
+@contextlib.contextmanager
+def frozen(node: Any) -> Iterator[None]:
+    """SIGSTOP the process of ``node`` (an HaNodeProcess) for the ``with`` body; SIGCONT
+    on the way out, whatever happens."""
+    os.kill(node.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(node.pid, signal.SIGCONT)
+
+
+def send_in_background(conn: Any, queue: str, body: str) -> threading.Event:
+    """Start ``conn.send(queue, body)`` (which waits for its receipt) on a daemon thread;
+    the event is set once it returned."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (conn.send(queue, body), done.set()), daemon=True).start()
+    return done
 
 
 @contextlib.contextmanager

@@ -7,7 +7,15 @@ import time
 from pathlib import Path
 
 import pytest
-from ha_helpers import forwarded_pair, never_master, refuses, wait_for, with_opts
+from ha_helpers import (
+    forwarded_pair,
+    frozen,
+    never_master,
+    refuses,
+    send_in_background,
+    wait_for,
+    with_opts,
+)
 
 import amqtransport
 from amqtransport.testing.broker_pair import BrokerPair
@@ -119,18 +127,11 @@ def test_receipt_waits_for_the_slave(tmp_path: Path) -> None:
     tell a frozen slave from one that took over, so it cuts the client (the client
     replays the send) and holds every receipt until the slave answers its stand-by
     request: after SIGCONT (until then it refuses new client CONNECTs too)."""
-    import os
-    import signal
-    import threading
-
     with BrokerPair("replicated", tmp_path, link_timeout=1.0) as bp:
         with amqtransport.connect(bp.uri) as c:
             c.send("/queue/r", "warm-up")
-            os.kill(bp.b.pid, signal.SIGSTOP)
-            try:
-                done = threading.Event()
-                t = threading.Thread(target=lambda: (c.send("/queue/r", "gated"), done.set()), daemon=True)
-                t.start()
+            with frozen(bp.b):
+                done = send_in_background(c, "/queue/r", "gated")
                 assert not done.wait(0.5), "receipt came while the slave could not have the message"
                 st = bp.a.status()
                 assert int(st["amq-ha-seq"]) > int(st["amq-ha-acked"]), st
@@ -139,10 +140,7 @@ def test_receipt_waits_for_the_slave(tmp_path: Path) -> None:
                 st = bp.a.status()
                 # still suspect: the cut client cannot even reconnect (CONNECT refused) meanwhile
                 assert st["amq-ha-role"] == "master" and "amq-ha-suspect" in st, st
-            finally:
-                os.kill(bp.b.pid, signal.SIGCONT)
             assert done.wait(20), "the thawed slave stood by but the receipt never came"
-            t.join(5)
             log = bp.a.log_text()
             assert "no ack for seq" in log or "slave silent" in log
             assert "client connections so their clients replay" in log and "receipts resume" in log, log[-3000:]
@@ -238,11 +236,8 @@ def test_operator_releases_a_master_whose_peer_is_gone(tmp_path: Path) -> None:
     """A slave whose host hangs can neither answer nor refuse: its master holds every
     receipt. `amq broker release` (signed with the cluster secret) tells the master the
     peer is gone for good: it receipts alone again at once."""
-    import os
-    import signal
     import subprocess
     import sys
-    import threading
 
     amq = [sys.executable, "-m", "amqtransport", "broker", "release"]
     with BrokerPair("replicated", tmp_path / "pair", link_timeout=1.0) as bp:
@@ -253,11 +248,8 @@ def test_operator_releases_a_master_whose_peer_is_gone(tmp_path: Path) -> None:
         assert idle.returncode == 1 and "not holding receipts" in idle.stderr, idle.stderr
         with amqtransport.connect(bp.uri) as c:
             c.send("/queue/rel", "warm-up")
-            os.kill(bp.b.pid, signal.SIGSTOP)
-            try:
-                done = threading.Event()
-                t = threading.Thread(target=lambda: (c.send("/queue/rel", "held"), done.set()), daemon=True)
-                t.start()
+            with frozen(bp.b):
+                done = send_in_background(c, "/queue/rel", "held")
                 wait_for(lambda: "amq-ha-suspect" in bp.a.status(), 10, "the master to drop the frozen slave")
                 assert not done.wait(1.0)
                 other = tmp_path / "other.secret"
@@ -271,7 +263,5 @@ def test_operator_releases_a_master_whose_peer_is_gone(tmp_path: Path) -> None:
                 assert ok.returncode == 0 and "receipts alone again" in ok.stdout, ok.stderr
                 assert done.wait(20), "the release did not free the receipt"
                 assert "released the receipts" in bp.a.log_text()
-            finally:
-                os.kill(bp.b.pid, signal.SIGCONT)
         wait_for(lambda: bp.b.status().get("amq-ha-peer-state") == "in-sync"
                  and bp.b.status().get("amq-ha-messages") == "2", 30, "the thawed slave to resync")
