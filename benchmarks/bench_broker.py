@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -79,7 +80,13 @@ def _frames(dest: str, n: int, receipts: bool) -> list[bytes]:
 
 
 def pipelined(port: int, dest: str, n: int, window: int) -> float:
-    frames = _frames(dest, n, receipts=True)
+    return pipelined_frames(port, _frames(dest, n, receipts=True), window)
+
+
+def pipelined_frames(port: int, frames: list[bytes], window: int) -> float:
+    """Messages/s of sending ``frames`` (each asking for a receipt) with at most
+    ``window`` receipts outstanding."""
+    n = len(frames)
     c = RawClient(port)
     try:
         sent = done = 0
@@ -116,7 +123,9 @@ def fire_and_forget(port: int, dest: str, n: int) -> float:
         c.close()
 
 
-def start_activemq(workdir: Path) -> tuple[int, Callable[[], None]] | None:
+def activemq_node(workdir: Path, name: str, heap: str, extra_xml: str = "") -> Any:
+    """An (unstarted) ``ActiveMQNode``, or None (with the reason printed) when ActiveMQ
+    is not installed."""
     try:
         from amqtransport.testing.activemq import ActiveMQNode, missing_reason
     except ImportError as exc:  # pragma: no cover - the harness is part of the project
@@ -126,7 +135,13 @@ def start_activemq(workdir: Path) -> tuple[int, Callable[[], None]] | None:
     if reason is not None:
         print(f"skipped ActiveMQ: {reason}")
         return None
-    node = ActiveMQNode(workdir, "bench", heap="512m")
+    return ActiveMQNode(workdir, name, heap=heap, extra_xml=extra_xml)
+
+
+def start_activemq(workdir: Path) -> tuple[int, Callable[[], None]] | None:
+    node = activemq_node(workdir, "bench", "512m")
+    if node is None:
+        return None
     node.start()
     return node.stomp_port, node.stop
 

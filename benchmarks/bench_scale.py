@@ -61,7 +61,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine, print_table, quick, ratio, scale, write_result  # noqa: E402
-from bench_broker import RawClient  # noqa: E402
+from bench_broker import RawClient, activemq_node, pipelined_frames  # noqa: E402
 
 from amqtransport.stomp import Frame, FrameParser, serialize  # noqa: E402
 from amqtransport.testing.broker_pair import BrokerPair  # noqa: E402
@@ -146,23 +146,7 @@ def fill(port: int, dest: str, n: int, *, first: int = 0, stall: float = 60.0,
 
 def pipelined(port: int, dest: str, n: int, window: int = 100, first: int = 0) -> float:
     """Messages/s of ``n`` receipted sends with ``window`` receipts outstanding."""
-    frames = [send_frame(dest, first + i, receipt=str(i)) for i in range(n)]
-    c = RawClient(port)
-    try:
-        sent = done = 0
-        t0 = time.perf_counter()
-        while done < n:
-            if sent < n and sent - done < window:
-                upto = min(n, done + window)
-                c.sock.sendall(b"".join(frames[sent:upto]))
-                sent = upto
-            for f in c.next_frames():
-                if f.command != "RECEIPT":
-                    raise RuntimeError(f"send: {f.command}: {f.get('message')}")
-                done += 1
-        return n / (time.perf_counter() - t0)
-    finally:
-        c.close()
+    return pipelined_frames(port, [send_frame(dest, first + i, receipt=str(i)) for i in range(n)], window)
 
 
 def drain(port: int, dest: str, n: int, *, prefetch: int = 1000, seen: set[int] | None = None,
@@ -244,23 +228,27 @@ def timed_start(b: BrokerProcess) -> float:
     return time.perf_counter() - t0
 
 
-def activemq_node(work: Path, heap: str) -> Any:
-    try:
-        from amqtransport.testing.activemq import ActiveMQNode, missing_reason
-    except ImportError as exc:  # pragma: no cover
-        print(f"ActiveMQ harness unavailable: {exc}")
-        return None
-    reason = missing_reason()
-    if reason is not None:
-        print(f"skipped ActiveMQ: {reason}")
-        return None
-    return ActiveMQNode(work, "scale", heap=heap, extra_xml="""
-    <destinationPolicy><policyMap><policyEntries>
-      <policyEntry queue=">" producerFlowControl="true"/>
-    </policyEntries></policyMap></destinationPolicy>""")
-
-
 # ---------------------------------------------------------------------- depth
+def fill_and_weigh(port: int, pid: int, n: int, base_rss: int, row: dict[str, Any]) -> tuple[int, float]:
+    """Fill the broker (process ``pid``) with ``n`` messages; its RSS and RSS per queued
+    message over ``base_rss`` go into ``row``. Returns (queued, seconds)."""
+    t_last = [time.monotonic()]
+
+    def progress(done: int) -> None:
+        if time.monotonic() - t_last[0] > 15:
+            t_last[0] = time.monotonic()
+            print(f"  filling: {done}/{n} rss {mb(rss(pid))} MB")
+
+    queued, secs = fill(port, QUEUE, n, progress=progress)
+    row["queued"] = queued
+    row["fill msg/s"] = round(queued / secs)
+    time.sleep(1.0)
+    r = rss(pid)
+    row["rss MB"] = mb(r)
+    row["rss B/msg"] = round((r - base_rss) / max(1, queued))
+    return queued, secs
+
+
 def depth_part(work: Work, depths: list[int], *, rounds: int, sample: int, with_activemq: bool,
                amq_heap: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
@@ -285,21 +273,9 @@ def depth_one(work: Work, empty: BrokerProcess, empty_rss: int, n: int, *, round
     deep.start()
     row: dict[str, Any] = {"broker": "ours", "depth": n}
     try:
-        t_last = [time.monotonic()]
 
-        def progress(done: int) -> None:
-            if time.monotonic() - t_last[0] > 15:
-                t_last[0] = time.monotonic()
-                print(f"  filling: {done}/{n} rss {mb(rss(deep.pid))} MB")
-
-        queued, secs = fill(deep.port, QUEUE, n, progress=progress)
-        row["queued"] = queued
-        row["fill msg/s"] = round(queued / secs)
-        time.sleep(1.0)
-        deep_rss = rss(deep.pid)
-        row["rss MB"] = mb(deep_rss)
-        row["rss B/msg"] = round((deep_rss - empty_rss) / max(1, queued))
-        print(f"  depth {n}: {queued} queued in {secs:.1f} s, rss {mb(deep_rss)} MB "
+        queued, secs = fill_and_weigh(deep.port, deep.pid, n, empty_rss, row)
+        print(f"  depth {n}: {queued} queued in {secs:.1f} s, rss {row['rss MB']} MB "
               f"({row['rss B/msg']} B/msg over an empty broker's {mb(empty_rss)} MB)")
         blocked = queued < n
         total = queued
@@ -362,20 +338,16 @@ def depth_one(work: Work, empty: BrokerProcess, empty_rss: int, n: int, *, round
 
 
 def activemq_depth(work: Work, n: int, *, sample: int, heap: str) -> dict[str, Any] | None:
-    node = activemq_node(work.dir / f"activemq-{n}", heap)
+    node = activemq_node(work.dir / f"activemq-{n}", "scale", heap, """
+    <destinationPolicy><policyMap><policyEntries>
+      <policyEntry queue=">" producerFlowControl="true"/>
+    </policyEntries></policyMap></destinationPolicy>""")
     if node is None:
         return None
     row: dict[str, Any] = {"broker": "ActiveMQ 5.17", "depth": n}
     node.start(timeout=300)
     try:
-        base = rss(node.pid)
-        queued, secs = fill(node.stomp_port, QUEUE, n)
-        row["queued"] = queued
-        row["fill msg/s"] = round(queued / secs)
-        time.sleep(1.0)
-        r = rss(node.pid)
-        row["rss MB"] = mb(r)
-        row["rss B/msg"] = round((r - base) / max(1, queued))
+        queued, _secs = fill_and_weigh(node.stomp_port, node.pid, n, rss(node.pid), row)
         seen: set[int] = set()
         got, rate = drain(node.stomp_port, QUEUE, sample, seen=seen)
         row["drain at depth msg/s"] = round(rate)

@@ -34,6 +34,8 @@ class Message:
     delivery_count: int = 0  # how many times it has been handed to a consumer
     #: store bookkeeping: the journal segment holding the ENQ record (-1: not on disk)
     segment: int = -1
+    #: store bookkeeping: the ENQ record's position with its flags (see store/pages.py; 0: none)
+    pos: int = 0
     #: bytes charged to the memory gauge while the message is live (0: not charged)
     mem: int = 0
     #: cache of the wire header block shared by every delivery (built by the protocol layer)

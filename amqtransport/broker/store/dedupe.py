@@ -116,6 +116,11 @@ class DedupeWindow:
         self.expire()
         return [(scope, k, ts) for (scope, k), (ts, seg, _n) in self._keys.items() if seg in segments]
 
+    def copy_entries(self) -> dict[tuple[str, str], tuple[float, int, int]]:
+        """A shallow copy of the entries, ``(scope, key) -> (accepted_at, segment, serial)``
+        (cheap: for a checkpoint taken on the loop and written on another thread)."""
+        return dict(self._keys)
+
     def items(self) -> Iterator[tuple[str, str, float, int]]:
         """``(scope, key, accepted_at, segment)`` of every live entry, oldest first."""
         self.expire()

@@ -59,10 +59,12 @@ import struct
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
+from .pages import INNER, unpack
 from .records import Record, RecordError, RecordTooLarge, decode
 
 __all__ = [
@@ -124,29 +126,50 @@ def scan_segment(
         return [], 0, ("short segment header" if len(view) else None)
     if bytes(view[: len(MAGIC)]) != MAGIC:
         return [], 0, "bad segment magic"
-    pos = len(MAGIC)
     out: list[tuple[Record, int]] = []
-    end = len(view)
-    while pos < end:
-        if end - pos < _FRAME.size:
-            return out, pos, f"torn frame header at offset {pos}"
-        length, crc = _FRAME.unpack_from(view, pos)
-        if length > max_record:
-            return out, pos, f"impossible record length {length} at offset {pos}"
-        start = pos + _FRAME.size
-        stop = start + length
-        if stop > end:
-            return out, pos, f"torn record at offset {pos} ({end - start} of {length} bytes)"
-        payload = view[start:stop]
-        if zlib.crc32(payload) != crc:
-            return out, pos, f"checksum mismatch at offset {pos}"
-        try:
-            rec = decode(payload)
-        except RecordError as exc:
-            return out, pos, f"undecodable record at offset {pos}: {exc}"
-        out.append((rec, stop - pos))
-        pos = stop
-    return out, pos, None
+    scan = _Scan(view, len(MAGIC), max_record)
+    for _offset, payload, rec in scan:
+        out.append((rec, _FRAME.size + len(payload)))
+    return out, scan.end, scan.problem
+
+
+class _Scan:
+    """Iterate ``(offset, payload, record)`` over the frames of ``view`` from ``pos``;
+    afterwards ``end`` is the offset after the last intact frame and ``problem`` what
+    stopped the scan (None: the data ended at a frame boundary)."""
+
+    def __init__(self, view: memoryview, pos: int, max_record: int) -> None:
+        self.view = view
+        self.end = pos
+        self.max_record = max_record
+        self.problem: str | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, memoryview, Record]]:
+        view, pos, end, unpack, crc32 = self.view, self.end, len(self.view), _FRAME.unpack_from, zlib.crc32
+        while pos < end:
+            if end - pos < _FRAME.size:
+                self.problem = f"torn frame header at offset {pos}"
+                return
+            length, crc = unpack(view, pos)
+            if length > self.max_record:
+                self.problem = f"impossible record length {length} at offset {pos}"
+                return
+            start = pos + _FRAME.size
+            stop = start + length
+            if stop > end:
+                self.problem = f"torn record at offset {pos} ({end - start} of {length} bytes)"
+                return
+            payload = view[start:stop]
+            if crc32(payload) != crc:
+                self.problem = f"checksum mismatch at offset {pos}"
+                return
+            try:
+                rec = decode(payload)
+            except RecordError as exc:
+                self.problem = f"undecodable record at offset {pos}: {exc}"
+                return
+            yield pos, payload, rec
+            pos = self.end = stop
 
 
 class Journal:
@@ -175,6 +198,8 @@ class Journal:
         self._payloads: list[bytes] = []
         self._hooks: list[BatchHook] = []
         self._appended = 0  # records queued so far
+        self.appended_bytes = 0  # bytes queued so far (framing included)
+        self.last_frame: tuple[int, int, int] | None = None  # (segment, offset, crc) of the newest frame
         self._durable = 0  # records durable so far
         self._closing = False
         self._busy = False
@@ -190,6 +215,10 @@ class Journal:
         self._lock_fd: int | None = None
         self._fd: int | None = None  # writer thread only
         self._fd_seg = -1
+        self._fd_off = 0  # bytes in the file self._fd writes (writer thread)
+        self._written = (0, 0)  # (segment, offset) up to which the writer has written (under _cond)
+        self._read_waiting = False
+        self._read_fds: OrderedDict[int, int] = OrderedDict()  # segment -> fd for reading (loop thread)
         self.bytes_written = 0
         self.batches = 0
         self.records_written = 0
@@ -212,6 +241,10 @@ class Journal:
             ) from exc
         self._lock_fd = fd
 
+    def segment_sizes(self) -> dict[int, int]:
+        """Segment id -> bytes (as appended), for the segments not handed to :meth:`delete_segments`."""
+        return dict(self._sizes)
+
     def existing_segments(self) -> list[int]:
         ids = [i for p in self.directory.glob("seg-*.log") if (i := _segment_id(p)) is not None]
         return sorted(ids)
@@ -224,13 +257,42 @@ class Journal:
 
         Must be called (and exhausted) before :meth:`start`.
         """
+        for seg, _offset, _payload, rec in self.recover_from():
+            yield seg, rec
+
+    def recover_from(
+        self, start: tuple[int, int] | None = None
+    ) -> Iterator[tuple[int, int, memoryview, Record]]:
+        """Yield ``(segment_id, offset, payload, record)`` for every intact record from
+        position ``start`` (``(segment, offset)``; None: the beginning), truncating torn
+        tails (a segment is cut only after ``start``). Segments before ``start`` are not
+        read. ``payload`` is valid until the next item. Must run (to the end) before
+        :meth:`start`."""
         if self._lock_fd is None:
             self.lock()
         ids = self.existing_segments()
         for n, seg_id in enumerate(ids):
             path = self.path_of(seg_id)
+            if start is not None and seg_id < start[0]:
+                self._sizes[seg_id] = path.stat().st_size
+                continue
             data = path.read_bytes()
-            records, good_end, problem = scan_segment(data, self.max_record)
+            first = len(MAGIC)
+            if start is not None and seg_id == start[0]:
+                first = max(first, start[1])
+            view = memoryview(data)
+            if len(view) < len(MAGIC) or bytes(view[: len(MAGIC)]) != MAGIC:
+                scan = _Scan(view, len(view), self.max_record)
+                scan.end = 0
+                scan.problem = "short segment header" if len(view) < len(MAGIC) else "bad segment magic"
+                if not data:
+                    scan.problem = None
+            else:
+                scan = _Scan(view, min(first, len(view)), self.max_record)
+                for offset, payload, rec in scan:
+                    yield seg_id, offset, payload, rec
+            good_end, problem = scan.end, scan.problem
+            del view
             if problem is not None:
                 last = n == len(ids) - 1
                 level = logging.WARNING if last else logging.ERROR
@@ -251,11 +313,10 @@ class Journal:
                     fh.flush()
                     os.fsync(fh.fileno())
             self._sizes[seg_id] = path.stat().st_size
-            for rec, _size in records:
-                yield seg_id, rec
         self.segments = ids
         self.size = sum(self._sizes.values())
         self._head = (ids[-1] + 1) if ids else 1
+        self._written = (self._head, 0)  # everything before the new head is on disk
 
     # ------------------------------------------------------------------ writer
     def start(self) -> None:
@@ -299,6 +360,11 @@ class Journal:
         (recovery would cut it off as corruption, with the rest of its segment) raises
         :class:`RecordTooLarge` and nothing is queued.
         """
+        return self.append_at(payloads, callback)[0]
+
+    def append_at(self, payloads: Sequence[bytes], callback: Callback | None = None) -> tuple[int, int]:
+        """:meth:`append`, returning ``(segment, offset of the first frame)``: the payloads
+        are framed one after the other from there, all in that segment."""
         for p in payloads:
             if len(p) > self.max_record:
                 raise RecordTooLarge(
@@ -321,10 +387,15 @@ class Journal:
                 self._sizes[self._head] = len(MAGIC)
                 self.size += len(MAGIC)
                 self._queue.append(("roll", self._head))
+            offset = self._head_size
             queue = self._queue
+            crc = 0
             for p in payloads:
-                queue.append(_FRAME.pack(len(p), zlib.crc32(p)))
+                crc = zlib.crc32(p)
+                queue.append(_FRAME.pack(len(p), crc))
                 queue.append(p)
+            self.last_frame = (self._head, offset + size - _FRAME.size - len(payloads[-1]), crc)
+            self.appended_bytes += size
             self._payloads.extend(payloads)
             self._head_size += size
             self._sizes[self._head] += size
@@ -335,7 +406,7 @@ class Journal:
                 self._callbacks.append(callback)
             if self._waiting:
                 self._cond.notify_all()  # flush() waiters share the condition
-            return self._head
+            return self._head, offset
 
     def on_durable(self, callback: Callback) -> None:
         """Run ``callback`` once everything appended so far is durable."""
@@ -385,9 +456,122 @@ class Journal:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    # ------------------------------------------------------------------ positions and reads
+    @property
+    def position(self) -> tuple[int, int, int]:
+        """``(segment, offset, records)``: where the next record will go, and how many
+        were appended before it (what a checkpoint taken now covers)."""
+        with self._lock:
+            return self._head, self._head_size, self._appended
+
+    @property
+    def durable_records(self) -> int:
+        """Records appended and durable (fsynced) so far."""
+        with self._lock:
+            return self._durable
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` where completions run (the broker's loop), from any thread."""
+        self._notify([(lambda _err: fn(), None)])
+
+    def wait_durable(self, records: int, timeout: float | None = None) -> bool:
+        """Block until the first ``records`` appended records are durable; False on
+        timeout or a failed journal. For threads other than the writer."""
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: self._durable >= records or self._failed is not None or self._thread is None, timeout
+            )
+            return bool(ok) and self._failed is None and self._durable >= records
+
+    def read(self, positions: Sequence[int]) -> list[bytes]:
+        """The record payloads at ``positions`` (:func:`.pages.pack`), read back from the
+        segment files, CRC-checked (a record inside a transaction's record has no CRC of its
+        own: it was checked with its transaction's). Waits (briefly) for the writer when a
+        position is not written yet. :class:`JournalError` when a record cannot be read."""
+        out: list[bytes] = []
+        i, n = 0, len(positions)
+        while i < n:
+            seg, off, _flags = unpack(positions[i])
+            j = i + 1  # a run of positions close together in one segment: one pread
+            while j < n and j - i < 1024:
+                s2, o2, _f = unpack(positions[j])
+                if s2 != seg or o2 < off or o2 - off > (1 << 20):
+                    break
+                j += 1
+            last = unpack(positions[j - 1])[1]
+            window = self._pread(seg, off, last - off + 65536)
+            for p in positions[i:j]:
+                out.append(self._payload_at(window, off, p))
+            i = j
+        return out
+
+    def _payload_at(self, window: bytes, base: int, pos: int) -> bytes:
+        seg, off, flags = unpack(pos)
+        rel = off - base
+        if flags & INNER:
+            if rel + 4 > len(window):
+                window, rel = self._pread(seg, off, 65536), 0
+            (length,) = struct.unpack_from("<I", window, rel)
+            start = rel + 4
+        else:
+            if rel + _FRAME.size > len(window):
+                window, rel = self._pread(seg, off, 65536), 0
+            length, crc = _FRAME.unpack_from(window, rel)
+            start = rel + _FRAME.size
+        if length > self.max_record:
+            raise JournalError(f"journal {self.directory}: no record at segment {seg} offset {off}")
+        if start + length > len(window):
+            head = _FRAME.size if not flags & INNER else 4
+            window, start = self._pread(seg, off, head + length), head
+            if len(window) < head + length:
+                raise JournalError(f"journal {self.directory}: record at segment {seg} offset {off} is cut short")
+        payload = window[start : start + length]
+        if not flags & INNER and zlib.crc32(payload) != crc:
+            raise JournalError(f"journal {self.directory}: checksum mismatch at segment {seg} offset {off}")
+        return payload
+
+    def _pread(self, seg: int, off: int, size: int) -> bytes:
+        self._wait_written(seg, off + 8)
+        fd = self._read_fds.get(seg)
+        if fd is None:
+            try:
+                fd = os.open(self.path_of(seg), os.O_RDONLY)
+            except OSError as exc:
+                raise JournalError(f"journal {self.directory}: cannot read segment {seg}: {exc}") from exc
+            self._read_fds[seg] = fd
+            if len(self._read_fds) > 16:
+                os.close(self._read_fds.popitem(last=False)[1])
+        else:
+            self._read_fds.move_to_end(seg)
+        return os.pread(fd, size, off)
+
+    def forget_reader(self, seg: int) -> None:
+        fd = self._read_fds.pop(seg, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _wait_written(self, seg: int, end: int) -> None:
+        if self._thread is None:
+            return
+        with self._cond:
+            if (seg, end) <= self._written:
+                return
+            self._read_waiting = True
+            try:
+                ok = self._cond.wait_for(
+                    lambda: (seg, end) <= self._written or seg < self._written[0] or self._failed is not None, 30.0
+                )
+            finally:
+                self._read_waiting = False
+            if not ok or self._failed is not None and not (seg < self._written[0] or (seg, end) <= self._written):
+                raise JournalError(f"journal {self.directory}: segment {seg} offset {end} was never written")
 
     # ------------------------------------------------------------------ thread
     def _open_head_sync(self, seg_id: int) -> None:
@@ -401,6 +585,14 @@ class Journal:
             _fsync_dir(self.directory)
         self._fd = fd
         self._fd_seg = seg_id
+        self._fd_off = len(MAGIC)
+        self._mark_written()
+
+    def _mark_written(self) -> None:
+        with self._cond:
+            self._written = (self._fd_seg, self._fd_off)
+            if self._read_waiting:
+                self._cond.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -493,6 +685,8 @@ class Journal:
         data = b"".join(chunk)
         _write_all(self._fd, data)
         self.bytes_written += len(data)
+        self._fd_off += len(data)
+        self._mark_written()
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -3,9 +3,13 @@
 Every state change the store must survive a crash for is one record:
 
 ========  =====================================================================
-``Enq``     a persistent message was accepted (carries the whole message)
-``Ack``     messages were consumed (removed) — one record may name many ids
-``Move``    a message moved to another destination (dead-letter queue)
+``Enq``     a persistent message was accepted (carries the whole message); with
+            ``relocated`` it is compaction's re-written copy of a live message
+            (type 11), which supersedes the older copy
+``Ack``     messages were consumed (removed) — one record may name many ids, of one
+            ``destination`` (type 9; ``""``: not said, type 2, journals of older versions)
+``Move``    a message moved to another destination (dead-letter queue), from
+            ``source`` (type 10; ``""``: not said, type 3)
 ``Tx``      a transaction commit: its sub-records (``Enq``, ``Ack``, ``Move``,
             ``Keys``) are applied all or nothing, because they share one checksum
 ``Keys``    idempotency keys with their destination (the dedupe window): carried
@@ -59,17 +63,20 @@ class RecordTooLarge(RecordError):
 @dataclass(frozen=True, slots=True)
 class Enq:
     message: Message
+    relocated: bool = False  # compaction's copy of a message already live (supersedes it)
 
 
 @dataclass(frozen=True, slots=True)
 class Ack:
     ids: tuple[str, ...]
+    destination: str = ""  # where the messages were ("": not said; any)
 
 
 @dataclass(frozen=True, slots=True)
 class Move:
     id: str
     destination: str
+    source: str = ""  # where the message was ("": not said; any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +115,7 @@ class Unsub:
 
 Record = Enq | Ack | Move | Tx | Keys | Sub | Unsub
 
-T_ENQ, T_ACK, T_MOVE, T_TX, T_KEYS_UNSCOPED, T_SUB, T_UNSUB, T_KEYS = range(1, 9)
+T_ENQ, T_ACK, T_MOVE, T_TX, T_KEYS_UNSCOPED, T_SUB, T_UNSUB, T_KEYS, T_ACK_IN, T_MOVE_FROM, T_ENQ_AGAIN = range(1, 12)
 
 _H = struct.Struct("<H")
 _I = struct.Struct("<I")
@@ -133,16 +140,22 @@ def _b32(out: list[bytes], raw: bytes) -> None:
 
 def _encode_into(out: list[bytes], rec: Record) -> None:
     if isinstance(rec, Enq):
-        out.append(encode_enq(rec.message))
+        out.append(encode_enq(rec.message, T_ENQ_AGAIN if rec.relocated else T_ENQ))
     elif isinstance(rec, Ack):
-        out.append(bytes((T_ACK,)))
+        if rec.destination:
+            out.append(bytes((T_ACK_IN,)))
+            _s16(out, rec.destination)
+        else:
+            out.append(bytes((T_ACK,)))
         out.append(_I.pack(len(rec.ids)))
         for i in rec.ids:
             _s16(out, i)
     elif isinstance(rec, Move):
-        out.append(bytes((T_MOVE,)))
+        out.append(bytes((T_MOVE_FROM if rec.source else T_MOVE,)))
         _s16(out, rec.id)
         _s16(out, rec.destination)
+        if rec.source:
+            _s16(out, rec.source)
     elif isinstance(rec, Tx):
         out.append(bytes((T_TX,)))
         out.append(_I.pack(len(rec.records)))
@@ -195,7 +208,7 @@ def _decode_headers(raw: bytes) -> tuple[tuple[str, str], ...]:
     return tuple((h[0], h[1]) for h in loaded)
 
 
-def encode_enq(m: Message) -> bytes:
+def encode_enq(m: Message, kind: int = T_ENQ) -> bytes:
     idb = m.id.encode("utf-8", "surrogatepass")
     db = m.destination.encode("utf-8", "surrogatepass")
     kb = m.key.encode("utf-8", "surrogatepass")
@@ -203,7 +216,7 @@ def encode_enq(m: Message) -> bytes:
     if len(idb) > 0xFFFF or len(db) > 0xFFFF or len(kb) > 0xFFFF:
         raise RecordError("message id, destination or key longer than 65535 bytes")
     head = _ENQ_HEAD.pack(
-        T_ENQ, len(idb), len(db), len(kb), m.timestamp, m.expires, m.delivery_count, len(hb), len(m.body)
+        kind, len(idb), len(db), len(kb), m.timestamp, m.expires, m.delivery_count, len(hb), len(m.body)
     )
     return b"".join((head, idb, db, kb, hb, m.body))
 
@@ -259,7 +272,7 @@ def decode(payload: bytes | memoryview) -> Record:
 def _decode(r: _Reader, top: bool) -> Record:
     (kind,) = r.take(1)
     rec: Record
-    if kind == T_ENQ:
+    if kind == T_ENQ or kind == T_ENQ_AGAIN:
         r.pos = 0
         (_, lid, ldest, lkey, ts, expires, count, lh, lb) = _ENQ_HEAD.unpack(r.take(_ENQ_HEAD.size))
         mid = bytes(r.take(lid)).decode("utf-8", "surrogatepass")
@@ -278,15 +291,19 @@ def _decode(r: _Reader, top: bool) -> Record:
                 persistent=True,
                 expires=expires,
                 delivery_count=count,
-            )
+            ),
+            kind == T_ENQ_AGAIN,
         )
-    elif kind == T_ACK:
+    elif kind == T_ACK or kind == T_ACK_IN:
+        where = r.s16() if kind == T_ACK_IN else ""
         n = r.u32()
         if n > len(r.buf):
             raise RecordError("ack count larger than the record")
-        rec = Ack(tuple(r.s16() for _ in range(n)))
+        rec = Ack(tuple(r.s16() for _ in range(n)), where)
     elif kind == T_MOVE:
         rec = Move(r.s16(), r.s16())
+    elif kind == T_MOVE_FROM:
+        rec = Move(r.s16(), r.s16(), r.s16())
     elif kind == T_TX:
         if not top:
             raise RecordError("nested transaction record")

@@ -3,19 +3,37 @@
 Theory of operation
 -------------------
 The store owns three things: the :class:`~.journal.Journal` (bytes on disk), the
-set of *live* persistent messages (accepted, not yet acknowledged), and the
+*live* persistent messages (accepted, not yet acknowledged), and the
 duplicate-suppression :class:`~.dedupe.DedupeWindow`. It knows nothing about
 consumers or sockets; the dispatch core calls it and it calls back when records
 are durable. All methods run on one thread (the broker's event loop); only the
-journal's writer thread touches files, and completions come back through the
-``notify`` function given at construction.
+journal's writer thread touches files for writing, and completions come back through
+the ``notify`` function given at construction.
+
+Resident and paged. A live message is either *resident* (its
+:class:`~..message.Message` is in :attr:`resident`, as the dispatch core holds it) or
+*paged*: only its position in the journal, its id hash and its acceptance time, in
+its destination's :class:`~.pages.PageList` (:attr:`paged`); :meth:`take` reads paged
+messages back, in order, and makes them resident. A message added by the core stays
+resident (:meth:`add`); a message the store learns of from its records -- recovery,
+a replica's stream -- is paged. :attr:`count` counts both; :attr:`live` is a read-only
+mapping over both (reading paged ones from disk: for tests and small stores).
 
 State is a pure function of the record stream: :meth:`apply` folds one record into
-the in-memory state, and both recovery (records read back from segments) and a
-replica (records received from a master, :meth:`import_payloads`) use it, so a
-store can always be rebuilt from a stream of records. Every mutation made through
-the public methods is (1) encoded as a record, (2) applied, (3) appended to the
-journal, and (4) announced to :class:`StoreListener` objects in that order.
+the in-memory state, and recovery (records read back from segments), a replica
+(records received from a master, :meth:`import_payloads`) and the public mutations
+all use it, so a store can always be rebuilt from a stream of records. Every mutation
+made through the public methods is (1) encoded as a record, (2) appended to the
+journal, (3) applied, and (4) announced to :class:`StoreListener` objects in that
+order. Records find the messages they name by id: a resident one in a dict, a paged
+one by its id hash in the list of the destination the record names (``Ack`` and
+``Move`` carry it; records of older versions do not, and then every list is searched).
+
+Recovery and checkpoints (:mod:`.checkpoint`). Recovery loads the newest checkpoint
+(the state as of a journal position) and replays only the records after that
+position; a checkpoint that is torn, from another journal, or older than what the
+journal still holds makes recovery replay everything instead. Recovered messages are
+paged; each destination is ordered by acceptance time.
 
 Compaction accounting. For every segment the store keeps the number of live
 messages whose ``Enq`` record it holds, and the set of *older* segments that its
@@ -26,7 +44,8 @@ deleted when it holds no live message and every segment it refers to is deleted
 too -- otherwise deleting the ack would resurrect the acked message on the next
 recovery. State that must outlive its segment (durable subscriptions, idempotency
 keys still inside the window) is re-appended to the head segment first; the
-journal deletes the files only after that batch is durable.
+journal deletes the files only after that batch is durable -- and, when the store
+writes checkpoints, only after a checkpoint that no longer needs them.
 
 Store limit (ActiveMQ's ``storeUsage``). With ``store_limit`` > 0 the store sets
 :attr:`MessageStore.full` once the journal's segments reach that many bytes; the
@@ -49,21 +68,25 @@ compaction), and a later re-write of the message cannot re-scope it.
 from __future__ import annotations
 
 import logging
+import struct
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from ..message import Message
+from . import checkpoint as ckpt
 from .dedupe import DedupeWindow
 from .journal import MAX_RECORD, Callback, Journal, JournalError
+from .pages import INNER, MOVED, PageList, id_hash, pack, segment_of, unpack
 from .records import (
     Ack,
     Enq,
     Keys,
     Move,
     Record,
+    RecordError,
     Sub,
     Tx,
     TxPart,
@@ -79,6 +102,8 @@ log = logging.getLogger(__name__)
 
 ORIGINAL_DESTINATION = "original-destination"
 _KEYS_PER_RECORD = 5000
+_FRAME_HEAD = 8  # the journal's u32 length + u32 crc before each payload
+_U32 = struct.Struct("<I")
 
 
 class StoreListener(Protocol):
@@ -97,6 +122,60 @@ class StoreStats:
     records: int = 0
     batches: int = 0
     relocated: int = 0
+    paged: int = 0
+
+
+def tx_inner_offsets(payload: bytes | memoryview) -> list[int]:
+    """Offsets, within a ``Tx`` record's payload, of each sub-record's u32 length."""
+    out: list[int] = []
+    n = _U32.unpack_from(payload, 1)[0]
+    at = 5
+    for _ in range(n):
+        out.append(at)
+        at += 4 + _U32.unpack_from(payload, at)[0]
+    return out
+
+
+def materialize(payload: bytes, pos: int, destination: str) -> Message:
+    """The message of an ``Enq`` payload read back at ``pos`` for ``destination``'s list
+    (a ``MOVED`` position: as :meth:`MessageStore.apply` left it after the move)."""
+    rec = decode(payload)
+    if not isinstance(rec, Enq):
+        raise RecordError(f"expected an Enq record at position {pos:#x}, found {type(rec).__name__}")
+    m = rec.message
+    if pos & MOVED:
+        m.key = ""
+        if m.destination != destination:
+            if not any(k == ORIGINAL_DESTINATION for k, _ in m.headers):
+                m.headers = m.headers + ((ORIGINAL_DESTINATION, m.destination),)
+            m.destination = destination
+    m.segment = segment_of(pos)
+    m.pos = pos
+    return m
+
+
+class LiveView(Mapping[str, Message]):
+    """Every live message by id, resident or paged (paged ones are read from disk on
+    each access: for tests, status pages and small stores)."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self._store = store
+
+    def __len__(self) -> int:
+        return self._store.count
+
+    def __iter__(self) -> Iterator[str]:
+        for m in self._store.iter_messages():
+            yield m.id
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._store.find(key) is not None
+
+    def __getitem__(self, key: str) -> Message:
+        m = self._store.get(key)
+        if m is None:
+            raise KeyError(key)
+        return m
 
 
 class MessageStore:
@@ -114,6 +193,8 @@ class MessageStore:
         store_limit: int = 0,
         store_low_water: float = 0.7,
         on_failure: Callable[[JournalError], None] | None = None,
+        checkpoint_interval: int = 0,
+        checkpoints: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self.clock = clock
@@ -130,40 +211,77 @@ class MessageStore:
         self.full = False
         self.on_space: Callable[[], None] | None = None  # called when ``full`` clears
         self.dedupe = DedupeWindow(dedupe_max_keys, dedupe_max_age, clock)
-        self.live: dict[str, Message] = {}
+        self.resident: dict[str, Message] = {}
+        self.paged: dict[str, PageList] = {}
+        self.count = 0  # live persistent messages, resident and paged
+        self.live = LiveView(self)
         self.subs: dict[str, Sub] = {}
         self._sub_seg: dict[str, int] = {}
-        self._members: dict[int, set[str]] = {}  # segment -> ids of live messages whose Enq it holds
+        self._seg_live: dict[int, int] = {}  # segment -> live messages whose Enq it holds
         self._enqs: dict[int, int] = {}  # segment -> Enq records written into it (relocation policy)
         self.relocated = 0
         self._refs: dict[int, set[int]] = {}
         self._undurable: dict[tuple[str, str], list[Callback]] = {}
         self._listeners: list[StoreListener] = []
         self._compact_due = False
+        self._replay_seen: set[int] | None = None  # id hashes of live messages during a full replay
         self.deleted_segments = 0
         self._opened = False
+        self.checkpoints = ckpt.Checkpointer(self, interval=checkpoint_interval, enabled=checkpoints)
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
-        """Recover state from the journal (truncating a torn tail) and start writing."""
-        n = 0
-        for seg, rec in self.journal.recover():
-            self.apply(rec, seg)
-            n += 1
+        """Recover state (from the checkpoint when it is good), truncate a torn tail, start writing."""
+        started = time.monotonic()
+        how = self.checkpoints.recover()
         log.info(
-            "store %s: recovered %d records, %d live messages, %d durable subscriptions, %d idempotency keys",
+            "store %s: %s in %.2f s: %d live messages, %d durable subscriptions, %d idempotency keys",
             self.directory,
-            n,
-            len(self.live),
+            how,
+            time.monotonic() - started,
+            self.count,
             len(self.subs),
             len(self.dedupe),
         )
         self.journal.start()
         self._opened = True
         self._compact_due = True
+        if not how.startswith("recovered from the checkpoint") and self.count:
+            self.checkpoints.after_full_replay()
+
+    def replay(self, start: tuple[int, int] | None) -> int:
+        """Fold the journal's records from ``start`` (None: all of them) into the state;
+        returns how many. Used by recovery (:mod:`.checkpoint`)."""
+        n = 0
+        self._replay_seen = set() if start is None else None
+        try:
+            for seg, offset, payload, rec in self.journal.recover_from(start):
+                self.apply(rec, pack(seg, offset), payload)
+                n += 1
+        finally:
+            self._replay_seen = None
+        for pl in self.paged.values():
+            if not pl.ordered:
+                pl.sort()
+        return n
+
+    def reset_state(self) -> None:
+        """Forget everything (before a full replay)."""
+        self.dedupe = DedupeWindow(self.dedupe.max_keys, self.dedupe.max_age, self.clock)
+        self.resident.clear()
+        self.paged.clear()
+        self.count = 0
+        self.subs.clear()
+        self._sub_seg.clear()
+        self._seg_live.clear()
+        self._enqs.clear()
+        self._refs.clear()
 
     def close(self) -> None:
-        """Flush everything to disk and stop the writer."""
+        """Flush everything to disk, write a checkpoint and stop the writer."""
+        if self._opened and self.journal.failed is None and self.journal.flush(timeout=30):
+            self.checkpoints.at_close()
+        self.checkpoints.stop()
         self.journal.close()
         self._opened = False
 
@@ -177,44 +295,133 @@ class MessageStore:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
+    # ------------------------------------------------------------------ finding messages
+    def find(self, mid: str, destination: str = "") -> Message | tuple[PageList, int] | None:
+        """Where live message ``mid`` is: its resident Message, ``(page list, index)``,
+        or None. ``destination`` (when known) is searched first, then every list."""
+        m = self.resident.get(mid)
+        if m is not None:
+            return m
+        if not self.paged:
+            return None
+        h = id_hash(mid)
+        if self._replay_seen is not None and h not in self._replay_seen:
+            return None
+        pl = self.paged.get(destination) if destination else None
+        if pl is not None:
+            i = pl.find(h)
+            if i >= 0:
+                return pl, i
+        for other in self.paged.values():
+            if other is not pl:
+                i = other.find(h)
+                if i >= 0:
+                    return other, i
+        return None
+
+    def get(self, mid: str) -> Message | None:
+        """Live message ``mid`` (a paged one read back, left paged), or None."""
+        where = self.find(mid)
+        if where is None or isinstance(where, Message):
+            return where
+        pl, i = where
+        dest = next(d for d, p in self.paged.items() if p is pl)
+        pos = pl.pos[i]
+        return materialize(self.journal.read([pos])[0], pos, dest)
+
+    def iter_messages(self) -> Iterator[Message]:
+        """Every live message: resident ones, then each destination's paged ones in order
+        (read back in batches, left paged)."""
+        yield from list(self.resident.values())
+        for dest, pl in list(self.paged.items()):
+            batch: list[int] = []
+            for _i, pos, _h, _t in pl.entries():
+                batch.append(pos)
+                if len(batch) >= 1000:
+                    yield from self._read(batch, dest)
+                    batch = []
+            if batch:
+                yield from self._read(batch, dest)
+
+    def _read(self, positions: list[int], destination: str) -> list[Message]:
+        """The paged messages at ``positions``; one that cannot be read back (a corrupt
+        record: the disk changed under the journal) is logged and left out."""
+        try:
+            payloads = self.journal.read(positions)
+            return [materialize(p, pos, destination) for p, pos in zip(payloads, positions, strict=True)]
+        except (JournalError, RecordError):
+            if len(positions) == 1:
+                raise
+        out: list[Message] = []
+        for pos in positions:
+            try:
+                out.append(self._read([pos], destination)[0])
+            except (JournalError, RecordError) as exc:
+                seg, off, _flags = unpack(pos)
+                log.error("store %s: a message of %s at segment %d offset %d cannot be read back (%s): it is lost",
+                          self.directory, destination, seg, off, exc)
+        return out
+
+    def take(self, destination: str, n: int) -> list[Message]:
+        """Make up to ``n`` paged messages of ``destination`` resident, from the front of its
+        list; returns them in order."""
+        pl = self.paged.get(destination)
+        if not pl:
+            return []
+        entries = pl.popleft(n)
+        if not pl:
+            del self.paged[destination]
+        positions = [p for p, _h, _t in entries]
+        msgs = self._read(positions, destination)
+        if len(msgs) < len(positions):  # unreadable ones are gone (logged)
+            for pos in set(positions) - {m.pos for m in msgs}:
+                self.count -= 1
+                self._dec(segment_of(pos))
+        for m in msgs:
+            self.resident[m.id] = m
+        return msgs
+
+    def page_list(self, destination: str) -> PageList:
+        pl = self.paged.get(destination)
+        if pl is None:
+            pl = self.paged[destination] = PageList()
+        return pl
+
     # ------------------------------------------------------------------ state folding
-    def apply(self, rec: Record, seg: int) -> None:
-        """Fold one record (stored in segment ``seg``) into the in-memory state."""
+    def apply(self, rec: Record, pos: int, payload: bytes | memoryview | None = None, *, keep: bool = False) -> None:
+        """Fold one record, written at journal position ``pos`` (its frame: see pages.py),
+        into the in-memory state. ``keep``: a new message stays resident (the caller holds
+        it) instead of being paged. ``payload`` (the record's bytes) is needed for a
+        ``Tx``, to place its messages."""
+        seg = segment_of(pos)
         if isinstance(rec, Enq):
-            m = rec.message
-            m.persistent = True
-            old = self.live.get(m.id)
-            if old is not None:  # a re-written copy (relocation) supersedes the old Enq
-                self._dec(old.segment, m.id)
-                if old.segment != seg:
-                    self._refs.setdefault(seg, set()).add(old.segment)
-            m.segment = seg
-            self.live[m.id] = m
-            self._add_member(seg, m.id)
-            if m.key:
-                self.dedupe.add(m.destination, m.key, m.timestamp, seg)
+            self._apply_enq(rec.message, pos, rec.relocated, keep)
         elif isinstance(rec, Ack):
             for mid in rec.ids:
-                gone = self.live.pop(mid, None)
-                if gone is None:
+                where = self.find(mid, rec.destination)
+                if where is None:
                     continue
-                self._dec(gone.segment, mid)
-                if gone.segment != seg:
-                    self._refs.setdefault(seg, set()).add(gone.segment)
+                if isinstance(where, Message):
+                    del self.resident[mid]
+                    gone = where.segment
+                else:
+                    pl, i = where
+                    gone = segment_of(pl.pos[i])
+                    pl.remove_at(i)
+                    if self._replay_seen is not None:
+                        self._replay_seen.discard(id_hash(mid))
+                self.count -= 1
+                self._dec(gone)
+                if gone != seg:
+                    self._refs.setdefault(seg, set()).add(gone)
         elif isinstance(rec, Move):
-            moved = self.live.get(rec.id)
-            if moved is not None:
-                moved.key = ""  # the window keeps it under the destination it was sent to
-                if moved.destination != rec.destination:
-                    if not any(k == ORIGINAL_DESTINATION for k, _ in moved.headers):
-                        moved.headers = moved.headers + ((ORIGINAL_DESTINATION, moved.destination),)
-                    moved.destination = rec.destination
-                    moved.wire_cache = None
-                if moved.segment != seg:
-                    self._refs.setdefault(seg, set()).add(moved.segment)
+            self._apply_move(rec, seg)
         elif isinstance(rec, Tx):
-            for sub in rec.records:
-                self.apply(sub, seg)
+            if payload is None:
+                payload = encode(rec)
+            base = pos & ~0x3 | INNER
+            for sub, at in zip(rec.records, tx_inner_offsets(payload), strict=True):
+                self.apply(sub, base + ((_FRAME_HEAD + at) << 2), keep=keep)
         elif isinstance(rec, Keys):
             for scope, key, ts in rec.keys:
                 self.dedupe.add(scope, key, ts, seg)
@@ -227,29 +434,75 @@ class MessageStore:
             if old_seg is not None and old_seg != seg:
                 self._refs.setdefault(seg, set()).add(old_seg)
 
-    def _add_member(self, seg: int, mid: str) -> None:
-        members = self._members.get(seg)
-        if members is None:
-            members = self._members[seg] = set()
-        members.add(mid)
+    def _apply_enq(self, m: Message, pos: int, relocated: bool, keep: bool) -> None:
+        seg = segment_of(pos)
+        m.persistent = True
+        old = self.find(m.id, m.destination) if relocated or self._replay_seen is not None else None
+        if old is not None:  # a re-written copy (relocation) supersedes the old Enq, in place
+            if isinstance(old, Message):
+                prev = old.segment
+                old.segment, old.pos = seg, pos
+            else:
+                pl, i = old
+                prev = segment_of(pl.pos[i])
+                pl.set_pos(i, pos)
+            self._dec(prev)
+            if prev != seg:
+                self._refs.setdefault(seg, set()).add(prev)
+        else:
+            self.count += 1
+            if keep:
+                m.segment, m.pos = seg, pos
+                self.resident[m.id] = m
+            else:
+                h = id_hash(m.id)
+                self.page_list(m.destination).append(pos, h, m.timestamp)
+                if self._replay_seen is not None:
+                    self._replay_seen.add(h)
+        self._seg_live[seg] = self._seg_live.get(seg, 0) + 1
         self._enqs[seg] = self._enqs.get(seg, 0) + 1
+        if m.key:
+            self.dedupe.add(m.destination, m.key, m.timestamp, seg)
 
-    def _dec(self, seg: int, mid: str) -> None:
-        members = self._members.get(seg)
-        if members is None:
+    def _apply_move(self, rec: Move, seg: int) -> None:
+        where = self.find(rec.id, rec.source)
+        if where is None:
             return
-        members.discard(mid)
-        if not members:
-            del self._members[seg]
+        if isinstance(where, Message):
+            moved = where
+            moved.key = ""  # the window keeps it under the destination it was sent to
+            if moved.destination != rec.destination:
+                if not any(k == ORIGINAL_DESTINATION for k, _ in moved.headers):
+                    moved.headers = moved.headers + ((ORIGINAL_DESTINATION, moved.destination),)
+                moved.destination = rec.destination
+                moved.wire_cache = None
+            moved.pos |= MOVED
+            at = moved.segment
+        else:
+            pl, i = where
+            pos, h, ts = pl.pos[i], pl.ids[i], pl.ts[i]
+            pl.remove_at(i)
+            self.page_list(rec.destination).append(pos | MOVED, h, ts)
+            at = segment_of(pos)
+        if at != seg:
+            self._refs.setdefault(seg, set()).add(at)
+
+    def _dec(self, seg: int) -> None:
+        n = self._seg_live.get(seg, 0) - 1
+        if n > 0:
+            self._seg_live[seg] = n
+        else:
+            self._seg_live.pop(seg, None)
             self._compact_due = True
 
-    def _write(self, records: Sequence[Record], callback: Callback | None) -> int:
+    def _write(self, records: Sequence[Record], callback: Callback | None, *, keep: bool = True) -> int:
         payloads = [encode(r) for r in records]
-        seg = self.journal.append(payloads, callback)
+        seg, offset = self.journal.append_at(payloads, callback)
         if self.limit and not self.full:
             self._check_limit()
-        for rec in records:
-            self.apply(rec, seg)
+        for rec, payload in zip(records, payloads, strict=True):
+            self.apply(rec, pack(seg, offset), payload, keep=keep)
+            offset += _FRAME_HEAD + len(payload)
         if self._listeners:
             for rec, payload in zip(records, payloads, strict=True):
                 for listener in list(self._listeners):
@@ -257,6 +510,8 @@ class MessageStore:
                         listener.on_record(rec, payload, seg)
                     except Exception:  # noqa: BLE001 - a listener bug must not break the store
                         log.exception("store listener %r failed", listener)
+        if self.checkpoints.interval:
+            self.checkpoints.appended()
         return seg
 
     # ------------------------------------------------------------------ store limit
@@ -327,22 +582,25 @@ class MessageStore:
 
     # ------------------------------------------------------------------ mutations
     def add(self, message: Message, callback: Callback | None = None) -> None:
-        """Persist a newly accepted message (and its idempotency key)."""
-        if self._listeners:
-            self._write([Enq(message)], self._track_key(message.destination, message.key, callback))
-            return
-        # fast path of _write for the commonest record
-        payload = encode_enq(message)
+        """Persist a newly accepted message (and its idempotency key); it stays resident."""
         cb = self._track_key(message.destination, message.key, callback) if message.key else callback
-        seg = self.journal.append((payload,), cb)
+        if self._listeners:
+            self._write([Enq(message)], cb)
+            return
+        # the commonest record: _write and _apply_enq without their generality
+        seg, offset = self.journal.append_at((encode_enq(message),), cb)
         if self.limit and not self.full:
             self._check_limit()
         message.persistent = True
-        message.segment = seg
-        self.live[message.id] = message
-        self._add_member(seg, message.id)
+        message.segment, message.pos = seg, pack(seg, offset)
+        self.resident[message.id] = message
+        self.count += 1
+        self._seg_live[seg] = self._seg_live.get(seg, 0) + 1
+        self._enqs[seg] = self._enqs.get(seg, 0) + 1
         if message.key:
             self.dedupe.add(message.destination, message.key, message.timestamp, seg)
+        if self.checkpoints.interval:
+            self.checkpoints.appended()
 
     def add_many(
         self,
@@ -362,21 +620,47 @@ class MessageStore:
             return
         self.commit([*(Enq(m) for m in messages), *([Keys((key,))] if key else [])], callback)
 
-    def ack(self, ids: Sequence[str], callback: Callback | None = None) -> None:
-        """Remove consumed messages; ids not in the store (non-persistent) are ignored."""
-        live = [i for i in ids if i in self.live]
-        if not live:
+    def _acks(self, ids: Sequence[str], destination: str = "") -> list[Ack]:
+        """Ack records for the live ones of ``ids``, one per destination they are in."""
+        if len(ids) == 1:  # the commonest: one resident message
+            m = self.resident.get(ids[0])
+            if m is not None:
+                return [Ack((m.id,), m.destination)]
+        by_dest: dict[str, list[str]] = {}
+        for mid in ids:
+            where = self.find(mid, destination)
+            if where is None:
+                continue
+            if isinstance(where, Message):
+                dest = where.destination
+            else:
+                pl = where[0]
+                dest = destination if self.paged.get(destination) is pl else self._dest_of(pl)
+            by_dest.setdefault(dest, []).append(mid)
+        return [Ack(tuple(v), d) for d, v in by_dest.items()]
+
+    def _dest_of(self, pl: PageList) -> str:
+        return next(d for d, p in self.paged.items() if p is pl)
+
+    def ack(self, ids: Sequence[str], callback: Callback | None = None, *, destination: str = "") -> None:
+        """Remove consumed messages; ids not in the store (non-persistent) are ignored.
+        ``destination``: where paged ones among them are (searched first)."""
+        acks = self._acks(ids, destination)
+        if not acks:
             if callback is not None:
                 self.journal.on_durable(callback)
             return
-        self._write([Ack(tuple(live))], callback)
+        self._write(acks, callback)
 
     def move(self, message_id: str, destination: str, callback: Callback | None = None) -> None:
         """Move a live message to another destination (e.g. the dead-letter queue)."""
-        if message_id in self.live:
-            self._write([Move(message_id, destination)], callback)
-        elif callback is not None:
-            self.journal.on_durable(callback)
+        where = self.find(message_id)
+        if where is None:
+            if callback is not None:
+                self.journal.on_durable(callback)
+            return
+        source = where.destination if isinstance(where, Message) else self._dest_of(where[0])
+        self._write([Move(message_id, destination, source)], callback)
 
     def commit(self, records: Sequence[TxPart], callback: Callback | None = None) -> None:
         """Write a transaction's records atomically (one checksum covers them all)."""
@@ -384,12 +668,12 @@ class MessageStore:
         cb = callback
         for rec in records:
             if isinstance(rec, Ack):
-                ids = tuple(i for i in rec.ids if i in self.live)
-                if ids:
-                    kept.append(Ack(ids))
+                kept.extend(self._acks(rec.ids, rec.destination))
             elif isinstance(rec, Move):
-                if rec.id in self.live:
-                    kept.append(rec)
+                where = self.find(rec.id, rec.source)
+                if where is not None:
+                    source = where.destination if isinstance(where, Message) else self._dest_of(where[0])
+                    kept.append(Move(rec.id, rec.destination, source))
             elif isinstance(rec, Keys):
                 kept.append(rec)
                 for scope, key, _ts in rec.keys:
@@ -418,22 +702,26 @@ class MessageStore:
             self.journal.on_durable(callback)
 
     def import_payloads(self, payloads: Sequence[bytes], callback: Callback | None = None) -> None:
-        """Append records produced by another store (a replication stream) and apply them."""
+        """Append records produced by another store (a replication stream) and apply them
+        (their messages are paged: nobody consumes from a replica)."""
         records = [decode(p) for p in payloads]
-        seg = self.journal.append(list(payloads), callback)
-        for rec in records:
-            self.apply(rec, seg)
+        seg, offset = self.journal.append_at(list(payloads), callback)
+        for rec, payload in zip(records, payloads, strict=True):
+            self.apply(rec, pack(seg, offset), payload)
+            offset += _FRAME_HEAD + len(payload)
+        self.checkpoints.appended()
 
     def import_records(self, records: Iterable[Record], callback: Callback | None = None) -> None:
-        """Append and apply a stream of records (e.g. a snapshot from :meth:`snapshot`)."""
+        """Append and apply a stream of records (e.g. a snapshot from :meth:`snapshot`);
+        their messages are paged."""
         batch: list[Record] = []
         for rec in records:
             batch.append(rec)
             if len(batch) >= 1000:
-                self._write(batch, None)
+                self._write(batch, None, keep=False)
                 batch = []
         if batch:
-            self._write(batch, callback)
+            self._write(batch, callback, keep=False)
         elif callback is not None:
             self.journal.on_durable(callback)
 
@@ -444,17 +732,17 @@ class MessageStore:
         keys = [(scope, k, ts) for scope, k, ts, seg in self.dedupe.items() if seg >= 0]
         for i in range(0, len(keys), _KEYS_PER_RECORD):
             yield Keys(tuple(keys[i : i + _KEYS_PER_RECORD]))
-        for m in list(self.live.values()):
+        for m in self.iter_messages():
             yield Enq(m)
 
     def messages_by_destination(self) -> dict[str, list[Message]]:
-        """Live messages grouped by destination, in acceptance order.
-
-        Journal order, stably sorted by acceptance time, so that messages relocated by
-        compaction come back in their original place.
-        """
+        """Every live message, made resident, grouped by destination in acceptance order
+        (journal order, stably sorted by acceptance time, so that messages relocated by
+        compaction come back in their original place)."""
+        for dest in list(self.paged):
+            self.take(dest, len(self.paged[dest]))
         out: dict[str, list[Message]] = {}
-        for m in self.live.values():
+        for m in self.resident.values():
             out.setdefault(m.destination, []).append(m)
         for msgs in out.values():
             msgs.sort(key=lambda m: m.timestamp)
@@ -462,13 +750,14 @@ class MessageStore:
 
     def stats(self) -> StoreStats:
         return StoreStats(
-            live_messages=len(self.live),
+            live_messages=self.count,
             segments=len(self.journal.segments),
             deleted_segments=self.deleted_segments,
             duplicates=self.dedupe.dropped,
             records=self.journal.records_written,
             batches=self.journal.batches,
             relocated=self.relocated,
+            paged=self.count - len(self.resident),
         )
 
     # ------------------------------------------------------------------ compaction
@@ -479,24 +768,31 @@ class MessageStore:
         (e.g. one poison message among thousands consumed) would otherwise stay
         forever -- and with it every later segment holding acks for its messages.
         Their ``Enq`` records are written again into the head segment (same id, same
-        content), which leaves the old segment dead for :meth:`compact`.
+        content, marked as relocated), which leaves the old segment dead for :meth:`compact`.
         """
         if budget <= 0:
             return 0
         head = self.journal.head
-        moved: list[Message] = []
-        for seg in [s for s in self.journal.segments if s != head and s != head - 1]:
-            members = self._members.get(seg)
-            if not members:
+        chosen: set[int] = set()
+        total = 0
+        for seg in self.journal.segments:
+            if seg == head or seg == head - 1:
                 continue
-            if len(members) * 10 > self._enqs.get(seg, 0) or len(moved) + len(members) > budget:
+            n = self._seg_live.get(seg, 0)
+            if not n or n * 10 > self._enqs.get(seg, 0) or total + n > budget:
                 continue
-            moved.extend(self.live[mid] for mid in members)
-        if not moved:
+            chosen.add(seg)
+            total += n
+        if not chosen:
             return 0
+        moved = [m for m in self.resident.values() if m.segment in chosen]
+        for dest, pl in list(self.paged.items()):
+            picked = [pos for _i, pos, _h, _t in pl.entries() if segment_of(pos) in chosen]
+            if picked:
+                moved.extend(self._read(picked, dest))
         moved.sort(key=lambda m: m.timestamp)
         for i in range(0, len(moved), 500):
-            self._write([Enq(m) for m in moved[i : i + 500]], None)
+            self._write([Enq(m, relocated=True) for m in moved[i : i + 500]], None)
         self.relocated += len(moved)
         log.info("store %s: relocated %d long-lived messages out of old segments", self.directory, len(moved))
         return len(moved)
@@ -505,7 +801,8 @@ class MessageStore:
         """Delete segments that hold nothing still needed; returns their ids.
 
         ``relocate`` > 0 first moves up to that many long-lived messages out of
-        mostly-dead old segments (:meth:`relocate`).
+        mostly-dead old segments (:meth:`relocate`). With periodic checkpoints the files
+        go once a checkpoint that does not need them is written.
         """
         if not self._opened or not (self._compact_due or force or relocate):
             return []
@@ -513,14 +810,15 @@ class MessageStore:
         if relocate:
             self.relocate(relocate)
         head = self.journal.head
-        candidates = [s for s in self.journal.segments if s != head]
+        pending = self.checkpoints.pending_deletes
+        candidates = [s for s in self.journal.segments if s != head and s not in pending]
         existing = set(self.journal.segments)
         dead: set[int] = set()
         for seg in candidates:
-            if seg in self._members:
+            if seg in self._seg_live:
                 continue
             refs = self._refs.get(seg, ())
-            if all(r in dead or r not in existing for r in refs):
+            if all(r in dead or r in pending or r not in existing for r in refs):
                 dead.add(seg)
         if not dead:
             return []
@@ -533,14 +831,12 @@ class MessageStore:
             self._write(carry, None)
         for seg in dead:
             self._refs.pop(seg, None)
-            self._members.pop(seg, None)
+            self._seg_live.pop(seg, None)
             self._enqs.pop(seg, None)
         for refs in self._refs.values():
             refs -= dead
         ordered = sorted(dead)
-        self.journal.delete_segments(ordered)
-        self.deleted_segments += len(ordered)
-        self._check_space()
+        self.checkpoints.delete_segments(ordered)
         log.debug(
             "store %s: compaction deletes segments %s (carried %d records)",
             self.directory,
@@ -548,3 +844,11 @@ class MessageStore:
             len(carry),
         )
         return ordered
+
+    def delete_now(self, segments: Sequence[int]) -> None:
+        """Hand dead segments to the journal (after the batch queued before is durable)."""
+        for seg in segments:
+            self.journal.forget_reader(seg)
+        self.journal.delete_segments(segments)
+        self.deleted_segments += len(segments)
+        self._check_space()
