@@ -28,6 +28,7 @@ one by the CLI) takes the same way out without the final drain.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -346,6 +347,8 @@ class ModeRun:
             ok, took, desc = False, 0.0, f"healing failed: {exc!r}"
         out.healthy, out.health_s, out.detail = ok, took, desc
         out.pending = drain.wait(self.params.round_drain_s) if ok else len(drain.pending)
+        if out.pending:
+            self._dump_threads(f"round {plan.round}: {out.pending} receipted messages not delivered")
         self.history.add(RoundRecord(plan.round, plan.seed, self.mode, t_start, self.clock(), plan.describe(), ok,
                                      round(took, 3), desc))
         # a quick look at this round (the last minute of history); the verdict is the
@@ -368,6 +371,20 @@ class ModeRun:
             f"({sum(1 for t in txs if t.outcome == 'in-doubt')} in doubt), pending {out.pending} | {verdict}"
         )
         return out
+
+    def _dump_threads(self, why: str) -> None:
+        """Every thread's stack (the clients', the bridge's) into ``threads-<mode>.txt``
+        in the scratch directory: what a stuck consumer or bridge was waiting for."""
+        path = self.workdir / f"threads-{self.mode}.txt"
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"=== t={self.clock():.3f} {why}\n")
+                f.flush()
+                faulthandler.dump_traceback(file=f, all_threads=True)
+        except OSError:
+            log.exception("could not write %s", path)
+            return
+        self.result.notes.append(f"{why}: thread stacks in {path}")
 
     def _repair(self) -> bool:
         """After an unhealthy round: thaw, restart the node that is not master, wait again."""
@@ -397,6 +414,7 @@ class ModeRun:
         if left:
             self.echo(f"{self.label()}: {left} receipted messages still undelivered after "
                       f"{self.params.drain_timeout_s:g}s")
+            self._dump_threads(f"final drain: {left} receipted messages not delivered")
         time.sleep(0.5)  # a late duplicate would arrive now
         self._stop_clients()
         self.history.t_end = self.clock()
