@@ -232,7 +232,7 @@ def status(port: int, host: str, as_json: bool, timeout: float, user: str | None
 
 def _ask(host: str, port: int, timeout: float, headers: Mapping[str, str]) -> Frame:
     """One HA request (status + ``headers``); its CONNECTED answer, or exit 1 saying why not."""
-    from amqtransport.broker.ha.replication import ha_request_sync
+    from amqtransport.broker.ha.wire import ha_request_sync
 
     try:
         frame = ha_request_sync(host, port, timeout, headers)

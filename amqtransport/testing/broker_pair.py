@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 
 from amqtransport.broker.ha.auth import generate_secret
-from amqtransport.broker.ha.replication import ha_request_sync
+from amqtransport.broker.ha.wire import ha_request_sync
 
 from ._process import kill_and_reap, read_log, spawn_logged, terminate_and_reap
 from .ports import free_port

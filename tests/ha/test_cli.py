@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from amqtransport.broker.ha.replication import ha_request_sync
+from amqtransport.broker.ha.wire import ha_request_sync
 from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(150)

@@ -152,7 +152,7 @@ def test_receipt_waits_for_the_slave(tmp_path: Path) -> None:
 def test_garbage_on_the_ha_port_is_answered_and_harmless(tmp_path: Path) -> None:
     import socket
 
-    from amqtransport.broker.ha.replication import ha_request_sync
+    from amqtransport.broker.ha.wire import ha_request_sync
 
     with BrokerPair("replicated", tmp_path) as bp:
         for junk in (b"\x00\x01garbage\n\n\x00", b"SEND\ndestination:/queue/x\n\nhi\x00",

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from amqtransport.broker.ha.epoch import STATE_FILE, HaState
 from amqtransport.broker.ha.lock import FileLock
 from amqtransport.broker.ha.node import HaOptions, parse_address
-from amqtransport.broker.ha.replication import (
+from amqtransport.broker.ha.wire import (
     ACK,
     RECORDS,
     SNAP,
@@ -260,7 +260,7 @@ def test_peer_verdicts() -> None:
 @given(st.lists(st.integers(0, 300), max_size=40), st.integers(1, 600), st.integers(0, 2**40))
 @settings(deadline=None, max_examples=300)
 def test_record_frames_are_bounded_and_lossless(sizes: list[int], max_bytes: int, first: int) -> None:
-    from amqtransport.broker.ha.replication import record_frames
+    from amqtransport.broker.ha.wire import record_frames
 
     payloads = [bytes([i % 256]) * n for i, n in enumerate(sizes)]
     for kind in (RECORDS, SNAP):
@@ -282,7 +282,7 @@ def test_a_snapshot_of_big_records_fits_the_wire_limit() -> None:
     over the slave's 1 GiB frame limit (and above 4 GiB the length field overflowed).
     Frames are now bounded by bytes: checked at full size, one frame at a time (the
     same 2.1 MiB object repeated, so the test holds no more than a frame)."""
-    from amqtransport.broker.ha.replication import FRAME_BYTES, MAX_WIRE_FRAME, record_frames
+    from amqtransport.broker.ha.wire import FRAME_BYTES, MAX_WIRE_FRAME, record_frames
 
     big = b"x" * int(2.1 * (1 << 20))
     frames = 0

@@ -6,7 +6,9 @@
 - :mod:`.port`: the HA port (one CONNECT per connection, handed to the node).
 - :mod:`.lock`: the exclusive file lock that elects the master of a shared-store pair.
 - :mod:`.epoch`: ``ha-state.json``, the store epoch and what a node knows of its peer.
-- :mod:`.replication`: the replication link (full sync, record stream, receipt gate).
+- :mod:`.replication`: the replication link's theory and its master side (full sync,
+  record stream, receipt gate); :mod:`.slave`: its slave side (apply and ack);
+  :mod:`.wire`: the bytes on an HA connection and the asking side of every request.
 - :mod:`.config`: the ``[ha]`` table of a broker config file.
 
 Processes for tests: :class:`amqtransport.testing.broker_pair.BrokerPair`; commands:

@@ -130,7 +130,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
@@ -144,7 +143,7 @@ from amqtransport.stomp import Frame, serialize
 
 from ..config import BrokerConfig, verify_password
 from ..server import BrokerServer
-from ..store import Callback, MessageStore, StoreLockedError, run_completions
+from ..store import MessageStore, StoreLockedError
 from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestSigner, RequestVerifier, load_secret
 from .epoch import HaState
 from .lock import FileLock, is_locked, wait_for_lock
@@ -159,26 +158,9 @@ from .peercheck import (
     judge,
 )
 from .port import HaPortLimits, HaPortProtocol, RefusalLog, answer_error
-from .replication import (
-    ACK,
-    BYE,
-    PING,
-    RECORDS,
-    REPLICA_HEADER,
-    SNAP,
-    STATUS_HEADER,
-    SYNC_END,
-    MasterLink,
-    ReplicaRefused,
-    ReplicationError,
-    ReplicationMaster,
-    WireDecoder,
-    ha_request,
-    pack,
-    probe,
-    unpack_records,
-    unpack_seq,
-)
+from .replication import MasterLink, ReplicationMaster
+from .slave import SlaveLink, fresh_replica_store
+from .wire import REPLICA_HEADER, STATUS_HEADER, ReplicaRefused, ReplicationError, ha_request, probe
 
 if TYPE_CHECKING:
     from ..http import HttpServer
@@ -314,7 +296,7 @@ class HaNode:
         self.server: BrokerServer | None = None
         self.repl: ReplicationMaster | None = None
         self.slave_store: MessageStore | None = None
-        self.slave_synced = False
+        self.slave_link: SlaveLink | None = None  # slave: the current (or last) replication link
         self.master_address = ""
         self.listening = False
         self.exit_code = 0
@@ -323,7 +305,6 @@ class HaNode:
         self._wake: asyncio.Event | None = None
         self._held_since = 0.0
         self._held_logged = 0.0
-        self.link_up = False  # slave: the replication link is open
         self._lock_conflicts = 0  # shared store: ha.lock taken while the journal was locked
         self._ha_server: asyncio.Server | None = None
         self._waiting_reason = ""
@@ -388,6 +369,16 @@ class HaNode:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def link_up(self) -> bool:
+        """Slave: the replication link is open."""
+        return self.slave_link is not None and self.slave_link.up
+
+    @property
+    def slave_synced(self) -> bool:
+        """Slave: the full sync of the current (or last) link is durable here."""
+        return self.slave_link is not None and self.slave_link.synced
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -1074,24 +1065,6 @@ class HaNode:
         self._wait(f"waiting for master {self.opts.master_connector}")
         return "wait", None
 
-    def _new_slave_store(self) -> MessageStore:
-        cfg = self.config
-        loop = self.loop
-        assert loop is not None
-
-        def notify(items: list[tuple[Callback, BaseException | None]]) -> None:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(run_completions, items)
-
-        return MessageStore(
-            self.data_dir / "journal",
-            segment_size=cfg.segment_size,
-            fsync=cfg.fsync,
-            dedupe_max_keys=cfg.dedupe_window_size,
-            dedupe_max_age=cfg.dedupe_window_seconds,
-            notify=notify,
-        )
-
     def _request_headers(self, request_header: str) -> dict[str, str]:
         """Headers of a request to another node (``request_header``: replica or demote):
         our name, epoch and addresses, signed with the cluster secret, and the
@@ -1148,13 +1121,27 @@ class HaNode:
         self.state.synced = False
         self.state.role = "slave"
         self.state.save(self.data_dir)
-        self.slave_synced = False
+        self.slave_link = None
         self._close_slave_store()
-        shutil.rmtree(self.data_dir / "journal", ignore_errors=True)
-        store = self._new_slave_store()
-        store.open()
+        assert self.loop is not None
+        store = fresh_replica_store(self.data_dir, self.config, self.loop)
         self.slave_store = store
-        outcome = await self._apply_stream(store, reader, writer, master_epoch)
+
+        def synced() -> None:
+            self.state.epoch = master_epoch
+            self.state.synced = True
+            self.state.role = "slave"
+            self.state.save(self.data_dir)
+            self.say(f"synced {len(store.live)} messages at epoch {master_epoch}")
+
+        link = self.slave_link = SlaveLink(store, reader, writer, link_timeout=self.opts.link_timeout,
+                                           on_synced=synced)
+        outcome = await link.run(self._stop)
+        if outcome == "stop" and self.state.synced:
+            # the master goes on without us after a goodbye: this copy is stale from
+            # its next receipt on, so it must resync before it could serve
+            self.state.synced = False
+            self.state.save(self.data_dir)
         writer.close()
         if outcome == "stop":
             return "stop"
@@ -1171,118 +1158,6 @@ class HaNode:
             self._set_role("cold-backup", f"store {self.data_dir}")
             return "stop"
         return await self._after_master_loss(addr)
-
-    async def _apply_stream(
-        self,
-        store: MessageStore,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        master_epoch: int,
-    ) -> str:
-        decoder = WireDecoder()
-        loop = asyncio.get_running_loop()
-        acked = -1
-        ack_scheduled = False
-        to_ack = -1
-
-        def send_ack() -> None:
-            nonlocal ack_scheduled, acked
-            ack_scheduled = False
-            if to_ack > acked and not writer.is_closing():
-                acked = to_ack
-                writer.write(pack(ACK, to_ack.to_bytes(8, "big")))
-
-        def durable_up_to(seq: int) -> Callback:
-            def done(err: BaseException | None) -> None:
-                nonlocal to_ack, ack_scheduled
-                if err is not None:
-                    log.error("slave journal failed: %s; dropping the link", err)
-                    writer.transport.abort()
-                    return
-                if seq > to_ack:
-                    to_ack = seq
-                if not ack_scheduled:
-                    ack_scheduled = True
-                    loop.call_soon(send_ack)
-
-            return done
-
-        def sync_done(base: int) -> Callback:
-            def done(err: BaseException | None) -> None:
-                if err is not None:
-                    log.error("slave journal failed during the full sync: %s", err)
-                    writer.transport.abort()
-                    return
-                self.state.epoch = master_epoch
-                self.state.synced = True
-                self.state.role = "slave"
-                self.state.save(self.data_dir)
-                self.slave_synced = True
-                self.say(f"synced {len(store.live)} messages at epoch {master_epoch}")
-                durable_up_to(base)(None)
-
-            return done
-
-        stop_wait = asyncio.ensure_future(self._stop.wait())
-        last_ping = loop.time()
-        last_compact = loop.time()
-        self.link_up = True
-        try:
-            while True:
-                now = loop.time()
-                if now - last_ping >= self.opts.link_timeout / 4:
-                    writer.write(pack(PING))
-                    last_ping = now
-                if now - last_compact >= 1.0:
-                    last_compact = now
-                    with contextlib.suppress(Exception):
-                        store.compact()
-                read = asyncio.ensure_future(reader.read(1 << 20))
-                done, _ = await asyncio.wait(
-                    {read, stop_wait}, timeout=self.opts.link_timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-                if stop_wait in done:
-                    read.cancel()
-                    with contextlib.suppress(Exception):
-                        writer.write(pack(BYE))
-                        await asyncio.wait_for(writer.drain(), 1.0)
-                    store.flush(5)
-                    if self.state.synced:
-                        # the master goes on without us after a goodbye: this copy is stale from
-                        # its next receipt on, so it must resync before it could serve
-                        self.state.synced = False
-                        self.state.save(self.data_dir)
-                    return "stop"
-                if read not in done:
-                    read.cancel()
-                    log.warning("replication link silent for %.1f s: treating the master as lost",
-                                self.opts.link_timeout)
-                    return "lost"
-                try:
-                    data = read.result()
-                except (OSError, ConnectionError) as exc:
-                    log.warning("replication link broke: %s", exc)
-                    return "lost"
-                if not data:
-                    log.warning("replication link closed by the master")
-                    return "lost"
-                for kind, payload in decoder.feed(data):
-                    if kind == RECORDS:
-                        first, payloads = unpack_records(payload)
-                        store.import_payloads(payloads, durable_up_to(first + len(payloads) - 1))
-                    elif kind == SNAP:
-                        _first, payloads = unpack_records(payload)
-                        store.import_payloads(payloads)
-                    elif kind == SYNC_END:
-                        store.journal.on_durable(sync_done(unpack_seq(payload)))
-                    elif kind != PING:
-                        raise ReplicationError(f"unexpected frame kind {kind} from the master")
-        except ReplicationError as exc:
-            log.error("replication stream error: %s", exc)
-            return "lost"
-        finally:
-            self.link_up = False
-            stop_wait.cancel()
 
     async def _after_master_loss(self, addr: tuple[str, int]) -> str:
         """The link is gone after a full sync: take over, or not (see the partition cases)."""

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .replication import ReplicaRefused, ReplicationError, ha_request, probe
+from .wire import ReplicaRefused, ReplicationError, ha_request, probe
 
 __all__ = ["STANDBY_HEADER", "PeerAnswer", "Verdict", "ask_peer", "judge"]
 

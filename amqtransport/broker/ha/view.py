@@ -6,7 +6,7 @@ reports (:func:`~..view.serving_stats`) plus the replication link (the slave's
 state, lag in records and bytes). As a slave it reports its role, epoch, master and
 the replica it holds; it hands out no admin operations (an action would change a
 copy that the next record from the master overwrites). The other node is described
-by its own answer to a status request on its HA port (:func:`.replication.probe`:
+by its own answer to a status request on its HA port (:func:`.wire.probe`:
 public counters, no login), cached for a second so that several open consoles cost
 one probe.
 """
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..admin import BrokerAdmin, ServerAdmin
 from ..view import NodeStats, PeerStatus, ReplicationStats, journal_stats, serving_stats
-from .replication import probe
+from .wire import probe
 
 if TYPE_CHECKING:
     from ..server import BrokerServer

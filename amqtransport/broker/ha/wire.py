@@ -1,0 +1,253 @@
+"""The bytes on an HA connection, and the asking side of every HA request.
+
+Theory of operation
+-------------------
+Every connection between the two nodes of a pair (and from ``amq broker status``)
+starts with one STOMP ``CONNECT`` frame and its ``CONNECTED`` or ``ERROR`` answer:
+:func:`ha_request` sends one and reads the answer up to its NUL only (binary link
+data may follow in the same segment), :func:`probe` is the status request, and
+:func:`ha_request_sync` the blocking one for the command line. A replication link
+then speaks the small binary protocol described in :mod:`.replication` (``u8 kind |
+u32 length | payload``); its codec is here and is sans-IO: :func:`pack`,
+:func:`record_frames` (bounded SNAP/RECORDS frames), :func:`unpack_records`,
+:func:`unpack_seq` and the incremental :class:`WireDecoder`, which refuses a frame
+over its limit before buffering it. The master side (:mod:`.replication`) and the
+slave side (:mod:`.slave`) both use them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+from amqtransport.errors import RemoteProtocolError
+from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
+
+from ..store import MAX_RECORD
+
+__all__ = [
+    "REPLICA_HEADER",
+    "STATUS_HEADER",
+    "ReplicationError",
+    "ReplicaRefused",
+    "WireDecoder",
+    "pack",
+    "pack_records",
+    "pack_seq",
+    "record_frames",
+    "unpack_records",
+    "unpack_seq",
+    "ha_request",
+    "ha_request_sync",
+    "probe",
+    "SNAP",
+    "RECORDS",
+    "SYNC_END",
+    "ACK",
+    "PING",
+    "BYE",
+]
+
+REPLICA_HEADER = "amq-ha-replica"
+STATUS_HEADER = "amq-ha-status"
+
+SNAP, RECORDS, SYNC_END, ACK, PING, BYE = range(1, 7)
+KINDS = {SNAP: "SNAP", RECORDS: "RECORDS", SYNC_END: "SYNC_END", ACK: "ACK", PING: "PING", BYE: "BYE"}
+_HDR = struct.Struct("!BI")
+_Q = struct.Struct("!Q")
+_I = struct.Struct("!I")
+#: bytes of records per SNAP/RECORDS frame (a bigger single record travels alone)
+FRAME_BYTES = 4 << 20
+#: a frame holds at most one record above FRAME_BYTES, and the journal's records are at
+#: most MAX_RECORD bytes: the slave accepts nothing longer
+MAX_WIRE_FRAME = MAX_RECORD + _Q.size + _I.size
+#: frames a slave sends (ACK, PING, BYE) are tiny: the master accepts nothing longer
+MAX_SLAVE_FRAME = 64
+
+
+class ReplicationError(Exception):
+    """The replication stream is malformed or the link broke."""
+
+
+class ReplicaRefused(ReplicationError):
+    """The master answered the replication CONNECT with an ERROR frame."""
+
+
+# ---------------------------------------------------------------------- wire (pure)
+def pack(kind: int, payload: bytes = b"") -> bytes:
+    return _HDR.pack(kind, len(payload)) + payload
+
+
+def pack_records(kind: int, first_seq: int, payloads: Sequence[bytes]) -> bytes:
+    parts = [_Q.pack(first_seq)]
+    for p in payloads:
+        parts.append(_I.pack(len(p)))
+        parts.append(p)
+    return pack(kind, b"".join(parts))
+
+
+def record_frames(
+    kind: int, first_seq: int, payloads: Iterable[bytes], max_bytes: int = FRAME_BYTES,
+    max_record: int = MAX_RECORD,
+) -> Iterator[bytes]:
+    """``payloads`` as SNAP/RECORDS frames of at most ``max_bytes`` of records each (a
+    record bigger than that goes alone), built one at a time; ``first_seq`` numbers the
+    first record of each frame. A record over ``max_record`` (the journal never writes
+    one) raises :class:`ReplicationError` instead of a frame no slave would accept."""
+    chunk: list[bytes] = []
+    size = 0
+    seq = first_seq
+    for p in payloads:
+        n = len(p)
+        if n > max_record:
+            raise ReplicationError(f"record of {n} bytes is over the {max_record}-byte limit of a journal record")
+        if chunk and size + n > max_bytes:
+            yield pack_records(kind, seq, chunk)
+            seq += len(chunk) if kind == RECORDS else 0
+            chunk, size = [], 0
+        chunk.append(p)
+        size += n + _I.size
+    if chunk:
+        yield pack_records(kind, seq, chunk)
+
+
+def unpack_records(payload: bytes) -> tuple[int, list[bytes]]:
+    """Inverse of the payload of :func:`pack_records`; ReplicationError on bad input."""
+    if len(payload) < _Q.size:
+        raise ReplicationError("records frame shorter than its sequence number")
+    (first,) = _Q.unpack_from(payload, 0)
+    pos = _Q.size
+    out: list[bytes] = []
+    end = len(payload)
+    while pos < end:
+        if end - pos < _I.size:
+            raise ReplicationError(f"torn record length at offset {pos}")
+        (n,) = _I.unpack_from(payload, pos)
+        pos += _I.size
+        if n > end - pos:
+            raise ReplicationError(f"record of {n} bytes overruns the frame at offset {pos}")
+        out.append(payload[pos : pos + n])
+        pos += n
+    return int(first), out
+
+
+def pack_seq(seq: int) -> bytes:
+    """An 8-byte sequence number (the payload of ``SYNC_END`` and ``ACK``)."""
+    return _Q.pack(seq)
+
+
+def unpack_seq(payload: bytes) -> int:
+    if len(payload) != _Q.size:
+        raise ReplicationError(f"expected an 8-byte sequence number, got {len(payload)} bytes")
+    return int(_Q.unpack(payload)[0])
+
+
+class WireDecoder:
+    """Incremental decoder of the binary link protocol (sans-IO); a frame longer than
+    ``max_frame`` is refused before it is buffered."""
+
+    def __init__(self, max_frame: int = MAX_WIRE_FRAME) -> None:
+        self._buf = bytearray()
+        self.max_frame = max_frame
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        self._buf += data
+        out: list[tuple[int, bytes]] = []
+        while len(self._buf) >= _HDR.size:
+            kind, length = _HDR.unpack_from(self._buf, 0)
+            if kind not in KINDS:
+                raise ReplicationError(f"unknown replication frame kind {kind}")
+            if length > self.max_frame:
+                raise ReplicationError(
+                    f"replication {KINDS[kind]} frame of {length} bytes is over the {self.max_frame}-byte limit"
+                )
+            if len(self._buf) < _HDR.size + length:
+                break
+            payload = bytes(self._buf[_HDR.size : _HDR.size + length])
+            del self._buf[: _HDR.size + length]
+            out.append((kind, payload))
+        return out
+
+
+def connect_frame(headers: Mapping[str, str]) -> bytes:
+    base = {"accept-version": "1.2", "host": "amq-ha", "heart-beat": "0,0"}
+    base.update(headers)
+    return serialize(Frame.make("CONNECT", list(base.items())))
+
+
+# ---------------------------------------------------------------------- requests
+async def ha_request(
+    host: str, port: int, headers: Mapping[str, str], timeout: float
+) -> tuple[Frame, asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open a connection, send an HA CONNECT, return the answer and the open streams.
+
+    Raises :class:`ReplicaRefused` for an ERROR answer, ``OSError``/``TimeoutError``
+    when the node cannot be reached, :class:`ReplicationError` for nonsense.
+    """
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    try:
+        writer.write(connect_frame(headers))
+        parser = FrameParser("1.2")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                event = parser.next_event()
+            except RemoteProtocolError as exc:
+                raise ReplicationError(f"{host}:{port} sent invalid STOMP: {exc}") from exc
+            if isinstance(event, Frame):
+                break
+            if isinstance(event, NeedData):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no answer from {host}:{port} within {timeout} s")
+                # up to the frame's NUL only: binary link data may follow in the same segment
+                try:
+                    data = await asyncio.wait_for(reader.readuntil(b"\x00"), left)
+                except asyncio.IncompleteReadError as exc:
+                    raise ReplicationError(f"{host}:{port} closed the connection before answering") from exc
+                except asyncio.LimitOverrunError as exc:
+                    raise ReplicationError(f"{host}:{port} sent an oversized answer") from exc
+                parser.feed(data)
+        if event.command == "ERROR":
+            raise ReplicaRefused(event.get("message") or event.body.decode("utf-8", "replace"))
+        if event.command != "CONNECTED":
+            raise ReplicationError(f"{host}:{port} answered {event.command}, expected CONNECTED")
+        return event, reader, writer
+    except BaseException:
+        writer.close()
+        raise
+
+
+async def probe(host: str, port: int, timeout: float) -> dict[str, str] | None:
+    """The status headers of the HA node at host:port, or None when unreachable."""
+    try:
+        frame, _r, writer = await ha_request(host, port, {STATUS_HEADER: "1"}, timeout)
+    except (OSError, TimeoutError, ReplicationError, RemoteProtocolError):
+        return None
+    writer.close()
+    return {k: v for k, v in frame.headers}
+
+
+def ha_request_sync(
+    host: str, port: int, timeout: float = 3.0, headers: Mapping[str, str] | None = None
+) -> Frame:
+    """Blocking status request (for ``amq broker status``): the CONNECTED/ERROR frame."""
+    hdrs = {STATUS_HEADER: "1"}
+    hdrs.update(headers or {})
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(connect_frame(hdrs))
+        parser = FrameParser("1.2")
+        deadline = time.monotonic() + timeout
+        while True:
+            event = parser.next_event()
+            if isinstance(event, Frame):
+                return event
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from {host}:{port} within {timeout} s")
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError(f"{host}:{port} closed the connection without answering")
+            parser.feed(data)
