@@ -14,7 +14,7 @@ streamed to the slave -- exactly like the same change made by a client:
 - *purge* and *delete* take waiting messages off the queue, release their memory and
   write one ``Ack`` record per :data:`CHUNK` messages;
 - *move* takes waiting messages off the queue and puts each on its target with
-  :meth:`~.core.BrokerCore.move_message` (a journalled ``Move``, the one the core uses
+  :meth:`~.core.Acks.move_message` (a journalled ``Move``, the one the core uses
   to dead-letter): to a queue the operator names, or, for a *retry*, back to the
   message's ``original-destination`` (a dead-letter queue's messages carry it);
 - *send* is a SEND without a connection (no producer flow control: it is one message).
@@ -304,7 +304,7 @@ class ServerAdmin:
             raise
         core = self.core
         for i, (m, dest) in enumerate(plan):
-            core.move_message(m, dest)
+            core.acks.move_message(m, dest)
             if (i + 1) % CHUNK == 0:
                 await asyncio.sleep(0)
         await self._durable()

@@ -220,7 +220,7 @@ class StompConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         for tx in self.txs.values():
-            self.core.abort(tx)
+            self.core.transactions.abort(tx)
         self.txs.clear()
         self._held.clear()
         self._held_bytes = 0
@@ -689,7 +689,7 @@ class StompConnection(asyncio.Protocol):
                 self._error(f"SEND names transaction {tx_id!r}, which was not begun", receipt=receipt)
                 return
             try:
-                self.core.tx_send(tx, destination, tuple(headers), frame.body, persistent=persistent, key=key)
+                self.core.transactions.tx_send(tx, destination, tuple(headers), frame.body, persistent=persistent, key=key)
             except CoreError as exc:
                 self._error(str(exc), receipt=receipt)
                 return
@@ -799,9 +799,9 @@ class StompConnection(asyncio.Protocol):
                 self._receipt(receipt)
             return
         if nack:
-            self.core.nack(sub, msg_id, tx=tx, callback=callback)  # type: ignore[arg-type]
+            self.core.acks.nack(sub, msg_id, tx=tx, callback=callback)  # type: ignore[arg-type]
         else:
-            self.core.ack(sub, msg_id, tx=tx, callback=callback)  # type: ignore[arg-type]
+            self.core.acks.ack(sub, msg_id, tx=tx, callback=callback)  # type: ignore[arg-type]
 
     def _on_nack(self, frame: StompFrame) -> None:
         if self.version == "1.0":
@@ -827,7 +827,7 @@ class StompConnection(asyncio.Protocol):
             self._error(f"COMMIT of transaction {tx_id!r}, which is not open", receipt=receipt)
             return
         try:
-            self.core.commit(tx, self._receipt_callback(receipt, "transaction"))  # type: ignore[arg-type]
+            self.core.transactions.commit(tx, self._receipt_callback(receipt, "transaction"))  # type: ignore[arg-type]
         except CoreError as exc:
             self._error(str(exc), receipt=receipt)
 
@@ -838,7 +838,7 @@ class StompConnection(asyncio.Protocol):
         if tx is None:
             self._error(f"ABORT of transaction {tx_id!r}, which is not open", receipt=receipt)
             return
-        self.core.abort(tx)
+        self.core.transactions.abort(tx)
         if receipt is not None:
             self._receipt(receipt)
 

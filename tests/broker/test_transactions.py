@@ -205,11 +205,11 @@ def test_a_commit_over_the_journal_record_limit_is_refused_and_rolled_back(tmp_p
     consumer = core.subscribe(sink, "q", "/queue/q", ack_mode="client-individual")
     [mid] = sink.got
     tx = TxState("t")
-    core.ack(consumer, mid, tx=tx)
-    core.tx_send(tx, "/topic/t", (), b"x" * 3000, persistent=True)  # 3 copies: > 8192 bytes
+    core.acks.ack(consumer, mid, tx=tx)
+    core.transactions.tx_send(tx, "/topic/t", (), b"x" * 3000, persistent=True)  # 3 copies: > 8192 bytes
     assert core.memory.reserved > 3000
     with pytest.raises(CoreError, match="transaction 't' cannot be committed: .* over the journal's limit"):
-        core.commit(tx)
+        core.transactions.commit(tx)
     assert core.memory.reserved == 0
     assert sink.got == [mid, mid]  # the ack was rolled back: redelivered
     assert list(store.live) == [mid]  # nothing of the transaction was written
