@@ -34,8 +34,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from .core import DURABLE_PREFIX, QUEUE_PREFIX, BrokerCore, CoreError, Queue, check_send_destination
+from .core import BrokerCore
+from .errors import CoreError
 from .message import TRANSPORT_HEADERS, Message
+from .names import DURABLE_PREFIX, QUEUE_PREFIX, check_send_destination
+from .queues import Queue
 from .store import ORIGINAL_DESTINATION
 from .view import destination_key
 

@@ -30,7 +30,7 @@ once. The gauge does not refuse anything itself; the connection handler asks
 is true. Parked connections register a waiter; when a flag releases, the waiters are
 called (they reschedule themselves on the loop -- the release happens inside
 dispatch, where re-entering the core would be unsafe). While producers are parked, the protocol layer also runs an expiry sweep once a
-second (:meth:`~.core.BrokerCore.sweep_expired`), so expired messages in a queue that
+second (:meth:`~.registry.Registry.sweep_expired`), so expired messages in a queue that
 nobody consumes do not hold the memory -- and the producers -- forever.
 Because a SEND is accepted
 whenever the flag is clear, usage can overshoot the limit by the SENDs processed

@@ -85,15 +85,11 @@ from amqtransport.stomp import (
 from amqtransport.stomp import Frame as StompFrame
 
 from .config import verify_password
-from .core import (
-    AUTO,
-    DURABLE_PREFIX,
-    BrokerCore,
-    CoreError,
-    Subscription,
-    TxState,
-)
+from .core import BrokerCore
+from .errors import CoreError
 from .message import TRANSPORT_HEADERS, Message
+from .model import AUTO, Subscription, TxState
+from .names import DURABLE_PREFIX
 from .store import JournalError
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from .core import DURABLE_PREFIX, QUEUE_PREFIX, TOPIC_PREFIX, dead_letter_name
+from .names import DURABLE_PREFIX, QUEUE_PREFIX, TOPIC_PREFIX, dead_letter_name
 from .stats import HistogramSnapshot
 
 if TYPE_CHECKING:

@@ -1,0 +1,122 @@
+"""A queue and its dispatch loop.
+
+Theory of operation
+-------------------
+Queues (``/queue/X``). A queue holds a deque of messages waiting for a consumer and
+a deque of *ready* subscriptions -- those with credit (``prefetch`` minus unacked
+messages; auto-ack subscriptions only need a writable connection). Dispatch pops a
+ready subscription, hands it the head message and, if it still has credit, appends
+it to the back of the ready deque: round-robin, O(1) per message, no scan over
+consumers. A subscription re-enters the ready deque when it gains credit (an ACK, a
+NACK, its socket draining). A message handed to an auto-ack subscription is acked at
+once (one journal record per dispatch round, not per message); otherwise it sits in
+the subscription's ``unacked`` ordered dict until ACK (client-individual: that
+message; client: it and every earlier one), NACK, or the subscription/connection
+going away -- then it goes back to the *front* of the queue with its delivery count
+raised, and, once it has been delivered ``1 + max_redeliveries`` times, to
+``/queue/DLQ.X`` instead (a journalled ``Move``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from .memory import MemoryGauge
+from .message import Message
+from .model import AUTO, Subscription
+from .store.journal import Callback
+
+__all__ = ["Queue", "QueueOwner"]
+
+
+class QueueOwner(Protocol):
+    """What a queue needs from the broker around it (the :class:`Registry`)."""
+
+    memory: MemoryGauge
+    clock: Callable[[], float]
+
+    def drop_expired(self, msg: Message) -> None: ...
+
+    def store_ack(self, ids: Sequence[str], callback: Callback | None = None) -> None: ...
+
+
+class Queue:
+    __slots__ = ("core", "name", "messages", "consumers", "ready", "enqueued", "dequeued", "expired")
+
+    def __init__(self, core: QueueOwner, name: str) -> None:
+        self.core = core
+        self.name = name
+        self.messages: deque[Message] = deque()
+        self.consumers: list[Subscription] = []
+        self.ready: deque[Subscription] = deque()
+        self.enqueued = 0
+        self.dequeued = 0
+        self.expired = 0
+
+    def enqueue(self, msg: Message) -> None:
+        self.core.memory.charge(msg)
+        self.messages.append(msg)
+        self.enqueued += 1
+        if self.ready:
+            self.dispatch()
+
+    def requeue(self, msgs: Sequence[Message]) -> None:
+        """Put messages back at the front, keeping their relative order."""
+        for m in reversed(msgs):
+            self.messages.appendleft(m)
+        self.dispatch()
+
+    def make_ready(self, sub: Subscription) -> None:
+        if not sub.in_ready and sub.has_credit():
+            sub.in_ready = True
+            self.ready.append(sub)
+        if self.messages and self.ready:
+            self.dispatch()
+
+    def dispatch(self) -> None:
+        messages, ready = self.messages, self.ready
+        auto_acked: list[str] = []
+        now = 0.0
+        while messages and ready:
+            sub = ready.popleft()
+            if not sub.has_credit():
+                sub.in_ready = False
+                continue
+            msg = messages.popleft()
+            if msg.expires:
+                now = now or self.core.clock()
+                if msg.expires <= now:
+                    ready.appendleft(sub)
+                    self.core.drop_expired(msg)
+                    continue
+            msg.delivery_count += 1
+            if sub.ack_mode == AUTO:
+                if msg.persistent:
+                    auto_acked.append(msg.id)
+                self.dequeued += 1
+                self.core.memory.release(msg)
+            else:
+                sub.unacked[msg.id] = msg
+            sub.conn.deliver(sub, msg, msg.delivery_count)
+            if sub.has_credit():
+                ready.append(sub)
+            else:
+                sub.in_ready = False
+        if auto_acked:
+            self.core.store_ack(auto_acked)
+
+    def add_consumer(self, sub: Subscription) -> None:
+        self.consumers.append(sub)
+        self.make_ready(sub)
+
+    def remove_consumer(self, sub: Subscription) -> None:
+        if sub in self.consumers:
+            self.consumers.remove(sub)
+        if sub.in_ready:
+            sub.in_ready = False
+            try:
+                self.ready.remove(sub)
+            except ValueError:
+                pass

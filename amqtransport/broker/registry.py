@@ -1,0 +1,210 @@
+"""What exists in the broker core: its destinations, subscriptions and counters.
+
+:class:`Registry` holds the queues, topics and subscription lists, the durable
+subscriptions' records, the memory gauge and the store, and the small operations on
+them that every story of the core shares (create a queue, make a message, ack in the
+store, drop an expired message, the stats).
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from .config import BrokerConfig
+from .errors import CoreError
+from .memory import MemoryGauge
+from .message import Message
+from .model import Subscription, Topic
+from .queues import Queue
+from .store import MessageStore, Sub
+from .store.journal import Callback
+
+__all__ = ["Registry"]
+
+
+class Registry:
+    """What exists: the queues, topics and subscriptions, the durable-subscription
+    records, the counters, the memory gauge and the glue to the store. The stories
+    (:class:`~.topics.FanOut`, :class:`~.advisories.Advisories`,
+    :class:`~.wildcards.WildcardQueues`, :class:`~.acks.Acks`,
+    :class:`~.transactions.Transactions`) each hold the registry and change it."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore | None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.queues: dict[str, Queue] = {}
+        self.topics: dict[str, Topic] = {}
+        self.wildcard_subs: list[Subscription] = []
+        self.wildcard_queue_subs: list[Subscription] = []
+        self.durable_subs: dict[str, Sub] = {}  # queue key -> record
+        self.durable_active: dict[str, Subscription] = {}
+        self._ids = itertools.count(1)
+        self._prefix = f"ID:{config.name}-{secrets.token_hex(4)}-"
+        self.sent = 0
+        self.duplicates = 0
+        self.dead_lettered = 0
+        self.expired = 0
+        self.shutting_down = False  # set by the server: no dead-lettering while it closes
+        self.memory = MemoryGauge(config.memory_limit, config.destination_memory_limit, config.memory_low_water)
+        if store is not None:
+            store.on_space = self.memory.wake_waiters  # store flow control parks in the same list
+        #: called with each queue created while wildcard queue consumers exist (they attach to it)
+        self.queue_created: Callable[[Queue], None] | None = None
+
+    # ------------------------------------------------------------------ startup
+    def load_from_store(self) -> int:
+        """Create destinations for every live message and durable subscription."""
+        if self.store is None:
+            return 0
+        for sub in self.store.subs.values():
+            self.register_durable(sub)
+        n = 0
+        for dest, msgs in self.store.messages_by_destination().items():
+            q = self.queue(dest)
+            for m in msgs:
+                self.memory.charge(m)
+            q.messages.extend(msgs)
+            q.enqueued += len(msgs)
+            n += len(msgs)
+        return n
+
+    def register_durable(self, sub: Sub) -> None:
+        self.durable_subs[sub.queue] = sub
+        self.topic(sub.topic).durable[sub.queue] = sub.topic
+        self.queue(sub.queue)
+
+    # ------------------------------------------------------------------ lookup
+    def queue(self, key: str) -> Queue:
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = Queue(self, key)
+            if self.wildcard_queue_subs and self.queue_created is not None:
+                self.queue_created(q)
+        return q
+
+    def forget_idle(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            q = self.queues.get(key)
+            if q is not None and not q.consumers and not q.messages:
+                del self.queues[key]
+
+    def topic(self, key: str) -> Topic:
+        t = self.topics.get(key)
+        if t is None:
+            t = self.topics[key] = Topic(key)
+        return t
+
+    def new_id(self) -> str:
+        return f"{self._prefix}{next(self._ids)}"
+
+    def make_message(
+        self,
+        destination: str,
+        headers: tuple[tuple[str, str], ...],
+        body: bytes,
+        persistent: bool,
+        key: str,
+    ) -> Message:
+        expires = 0.0
+        for k, v in headers:
+            if k == "expires":
+                try:
+                    ms = int(v)
+                except ValueError:
+                    raise CoreError(f"expires header must be milliseconds since the epoch, got {v!r}") from None
+                expires = ms / 1000.0 if ms > 0 else 0.0
+                break
+        return Message(
+            id=self.new_id(),
+            destination=destination,
+            headers=headers,
+            body=body,
+            key=key,
+            timestamp=self.clock(),
+            persistent=persistent and self.store is not None,
+            expires=expires,
+        )
+
+    # ------------------------------------------------------------------ store glue
+    def store_ack(self, ids: Sequence[str], callback: Callback | None = None) -> None:
+        if self.store is not None:
+            self.store.ack(ids, callback)
+        elif callback is not None:
+            callback(None)
+
+    def done(self, callback: Callback | None) -> None:
+        """Run ``callback`` once everything written so far is durable (at once without a store)."""
+        if callback is None:
+            return
+        if self.store is not None:
+            self.store.journal.on_durable(callback)
+        else:
+            callback(None)
+
+    def drop_expired(self, msg: Message) -> None:
+        self.expired += 1
+        q = self.queues.get(msg.destination)
+        if q is not None:
+            q.expired += 1
+        self.memory.release(msg)
+        if msg.persistent:
+            self.store_ack([msg.id])
+
+    def sweep_expired(self) -> int:
+        """Drop expired messages still waiting in queues (run while flow control holds
+        producers: a queue nobody consumes would otherwise keep them, and the memory)."""
+        now = self.clock()
+        dropped = 0
+        for q in list(self.queues.values()):
+            if not any(m.expires and m.expires <= now for m in q.messages):
+                continue
+            keep: deque[Message] = deque()
+            for m in q.messages:
+                if m.expires and m.expires <= now:
+                    self.drop_expired(m)
+                    dropped += 1
+                else:
+                    keep.append(m)
+            q.messages = keep
+        return dropped
+
+    # ------------------------------------------------------------------ stats
+    def _backlog_stats(self) -> dict[str, int]:
+        subs = [*self.wildcard_subs, *(s for t in self.topics.values() for s in t.subs)]
+        return {
+            "messages": sum(len(s.backlog) for s in subs),
+            "bytes": sum(s.backlog.bytes for s in subs),
+            "dropped": sum(s.backlog.dropped for s in subs),
+        }
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "queues": {
+                k: {
+                    "depth": len(q.messages),
+                    "consumers": len(q.consumers),
+                    "enqueued": q.enqueued,
+                    "dequeued": q.dequeued,
+                    "memory": self.memory.by_destination.get(k, 0),
+                }
+                for k, q in self.queues.items()
+            },
+            "topics": {k: len(t.subs) for k, t in self.topics.items()},
+            "topic_backlog": self._backlog_stats(),
+            "sent": self.sent,
+            "duplicates": self.duplicates,
+            "dead_lettered": self.dead_lettered,
+            "expired": self.expired,
+            "memory": self.memory.stats(),
+        }

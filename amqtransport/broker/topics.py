@@ -1,0 +1,115 @@
+"""Topics: fan-out to live subscriptions and to durable subscriptions' queues.
+
+Theory of operation
+-------------------
+Topics (``/topic/X``). Publishing fans out to every subscription of the topic (and to
+wildcard subscriptions, ActiveMQ syntax: ``.`` separates, ``*`` one part, ``>`` the
+rest). A topic subscription without credit buffers in its own bounded backlog (the
+oldest are dropped past ``topic_backlog_limit`` messages or ``topic_backlog_bytes``
+bytes -- topics are not durable; :mod:`.backlog`).
+Durable subscriptions (``activemq.subscriptionName`` + the connection's
+``client-id``) are internal queues named ``durable:<client-id>:<name>``; a persistent
+message published to the topic is copied into each of them (one atomic journal
+record), so they survive restarts and offline periods like any queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from .message import Message
+from .model import AUTO, Subscription
+from .names import _matches
+from .registry import Registry
+from .store.journal import Callback
+
+__all__ = ["FanOut"]
+
+log = logging.getLogger(__name__)
+
+
+class FanOut:
+    """Topic messages: the durable subscriptions' copies, and the live subscriptions
+    (wildcards included), each with its bounded backlog while it has no credit."""
+
+    def __init__(self, reg: Registry) -> None:
+        self.reg = reg
+
+    def publish(self, name: str, msg: Message, callback: Callback | None) -> None:
+        store = self.reg.store
+        copies = self.durable_copies(name, msg)
+        if msg.persistent and store is not None and copies:
+            key = (msg.destination, msg.key, msg.timestamp) if msg.key else None  # persisted with the copies
+            store.add_many(copies, callback, key=key)
+        else:
+            if msg.key and store is not None:
+                store.remember_key(msg.destination, msg.key)
+            if callback is not None:
+                callback(None)
+        self.fan_out(name, msg, copies)
+
+    def durable_copies(self, name: str, msg: Message) -> list[Message]:
+        """One copy of topic message ``msg`` per durable subscription of topic ``name``."""
+        topic = self.reg.topics.get(name)
+        if topic is None or not topic.durable:
+            return []
+        return [
+            Message(
+                id=f"{msg.id}:{qkey}",
+                destination=qkey,
+                headers=(("destination", msg.destination), *msg.headers),
+                body=msg.body,
+                key="",
+                timestamp=msg.timestamp,
+                persistent=msg.persistent,
+                expires=msg.expires,
+            )
+            for qkey in topic.durable
+        ]
+
+    def fan_out(self, name: str, msg: Message, copies: Sequence[Message]) -> None:
+        """Hand topic message ``msg`` (already persisted) to its durable copies' queues
+        and to every live subscription of topic ``name``, wildcards included."""
+        reg = self.reg
+        for copy in copies:
+            reg.queue(copy.destination).enqueue(copy)
+        topic = reg.topics.get(name)
+        if topic is not None:
+            topic.enqueued += 1
+            for sub in topic.subs:
+                self.offer(sub, msg)
+        if reg.wildcard_subs:
+            parts = name.split(".")
+            for sub in reg.wildcard_subs:
+                assert sub.pattern is not None
+                if _matches(sub.pattern, parts):
+                    self.offer(sub, msg)
+
+    def offer(self, sub: Subscription, msg: Message) -> None:
+        if not sub.backlog and sub.has_credit():
+            self.deliver(sub, msg)
+            return
+        backlog = sub.backlog
+        before = backlog.dropped
+        config = self.reg.config
+        if backlog.append(msg, config.topic_backlog_limit, config.topic_backlog_bytes):
+            if len(str(before)) != len(str(backlog.dropped)) or before == 0:  # at 1, 10, 100, ... dropped
+                log.warning(
+                    "topic subscription %s: slow consumer, %d messages dropped (backlog: %d messages, %d bytes)",
+                    sub.destination,
+                    backlog.dropped,
+                    len(backlog),
+                    backlog.bytes,
+                )
+
+    def deliver(self, sub: Subscription, msg: Message) -> None:
+        if msg.expires and msg.expires <= self.reg.clock():
+            return
+        if sub.ack_mode != AUTO:
+            sub.unacked[msg.id] = msg
+        sub.conn.deliver(sub, msg, 1)
+
+    def drain(self, sub: Subscription) -> None:
+        while sub.backlog and sub.has_credit():
+            self.deliver(sub, sub.backlog.popleft())

@@ -1,0 +1,135 @@
+"""Transactions: BEGIN .. COMMIT/ABORT of one connection."""
+
+from __future__ import annotations
+
+from .acks import Acks
+from .errors import CoreError
+from .memory import send_size
+from .message import Message
+from .model import Subscription, TxSend, TxState
+from .names import check_send_destination
+from .registry import Registry
+from .store import Ack, Enq, JournalError, Keys, RecordError
+from .store.journal import Callback
+from .store.records import TxPart
+from .topics import FanOut
+
+__all__ = ["Transactions"]
+
+
+class Transactions:
+    """BEGIN .. COMMIT/ABORT: sends held until COMMIT, acks and nacks applied at COMMIT,
+    everything a COMMIT does written as one atomic journal record."""
+
+    def __init__(self, reg: Registry, fanout: FanOut, acks: Acks) -> None:
+        self.reg = reg
+        self.fanout = fanout
+        self.acks = acks
+
+    def tx_send(
+        self,
+        tx: TxState,
+        destination: str,
+        headers: tuple[tuple[str, str], ...],
+        body: bytes,
+        *,
+        persistent: bool,
+        key: str = "",
+    ) -> None:
+        """Hold a SEND until ``tx`` commits; its bytes count against the memory limits
+        meanwhile, and a transaction may hold at most ``max_transaction_size`` bytes."""
+        check_send_destination(destination)
+        size = send_size(headers, body)
+        limit = self.reg.config.max_transaction_size
+        if tx.size + size > limit:
+            raise CoreError(
+                f"transaction {tx.id!r} would hold {tx.size + size} bytes of messages, over "
+                f"max_transaction_size={limit}: send refused, the transaction is rolled back "
+                "(commit in smaller transactions)"
+            )
+        tx.sends.append(TxSend(destination, headers, body, persistent, key, size))
+        tx.size += size
+        self.reg.memory.reserve(destination, size)
+
+    def commit(self, tx: TxState, callback: Callback | None = None) -> None:
+        """Apply a transaction: everything it does -- queue messages, the durable
+        subscribers' copies of its topic messages, their idempotency keys, its acks -- in
+        one atomic journal record; ``callback`` runs once that record is durable."""
+        reg = self.reg
+        records: list[TxPart] = []
+        routed: list[tuple[str, str, Message, list[Message]]] = []
+        memory_keys: list[tuple[str, str]] = []  # keys of messages that are not persisted
+        seen_keys: set[tuple[str, str]] = set()
+        store = reg.store
+        duplicates = 0
+        for destination, headers, body, persistent, key, _size in tx.sends:
+            kind, name = check_send_destination(destination)
+            if key and (
+                (store is not None and store.is_duplicate(destination, key)) or (destination, key) in seen_keys
+            ):
+                duplicates += 1
+                continue
+            if key:
+                seen_keys.add((destination, key))
+            msg = reg.make_message(destination, headers, body, persistent, key)
+            copies = self.fanout.durable_copies(name, msg) if kind == "topic" else []
+            if msg.persistent and kind == "queue":
+                records.append(Enq(msg))
+            elif msg.persistent and copies:
+                records.extend(Enq(c) for c in copies)
+                if key:
+                    records.append(Keys(((destination, key, msg.timestamp),)))
+            elif key:
+                memory_keys.append((destination, key))
+            routed.append((kind, name, msg, copies))
+        ack_ids = [m.id for sub, m in tx.acked if sub.kind == "queue" and m.persistent]
+        if ack_ids:
+            records.append(Ack(tuple(ack_ids)))
+        if store is not None:
+            try:
+                store.commit(records, callback)
+            except (RecordError, JournalError) as exc:  # nothing was written
+                self.abort(tx)
+                if isinstance(exc, JournalError):
+                    raise
+                raise CoreError(f"transaction {tx.id!r} cannot be committed: {exc}") from None
+            for destination, key in memory_keys:
+                store.remember_key(destination, key)
+        elif callback is not None:
+            callback(None)
+        reg.sent += len(routed)
+        reg.duplicates += duplicates
+        for sub, m in tx.acked:
+            reg.memory.release(m)
+            if sub.kind == "queue":
+                self.acks.count_dequeued(sub, [m])
+        for send in tx.sends:  # the messages are charged as they are enqueued below
+            reg.memory.unreserve(send.destination, send.size, settle=False)
+        for kind, name, msg, copies in routed:
+            if kind == "queue":
+                reg.queue(msg.destination).enqueue(msg)
+            else:
+                self.fanout.fan_out(name, msg, copies)
+        reg.memory.settle({send.destination for send in tx.sends})
+        for sub, m in tx.nacked:
+            self.acks.return_unacked(sub, [m], count_failure=True)
+        self._clear(tx)
+
+    def abort(self, tx: TxState) -> None:
+        """Drop a transaction's sends; messages it acked are redelivered."""
+        by_sub: dict[int, tuple[Subscription, list[Message]]] = {}
+        for sub, m in (*tx.acked, *tx.nacked):
+            by_sub.setdefault(id(sub), (sub, []))[1].append(m)
+        for sub, msgs in by_sub.values():
+            if sub.kind == "queue":
+                self.acks.return_unacked(sub, msgs, count_failure=True)
+        for send in tx.sends:
+            self.reg.memory.unreserve(send.destination, send.size)
+        self._clear(tx)
+
+    @staticmethod
+    def _clear(tx: TxState) -> None:
+        tx.sends.clear()
+        tx.acked.clear()
+        tx.nacked.clear()
+        tx.size = 0
