@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,59 +14,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from amqtransport.broker.message import Message
-from amqtransport.broker.store import Ack, Enq, MessageStore, Sub, run_completions
+from amqtransport.broker.store import Ack, Enq, MessageStore, Sub
 from amqtransport.broker.store.checkpoint import FILE, CheckpointError, load
-from amqtransport.broker.store.journal import Callback
 
-T0 = float(int(time.time()))
-
-
-class Pump:
-    """The journal's ``notify`` for a test: completions (and background checkpoints'
-    results) wait here until the test thread runs them, as the broker's loop would."""
-
-    def __init__(self) -> None:
-        self.items: deque[list[tuple[Callback, BaseException | None]]] = deque()
-
-    def __call__(self, items: list[tuple[Callback, BaseException | None]]) -> None:
-        self.items.append(items)
-
-    def run(self) -> None:
-        while self.items:
-            run_completions(self.items.popleft())
-
-
-def msg(i: int, dest: str = "/queue/a", key: str = "", size: int = 100) -> Message:
-    return Message(id=f"m{i}", destination=dest, headers=(("n", str(i)),), body=b"%06d" % i + b"x" * size,
-                   key=key, timestamp=T0 + i, persistent=True)
-
-
-def open_store(path: Path, **kw: Any) -> MessageStore:
-    store = MessageStore(path, **kw)
-    store.open()
-    return store
-
-
-def crash(store: MessageStore) -> None:
-    """Stop a store the way a SIGKILL would leave its files: no checkpoint at close
-    (everything appended is flushed first, as a crash after the last fsync)."""
-    store.flush()
-    store.checkpoints.stop()
-    store.journal.close()
-
-
-def state(store: MessageStore) -> dict[str, Any]:
-    by_dest = store.messages_by_destination()
-    return {
-        "count": store.count,
-        "messages": {
-            d: [(m.id, m.destination, m.headers, m.body, m.key, m.timestamp, m.expires, m.delivery_count) for m in ms]
-            for d, ms in sorted(by_dest.items())
-        },
-        "subs": dict(store.subs),
-        "keys": sorted(store.dedupe.items()),
-    }
+from .scale_helpers import T0, Pump, crash, msg, open_store, state
 
 
 def recovered_both_ways(path: Path, tmp: Path, **kw: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
@@ -307,7 +256,10 @@ OPS = st.lists(
 DESTS = ["/queue/a", "/queue/b", "/queue/DLQ.a"]
 
 
-def run_ops(path: Path, ops: list[Any], kw: dict[str, Any], tick: Callable[[], float], pump: Pump | None) -> None:
+def run_ops(
+    path: Path, ops: list[Any], kw: dict[str, Any], tick: Callable[[], float], pump: Pump | None
+) -> dict[str, Any]:
+    """Apply ``ops`` to a store at ``path``; returns its state just before the final crash."""
     s = open_store(path, **kw)
     n = 0
     for op in ops:
@@ -360,7 +312,10 @@ def run_ops(path: Path, ops: list[Any], kw: dict[str, Any], tick: Callable[[], f
             s = open_store(path, **kw)
         if pump is not None:
             pump.run()
+    s.flush()
+    before = state(s)
     crash(s)
+    return before
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -371,8 +326,8 @@ def test_recovery_with_and_without_the_checkpoint_builds_the_same_state(
     """Any history of sends, acks (of resident and of paged messages), transactions,
     moves there and back, subscriptions, compaction with relocation, checkpoints and
     restarts (clean or crashed): recovering with the checkpoint and recovering without
-    it (a full replay) give the same messages in the same order, subscriptions and keys.
-    ``periodic``: background checkpoints every 8 KiB, compaction deleting only behind them."""
+    it (a full replay) give the same messages in the same order, subscriptions and keys:
+    the ones the store held before it stopped. ``periodic``: background checkpoints every 8 KiB, compaction deleting only behind them."""
     root = tmp_path_factory.mktemp("ckpt")
     path = root / "store"
     clock = [T0]
@@ -385,11 +340,12 @@ def test_recovery_with_and_without_the_checkpoint_builds_the_same_state(
     kw: dict[str, Any] = {"segment_size": 4096, "clock": tick}
     if pump is not None:
         kw.update(checkpoint_interval=8192, notify=pump)
-    run_ops(path, ops, kw, tick, pump)
+    before = run_ops(path, ops, kw, tick, pump)
     a, b, how = recovered_both_ways(path, root, **kw)
     event("checkpoint + tail" if how.startswith("recovered from the checkpoint") else how.split(";")[-1][:40])
     event(f"live messages: {'0' if not a['count'] else '1-9' if a['count'] < 10 else '10+'}")
     assert a == b
+    assert a == before  # and it is the state the store had
 
 
 def test_recovery_log_says_how(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

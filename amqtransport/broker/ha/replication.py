@@ -21,13 +21,21 @@ master) names the highest sequence number durable on the slave's disk, ``PING`` 
 a quiet link provably alive, ``BYE`` announces a clean slave shutdown.
 
 Full sync, then every record. On attach the master, in one step on its event loop,
-notes ``base`` = records written so far, serialises :meth:`MessageStore.snapshot`
-(durable subscriptions, the dedupe keys, every live message) and starts forwarding
-every later record from its store listener (numbered ``base+1, ...``). Nothing can
-slip between the snapshot and the stream because both happen on the loop thread that
-is the only writer of the store. The slave wipes its store, imports the snapshot,
-fsyncs, marks itself synced at the master's epoch and acks ``base``; then it appends
-every streamed batch to its own journal and acks once it is fsynced.
+notes ``base`` = records written so far and takes a :class:`~..store.sync.SnapshotReader`
+of its store at that journal position (subscriptions, dedupe keys, and the journal
+position of every live message: a few bytes each). Then, one bounded step per loop turn
+and only while the socket takes it (``pause_writing``), it sends the snapshot as SNAP
+frames, the messages read back from its journal; ``SYNC_END``; then the records
+appended since ``base``, read back from its journal (:class:`~..store.sync.TailReader`,
+numbered ``base+1, ...``) until that reader has caught up with what the store listener
+keeps from the moment it first caught up; from then on every record goes to the slave
+as it is appended. Memory stays bounded on both sides whatever the store's size, the
+master serves its clients throughout, and compaction deletes no segment until the
+readers are done. Nothing can slip between the snapshot and the stream: the snapshot
+and ``base`` are taken in one loop step, and the tail is the journal itself. The slave
+wipes its store, imports the snapshot (its messages paged: a replica holds positions,
+not bodies), fsyncs, marks itself synced at the master's epoch and acks ``base``; then
+it appends every streamed batch to its own journal and acks once it is fsynced.
 
 The receipt gate. Receipts are sent from the journal's completion callbacks, which
 the journal hands to its ``notify`` function after each local fsync. The
@@ -74,8 +82,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ..store import Callback, JournalError, Record, run_completions
-from ..store.records import encode
+from ..store import Callback, JournalError, Record, RecordError, run_completions
+from ..store.sync import SnapshotReader, TailReader
 from .wire import (
     ACK,
     BYE,
@@ -100,6 +108,9 @@ __all__ = ["ReplicationMaster", "MasterLink"]
 
 log = logging.getLogger(__name__)
 
+#: bytes of records one step of a full sync reads back and sends (the loop serves between steps)
+SYNC_STEP_BYTES = 1 << 20
+SNAPSHOT, CATCHUP, LIVE = "snapshot", "catch-up", "live"
 
 # ---------------------------------------------------------------------- master side
 class ReplicationMaster:
@@ -321,11 +332,11 @@ class ReplicationMaster:
         self._gated = link
         self._marks.clear()
         self._acked_bytes = self.streamed_bytes  # what came before is in the snapshot
-        snapshot = [encode(rec) for rec in self.store.snapshot()]
+        snapshot = SnapshotReader(self.store)
         link.start(answer, snapshot)
         log.info(
-            "replication: slave %s attached from %s; full sync of %d records (up to seq %d)",
-            slave, link.peer, len(snapshot), base,
+            "replication: slave %s attached from %s; full sync of %d messages (up to seq %d), streamed",
+            slave, link.peer, snapshot.messages, base,
         )
         return link
 
@@ -409,35 +420,114 @@ class MasterLink(asyncio.Protocol):
         self._flush_scheduled = False
         self._last_read = self.loop.time()
         self._timer: asyncio.TimerHandle | None = None
+        self._phase = SNAPSHOT
+        self._snapshot: SnapshotReader | None = None
+        self._tail: TailReader | None = None
+        self._next_seq = base + 1  # the next record the tail reader sends
+        self._buffer_from: int | None = None  # live pushes kept from this seq on, while syncing
+        self._writing_paused = False
+        self._pump_scheduled = False
 
-    def start(self, answer: bytes, snapshot: list[bytes]) -> None:
+    def start(self, answer: bytes, snapshot: SnapshotReader) -> None:
+        """Answer the slave, then stream the full sync (see :meth:`_pump`)."""
+        self._snapshot = snapshot
+        self._tail = TailReader(self.master.store, snapshot.position)
+        self._next_seq = self.base + 1
         self.transport.set_protocol(self)
         self.transport.resume_reading()
         self.transport.write(answer)
-        # bounded frames, written one by one (the transport buffers them: the snapshot
-        # is still encoded in this one loop step; a streaming full sync is future work)
-        for frame in record_frames(SNAP, 0, snapshot):
-            self.transport.write(frame)
-        self.transport.write(pack(SYNC_END, pack_seq(self.base)))
+        self._schedule_pump()
         self._timer = self.loop.call_later(self.master.link_timeout / 4, self._tick)
+
+    # the full sync: SNAP frames, SYNC_END, the journal's records since, then live records
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._schedule_pump()
+
+    def _schedule_pump(self, delay: float = 0.0) -> None:
+        if not self._pump_scheduled and not self.closed and self._phase != LIVE:
+            self._pump_scheduled = True
+            if delay:
+                self.loop.call_later(delay, self._pump)
+            else:
+                self.loop.call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """One step of the full sync, at most one frame (the loop serves clients between
+        steps; the transport's buffer bounds what waits for the slave): a batch of the
+        snapshot read back from the journal (:class:`SnapshotReader`); then SYNC_END; then
+        the records appended since the snapshot, read back from the journal
+        (:class:`TailReader`) until the reader has caught up with what live pushes hold
+        from ``_buffer_from`` on; then live streaming (:meth:`push`)."""
+        self._pump_scheduled = False
+        if self.closed or self._writing_paused:
+            return
+        try:
+            if self._phase == SNAPSHOT:
+                payloads = self._snapshot.next(SYNC_STEP_BYTES)
+                if payloads:
+                    for frame in record_frames(SNAP, 0, payloads):
+                        self.transport.write(frame)
+                    self._schedule_pump()
+                    return
+                self._snapshot.close()
+                self.transport.write(pack(SYNC_END, pack_seq(self.base)))
+                self._phase = CATCHUP
+            if self._buffer_from is not None and self._next_seq >= self._buffer_from:
+                self._go_live()
+                return
+            payloads = self._tail.next(SYNC_STEP_BYTES)
+            if payloads:
+                for frame in record_frames(RECORDS, self._next_seq, payloads):
+                    self.transport.write(frame)
+                self._next_seq += len(payloads)
+            if self._tail.caught_up and self._buffer_from is None:
+                # everything numbered up to now will be written soon; keep what comes next
+                self._buffer_from = self.master.seq + 1
+                self._first = self._buffer_from
+            if self._buffer_from is not None and self._next_seq >= self._buffer_from:
+                self._go_live()
+            else:
+                self._schedule_pump(0.0 if payloads else 0.002)
+        except (JournalError, RecordError, OSError) as exc:
+            self.abort(f"full sync failed reading the journal: {exc}")
+
+    def _go_live(self) -> None:
+        self._phase = LIVE
+        self._tail.close()
+        log.info("replication: slave %s: full sync sent (%d messages), streaming from seq %d",
+                 self.slave, self._snapshot.messages, self._next_seq)
+        self._flush()
 
     def push(self, seq: int, payload: bytes) -> None:
         if self.closed:
             return
-        if not self._pending:
+        if self._phase != LIVE:
+            if self._buffer_from is None or seq < self._buffer_from:
+                return  # the tail reader will read it from the journal
+        elif not self._pending:
             self._first = seq
         self._pending.append(payload)
-        if not self._flush_scheduled:
+        if self._phase == LIVE and not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self.closed or not self._pending:
+        if self.closed or not self._pending or self._phase != LIVE:
             return
         pending, self._pending = self._pending, []
         for frame in record_frames(RECORDS, self._first, pending):
             self.transport.write(frame)
+
+    def _release_readers(self) -> None:
+        if self._snapshot is not None:
+            self._snapshot.close()
+        if self._tail is not None:
+            self._tail.close()
 
     def _tick(self) -> None:
         self._timer = None
@@ -465,6 +555,7 @@ class MasterLink(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._release_readers()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -476,6 +567,7 @@ class MasterLink(asyncio.Protocol):
             return
         log.warning("replication: dropping slave %s: %s", self.slave, reason)
         self.closed = True
+        self._release_readers()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -395,6 +395,7 @@ class Checkpointer:
         self.interval = interval  # bytes of journal between background checkpoints (0: none)
         self.enabled = enabled  # read and write checkpoints at all
         self.pending_deletes: set[int] = set()  # dead segments waiting for a checkpoint
+        self.holds = 0  # readers of old positions (see hold())
         self.written = 0  # checkpoints published by this process
         self.last_recovery = ""  # what recover() did
         self.last_size = 0
@@ -452,13 +453,32 @@ class Checkpointer:
 
     def delete_segments(self, segments: Sequence[int]) -> None:
         """Dead segments from compaction: delete them now, or once a checkpoint that does
-        not need them is published (periodic checkpoints)."""
-        if not (self.enabled and self.interval):
+        not need them is published (periodic checkpoints), and not while something reads
+        old positions (:meth:`hold`)."""
+        if not (self.enabled and self.interval) and not self.holds:
             self.store.delete_now(segments)
             return
         self.pending_deletes.update(segments)
-        if self._thread is None:
-            self.start_background()
+        self._deletes_due()
+
+    def hold(self) -> None:
+        """Delete no segment until :meth:`release` (a replica is reading old positions)."""
+        self.holds += 1
+
+    def release(self) -> None:
+        self.holds -= 1
+        self._deletes_due()
+
+    def _deletes_due(self) -> None:
+        if self.holds or not self.pending_deletes or self.store.journal.failed is not None:
+            return
+        if self.enabled and self.interval:
+            if self._thread is None:
+                self.start_background()
+            return
+        deletes = sorted(self.pending_deletes)
+        self.pending_deletes.clear()
+        self.store.delete_now(deletes)
 
     def start_background(self) -> None:
         cap = capture(self.store)
@@ -489,11 +509,10 @@ class Checkpointer:
             self.written += 1
             self.last_size = size
             log.debug("store %s: checkpoint written (%d bytes)", self.store.directory, size)
-            if deletes and self.store.journal.failed is None:
+            if deletes and self.store.journal.failed is None and not self.holds:
                 self.pending_deletes.difference_update(deletes)
                 self.store.delete_now(deletes)
-        if self.pending_deletes and self.store.journal.failed is None:
-            self.start_background()
+        self._deletes_due()
 
     def write_now(self) -> int:
         """Capture and publish a checkpoint synchronously (everything appended must be
@@ -509,7 +528,7 @@ class Checkpointer:
         self.written += 1
         self.last_size = len(data)
         self._last_bytes = journal.appended_bytes
-        if deletes:
+        if deletes and not self.holds:
             self.pending_deletes.difference_update(deletes)
             self.store.delete_now(deletes)
         return len(data)

@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
-from .pages import INNER, unpack
+from .pages import INNER, pack, unpack
 from .records import Record, RecordError, RecordTooLarge, decode
 
 __all__ = [
@@ -394,7 +394,8 @@ class Journal:
                 crc = zlib.crc32(p)
                 queue.append(_FRAME.pack(len(p), crc))
                 queue.append(p)
-            self.last_frame = (self._head, offset + size - _FRAME.size - len(payloads[-1]), crc)
+            if payloads:
+                self.last_frame = (self._head, offset + size - _FRAME.size - len(payloads[-1]), crc)
             self.appended_bytes += size
             self._payloads.extend(payloads)
             self._head_size += size
@@ -551,6 +552,48 @@ class Journal:
         else:
             self._read_fds.move_to_end(seg)
         return os.pread(fd, size, off)
+
+    def read_span(self, seg: int, offset: int, max_bytes: int) -> tuple[list[bytes], int, int, bool]:
+        """The payloads of whole frames from ``(seg, offset)`` on, as far as the writer has
+        written, about ``max_bytes`` of them (at least one when one is written), crossing
+        into the next segment when this one is complete. Returns ``(payloads, segment,
+        offset, caught_up)``: where to read next, and whether the read stopped at what is
+        written (rather than at ``max_bytes``)."""
+        out: list[bytes] = []
+        used = 0
+        while used < max_bytes:
+            with self._cond:
+                wseg, woff = self._written
+            if seg > wseg:
+                return out, seg, offset, True
+            end = woff if seg == wseg else self._sizes.get(seg, 0)
+            if offset >= end:
+                if seg < wseg:
+                    seg, offset = seg + 1, len(MAGIC)
+                    continue
+                return out, seg, offset, True
+            data = self._pread(seg, offset, min(end - offset, max(max_bytes - used, 0) + 65536))
+            at = 0
+            while at + _FRAME.size <= len(data):
+                length, crc = _FRAME.unpack_from(data, at)
+                if at + _FRAME.size + length > len(data):
+                    break
+                payload = data[at + _FRAME.size : at + _FRAME.size + length]
+                if zlib.crc32(payload) != crc:
+                    raise JournalError(f"journal {self.directory}: checksum mismatch at segment {seg} offset {offset + at}")
+                out.append(payload)
+                used += length
+                at += _FRAME.size + length
+                if used >= max_bytes:
+                    break
+            if at == 0:  # one frame bigger than the read
+                (length,) = struct.unpack_from("<I", data, 0)
+                out.append(self._payload_at(self._pread(seg, offset, _FRAME.size + length), offset,
+                                            pack(seg, offset)))
+                used += length
+                at = _FRAME.size + length
+            offset += at
+        return out, seg, offset, False
 
     def forget_reader(self, seg: int) -> None:
         fd = self._read_fds.pop(seg, None)

@@ -143,12 +143,11 @@ def materialize(payload: bytes, pos: int, destination: str) -> Message:
     if not isinstance(rec, Enq):
         raise RecordError(f"expected an Enq record at position {pos:#x}, found {type(rec).__name__}")
     m = rec.message
-    if pos & MOVED:
+    if pos & MOVED:  # moved at least once since this record: as apply(Move) left it
         m.key = ""
-        if m.destination != destination:
-            if not any(k == ORIGINAL_DESTINATION for k, _ in m.headers):
-                m.headers = m.headers + ((ORIGINAL_DESTINATION, m.destination),)
-            m.destination = destination
+        if not any(k == ORIGINAL_DESTINATION for k, _ in m.headers):
+            m.headers = m.headers + ((ORIGINAL_DESTINATION, m.destination),)
+        m.destination = destination
     m.segment = segment_of(pos)
     m.pos = pos
     return m
@@ -465,21 +464,27 @@ class MessageStore:
             self.dedupe.add(m.destination, m.key, m.timestamp, seg)
 
     def _apply_move(self, rec: Move, seg: int) -> None:
+        """A move to another destination: the message loses its idempotency key (the window
+        keeps it under the destination it was sent to) and gains the ``original-destination``
+        header the first time. A move to where it is changes nothing."""
         where = self.find(rec.id, rec.source)
         if where is None:
             return
         if isinstance(where, Message):
             moved = where
-            moved.key = ""  # the window keeps it under the destination it was sent to
-            if moved.destination != rec.destination:
-                if not any(k == ORIGINAL_DESTINATION for k, _ in moved.headers):
-                    moved.headers = moved.headers + ((ORIGINAL_DESTINATION, moved.destination),)
-                moved.destination = rec.destination
-                moved.wire_cache = None
+            if moved.destination == rec.destination:
+                return
+            moved.key = ""
+            if not any(k == ORIGINAL_DESTINATION for k, _ in moved.headers):
+                moved.headers = moved.headers + ((ORIGINAL_DESTINATION, moved.destination),)
+            moved.destination = rec.destination
+            moved.wire_cache = None
             moved.pos |= MOVED
             at = moved.segment
         else:
             pl, i = where
+            if self.paged.get(rec.destination) is pl:
+                return
             pos, h, ts = pl.pos[i], pl.ids[i], pl.ts[i]
             pl.remove_at(i)
             self.page_list(rec.destination).append(pos | MOVED, h, ts)
@@ -655,11 +660,11 @@ class MessageStore:
     def move(self, message_id: str, destination: str, callback: Callback | None = None) -> None:
         """Move a live message to another destination (e.g. the dead-letter queue)."""
         where = self.find(message_id)
-        if where is None:
+        source = "" if where is None else where.destination if isinstance(where, Message) else self._dest_of(where[0])
+        if where is None or source == destination:
             if callback is not None:
                 self.journal.on_durable(callback)
             return
-        source = where.destination if isinstance(where, Message) else self._dest_of(where[0])
         self._write([Move(message_id, destination, source)], callback)
 
     def commit(self, records: Sequence[TxPart], callback: Callback | None = None) -> None:
@@ -844,6 +849,14 @@ class MessageStore:
             len(carry),
         )
         return ordered
+
+    def hold_deletes(self) -> None:
+        """Delete no segment until :meth:`release_deletes` (a reader of old positions:
+        a replica's full sync, :mod:`.sync`); compaction's dead segments wait."""
+        self.checkpoints.hold()
+
+    def release_deletes(self) -> None:
+        self.checkpoints.release()
 
     def delete_now(self, segments: Sequence[int]) -> None:
         """Hand dead segments to the journal (after the batch queued before is durable)."""
