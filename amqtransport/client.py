@@ -434,6 +434,8 @@ class Connection:
         dup = self._transport.duplicate_id_header
         if dup is not None and dup not in hdrs:
             hdrs[dup] = key
+        for name, value in self._transport.dialect.routing_headers(destination, "SEND").items():
+            hdrs.setdefault(name, value)
         return Frame.make("SEND", hdrs, data)
 
     def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
@@ -487,7 +489,8 @@ class Connection:
             sub_id = str(given_id)
         if sub_id is None:
             sub_id = self._transport.next_id("sub")
-        hdrs.update({"id": sub_id, "destination": destination, "ack": ack})
+        hdrs.update({"id": sub_id, "destination": destination, "ack": ack,
+                     **dialect.routing_headers(destination, "SUBSCRIBE")})
         if prefetch is None and dialect.name == "rabbitmq":
             prefetch = DEFAULT_PREFETCH
         if prefetch is not None:

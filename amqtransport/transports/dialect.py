@@ -19,8 +19,10 @@ for one broker family:
   ``activemq.prefetchSize`` would be read as *bytes* there, so prefetch goes as
   ``consumer-window-size`` (bytes, estimated at :data:`ARTEMIS_WINDOW_PER_MESSAGE`
   per message); durable subscriptions by ``durable-subscription-name``;
-  ``_AMQ_DUPL_ID`` carries the key (Artemis' duplicate detection); ACKs inside a
-  transaction are ignored; heart-beats of at least 500 ms; text mode;
+  ``_AMQ_DUPL_ID`` carries the key (Artemis' duplicate detection); routing by
+  ``destination-type``/``subscription-type`` (ANYCAST for ``/queue/``, MULTICAST for
+  ``/topic/``); ACKs inside a transaction are ignored; heart-beats of at least 500 ms;
+  text mode;
 - ``rabbitmq``: RabbitMQ's STOMP plugin (``server:RabbitMQ/...``): prefetch
   ``prefetch-count`` (per connection there; unlimited without it), the ``host``
   header is the virtual host (``/`` by default), a durable topic subscription is a
@@ -118,6 +120,22 @@ class Dialect:
         if self.name == "rabbitmq":
             return {"durable": "true", "persistent": "true"}
         return self.durable_headers(name, client_id)
+
+    def routing_headers(self, destination: str, command: str) -> dict[str, str]:
+        """Artemis' routing type for ``/queue/`` (ANYCAST: one consumer gets each
+        message) and ``/topic/`` (MULTICAST: every subscription does) destinations:
+        ``destination-type`` on SEND, ``subscription-type`` on SUBSCRIBE. Without them
+        Artemis routes an auto-created address by its default type, whatever the
+        prefix says. Other brokers read the prefix: nothing to add."""
+        if self.name != "artemis":
+            return {}
+        if destination.startswith("/queue/"):
+            kind = "ANYCAST"
+        elif destination.startswith("/topic/"):
+            kind = "MULTICAST"
+        else:
+            return {}
+        return {"destination-type" if command == "SEND" else "subscription-type": kind}
 
     def needs_client_id(self) -> bool:
         """Does a durable subscription need ``connect(..., client_id=...)``?"""

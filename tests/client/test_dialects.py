@@ -180,6 +180,22 @@ def test_duplicate_id_header() -> None:
     assert [f.get(IDEMPOTENCY_HEADER) for f in broker.frames("SEND")] == ["k1", "k2", "k3", "k4"]
 
 
+def test_artemis_routing_types() -> None:
+    backend, broker = broker_of("artemis")
+    with amqtransport.connect("tcp://a:1", backend=backend) as conn:
+        conn.send("/queue/q", "x")
+        conn.send("/topic/t", "x")
+        conn.send("/queue/q", "x", headers={"destination-type": "MULTICAST"})  # the caller's wins
+        conn.subscribe("/queue/q")
+        conn.subscribe("/topic/t")
+    assert [f.get("destination-type") for f in broker.frames("SEND")] == ["ANYCAST", "MULTICAST", "MULTICAST"]
+    assert [f.get("subscription-type") for f in broker.frames("SUBSCRIBE")] == ["ANYCAST", "MULTICAST"]
+    backend, broker = broker_of("activemq")
+    with amqtransport.connect("tcp://a:1", backend=backend) as conn:
+        conn.send("/queue/q", "x")
+    assert broker.frames("SEND")[0].get("destination-type") is None
+
+
 def test_artemis_heartbeat_floor_when_the_dialect_is_given() -> None:
     backend, broker = broker_of("artemis")
     with amqtransport.connect("tcp://a:1?dialect=artemis&heartBeat=100,0", backend=backend):
