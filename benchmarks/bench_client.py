@@ -65,7 +65,8 @@ def send_loop_rate(uri: str, n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def stomppy_receipt_loop_rate(port: int, n: int) -> float:
+def stomppy_receipt_loop_rate(port: int, n: int, *, vhost: str | None = None, login: str | None = None,
+                              passcode: str | None = None) -> float:
     import stomp
 
     got = threading.Event()
@@ -75,9 +76,9 @@ def stomppy_receipt_loop_rate(port: int, n: int) -> float:
             got.set()
 
     dest = f"/queue/bench.{uuid.uuid4().hex[:8]}"
-    conn = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0))
+    conn = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0), vhost=vhost)
     conn.set_listener("r", Listener())
-    conn.connect(wait=True)
+    conn.connect(login, passcode, wait=True)
     try:
         t0 = time.perf_counter()
         for i in range(n):

@@ -91,6 +91,7 @@ heartbeat_ms = 1000
                 p.send(back_q, f"r{i}")
         wait_for(lambda: st()["forwarded"] >= 200, 60, "ours -> RabbitMQ")  # type: ignore[operator]
         wait_for(lambda: back()["forwarded"] >= 50, 60, "RabbitMQ -> ours")  # type: ignore[operator]
+        rabbitmq.persist_definitions()  # the queue the bridge declared survives the crash below
 
         # kill -9 RabbitMQ while more is sent on our side; the bridge is rebuilt after its restart
         restarter = threading.Thread(target=lambda: (rabbitmq.kill(), rabbitmq.start()))
