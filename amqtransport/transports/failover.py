@@ -320,7 +320,9 @@ class FailoverTransport(Transport):
                     log.debug("failover: attempt %d to %s failed: %s", attempts, address, exc)
                 continue
             self.failed_attempts = 0
-            log.info("failover: connected to %s", conn.address)
+            log.info("failover: connected to %s (%s, dialect %s)", conn.address,
+                     (conn.connected_frame.get("server") if conn.connected_frame is not None else None)
+                     or "no server header", conn.dialect.name)
             return conn
         which = "startupMaxReconnectAttempts" if startup and getattr(
             self.options, "startup_max_reconnect_attempts", -1) != -1 else "maxReconnectAttempts"
