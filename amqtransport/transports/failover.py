@@ -682,15 +682,16 @@ class FailoverTransport(Transport):
                                   "the trackMessages cache", _error_text(frame))
             if own:
                 return
-        first = conn is not None and conn.error_frame is None
-        super()._on_error(conn, frame)
-        if first and conn is not None and conn.error_frame is frame:
-            # the broker refused something we wrote and did not say what: the next link
-            # replays stepwise (module docstring of replay.py)
-            with self._lock:
+        with self._lock:
+            unmatched = rid is None or rid not in self._pending
+            if unmatched and conn is not None and conn.error_frame is None:
+                # the broker refused something we wrote and did not say what: the next
+                # link replays stepwise (replay.py). Noted before the link is ended, so
+                # the reconnect that follows sees it.
                 same = self._refusal is not None and _error_text(self._refusal) == _error_text(frame)
                 self._refusal_streak = self._refusal_streak + 1 if same else 1
                 self._refusal = frame
+        super()._on_error(conn, frame)
 
     def _request_refused(self, rec: Receipt) -> None:
         if rec.frame.command == "SUBSCRIBE":

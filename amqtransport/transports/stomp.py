@@ -82,6 +82,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+#: seconds a link killed by a failed write waits for its reader to deliver what came before
+KILL_GRACE = 0.3
 # in the ERROR's message header (short, chosen by the broker for this purpose)
 _AUTH_WORDS = ("auth", "login", "password", "passcode", "credential", "security", "not authorized", "access denied",
                "access refused")
@@ -398,7 +400,12 @@ class StompConnection:
                     return  # the reader reports the loss
 
     def kill(self, error: TransportError) -> None:
-        """Declare the link lost (from outside the reader), reporting ``error`` once."""
+        """Declare the link lost (from outside the reader, e.g. a failed write), reporting
+        ``error`` once. The reader gets :data:`KILL_GRACE` seconds to end by itself
+        first: a peer that closed after an ERROR has usually sent it, and closing the
+        stream under the reader would lose it."""
+        if not self._lost_reported:
+            self.wait_reader(KILL_GRACE)
         self._report_lost(error)
 
     def wait_reader(self, timeout: float) -> bool:
