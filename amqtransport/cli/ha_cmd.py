@@ -87,7 +87,8 @@ def ha_options(fn: F) -> F:
 def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) -> int:
     """Run one HA node (called by ``amq broker run`` when ``--ha`` is given)."""
     from amqtransport.broker.config import BrokerConfig
-    from amqtransport.broker.ha.node import options_from_kwargs, run_node
+    from amqtransport.broker.ha.config import options_from_kwargs
+    from amqtransport.broker.ha.node import run_node
     from amqtransport.errors import ConfigError
 
     assert isinstance(cfg, BrokerConfig)

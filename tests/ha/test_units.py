@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from amqtransport.broker.ha.config import HaOptions, parse_address
 from amqtransport.broker.ha.epoch import STATE_FILE, HaState
 from amqtransport.broker.ha.lock import FileLock
-from amqtransport.broker.ha.node import HaOptions, parse_address
 from amqtransport.broker.ha.wire import (
     ACK,
     RECORDS,

@@ -9,7 +9,8 @@
 - :mod:`.replication`: the replication link's theory and its master side (full sync,
   record stream, receipt gate); :mod:`.slave`: its slave side (apply and ack);
   :mod:`.wire`: the bytes on an HA connection and the asking side of every request.
-- :mod:`.config`: the ``[ha]`` table of a broker config file.
+- :mod:`.config`: the node's options (:class:`~.config.HaOptions`, the HA port's bounds) and
+  the ``[ha]`` table of a broker config file.
 
 Processes for tests: :class:`amqtransport.testing.broker_pair.BrokerPair`; commands:
 ``amq broker pair`` and ``amq broker status``.

@@ -1,4 +1,6 @@
-"""The ``[ha]`` table of a broker config file (TOML), with ActiveMQ's attribute names.
+"""An HA node's options: :class:`HaOptions` (validated; what ``amq broker run --ha``
+builds from its flags and the ``[ha]`` table), :class:`HaPortLimits`, :func:`parse_address`;
+and the ``[ha]`` table of a broker config file (TOML), with ActiveMQ's attribute names.
 
 Example::
 
@@ -30,6 +32,8 @@ values raise :class:`~amqtransport.errors.ConfigError` naming the key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,9 +42,9 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from amqtransport.errors import ConfigError
 
 from ..config import read_toml
+from .auth import load_secret
 
-__all__ = ["HaConfig", "load_ha_table"]
-
+__all__ = ["HaConfig", "HaOptions", "HaPortLimits", "load_ha_table", "options_from_kwargs", "parse_address"]
 
 class HaConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -108,3 +112,92 @@ def load_ha_table(path: str | Path) -> dict[str, Any]:
     if secret_file is not None and not Path(secret_file).is_absolute():
         table["cluster_password_file"] = str(Path(path).resolve().parent / secret_file)
     return table
+
+
+# ---------------------------------------------------------------------- the node's options
+MODES = ("shared-store", "replicated")
+
+
+@dataclass(frozen=True)
+class HaOptions:
+    mode: str = "replicated"
+    master_connector: str | None = None
+    master_user: str | None = None
+    master_password: str | None = None
+    wait_for_slave: bool = False
+    shutdown_on_slave_failure: bool = False
+    shutdown_on_master_failure: bool = False
+    allow_failback: bool = False
+    lock_interval: float = 0.1
+    takeover_check: str | None = None
+    ha_port: int = 0
+    link_timeout: float = 2.0
+    cluster_password: str | None = None
+    cluster_password_file: str | None = None
+    ha_max_connections: int = 16
+    ha_idle_timeout: float = 5.0
+    ha_max_frame: int = 64 * 1024
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"--ha must be one of {', '.join(MODES)}, got {self.mode!r}", path="ha")
+        if self.mode == "shared-store" and self.master_connector:
+            raise ConfigError("--master-connector is for --ha replicated (shared-store nodes share --data-dir)",
+                              path="master_connector")
+        if self.master_connector:
+            parse_address(self.master_connector, "--master-connector")
+        if self.takeover_check:
+            parse_address(self.takeover_check, "--takeover-check")
+        if not 0.001 <= self.lock_interval <= 60:
+            raise ConfigError(f"--lock-interval must be between 0.001 and 60 s, got {self.lock_interval}",
+                              path="lock_interval")
+        if not 0.05 <= self.link_timeout <= 600:
+            raise ConfigError(f"--link-timeout must be between 0.05 and 600 s, got {self.link_timeout}",
+                              path="link_timeout")
+        if (self.master_user is None) != (self.master_password is None):
+            raise ConfigError("--master-user and --master-password go together", path="master_user")
+        if self.mode == "replicated":
+            load_secret(self.cluster_password, self.cluster_password_file)
+        if not 1 <= self.ha_max_connections <= 10_000:
+            raise ConfigError(f"ha_max_connections must be between 1 and 10000, got {self.ha_max_connections}",
+                              path="ha_max_connections")
+        if not 0.1 <= self.ha_idle_timeout <= 600:
+            raise ConfigError(f"ha_idle_timeout must be between 0.1 and 600 s, got {self.ha_idle_timeout}",
+                              path="ha_idle_timeout")
+        if not 1024 <= self.ha_max_frame <= 16 << 20:
+            raise ConfigError(f"ha_max_frame must be between 1024 and 16777216 bytes, got {self.ha_max_frame}",
+                              path="ha_max_frame")
+
+    @property
+    def port_limits(self) -> HaPortLimits:
+        return HaPortLimits(self.ha_max_connections, self.ha_idle_timeout, self.ha_max_frame)
+
+
+def parse_address(text: str, what: str = "address") -> tuple[str, int]:
+    """``tcp://host:port``, ``stomp://host:port`` or ``host:port`` -> (host, port)."""
+    raw = text.strip()
+    for prefix in ("tcp://", "stomp://"):
+        if raw.startswith(prefix):
+            raw = raw[len(prefix):]
+    raw = raw.split("?", 1)[0].rstrip("/")
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what}: expected tcp://HOST:PORT or HOST:PORT, got {text!r}", path=what)
+    return host.strip("[]"), int(port)
+
+
+def options_from_kwargs(kwargs: Mapping[str, Any]) -> HaOptions:
+    """HaOptions from the ``amq broker run`` keyword arguments (None = default)."""
+    fields = HaOptions.__dataclass_fields__
+    values = {k: v for k, v in kwargs.items() if k in fields and v is not None}
+    return HaOptions(**values)
+
+
+@dataclass(frozen=True)
+class HaPortLimits:
+    """Bounds of the HA port (``[ha]`` keys ``ha_max_connections``, ``ha_idle_timeout``,
+    ``ha_max_frame``)."""
+
+    max_connections: int = 16
+    idle_timeout: float = 5.0
+    max_frame: int = 64 * 1024

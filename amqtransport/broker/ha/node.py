@@ -134,9 +134,8 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from amqtransport.errors import ConfigError
 from amqtransport.stomp import Frame, serialize
@@ -145,6 +144,7 @@ from ..config import BrokerConfig, verify_password
 from ..server import BrokerServer
 from ..store import MessageStore, StoreLockedError
 from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestSigner, RequestVerifier, load_secret
+from .config import HaOptions, parse_address
 from .epoch import HaState
 from .lock import FileLock, is_locked, wait_for_lock
 from .peercheck import (
@@ -157,7 +157,7 @@ from .peercheck import (
     ask_peer,
     judge,
 )
-from .port import HaPortLimits, HaPortProtocol, RefusalLog, answer_error
+from .port import HaPortProtocol, RefusalLog, answer_error
 from .replication import MasterLink, ReplicationMaster
 from .slave import SlaveLink, fresh_replica_store
 from .wire import REPLICA_HEADER, STATUS_HEADER, ReplicaRefused, ReplicationError, ha_request, probe
@@ -166,11 +166,10 @@ if TYPE_CHECKING:
     from ..http import HttpServer
     from ..protocol import StompConnection
 
-__all__ = ["HaOptions", "HaNode", "run_node", "parse_address"]
+__all__ = ["HaNode", "run_node"]
 
 log = logging.getLogger(__name__)
 
-MODES = ("shared-store", "replicated")
 #: a master with a higher epoch asks a stale master to step down (the end of a split brain)
 DEMOTE_HEADER = "amq-ha-demote"
 #: requests that change a node's role or state: signed with the cluster secret (auth.py)
@@ -179,74 +178,6 @@ RELEASE_HEADER = "amq-ha-release"
 ROLE_REQUESTS = (REPLICA_HEADER, DEMOTE_HEADER, STANDBY_HEADER, RELEASE_HEADER)
 REQUEST_NAMES = {REPLICA_HEADER: "replication link", DEMOTE_HEADER: "demote request",
                  STANDBY_HEADER: "stand-by request", RELEASE_HEADER: "release request"}
-
-
-@dataclass(frozen=True)
-class HaOptions:
-    mode: str = "replicated"
-    master_connector: str | None = None
-    master_user: str | None = None
-    master_password: str | None = None
-    wait_for_slave: bool = False
-    shutdown_on_slave_failure: bool = False
-    shutdown_on_master_failure: bool = False
-    allow_failback: bool = False
-    lock_interval: float = 0.1
-    takeover_check: str | None = None
-    ha_port: int = 0
-    link_timeout: float = 2.0
-    cluster_password: str | None = None
-    cluster_password_file: str | None = None
-    ha_max_connections: int = 16
-    ha_idle_timeout: float = 5.0
-    ha_max_frame: int = 64 * 1024
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"--ha must be one of {', '.join(MODES)}, got {self.mode!r}", path="ha")
-        if self.mode == "shared-store" and self.master_connector:
-            raise ConfigError("--master-connector is for --ha replicated (shared-store nodes share --data-dir)",
-                              path="master_connector")
-        if self.master_connector:
-            parse_address(self.master_connector, "--master-connector")
-        if self.takeover_check:
-            parse_address(self.takeover_check, "--takeover-check")
-        if not 0.001 <= self.lock_interval <= 60:
-            raise ConfigError(f"--lock-interval must be between 0.001 and 60 s, got {self.lock_interval}",
-                              path="lock_interval")
-        if not 0.05 <= self.link_timeout <= 600:
-            raise ConfigError(f"--link-timeout must be between 0.05 and 600 s, got {self.link_timeout}",
-                              path="link_timeout")
-        if (self.master_user is None) != (self.master_password is None):
-            raise ConfigError("--master-user and --master-password go together", path="master_user")
-        if self.mode == "replicated":
-            load_secret(self.cluster_password, self.cluster_password_file)
-        if not 1 <= self.ha_max_connections <= 10_000:
-            raise ConfigError(f"ha_max_connections must be between 1 and 10000, got {self.ha_max_connections}",
-                              path="ha_max_connections")
-        if not 0.1 <= self.ha_idle_timeout <= 600:
-            raise ConfigError(f"ha_idle_timeout must be between 0.1 and 600 s, got {self.ha_idle_timeout}",
-                              path="ha_idle_timeout")
-        if not 1024 <= self.ha_max_frame <= 16 << 20:
-            raise ConfigError(f"ha_max_frame must be between 1024 and 16777216 bytes, got {self.ha_max_frame}",
-                              path="ha_max_frame")
-
-    @property
-    def port_limits(self) -> HaPortLimits:
-        return HaPortLimits(self.ha_max_connections, self.ha_idle_timeout, self.ha_max_frame)
-
-
-def parse_address(text: str, what: str = "address") -> tuple[str, int]:
-    """``tcp://host:port``, ``stomp://host:port`` or ``host:port`` -> (host, port)."""
-    raw = text.strip()
-    for prefix in ("tcp://", "stomp://"):
-        if raw.startswith(prefix):
-            raw = raw[len(prefix):]
-    raw = raw.split("?", 1)[0].rstrip("/")
-    host, sep, port = raw.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{what}: expected tcp://HOST:PORT or HOST:PORT, got {text!r}", path=what)
-    return host.strip("[]"), int(port)
 
 
 async def reachable(address: tuple[str, int], timeout: float) -> bool:
@@ -1200,10 +1131,3 @@ def run_node(config: BrokerConfig, users: Mapping[str, str] | None, options: HaO
         return asyncio.run(node.run())
     except KeyboardInterrupt:
         return 0
-
-
-def options_from_kwargs(kwargs: Mapping[str, Any]) -> HaOptions:
-    """HaOptions from the ``amq broker run`` keyword arguments (None = default)."""
-    fields = HaOptions.__dataclass_fields__
-    values = {k: v for k, v in kwargs.items() if k in fields and v is not None}
-    return HaOptions(**values)

@@ -7,7 +7,7 @@ replication link, a demote or stand-by request); :class:`HaPortProtocol` parses 
 and hands it to the node (:meth:`HaNode.handle_ha_frame`), which answers, closes, or
 keeps the socket (a replication link). Garbage is answered with an ``ERROR`` frame
 and the connection is closed. Because this port is open in every role and before any
-authentication, it is bounded (:class:`HaPortLimits`): at most ``max_connections``
+authentication, it is bounded (:class:`~.config.HaPortLimits`): at most ``max_connections``
 connections waiting for their request (more are closed at once), ``idle_timeout``
 seconds to deliver the request, ``max_frame`` bytes for it. Refusals are logged with
 the remote address by a :class:`RefusalLog`, which keeps a flood of them from filling
@@ -20,27 +20,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from amqtransport.stomp import Frame, FrameParser, Limits, NeedData, serialize
 
+from .config import HaPortLimits
+
 if TYPE_CHECKING:
     from .node import HaNode
 
-__all__ = ["HaPortLimits", "HaPortProtocol", "RefusalLog", "answer_error"]
+__all__ = ["HaPortProtocol", "RefusalLog", "answer_error"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class HaPortLimits:
-    """Bounds of the HA port (``[ha]`` keys ``ha_max_connections``, ``ha_idle_timeout``,
-    ``ha_max_frame``)."""
-
-    max_connections: int = 16
-    idle_timeout: float = 5.0
-    max_frame: int = 64 * 1024
 
 
 class RefusalLog:
