@@ -269,7 +269,7 @@ def release(port: int, host: str, cluster_password_file: str | None, cluster_pas
     refused port is an answer).
     """
     from amqtransport.broker.ha.auth import AUTH_HEADER, RequestSigner, load_secret
-    from amqtransport.broker.ha.node import RELEASE_HEADER
+    from amqtransport.broker.ha.wire import RELEASE_HEADER
     from amqtransport.errors import ConfigError
 
     try:

@@ -3,7 +3,7 @@
 - :mod:`.node`: one node's role state machine (master / slave / cold backup) for both
   kinds of pair, with the theory of operation and every partition case;
   :func:`~.node.run_node` is what ``amq broker run --ha ...`` calls.
-- :mod:`.port`: the HA port (one CONNECT per connection, handed to the node).
+- :mod:`.port`: the HA port (one CONNECT per connection) and the answer to every HA request.
 - :mod:`.lock`: the exclusive file lock that elects the master of a shared-store pair.
 - :mod:`.epoch`: ``ha-state.json``, the store epoch and what a node knows of its peer.
 - :mod:`.replication`: the replication link's theory and its master side (full sync,

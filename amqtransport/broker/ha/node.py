@@ -138,29 +138,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from amqtransport.errors import ConfigError
-from amqtransport.stomp import Frame, serialize
+from amqtransport.stomp import Frame
 
-from ..config import BrokerConfig, verify_password
+from ..config import BrokerConfig
 from ..server import BrokerServer
 from ..store import MessageStore, StoreLockedError
-from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestSigner, RequestVerifier, load_secret
+from .auth import AUTH_HEADER, RequestSigner, RequestVerifier, load_secret
 from .config import HaOptions, parse_address
 from .epoch import HaState
 from .lock import FileLock, is_locked, wait_for_lock
-from .peercheck import (
-    CLEAR,
-    DEMOTE_PEER,
-    STANDBY_ANSWER,
-    STANDBY_HEADER,
-    STANDBY_REASON,
-    STEP_DOWN,
-    ask_peer,
-    judge,
-)
-from .port import HaPortProtocol, RefusalLog, answer_error
+from .peercheck import CLEAR, DEMOTE_PEER, STEP_DOWN, ask_peer, judge
+from .port import ROLE_REQUESTS, HaPortProtocol, HaRequests, answer_error
 from .replication import MasterLink, ReplicationMaster
 from .slave import SlaveLink, fresh_replica_store
-from .wire import REPLICA_HEADER, STATUS_HEADER, ReplicaRefused, ReplicationError, ha_request, probe
+from .wire import (
+    DEMOTE_HEADER,
+    REPLICA_HEADER,
+    STANDBY_HEADER,
+    STATUS_HEADER,
+    ReplicaRefused,
+    ReplicationError,
+    ha_request,
+    probe,
+)
 
 if TYPE_CHECKING:
     from ..http import HttpServer
@@ -169,16 +169,6 @@ if TYPE_CHECKING:
 __all__ = ["HaNode", "run_node"]
 
 log = logging.getLogger(__name__)
-
-#: a master with a higher epoch asks a stale master to step down (the end of a split brain)
-DEMOTE_HEADER = "amq-ha-demote"
-#: requests that change a node's role or state: signed with the cluster secret (auth.py)
-#: an operator tells a master that holds receipts that its peer is gone for good (amq broker release)
-RELEASE_HEADER = "amq-ha-release"
-ROLE_REQUESTS = (REPLICA_HEADER, DEMOTE_HEADER, STANDBY_HEADER, RELEASE_HEADER)
-REQUEST_NAMES = {REPLICA_HEADER: "replication link", DEMOTE_HEADER: "demote request",
-                 STANDBY_HEADER: "stand-by request", RELEASE_HEADER: "release request"}
-
 
 async def reachable(address: tuple[str, int], timeout: float) -> bool:
     """True when a TCP connect to ``address`` succeeds within ``timeout``."""
@@ -242,7 +232,6 @@ class HaNode:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.takeovers = 0
         self.became_master_at = 0.0
-        self.refused = RefusalLog(log)
         self.http: HttpServer | None = None  # the HTTP side port (--http), in every role
         self._ha_waiting: set[HaPortProtocol] = set()
         self.signer: RequestSigner | None = None
@@ -250,6 +239,7 @@ class HaNode:
         if options.mode == "replicated":
             secret = load_secret(options.cluster_password, options.cluster_password_file)
             self.signer, self.verifier = RequestSigner(secret), RequestVerifier(secret)
+        self.requests = HaRequests(self)  # the answer to every HA request (port.py)
 
     # ------------------------------------------------------------------ entry
     async def run(self) -> int:
@@ -259,7 +249,7 @@ class HaNode:
                 self.loop.add_signal_handler(sig, self.stop)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._ha_server = await self.loop.create_server(
-            lambda: HaPortProtocol(self, self.opts.port_limits, self._ha_waiting), self.host, self.ha_port,
+            lambda: HaPortProtocol(self.requests, self.opts.port_limits, self._ha_waiting), self.host, self.ha_port,
             reuse_address=True,
         )
         self.ha_port = self._ha_server.sockets[0].getsockname()[1]
@@ -300,6 +290,14 @@ class HaNode:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    def save_state(self) -> None:
+        self.state.save(self.data_dir)
+
+    def demote(self) -> None:
+        """Leave the master role: the role loop stops the master and decides again."""
+        if self._demote is not None:
+            self._demote.set()
 
     @property
     def link_up(self) -> bool:
@@ -384,7 +382,7 @@ class HaNode:
 
     def intercept_connect(self, conn: StompConnection, frame: Frame) -> bool:
         """Hook called by the client-port STOMP handler for every CONNECT frame: HA
-        requests are handed to :meth:`handle_ha_frame`; while the master is suspect (it
+        requests are handed to :meth:`.port.HaRequests.handle`; while the master is suspect (it
         may have been replaced while frozen) a client's CONNECT is refused, so no client
         starts a session on a node that may be about to step down."""
         repl = self.repl
@@ -404,191 +402,11 @@ class HaNode:
         conn.server.unregister(conn)
         conn.transport = None
         if is_request:
-            self.handle_ha_frame(transport, frame, conn.peer)
+            self.requests.handle(transport, frame, conn.peer)
         else:
             answer_error(transport, f"node {self.name} is not accepting clients right now: it is checking "
                                     "whether its peer took over; retry (or fail over)")
         return True
-
-    def handle_ha_frame(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
-        if frame.command not in ("CONNECT", "STOMP"):
-            self.refused(peer, f"a {frame.command} frame", "expected CONNECT")
-            answer_error(transport, f"expected CONNECT on the HA port of node {self.name}, got {frame.command}")
-            return
-        request = next((h for h in ROLE_REQUESTS if frame.get(h) is not None), None)
-        if request is not None:
-            what = f"{REQUEST_NAMES[request]} from node {frame.get(request)!r}"
-            reason = self._check_request(request, frame)
-            if reason is not None:
-                self.refused(peer, what, reason)
-                answer_error(transport, f"{REQUEST_NAMES[request]} refused by node {self.name}: {reason}")
-                return
-            if request == REPLICA_HEADER:
-                self._accept_replica(transport, frame, peer)
-            elif request == DEMOTE_HEADER:
-                assert self.loop is not None
-                self.loop.create_task(self._demote_request(transport, frame, peer))
-            elif request == STANDBY_HEADER:
-                self._standby_request(transport, frame)
-            else:
-                self._release_request(transport, frame, peer)
-            return
-        if frame.get(STATUS_HEADER) is not None:
-            answer = Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])
-            transport.write(serialize(answer))
-            transport.close()
-            return
-        answer_error(transport, f"this is the HA port of node {self.name}; clients connect to tcp://{self.host}:{self.port}")
-
-    def _check_request(self, request: str, frame: Frame) -> str | None:
-        """Why a role-changing request must be refused (None: it is authentic and from our peer)."""
-        if self.verifier is None:
-            return f"node {self.name} is in a {self.opts.mode} pair (no replication requests)"
-        signed = {h: v for h in (request, AUTH_HEADER, *SIGNED_HEADERS) if (v := frame.get(h)) is not None}
-        reason = self.verifier.check(request, signed, time.time())
-        if reason is not None:
-            return reason
-        who = frame.get(request) or ""
-        if who == self.name:
-            return f"the request claims to come from node {who!r}, which is this node"
-        epoch = frame.get("amq-ha-epoch") or ""
-        if not epoch.isdigit():
-            return f"bad amq-ha-epoch {epoch!r}"
-        known = self.state.peer.get("name")
-        if request in (DEMOTE_HEADER, STANDBY_HEADER) and known and who != known:
-            return f"node {who!r} is not this node's peer ({known!r})"
-        return None
-
-    def _authorized(self, transport: asyncio.Transport, frame: Frame, what: str, peer: str) -> bool:
-        """The users-file check of a replication link (ActiveMQ's master connector credentials)."""
-        if not self.users:
-            return True
-        login = frame.get("login")
-        stored = self.users.get(login or "")
-        if login is None or stored is None or not verify_password(stored, frame.get("passcode") or ""):
-            log.error(
-                "%s refused: bad credentials for login %r "
-                "(the peer's --master-user/--master-password must be a user of this broker)", what, login,
-            )
-            self.refused(peer, what, f"bad credentials for login {login!r}")
-            answer_error(transport, f"{what.split(' ')[0]} refused: authentication failed: bad login or passcode")
-            return False
-        return True
-
-    async def _demote_request(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
-        """A master with a newer epoch asks us (a stale master) to step down. Accepted only
-        when we are master, its epoch is strictly newer than ours, and its own HA port
-        confirms that it is master at that epoch."""
-        who = frame.get(DEMOTE_HEADER) or "?"
-        what = f"demote request from node {who!r}"
-        theirs = int(frame.get("amq-ha-epoch") or 0)
-        ours = self.state.epoch
-        reason = None
-        if self.role != "master":
-            reason = f"node {self.name} is not master (role {self.role})"
-        elif theirs <= ours:
-            reason = f"its epoch {theirs} is not newer than ours ({ours})"
-        else:
-            try:
-                where = parse_address(frame.get("amq-ha-port") or "", "amq-ha-port")
-            except ConfigError as exc:
-                reason = str(exc)
-            else:
-                info = await probe(*where, timeout=min(1.0, self.opts.link_timeout))
-                if info is None:
-                    reason = f"its HA port {where[0]}:{where[1]} does not answer"
-                elif (info.get("amq-ha-role"), info.get("amq-ha-name"), info.get("amq-ha-epoch")) != (
-                    "master", who, str(theirs)
-                ):
-                    reason = (f"its HA port {where[0]}:{where[1]} says node {info.get('amq-ha-name')!r} is "
-                              f"{info.get('amq-ha-role')} at epoch {info.get('amq-ha-epoch')}, not master at {theirs}")
-        if reason is None and (self.role != "master" or self.state.epoch != ours):
-            reason = "this node changed role meanwhile"
-        if reason is not None:
-            self.refused(peer, what, reason)
-            answer_error(transport, f"not demoting: {reason}")
-            return
-        log.error(
-            "node %s: master %s at epoch %d > ours %d asks us to step down (split brain or a wiped "
-            "store): demoting to slave and resyncing from it", self.name, who, theirs, ours,
-        )
-        self.state.peer = {k: v for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port"))
-                           if (v := frame.get(h) or "")}
-        self.state.peer["name"] = who
-        self.state.peer_may_be_master = True
-        self.state.save(self.data_dir)
-        transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])))
-        transport.close()
-        if self._demote is not None:
-            self._demote.set()
-
-    def _accept_replica(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
-        slave = frame.get(REPLICA_HEADER) or "?"
-        what = f"replication link from slave {slave} ({peer})"
-        if not self._authorized(transport, frame, what, peer):
-            return
-        reason = None
-        theirs = int(frame.get("amq-ha-epoch") or 0)
-        link = self.repl.link if self.repl is not None else None
-        if self.role != "master" or self.repl is None:
-            reason = f"node {self.name} is not the master (role {self.role})"
-        elif theirs > self.state.epoch:
-            reason = (f"the slave's store has epoch {theirs}, newer than ours ({self.state.epoch}): "
-                      "it must not be overwritten by ours")
-            log.error("node %s: %s refused: %s", self.name, what, reason)
-        elif link is not None and link.synced and link.slave != slave:
-            reason = f"slave {link.slave} is attached and in sync"
-        if reason is not None:
-            self.refused(peer, what, reason)
-            answer_error(transport, f"replication refused: {reason}")
-            return
-        assert self.repl is not None
-        info = dict(frame.headers)
-        answer = serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()]))
-        self.repl.attach(transport, slave, answer, info)
-
-    def _standby_request(self, transport: asyncio.Transport, frame: Frame) -> None:
-        """Our peer is master, lost us (or froze) and asks us to stand by before it
-        receipts alone (peercheck.py). Agreeing means: this store is no longer a
-        complete copy, so we never take over before resyncing from it. This runs on
-        the loop, like the takeover decision (which checks ``state.synced`` right before
-        it raises the epoch), so the two cannot interleave."""
-        who = frame.get(STANDBY_HEADER) or "?"
-        theirs = int(frame.get("amq-ha-epoch") or 0)
-        if self.role == "master":
-            answer, reason = "refused", f"node {self.name} is master at epoch {self.state.epoch}"
-        elif self.state.synced and self.state.epoch > theirs:
-            answer, reason = "refused", f"this store has epoch {self.state.epoch}, newer than {theirs}"
-        elif self.link_up and self.slave_synced and self.state.peer.get("name") == who:
-            answer, reason = "in-sync", f"in sync with {who}"
-        else:
-            answer, reason = "ok", "standing by"
-            if self.state.synced and not self.state.master_strict:
-                self.state.synced = False
-                self.state.save(self.data_dir)
-                log.warning(
-                    "node %s: master %s (epoch %d) is alive and goes on without us: this store is no longer "
-                    "a complete copy; it will not take over before it has resynced", self.name, who, theirs,
-                )
-        headers = [("version", "1.2"), *self.status().items(), (STANDBY_ANSWER, answer), (STANDBY_REASON, reason)]
-        transport.write(serialize(Frame.make("CONNECTED", headers)))
-        transport.close()
-
-    def _release_request(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
-        """An operator (``amq broker release``, signed with the cluster secret) says the
-        peer is gone for good -- its host is dead, so it can neither answer nor refuse:
-        a suspect master receipts alone again. If the peer is in fact alive and took
-        over, this makes two masters; that is the operator's call."""
-        repl = self.repl
-        if self.role != "master" or repl is None or repl.suspect is None:
-            self.refused(peer, "release request", f"node {self.name} holds no receipts (role {self.role})")
-            answer_error(transport, f"node {self.name} is not holding receipts for a peer check (role {self.role})")
-            return
-        log.warning("node %s: an operator at %s (%s) released the receipts held since: %s", self.name, peer,
-                    frame.get(RELEASE_HEADER), repl.suspect)
-        repl.clear_suspect(f"released by an operator from {peer}: the peer was declared gone")
-        transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.status().items()])))
-        transport.close()
 
     # ------------------------------------------------------------------ shared store
     async def _run_shared_store(self) -> None:

@@ -42,15 +42,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .wire import ReplicaRefused, ReplicationError, ha_request, probe
+from .wire import (
+    STANDBY_ANSWER,
+    STANDBY_REASON,
+    ReplicaRefused,
+    ReplicationError,
+    ha_request,
+    probe,
+)
 
-__all__ = ["STANDBY_HEADER", "PeerAnswer", "Verdict", "ask_peer", "judge"]
-
-#: a suspect master asks its peer to stand by (signed; see auth.py)
-STANDBY_HEADER = "amq-ha-standby"
-#: the peer's answer to a stand-by request, in its CONNECTED frame
-STANDBY_ANSWER = "amq-ha-standby-answer"  # ok | in-sync | refused
-STANDBY_REASON = "amq-ha-standby-reason"
+__all__ = ["PeerAnswer", "Verdict", "ask_peer", "judge"]
 
 CLEAR, STEP_DOWN, DEMOTE_PEER, UNKNOWN = "clear", "step-down", "demote-peer", "unknown"
 

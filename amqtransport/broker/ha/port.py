@@ -1,17 +1,43 @@
-"""The HA port: the listening socket every HA node binds in every role.
+"""The HA port, and the answer to every HA request (on the HA port or a master's client port).
 
 Theory of operation
 -------------------
-Each connection may send exactly one STOMP ``CONNECT`` (a status request, a
-replication link, a demote or stand-by request); :class:`HaPortProtocol` parses it
-and hands it to the node (:meth:`HaNode.handle_ha_frame`), which answers, closes, or
-keeps the socket (a replication link). Garbage is answered with an ``ERROR`` frame
-and the connection is closed. Because this port is open in every role and before any
-authentication, it is bounded (:class:`~.config.HaPortLimits`): at most ``max_connections``
-connections waiting for their request (more are closed at once), ``idle_timeout``
-seconds to deliver the request, ``max_frame`` bytes for it. Refusals are logged with
-the remote address by a :class:`RefusalLog`, which keeps a flood of them from filling
-the log.
+Every node binds its HA port in every role. Each connection may send exactly one
+STOMP ``CONNECT`` (a status request, a replication link, a demote, stand-by or
+release request); :class:`HaPortProtocol` parses it and hands it to
+:meth:`HaRequests.handle`, which answers, closes, or hands the socket on (a
+replication link: :meth:`.replication.ReplicationMaster.attach`). A master's client
+port passes HA requests to the same handler (:meth:`.node.HaNode.intercept_connect`).
+Garbage is answered with an ``ERROR`` frame and the connection is closed. Because
+this port is open in every role and before any authentication, it is bounded
+(:class:`~.config.HaPortLimits`): at most ``max_connections`` connections waiting for
+their request (more are closed at once), ``idle_timeout`` seconds to deliver the
+request, ``max_frame`` bytes for it. Refusals are logged with the remote address by a
+:class:`RefusalLog`, which keeps a flood of them from filling the log.
+
+The requests. A status request (``amq-ha-status``) needs no secret: it changes
+nothing, and the ``CONNECTED`` answer carries the node's ``amq-ha-*`` status headers
+(:meth:`.node.HaNode.status`). Every request that changes a role or a store is signed
+with the pair's cluster secret (:mod:`.auth`), must not claim to come from this node,
+and carries a numeric epoch; a demote or stand-by request must come from the known
+peer. Then:
+
+``amq-ha-replica`` (a slave links up)
+    the users-file check of ActiveMQ's master connector credentials, if there are
+    users; accepted by a master only, never from a store with a newer epoch, never
+    replacing an in-sync slave of another name.
+``amq-ha-demote`` (a master with a newer epoch asks a stale master to step down)
+    accepted by a master only, for an epoch strictly newer than ours, once the
+    requester's own HA port confirms that it is master at that epoch; we learn its
+    addresses and leave the master role (then join it as slave).
+``amq-ha-standby`` (a suspect master asks its peer to stand by)
+    ``refused`` by a master, or by a synced store with a newer epoch; ``in-sync`` by a
+    slave whose link to that master is up and synced; otherwise ``ok``: agreeing marks
+    this store as no longer a complete copy, in this one loop step.
+``amq-ha-release`` (an operator: the peer is gone for good)
+    a suspect master receipts alone again.
+
+:class:`HaRequests` reads and changes the node only through :class:`PortHost`.
 """
 
 from __future__ import annotations
@@ -20,18 +46,35 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from amqtransport.errors import ConfigError
 from amqtransport.stomp import Frame, FrameParser, Limits, NeedData, serialize
 
-from .config import HaPortLimits
+from ..config import verify_password
+from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestVerifier
+from .config import HaOptions, HaPortLimits, parse_address
+from .epoch import HaState
+from .replication import ReplicationMaster
+from .wire import (
+    DEMOTE_HEADER,
+    RELEASE_HEADER,
+    REPLICA_HEADER,
+    STANDBY_ANSWER,
+    STANDBY_HEADER,
+    STANDBY_REASON,
+    STATUS_HEADER,
+    probe,
+)
 
-if TYPE_CHECKING:
-    from .node import HaNode
-
-__all__ = ["HaPortProtocol", "RefusalLog", "answer_error"]
+__all__ = ["HaPortProtocol", "HaRequests", "PortHost", "RefusalLog", "ROLE_REQUESTS", "answer_error"]
 
 log = logging.getLogger(__name__)
+
+#: requests that change a node's role or state: signed with the cluster secret (auth.py)
+ROLE_REQUESTS = (REPLICA_HEADER, DEMOTE_HEADER, STANDBY_HEADER, RELEASE_HEADER)
+REQUEST_NAMES = {REPLICA_HEADER: "replication link", DEMOTE_HEADER: "demote request",
+                 STANDBY_HEADER: "stand-by request", RELEASE_HEADER: "release request"}
 
 
 class RefusalLog:
@@ -66,11 +109,239 @@ class RefusalLog:
         self.logger.warning("HA port: refused %s from %s: %s", what, peer, reason)
 
 
+class PortHost(Protocol):
+    """What answering HA requests reads and changes on the node (:class:`.node.HaNode`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def opts(self) -> HaOptions: ...
+    @property
+    def users(self) -> dict[str, str]: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def state(self) -> HaState: ...
+    @property
+    def repl(self) -> ReplicationMaster | None: ...
+    @property
+    def verifier(self) -> RequestVerifier | None: ...
+    @property
+    def link_up(self) -> bool:
+        """A slave whose replication link is open."""
+    @property
+    def slave_synced(self) -> bool:
+        """A slave whose full sync (on the current or last link) is durable."""
+
+    def status(self) -> dict[str, str]:
+        """The ``amq-ha-*`` status headers."""
+
+    def save_state(self) -> None:
+        """Write ``ha-state.json``."""
+
+    def demote(self) -> None:
+        """Leave the master role (the role loop then decides again)."""
+
+
+class HaRequests:
+    """Answers the one request of an HA connection (see the module docstring)."""
+
+    def __init__(self, node: PortHost) -> None:
+        self.node = node
+        self.refused = RefusalLog(log)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def handle(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
+        """Answer the one CONNECT ``frame`` of an HA connection (either port) from ``peer``."""
+        if frame.command not in ("CONNECT", "STOMP"):
+            self.refused(peer, f"a {frame.command} frame", "expected CONNECT")
+            answer_error(transport, f"expected CONNECT on the HA port of node {self.node.name}, got {frame.command}")
+            return
+        request = next((h for h in ROLE_REQUESTS if frame.get(h) is not None), None)
+        if request is not None:
+            what = f"{REQUEST_NAMES[request]} from node {frame.get(request)!r}"
+            reason = self._check(request, frame)
+            if reason is not None:
+                self.refused(peer, what, reason)
+                answer_error(transport, f"{REQUEST_NAMES[request]} refused by node {self.node.name}: {reason}")
+                return
+            if request == REPLICA_HEADER:
+                self._replica(transport, frame, peer)
+            elif request == DEMOTE_HEADER:
+                task = asyncio.get_running_loop().create_task(self._demote(transport, frame, peer))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif request == STANDBY_HEADER:
+                self._standby(transport, frame)
+            else:
+                self._release(transport, frame, peer)
+            return
+        if frame.get(STATUS_HEADER) is not None:
+            answer = Frame.make("CONNECTED", [("version", "1.2"), *self.node.status().items()])
+            transport.write(serialize(answer))
+            transport.close()
+            return
+        answer_error(transport, f"this is the HA port of node {self.node.name}; clients connect to tcp://{self.node.host}:{self.node.port}")
+
+    def _check(self, request: str, frame: Frame) -> str | None:
+        """Why a role-changing request must be refused (None: it is authentic and from our peer)."""
+        if self.node.verifier is None:
+            return f"node {self.node.name} is in a {self.node.opts.mode} pair (no replication requests)"
+        signed = {h: v for h in (request, AUTH_HEADER, *SIGNED_HEADERS) if (v := frame.get(h)) is not None}
+        reason = self.node.verifier.check(request, signed, time.time())
+        if reason is not None:
+            return reason
+        who = frame.get(request) or ""
+        if who == self.node.name:
+            return f"the request claims to come from node {who!r}, which is this node"
+        epoch = frame.get("amq-ha-epoch") or ""
+        if not epoch.isdigit():
+            return f"bad amq-ha-epoch {epoch!r}"
+        known = self.node.state.peer.get("name")
+        if request in (DEMOTE_HEADER, STANDBY_HEADER) and known and who != known:
+            return f"node {who!r} is not this node's peer ({known!r})"
+        return None
+
+    def _authorized(self, transport: asyncio.Transport, frame: Frame, what: str, peer: str) -> bool:
+        """The users-file check of a replication link (ActiveMQ's master connector credentials)."""
+        if not self.node.users:
+            return True
+        login = frame.get("login")
+        stored = self.node.users.get(login or "")
+        if login is None or stored is None or not verify_password(stored, frame.get("passcode") or ""):
+            log.error(
+                "%s refused: bad credentials for login %r "
+                "(the peer's --master-user/--master-password must be a user of this broker)", what, login,
+            )
+            self.refused(peer, what, f"bad credentials for login {login!r}")
+            answer_error(transport, f"{what.split(' ')[0]} refused: authentication failed: bad login or passcode")
+            return False
+        return True
+
+    async def _demote(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
+        """A master with a newer epoch asks us (a stale master) to step down. Accepted only
+        when we are master, its epoch is strictly newer than ours, and its own HA port
+        confirms that it is master at that epoch."""
+        who = frame.get(DEMOTE_HEADER) or "?"
+        what = f"demote request from node {who!r}"
+        theirs = int(frame.get("amq-ha-epoch") or 0)
+        ours = self.node.state.epoch
+        reason = None
+        if self.node.role != "master":
+            reason = f"node {self.node.name} is not master (role {self.node.role})"
+        elif theirs <= ours:
+            reason = f"its epoch {theirs} is not newer than ours ({ours})"
+        else:
+            try:
+                where = parse_address(frame.get("amq-ha-port") or "", "amq-ha-port")
+            except ConfigError as exc:
+                reason = str(exc)
+            else:
+                info = await probe(*where, timeout=min(1.0, self.node.opts.link_timeout))
+                if info is None:
+                    reason = f"its HA port {where[0]}:{where[1]} does not answer"
+                elif (info.get("amq-ha-role"), info.get("amq-ha-name"), info.get("amq-ha-epoch")) != (
+                    "master", who, str(theirs)
+                ):
+                    reason = (f"its HA port {where[0]}:{where[1]} says node {info.get('amq-ha-name')!r} is "
+                              f"{info.get('amq-ha-role')} at epoch {info.get('amq-ha-epoch')}, not master at {theirs}")
+        if reason is None and (self.node.role != "master" or self.node.state.epoch != ours):
+            reason = "this node changed role meanwhile"
+        if reason is not None:
+            self.refused(peer, what, reason)
+            answer_error(transport, f"not demoting: {reason}")
+            return
+        log.error(
+            "node %s: master %s at epoch %d > ours %d asks us to step down (split brain or a wiped "
+            "store): demoting to slave and resyncing from it", self.node.name, who, theirs, ours,
+        )
+        self.node.state.peer = {k: v for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port"))
+                           if (v := frame.get(h) or "")}
+        self.node.state.peer["name"] = who
+        self.node.state.peer_may_be_master = True
+        self.node.save_state()
+        transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.node.status().items()])))
+        transport.close()
+        self.node.demote()
+
+    def _replica(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
+        slave = frame.get(REPLICA_HEADER) or "?"
+        what = f"replication link from slave {slave} ({peer})"
+        if not self._authorized(transport, frame, what, peer):
+            return
+        reason = None
+        theirs = int(frame.get("amq-ha-epoch") or 0)
+        link = self.node.repl.link if self.node.repl is not None else None
+        if self.node.role != "master" or self.node.repl is None:
+            reason = f"node {self.node.name} is not the master (role {self.node.role})"
+        elif theirs > self.node.state.epoch:
+            reason = (f"the slave's store has epoch {theirs}, newer than ours ({self.node.state.epoch}): "
+                      "it must not be overwritten by ours")
+            log.error("node %s: %s refused: %s", self.node.name, what, reason)
+        elif link is not None and link.synced and link.slave != slave:
+            reason = f"slave {link.slave} is attached and in sync"
+        if reason is not None:
+            self.refused(peer, what, reason)
+            answer_error(transport, f"replication refused: {reason}")
+            return
+        assert self.node.repl is not None
+        info = dict(frame.headers)
+        answer = serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.node.status().items()]))
+        self.node.repl.attach(transport, slave, answer, info)
+
+    def _standby(self, transport: asyncio.Transport, frame: Frame) -> None:
+        """Our peer is master, lost us (or froze) and asks us to stand by before it
+        receipts alone (peercheck.py). Agreeing means: this store is no longer a
+        complete copy, so we never take over before resyncing from it. This runs on
+        the loop, like the takeover decision (which checks ``state.synced`` right before
+        it raises the epoch), so the two cannot interleave."""
+        who = frame.get(STANDBY_HEADER) or "?"
+        theirs = int(frame.get("amq-ha-epoch") or 0)
+        if self.node.role == "master":
+            answer, reason = "refused", f"node {self.node.name} is master at epoch {self.node.state.epoch}"
+        elif self.node.state.synced and self.node.state.epoch > theirs:
+            answer, reason = "refused", f"this store has epoch {self.node.state.epoch}, newer than {theirs}"
+        elif self.node.link_up and self.node.slave_synced and self.node.state.peer.get("name") == who:
+            answer, reason = "in-sync", f"in sync with {who}"
+        else:
+            answer, reason = "ok", "standing by"
+            if self.node.state.synced and not self.node.state.master_strict:
+                self.node.state.synced = False
+                self.node.save_state()
+                log.warning(
+                    "node %s: master %s (epoch %d) is alive and goes on without us: this store is no longer "
+                    "a complete copy; it will not take over before it has resynced", self.node.name, who, theirs,
+                )
+        headers = [("version", "1.2"), *self.node.status().items(), (STANDBY_ANSWER, answer), (STANDBY_REASON, reason)]
+        transport.write(serialize(Frame.make("CONNECTED", headers)))
+        transport.close()
+
+    def _release(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
+        """An operator (``amq broker release``, signed with the cluster secret) says the
+        peer is gone for good -- its host is dead, so it can neither answer nor refuse:
+        a suspect master receipts alone again. If the peer is in fact alive and took
+        over, this makes two masters; that is the operator's call."""
+        repl = self.node.repl
+        if self.node.role != "master" or repl is None or repl.suspect is None:
+            self.refused(peer, "release request", f"node {self.node.name} holds no receipts (role {self.node.role})")
+            answer_error(transport, f"node {self.node.name} is not holding receipts for a peer check (role {self.node.role})")
+            return
+        log.warning("node %s: an operator at %s (%s) released the receipts held since: %s", self.node.name, peer,
+                    frame.get(RELEASE_HEADER), repl.suspect)
+        repl.clear_suspect(f"released by an operator from {peer}: the peer was declared gone")
+        transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.node.status().items()])))
+        transport.close()
+
+
 class HaPortProtocol(asyncio.Protocol):
     """One connection to the HA port, until its request is handed to the node."""
 
-    def __init__(self, node: HaNode, limits: HaPortLimits, waiting: set[HaPortProtocol]) -> None:
-        self.node = node
+    def __init__(self, requests: HaRequests, limits: HaPortLimits, waiting: set[HaPortProtocol]) -> None:
+        self.requests = requests
         self.limits = limits
         self.waiting = waiting
         self.parser = FrameParser(
@@ -86,7 +357,7 @@ class HaPortProtocol(asyncio.Protocol):
         p = transport.get_extra_info("peername")
         self.peer = f"{p[0]}:{p[1]}" if isinstance(p, tuple) else str(p)
         if len(self.waiting) >= self.limits.max_connections:
-            self.node.refused(self.peer, "a connection",
+            self.requests.refused(self.peer, "a connection",
                               f"{len(self.waiting)} connections already wait for their request (limit)")
             answer_error(transport, "too many connections to the HA port")
             return
@@ -97,7 +368,7 @@ class HaPortProtocol(asyncio.Protocol):
     def _idle(self) -> None:
         self._timer = None
         if self.transport is not None and self in self.waiting:
-            self.node.refused(self.peer, "a connection", f"no request within {self.limits.idle_timeout:g} s")
+            self.requests.refused(self.peer, "a connection", f"no request within {self.limits.idle_timeout:g} s")
             self._done()
             answer_error(self.transport, f"no CONNECT frame within {self.limits.idle_timeout:g} s")
 
@@ -118,7 +389,7 @@ class HaPortProtocol(asyncio.Protocol):
             while not isinstance(event := self.parser.next_event(), Frame | NeedData):
                 pass  # a heart-beat EOL before the request
         except Exception as exc:  # noqa: BLE001 - garbage on the HA port: answer and close
-            self.node.refused(self.peer, "a frame", f"malformed: {exc}")
+            self.requests.refused(self.peer, "a frame", f"malformed: {exc}")
             self._done()
             answer_error(self.transport, f"malformed frame on the HA port: {exc}")
             return
@@ -126,7 +397,7 @@ class HaPortProtocol(asyncio.Protocol):
             return
         self._done()
         self.transport.pause_reading()
-        self.node.handle_ha_frame(self.transport, event, self.peer)
+        self.requests.handle(self.transport, event, self.peer)
 
 
 def answer_error(transport: asyncio.Transport, message: str) -> None:

@@ -29,7 +29,12 @@ from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
 from ..store import MAX_RECORD
 
 __all__ = [
+    "DEMOTE_HEADER",
+    "RELEASE_HEADER",
     "REPLICA_HEADER",
+    "STANDBY_ANSWER",
+    "STANDBY_HEADER",
+    "STANDBY_REASON",
     "STATUS_HEADER",
     "ReplicationError",
     "ReplicaRefused",
@@ -51,8 +56,18 @@ __all__ = [
     "BYE",
 ]
 
-REPLICA_HEADER = "amq-ha-replica"
-STATUS_HEADER = "amq-ha-status"
+#: the headers that name a request in its CONNECT frame (the value: the sender's name)
+STATUS_HEADER = "amq-ha-status"  # status, no secret
+REPLICA_HEADER = "amq-ha-replica"  # a slave links up
+#: a master with a higher epoch asks a stale master to step down (the end of a split brain)
+DEMOTE_HEADER = "amq-ha-demote"
+#: a suspect master asks its peer to stand by
+STANDBY_HEADER = "amq-ha-standby"
+#: an operator tells a master that holds receipts that its peer is gone for good (amq broker release)
+RELEASE_HEADER = "amq-ha-release"
+#: the peer's answer to a stand-by request, in its CONNECTED frame
+STANDBY_ANSWER = "amq-ha-standby-answer"  # ok | in-sync | refused
+STANDBY_REASON = "amq-ha-standby-reason"
 
 SNAP, RECORDS, SYNC_END, ACK, PING, BYE = range(1, 7)
 KINDS = {SNAP: "SNAP", RECORDS: "RECORDS", SYNC_END: "SYNC_END", ACK: "ACK", PING: "PING", BYE: "BYE"}
