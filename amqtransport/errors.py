@@ -10,6 +10,7 @@ layer (including the sans-IO ``stomp`` package) may import it.
     AmqTransportError
     ├── UriError (also ValueError)          bad connection URI or option
     ├── ConfigError (also ValueError)       bad config file key or value
+    ├── DestinationError (also ValueError)  bad destination name or wildcard pattern
     ├── ProtocolError                       malformed STOMP
     │   ├── LocalProtocolError              we were asked to emit something invalid
     │   └── RemoteProtocolError             the peer sent something invalid
@@ -36,6 +37,7 @@ __all__ = [
     "AmqTransportError",
     "UriError",
     "ConfigError",
+    "DestinationError",
     "ProtocolError",
     "LocalProtocolError",
     "RemoteProtocolError",
@@ -87,6 +89,10 @@ class ConfigError(AmqTransportError, ValueError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class DestinationError(AmqTransportError, ValueError):
+    """A destination name or wildcard pattern is not valid (``amqtransport.destinations``)."""
 
 
 class ProtocolError(AmqTransportError):

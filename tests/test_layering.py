@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.uri", 2),
     ("amqtransport.options", 2),
     ("amqtransport.backoff", 2),
+    ("amqtransport.destinations", 2),  # the destination grammar (broker and bridge)
     ("amqtransport._loop_thread", 3),  # an asyncio service on a daemon thread (embedded broker, chaos proxy)
     ("amqtransport.broker", 3),
     ("amqtransport._backends", 4),
@@ -36,7 +37,14 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.__main__", 9),
 ]
 
-PURE = ("amqtransport.errors", "amqtransport.stomp", "amqtransport.uri", "amqtransport.options", "amqtransport.backoff")
+PURE = (
+    "amqtransport.errors",
+    "amqtransport.stomp",
+    "amqtransport.uri",
+    "amqtransport.options",
+    "amqtransport.backoff",
+    "amqtransport.destinations",
+)
 FORBIDDEN_IN_PURE = {"socket", "ssl", "threading", "asyncio", "time", "select", "selectors", "concurrent", "subprocess", "multiprocessing"}
 
 PACKAGES = ("amqtransport", "bridge", "chaos")
