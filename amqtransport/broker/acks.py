@@ -16,9 +16,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from amqtransport.destinations import QUEUE_PREFIX
+
 from .message import Message
 from .model import AUTO, CLIENT, Subscription, TxState
-from .names import QUEUE_PREFIX, dead_letter_name
+from .names import dead_letter_name
 from .registry import Registry
 from .store.journal import Callback
 from .topics import FanOut

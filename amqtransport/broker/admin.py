@@ -34,10 +34,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from amqtransport.destinations import QUEUE_PREFIX
+
 from .core import BrokerCore
 from .errors import CoreError
 from .message import TRANSPORT_HEADERS, Message
-from .names import DURABLE_PREFIX, QUEUE_PREFIX, check_send_destination
+from .names import DURABLE_PREFIX, check_send_destination
 from .queues import Queue
 from .store import ORIGINAL_DESTINATION
 from .view import destination_key

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from amqtransport.destinations import QUEUE, QUEUE_PREFIX, TOPIC_PREFIX, advisory_name, match
+
 from .message import Message
 from .model import Subscription
-from .names import ADVISORY_PREFIX, QUEUE_PREFIX, TOPIC_PREFIX, _matches
 from .registry import Registry
 from .topics import FanOut
 
@@ -24,7 +25,7 @@ class Advisories:
 
     def message(self, queue_dest: str, count: int) -> Message:
         name = queue_dest[len(QUEUE_PREFIX) :] if queue_dest.startswith(QUEUE_PREFIX) else queue_dest
-        topic = f"{ADVISORY_PREFIX}{name}"
+        topic = advisory_name(QUEUE, name)
         body = json.dumps({"destination": queue_dest, "consumerCount": count}).encode()
         return Message(
             id=self.reg.new_id(),
@@ -44,7 +45,7 @@ class Advisories:
         if not reg.config.advisories or not queue_dest.startswith(QUEUE_PREFIX):
             return
         name = queue_dest[len(QUEUE_PREFIX) :]
-        topic = f"{ADVISORY_PREFIX}{name}"
+        topic = advisory_name(QUEUE, name)
         if topic not in reg.topics and not reg.wildcard_subs:
             return
         msg = self.message(queue_dest, count)
@@ -57,7 +58,7 @@ class Advisories:
         for key, q in list(reg.queues.items()):
             if not key.startswith(QUEUE_PREFIX) or not q.consumers:
                 continue
-            topic_parts = f"{ADVISORY_PREFIX}{key[len(QUEUE_PREFIX):]}".split(".")
-            wanted = _matches(sub.pattern, topic_parts) if sub.pattern else ".".join(topic_parts) == sub.name
+            topic_parts = advisory_name(QUEUE, key[len(QUEUE_PREFIX):]).split(".")
+            wanted = match(sub.pattern, topic_parts) if sub.pattern else ".".join(topic_parts) == sub.name
             if wanted:
                 self.fanout.offer(sub, self.message(key, len(q.consumers)))

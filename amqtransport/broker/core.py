@@ -28,18 +28,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from amqtransport.destinations import QUEUE, advisory_name, wildcard_segments
+
 from .acks import Acks
 from .advisories import Advisories
 from .config import BrokerConfig
 from .errors import CoreError
 from .model import ACK_MODES, AUTO, Sink, Subscription
-from .names import (
-    ADVISORY_PREFIX,
-    DURABLE_PREFIX,
-    _pattern,
-    check_send_destination,
-    split_destination,
-)
+from .names import DURABLE_PREFIX, check_send_destination, split_destination
 from .registry import Registry
 from .store import MessageStore, RecordError, Sub
 from .store.journal import Callback
@@ -48,6 +44,8 @@ from .transactions import Transactions
 from .wildcards import WildcardQueues
 
 __all__ = ["BrokerCore"]
+
+_QUEUE_ADVISORIES = advisory_name(QUEUE, "")  # ActiveMQ.Advisory.Consumer.Queue.
 
 
 class BrokerCore(Registry):
@@ -132,7 +130,7 @@ class BrokerCore(Registry):
         sub = Subscription(conn, sub_id, destination, ack_mode, prefetch or self.config.default_prefetch)
         if kind == "queue":
             sub.name = destination
-            qpattern = _pattern(name)
+            qpattern = wildcard_segments(name)
             if qpattern is not None:
                 self.wildcards.add(sub, qpattern)
                 return sub
@@ -162,13 +160,13 @@ class BrokerCore(Registry):
             self.queue(qkey).add_consumer(sub)
             return sub
         sub.name = name
-        pattern = _pattern(name)
+        pattern = wildcard_segments(name)
         if pattern is not None:
             sub.pattern = pattern
             self.wildcard_subs.append(sub)
         else:
             self.topic(name).subs.append(sub)
-        if name.startswith(ADVISORY_PREFIX) or (pattern is not None and "ActiveMQ" in name):
+        if name.startswith(_QUEUE_ADVISORIES) or (pattern is not None and "ActiveMQ" in name):
             self.advisories.advise_current(sub)
         return sub
 

@@ -7,9 +7,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from amqtransport.destinations import QUEUE_PREFIX, TEMP_QUEUE_PREFIX
+
 from .backlog import TopicBacklog
 from .message import Message
-from .names import QUEUE_PREFIX, TEMP_QUEUE_PREFIX
 
 __all__ = ["ACK_MODES", "AUTO", "CLIENT", "INDIVIDUAL", "Sink", "Subscription", "Topic", "TxSend", "TxState"]
 

@@ -1,11 +1,13 @@
-"""The broker's destination names: ``/queue/X``, ``/topic/X`` (and their ``/temp-``
-forms), the ``.``-separated segments and the ``*`` and ``>`` wildcards, the internal
-names of durable subscriptions and of dead-letter queues.
+"""The broker's names: the destinations clients give (parsed by the one grammar,
+:mod:`amqtransport.destinations`, and mapped to :class:`~.errors.CoreError` for the
+ERROR frame), what a SEND may name, and the internal names of durable subscriptions
+and of dead-letter queues.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from amqtransport.destinations import QUEUE, parse_destination, wildcard_segments
+from amqtransport.errors import DestinationError
 
 from .errors import CoreError
 
@@ -13,19 +15,9 @@ __all__ = [
     "check_send_destination",
     "dead_letter_name",
     "split_destination",
-    "ADVISORY_PREFIX",
     "DURABLE_PREFIX",
-    "QUEUE_PREFIX",
-    "TEMP_QUEUE_PREFIX",
-    "TEMP_TOPIC_PREFIX",
-    "TOPIC_PREFIX",
 ]
 
-QUEUE_PREFIX = "/queue/"
-TOPIC_PREFIX = "/topic/"
-TEMP_QUEUE_PREFIX = "/temp-queue/"
-TEMP_TOPIC_PREFIX = "/temp-topic/"
-ADVISORY_PREFIX = "ActiveMQ.Advisory.Consumer.Queue."
 DURABLE_PREFIX = "durable:"
 
 
@@ -39,26 +31,19 @@ def split_destination(destination: str) -> tuple[str, str]:
         return hit
     if len(_SPLIT_CACHE) > 10000:
         _SPLIT_CACHE.clear()
-    for prefix, kind in (
-        (QUEUE_PREFIX, "queue"),
-        (TOPIC_PREFIX, "topic"),
-        (TEMP_QUEUE_PREFIX, "queue"),
-        (TEMP_TOPIC_PREFIX, "topic"),
-    ):
-        if destination.startswith(prefix):
-            name = destination[len(prefix) :]
-            if not name:
-                raise CoreError(f"destination {destination!r} has an empty name")
-            _SPLIT_CACHE[destination] = (kind, name)
-            return kind, name
-    raise CoreError(f"destination {destination!r} must start with /queue/ or /topic/")
+    try:
+        dest = parse_destination(destination)
+    except DestinationError as exc:
+        raise CoreError(str(exc)) from None
+    _SPLIT_CACHE[destination] = hit = (dest.kind, dest.name)
+    return hit
 
 
 def check_send_destination(destination: str) -> tuple[str, str]:
     """:func:`split_destination` for a SEND: a wildcard queue is refused (it names
     many queues, or none; ActiveMQ semantics are for consumers)."""
     kind, name = split_destination(destination)
-    if kind == "queue" and ("*" in name or ">" in name) and _pattern(name) is not None:
+    if kind == QUEUE and ("*" in name or ">" in name) and wildcard_segments(name) is not None:
         raise CoreError(
             f"cannot SEND to {destination!r}: '*' and '>' are wildcards, allowed only when subscribing "
             "to queues; send to one concrete queue"
@@ -72,17 +57,3 @@ def dead_letter_name(key: str) -> str:
     if key.startswith(DURABLE_PREFIX):
         return key[len(DURABLE_PREFIX) :].replace(":", ".")
     return split_destination(key)[1]
-
-
-def _pattern(name: str) -> tuple[str, ...] | None:
-    parts = tuple(name.split("."))
-    return parts if ("*" in parts or ">" in parts) else None
-
-
-def _matches(pattern: tuple[str, ...], parts: Sequence[str]) -> bool:
-    for i, p in enumerate(pattern):
-        if p == ">":
-            return True
-        if i >= len(parts) or (p != "*" and p != parts[i]):
-            return False
-    return len(parts) == len(pattern)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from amqtransport.destinations import match
+
 from .message import Message
 from .model import AUTO, Subscription
-from .names import _matches
 from .registry import Registry
 from .store.journal import Callback
 
@@ -83,7 +84,7 @@ class FanOut:
             parts = name.split(".")
             for sub in reg.wildcard_subs:
                 assert sub.pattern is not None
-                if _matches(sub.pattern, parts):
+                if match(sub.pattern, parts):
                     self.offer(sub, msg)
 
     def offer(self, sub: Subscription, msg: Message) -> None:

@@ -33,7 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from .names import DURABLE_PREFIX, QUEUE_PREFIX, TOPIC_PREFIX, dead_letter_name
+from amqtransport.destinations import QUEUE_PREFIX, TOPIC_PREFIX
+
+from .names import DURABLE_PREFIX, dead_letter_name
 from .stats import HistogramSnapshot
 
 if TYPE_CHECKING:

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from amqtransport.destinations import QUEUE_PREFIX, TEMP_QUEUE_PREFIX, match, wildcard_segments
+
 from .advisories import Advisories
 from .model import Subscription
-from .names import QUEUE_PREFIX, TEMP_QUEUE_PREFIX, _matches
 from .queues import Queue
 from .registry import Registry
 
@@ -46,9 +47,9 @@ class WildcardQueues:
         if not key.startswith(prefix):
             return False
         name = key[len(prefix) :]
-        if "*" in name.split(".") or ">" in name.split("."):
+        if wildcard_segments(name) is not None:
             return False  # never a real queue; a wildcard is not read by another wildcard
-        return _matches(sub.pattern, name.split("."))
+        return match(sub.pattern, name.split("."))
 
     def add(self, sub: Subscription, pattern: tuple[str, ...]) -> None:
         """Make ``sub`` a wildcard queue consumer of ``pattern``: a child on every queue it matches."""
