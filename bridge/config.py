@@ -51,9 +51,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from amqtransport.errors import AmqTransportError, ConfigError
-
-from .destinations import overlaps, parse_pattern
+from amqtransport.destinations import overlaps, parse_pattern
+from amqtransport.errors import AmqTransportError, ConfigError, DestinationError
 
 __all__ = [
     "BridgeConfig",
@@ -104,7 +103,7 @@ def _check_patterns(values: list[str]) -> list[str]:
     for i, value in enumerate(values):
         try:
             parse_pattern(value)
-        except ConfigError as exc:
+        except DestinationError as exc:
             raise ValueError(f"[{i}] {exc}") from None
     return values
 

@@ -64,17 +64,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from amqtransport.errors import ConnectionClosed
-
-from .config import NetworkConnectorConfig, leaf_addresses, services_and_options
-from .destinations import (
+from amqtransport.destinations import (
     Destination,
-    DestinationPattern,
+    Pattern,
     advisory_topic,
     overlaps,
     parse_pattern,
     watched_destination,
 )
+from amqtransport.errors import ConnectionClosed
+
+from .config import NetworkConnectorConfig, leaf_addresses, services_and_options
 from .forwarder import DestinationForwarder, NodeId
 from .status import BridgeStatus, StatusRegistry
 
@@ -193,7 +193,7 @@ class _Direction:
 class _DemandWatcher:
     """Consumer advisories for one dynamic pattern, watched on the receiving broker."""
 
-    def __init__(self, bridge: Bridge, *, conn: Any, pattern: DestinationPattern, direction: _Direction,
+    def __init__(self, bridge: Bridge, *, conn: Any, pattern: Pattern, direction: _Direction,
                  reverse: _Direction | None) -> None:
         self.bridge = bridge
         self.conn = conn

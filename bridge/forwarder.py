@@ -66,9 +66,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from amqtransport.destinations import parse_destination
 from amqtransport.stomp import IDEMPOTENCY_HEADER, IDEMPOTENCY_HEADER_ALIASES
 
-from .destinations import parse_destination
 from .status import BridgeStatus
 
 __all__ = [
@@ -199,7 +199,7 @@ class DestinationForwarder:
         self._poll = poll
         self._label = label or destination
         self._excluded = excluded
-        self._is_queue = parse_destination(destination).is_queue
+        self._is_queue = parse_destination(destination, uri_form=True).is_queue
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"fwd {self._label}", daemon=True)
         self.subscribed = threading.Event()

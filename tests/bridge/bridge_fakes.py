@@ -18,8 +18,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from amqtransport.destinations import advisory_topic, parse_destination, parse_pattern
 from amqtransport.errors import ConnectError, ConnectionClosed, ReconnectExhausted
-from bridge.destinations import advisory_topic, parse_destination, parse_pattern
 
 _ids = itertools.count(1)
 
