@@ -29,6 +29,7 @@ __all__ = [
     "hash_password",
     "read_toml",
     "verify_password",
+    "check_login",
     "parse_http_address",
 ]
 
@@ -195,6 +196,14 @@ def verify_password(stored: str, given: str) -> bool:
         got = hashlib.sha256((salt + given).encode("utf-8")).hexdigest()
         return hmac.compare_digest(got, digest.lower())
     return hmac.compare_digest(stored.encode("utf-8"), given.encode("utf-8"))
+
+
+def check_login(users: Mapping[str, str], login: str | None, passcode: str | None) -> bool:
+    """Whether ``login`` is one of ``users`` and ``passcode`` its password (a missing login
+    never is; a missing passcode is the empty one). The one password check of the broker:
+    client logins, status requests, replication links and the web console."""
+    stored = users.get(login) if login is not None else None
+    return stored is not None and verify_password(stored, passcode or "")
 
 
 def load_users(path: str | Path) -> dict[str, str]:

@@ -68,7 +68,6 @@ import struct
 import sys
 import termios
 from collections import deque
-from typing import TYPE_CHECKING
 
 from amqtransport.errors import RemoteProtocolError
 from amqtransport.stomp import (
@@ -84,16 +83,13 @@ from amqtransport.stomp import (
 )
 from amqtransport.stomp import Frame as StompFrame
 
-from .config import verify_password
+from .context import BrokerContext
 from .core import BrokerCore
 from .errors import CoreError
 from .message import TRANSPORT_HEADERS, Message
 from .model import AUTO, Subscription, TxState
 from .names import DURABLE_PREFIX
 from .store import JournalError
-
-if TYPE_CHECKING:
-    from .server import BrokerServer
 
 __all__ = ["StompConnection", "IN_DOUBT_HEADER"]
 
@@ -123,11 +119,11 @@ def _esc(text: str, version: str) -> str:
 
 
 class StompConnection(asyncio.Protocol):
-    def __init__(self, server: BrokerServer) -> None:
-        self.server = server
-        self.core = server.core
-        self.config = server.config
-        self.loop = server.loop
+    def __init__(self, ctx: BrokerContext[StompConnection]) -> None:
+        self.ctx = ctx
+        self.core = ctx.core
+        self.config = ctx.config
+        self.loop = ctx.loop
         cfg = self.config
         self.parser = FrameParser(
             "1.2",
@@ -180,7 +176,7 @@ class StompConnection(asyncio.Protocol):
         now = self.loop.time()
         self.last_read = self.last_write = now
         self.opened_at = now
-        if not self.server.register(self):
+        if not self.ctx.register(self):
             log.warning("refusing connection from %s: max_connections=%d reached", self.peer, self.config.max_connections)
             self._error_no_raise(f"too many connections (max_connections={self.config.max_connections})")
             return
@@ -225,7 +221,7 @@ class StompConnection(asyncio.Protocol):
             self.core.unsubscribe(sub)
         self.subs.clear()
         self._out.clear()
-        self.server.unregister(self)
+        self.ctx.unregister(self)
         log.debug("connection %s closed (%s)", self.peer, exc or "clean")
 
     def pause_writing(self) -> None:
@@ -566,7 +562,7 @@ class StompConnection(asyncio.Protocol):
             handler(self, frame)
         except JournalError as exc:  # the journal failed: this request cannot be persisted
             self._error_no_raise(f"could not persist {cmd}: {exc}; not applied", frame.get("receipt"))
-            self.server.fence(str(exc))
+            self.ctx.fence(str(exc))
 
     def fence(self, reason: str) -> None:
         """The broker stops serving (:meth:`BrokerServer.fence`): say why and close (a
@@ -581,11 +577,28 @@ class StompConnection(asyncio.Protocol):
             raise _Close()
         return value
 
+    def detach(self) -> asyncio.Transport | None:
+        """Hand this socket over to a :class:`~.context.ConnectHook` (the HA node answers
+        its status and role requests itself): the connection stops its timer and its
+        reading, leaves the broker's list of connections and gives back its transport,
+        which it no longer touches (None: it is closed already)."""
+        transport = self.transport
+        if transport is None:
+            return None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._stop_reading = True
+        self.closing = True
+        self.ctx.unregister(self)
+        self.transport = None
+        return transport
+
     def _on_connect(self, frame: StompFrame) -> None:
-        ha = getattr(self.server, "ha", None)  # HA node hook: status requests, replication links
-        if ha is not None and ha.intercept_connect(self, frame):
+        hook = self.ctx.connect_hook  # an HA node: status requests, replication links
+        if hook is not None and hook.intercept_connect(self, frame):
             return
-        if ha is None and frame.get(STATUS_REQUEST_HEADER) is not None:
+        if hook is None and frame.get(STATUS_REQUEST_HEADER) is not None:
             self._answer_status(frame)  # a plain broker answers `amq broker status` too
             return
         try:
@@ -601,19 +614,15 @@ class StompConnection(asyncio.Protocol):
         except RemoteProtocolError as exc:
             self._error(str(exc))
             return
-        users = self.server.users
         login = frame.get("login")
-        if users:
-            passcode = frame.get("passcode") or ""
-            stored = users.get(login or "")
-            if login is None or stored is None or not verify_password(stored, passcode):
-                log.warning("authentication failed for login %r from %s", login, self.peer)
-                self._error("authentication failed: bad login or passcode")
-                return
+        if not self.ctx.authenticate(login, frame.get("passcode")):
+            log.warning("authentication failed for login %r from %s", login, self.peer)
+            self._error("authentication failed: bad login or passcode")
+            return
         self.login = login
         self.client_id = frame.get("client-id")
         self.connected = True
-        self.session = self.server.new_session_id()
+        self.session = self.ctx.new_session_id()
         cfg = self.config
         send_ms, expect_ms = negotiate_heartbeat((cfg.heartbeat_send_min_ms, cfg.heartbeat_receive_min_ms), theirs)
         self.hb_send = send_ms / 1000.0
@@ -643,15 +652,11 @@ class StompConnection(asyncio.Protocol):
         message contents, and the connection is closed right after it. When the broker
         has users, queue names (``amq-ha-depths``) are only given to a valid login.
         """
-        self.server.unregister(self)  # not counted among the connections it reports
-        st = self.server.status_headers()
-        users = self.server.users
-        if users and "amq-ha-depths" in st:
-            login = frame.get("login") or ""
-            stored = users.get(login)
-            if stored is None or not verify_password(stored, frame.get("passcode") or ""):
-                st.pop("amq-ha-depths")
-                st.pop("amq-ha-depths-omitted", None)
+        self.ctx.unregister(self)  # not counted among the connections it reports
+        st = self.ctx.status_headers()
+        if "amq-ha-depths" in st and not self.ctx.authenticate(frame.get("login"), frame.get("passcode")):
+            st.pop("amq-ha-depths")
+            st.pop("amq-ha-depths-omitted", None)
         head = "".join(f"{k}:{_clean_10(v)}\n" for k, v in st.items())  # CONNECTED: no escaping
         self._write(f"CONNECTED\nversion:1.2\nserver:{SERVER_NAME}\n{head}\n".encode() + b"\x00")
         self._close()

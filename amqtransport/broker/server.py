@@ -28,7 +28,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .config import BrokerConfig
+from .config import BrokerConfig, check_login
+from .context import BrokerContext, ConnectHook
 from .core import BrokerCore
 from .protocol import StompConnection
 from .store import Callback, JournalError, MessageStore, run_completions
@@ -70,6 +71,8 @@ class BrokerServer:
         self.opened_at: float | None = None  # loop.time() when open() ran (status: uptime)
         self.fenced: str | None = None  # why the broker stopped serving (see fence())
         self.on_fenced: Callable[[str], None] | None = None
+        #: offered every client CONNECT first (an HA node); set before :meth:`listen`
+        self.connect_hook: ConnectHook | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def open(self) -> None:
@@ -100,8 +103,20 @@ class BrokerServer:
         """Bind and accept clients."""
         host = host if host is not None else self.config.host
         port = port if port is not None else self.config.port
+        ctx: BrokerContext[StompConnection] = BrokerContext(
+            core=self.core,
+            config=self.config,
+            loop=self.loop,
+            authenticate=self.authenticate,
+            register=self.register,
+            unregister=self.unregister,
+            new_session_id=self.new_session_id,
+            status_headers=self.status_headers,
+            fence=self.fence,
+            connect_hook=self.connect_hook,
+        )
         self._server = await self.loop.create_server(
-            lambda: StompConnection(self),
+            lambda: StompConnection(ctx),
             host,
             port,
             reuse_address=True,
@@ -239,6 +254,10 @@ class BrokerServer:
 
     def unregister(self, conn: StompConnection) -> None:
         self.connections.discard(conn)
+
+    def authenticate(self, login: str | None, passcode: str | None) -> bool:
+        """True when the broker has no users, or ``login``/``passcode`` is one of them."""
+        return not self.users or check_login(self.users, login, passcode)
 
     @property
     def serving(self) -> bool:

@@ -141,6 +141,7 @@ from amqtransport.errors import ConfigError
 from amqtransport.stomp import Frame
 
 from ..config import BrokerConfig
+from ..context import HookedConnection
 from ..server import BrokerServer
 from ..store import MessageStore, StoreLockedError
 from .auth import AUTH_HEADER, RequestSigner, RequestVerifier, load_secret
@@ -164,7 +165,6 @@ from .wire import (
 
 if TYPE_CHECKING:
     from ..http import HttpServer
-    from ..protocol import StompConnection
 
 __all__ = ["HaNode", "run_node"]
 
@@ -380,7 +380,7 @@ class HaNode:
             st["amq-ha-peer"] = str(self.data_dir / "ha.lock")
         return st
 
-    def intercept_connect(self, conn: StompConnection, frame: Frame) -> bool:
+    def intercept_connect(self, conn: HookedConnection, frame: Frame) -> bool:
         """Hook called by the client-port STOMP handler for every CONNECT frame: HA
         requests are handed to :meth:`.port.HaRequests.handle`; while the master is suspect (it
         may have been replaced while frozen) a client's CONNECT is refused, so no client
@@ -389,18 +389,9 @@ class HaNode:
         is_request = frame.get(STATUS_HEADER) is not None or any(frame.get(h) is not None for h in ROLE_REQUESTS)
         if not is_request and (repl is None or repl.serving):
             return False
-        transport = conn.transport
+        transport = conn.detach()  # the HA code owns this socket from now on
         if transport is None:
             return True
-        # detach the STOMP handler: the HA code owns this socket from now on
-        timer = getattr(conn, "_timer", None)
-        if timer is not None:
-            timer.cancel()
-            conn._timer = None  # noqa: SLF001
-        conn._stop_reading = True  # noqa: SLF001
-        conn.closing = True
-        conn.server.unregister(conn)
-        conn.transport = None
         if is_request:
             self.requests.handle(transport, frame, conn.peer)
         else:
@@ -514,7 +505,7 @@ class HaNode:
         t0 = time.monotonic()
         server = BrokerServer(self.config, data_dir=self.data_dir, users=self.users)
         await server.open()
-        server.ha = self  # type: ignore[attr-defined]  # the client-port CONNECT hook
+        server.connect_hook = self  # status and role requests on the client port (intercept_connect)
         server.on_fenced = self._master_fenced
         self.server = server
         self._demote = asyncio.Event()

@@ -51,7 +51,7 @@ from typing import Protocol
 from amqtransport.errors import ConfigError
 from amqtransport.stomp import Frame, FrameParser, Limits, NeedData, serialize
 
-from ..config import verify_password
+from ..config import check_login
 from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestVerifier
 from .config import HaOptions, HaPortLimits, parse_address
 from .epoch import HaState
@@ -211,8 +211,7 @@ class HaRequests:
         if not self.node.users:
             return True
         login = frame.get("login")
-        stored = self.node.users.get(login or "")
-        if login is None or stored is None or not verify_password(stored, frame.get("passcode") or ""):
+        if not check_login(self.node.users, login, frame.get("passcode")):
             log.error(
                 "%s refused: bad credentials for login %r "
                 "(the peer's --master-user/--master-password must be a user of this broker)", what, login,

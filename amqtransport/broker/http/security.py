@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..config import verify_password
+from ..config import check_login
 from .wire import Request
 
 __all__ = ["Identity", "Security", "SESSION_SECONDS"]
@@ -122,8 +122,7 @@ class Security:
         return Identity(None, "anonymous")
 
     def check_password(self, user: str, password: str) -> bool:
-        stored = self.users.get(user)
-        return stored is not None and verify_password(stored, password)
+        return check_login(self.users, user, password)
 
     def allowed(self, identity: Identity) -> bool:
         """May this identity see the console and act (users configured: a user is needed)?"""
