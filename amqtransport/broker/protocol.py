@@ -76,12 +76,19 @@ from amqtransport.stomp import (
     FrameParser,
     Limits,
     NeedData,
-    escape_header,
     negotiate_heartbeat,
     negotiate_version,
     parse_heartbeat_header,
 )
 from amqtransport.stomp import Frame as StompFrame
+from amqtransport.stomp.encoders import (
+    DELIVERY_COUNT_HEADER,
+    connected_frame,
+    error_frame,
+    message_headers,
+    message_start,
+    receipt_frame,
+)
 
 from .context import BrokerContext
 from .core import BrokerCore
@@ -102,20 +109,11 @@ STATUS_REQUEST_HEADER = "amq-ha-status"  # CONNECT header of `amq broker status`
 #: ioctl giving the bytes in a socket's send queue (SIOCOUTQ is TIOCOUTQ on Linux; None
 #: elsewhere: then only asyncio's buffer is watched)
 _SIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None) if sys.platform.startswith("linux") else None
-_DELIVERY_HEADERS = frozenset({"subscription", "ack", "redelivered", "amq-delivery-count", "message-id"})
+_DELIVERY_HEADERS = frozenset({"subscription", "ack", "redelivered", DELIVERY_COUNT_HEADER, "message-id"})
 
 
 class _Close(Exception):
     """Raised inside frame handling to stop processing after an ERROR."""
-
-
-def _clean_10(text: str) -> str:
-    """STOMP 1.0 cannot express a line feed in a header; keep the frame readable."""
-    return text.replace("\r", " ").replace("\n", " ")
-
-
-def _esc(text: str, version: str) -> str:
-    return _clean_10(text) if version == "1.0" else escape_header(text, version)
 
 
 class StompConnection(asyncio.Protocol):
@@ -342,15 +340,15 @@ class StompConnection(asyncio.Protocol):
     ) -> None:
         if self.transport is None or self.closing:
             return
-        v = self.version
-        head = [f"ERROR\nmessage:{_esc(message, v)}\ncontent-type:text/plain"]
-        if receipt is not None:
-            head.append(f"receipt-id:{_esc(receipt, v)}")
-        if in_doubt:
-            head.append(f"{IN_DOUBT_HEADER}:true")
-        body = (detail or message).encode("utf-8")
-        head.append(f"content-length:{len(body)}\n\n")
-        self._write("\n".join(head).encode("utf-8") + body + b"\x00")
+        self._write(
+            error_frame(
+                message,
+                self.version,
+                receipt_id=receipt,
+                headers=((IN_DOUBT_HEADER, "true"),) if in_doubt else (),
+                body=detail.encode("utf-8") if detail else None,
+            )
+        )
         if close:
             self._close()
             raise _Close()
@@ -362,7 +360,7 @@ class StompConnection(asyncio.Protocol):
             pass
 
     def _receipt(self, receipt: str) -> None:
-        self._write(b"RECEIPT\nreceipt-id:" + _esc(receipt, self.version).encode("utf-8") + b"\n\n\x00")
+        self._write(receipt_frame(receipt, self.version))
 
     def _receipt_callback(self, receipt: str | None, what: str) -> object:
         if receipt is None:
@@ -414,13 +412,8 @@ class StompConnection(asyncio.Protocol):
         common = cache.get(v)
         if common is None:
             common = cache[v] = self._common_block(msg, v)
-        if v == "1.2":
-            head = f"MESSAGE\nsubscription:{_esc(sub.id, v)}\nack:{_esc(msg.id, v)}\n"
-        else:
-            head = f"MESSAGE\nsubscription:{_esc(sub.id, v)}\n"
-        if delivery_count > 1:
-            head += f"redelivered:true\namq-delivery-count:{delivery_count}\n"
-        self._write(head.encode("utf-8") + common + msg.body + b"\x00")
+        head = message_start(sub.id, msg.id if v == "1.2" else None, v, delivery_count)
+        self._write(head + common + msg.body + b"\x00")
         self.messages_out += 1
 
     def _common_block(self, msg: Message, v: str) -> bytes:
@@ -431,18 +424,17 @@ class StompConnection(asyncio.Protocol):
                 if k == "destination":
                     dest = val
                     break
-        lines = [f"message-id:{_esc(msg.id, v)}", f"destination:{_esc(dest, v)}"]
+        headers = [("message-id", msg.id), ("destination", dest)]
         has_ts = False
         for k, val in user:
             if k in _DELIVERY_HEADERS or k == "destination" or k == "content-length":
                 continue
             if k == "timestamp":
                 has_ts = True
-            lines.append(f"{_esc(k, v)}:{_esc(val, v)}")
+            headers.append((k, val))
         if not has_ts:
-            lines.append(f"timestamp:{int(msg.timestamp * 1000)}")
-        lines.append(f"content-length:{len(msg.body)}\n\n")
-        return "\n".join(lines).encode("utf-8")
+            headers.append(("timestamp", str(int(msg.timestamp * 1000))))
+        return message_headers(headers, len(msg.body), v)
 
     # ------------------------------------------------------------------ flow control
     def _admit(self, frame: StompFrame) -> None:
@@ -628,14 +620,14 @@ class StompConnection(asyncio.Protocol):
         self.hb_send = send_ms / 1000.0
         self.hb_expect = expect_ms / 1000.0
         headers = [
-            f"version:{version}",
-            f"heart-beat:{send_ms},{expect_ms}",
-            f"session:{self.session}",
-            f"server:{SERVER_NAME}",
+            ("version", version),
+            ("heart-beat", f"{send_ms},{expect_ms}"),
+            ("session", self.session),
+            ("server", SERVER_NAME),
         ]
         if self.login:
-            headers.append(f"user-name:{_clean_10(self.login)}")
-        self._write(("CONNECTED\n" + "\n".join(headers) + "\n\n").encode("utf-8") + b"\x00")
+            headers.append(("user-name", self.login))
+        self._write(connected_frame(headers))
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -657,8 +649,7 @@ class StompConnection(asyncio.Protocol):
         if "amq-ha-depths" in st and not self.ctx.authenticate(frame.get("login"), frame.get("passcode")):
             st.pop("amq-ha-depths")
             st.pop("amq-ha-depths-omitted", None)
-        head = "".join(f"{k}:{_clean_10(v)}\n" for k, v in st.items())  # CONNECTED: no escaping
-        self._write(f"CONNECTED\nversion:1.2\nserver:{SERVER_NAME}\n{head}\n".encode() + b"\x00")
+        self._write(connected_frame([("version", "1.2"), ("server", SERVER_NAME), *st.items()]))
         self._close()
 
     def _on_send(self, frame: StompFrame) -> None:

@@ -14,28 +14,13 @@ from __future__ import annotations
 
 from amqtransport.errors import LocalProtocolError
 
-from .escaping import escape_header, needs_escaping
+from .escaping import escape_header, needs_escaping, unexpressible
 from .frames import CLIENT_COMMANDS, SERVER_COMMANDS, Frame
 from .versions import check_version
 
 __all__ = ["serialize"]
 
 _ALL_COMMANDS = CLIENT_COMMANDS | SERVER_COMMANDS
-
-
-def _why_unexpressible(name: str, value: str, version: str, command: str) -> str | None:
-    where = (
-        f"STOMP {version} has no header escaping"
-        if version == "1.0"
-        else f"{command} frame headers are never escaped"
-    )
-    if "\n" in name or "\n" in value:
-        return f"header {name!r} contains a line feed, which cannot be sent: {where}"
-    if ":" in name:
-        return f"header name {name!r} contains ':', which cannot be sent: {where}"
-    if value.endswith("\r") or (not value and name.endswith("\r")):
-        return f"header {name!r} ends with a carriage return, which cannot be sent: {where}"
-    return None
 
 
 def serialize(frame: Frame, version: str = "1.2", *, text_mode: bool = False) -> bytes:
@@ -73,17 +58,12 @@ def serialize(frame: Frame, version: str = "1.2", *, text_mode: bool = False) ->
                 raise LocalProtocolError(
                     f"{command} frame has content-length {value!r} but its body is {len(body)} bytes"
                 )
+        problem = unexpressible(name, value, version, command)
+        if problem is not None:
+            raise LocalProtocolError(problem)
         if escaped:
-            if version == "1.1" and value.endswith("\r"):
-                raise LocalProtocolError(
-                    f"header {name!r} ends with a carriage return, which STOMP 1.1 cannot escape"
-                )
             name = escape_header(name, version)
             value = escape_header(value, version)
-        else:
-            problem = _why_unexpressible(name, value, version, command)
-            if problem is not None:
-                raise LocalProtocolError(problem)
         parts.append(f"{name}:{value}")
     if body and not has_length and not (text_body and command == "SEND" and b"\x00" not in body):
         parts.append(f"content-length:{len(body)}")
