@@ -98,7 +98,7 @@ from .model import AUTO, Subscription, TxState
 from .names import DURABLE_PREFIX
 from .store import JournalError
 
-__all__ = ["StompConnection", "IN_DOUBT_HEADER"]
+__all__ = ["BrokerConnection", "IN_DOUBT_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,8 @@ class _Close(Exception):
     """Raised inside frame handling to stop processing after an ERROR."""
 
 
-class StompConnection(asyncio.Protocol):
-    def __init__(self, ctx: BrokerContext[StompConnection]) -> None:
+class BrokerConnection(asyncio.Protocol):
+    def __init__(self, ctx: BrokerContext[BrokerConnection]) -> None:
         self.ctx = ctx
         self.core = ctx.core
         self.config = ctx.config
@@ -920,13 +920,13 @@ def _sweep_expired(core: BrokerCore, loop: asyncio.AbstractEventLoop) -> None:
 
 
 _HANDLERS = {
-    "SEND": StompConnection._on_send,
-    "SUBSCRIBE": StompConnection._on_subscribe,
-    "UNSUBSCRIBE": StompConnection._on_unsubscribe,
-    "ACK": StompConnection._on_ack,
-    "NACK": StompConnection._on_nack,
-    "BEGIN": StompConnection._on_begin,
-    "COMMIT": StompConnection._on_commit,
-    "ABORT": StompConnection._on_abort,
-    "DISCONNECT": StompConnection._on_disconnect,
+    "SEND": BrokerConnection._on_send,
+    "SUBSCRIBE": BrokerConnection._on_subscribe,
+    "UNSUBSCRIBE": BrokerConnection._on_unsubscribe,
+    "ACK": BrokerConnection._on_ack,
+    "NACK": BrokerConnection._on_nack,
+    "BEGIN": BrokerConnection._on_begin,
+    "COMMIT": BrokerConnection._on_commit,
+    "ABORT": BrokerConnection._on_abort,
+    "DISCONNECT": BrokerConnection._on_disconnect,
 }

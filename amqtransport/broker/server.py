@@ -2,7 +2,7 @@
 
 :class:`BrokerServer` wires the three separable parts together -- the
 :class:`~.store.MessageStore` (durability), the :class:`~.core.BrokerCore`
-(destinations and dispatch) and :class:`~.protocol.StompConnection` (one per
+(destinations and dispatch) and :class:`~.protocol.BrokerConnection` (one per
 client) -- and owns their lifecycle. Opening the store and listening are separate
 steps (:meth:`open` then :meth:`listen`; :meth:`start` does both) so that an HA
 slave can recover or replicate into a store before it accepts clients.
@@ -31,7 +31,7 @@ from pathlib import Path
 from .config import BrokerConfig, check_login
 from .context import BrokerContext, ConnectHook
 from .core import BrokerCore
-from .protocol import StompConnection
+from .protocol import BrokerConnection
 from .store import Callback, JournalError, MessageStore, run_completions
 
 __all__ = ["BrokerServer"]
@@ -60,7 +60,7 @@ class BrokerServer:
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.store: MessageStore | None = None
         self.core: BrokerCore = None  # type: ignore[assignment]
-        self.connections: set[StompConnection] = set()
+        self.connections: set[BrokerConnection] = set()
         self._server: asyncio.Server | None = None
         self._compact_handle: asyncio.TimerHandle | None = None
         self._sessions = itertools.count(1)
@@ -103,7 +103,7 @@ class BrokerServer:
         """Bind and accept clients."""
         host = host if host is not None else self.config.host
         port = port if port is not None else self.config.port
-        ctx: BrokerContext[StompConnection] = BrokerContext(
+        ctx: BrokerContext[BrokerConnection] = BrokerContext(
             core=self.core,
             config=self.config,
             loop=self.loop,
@@ -116,7 +116,7 @@ class BrokerServer:
             connect_hook=self.connect_hook,
         )
         self._server = await self.loop.create_server(
-            lambda: StompConnection(ctx),
+            lambda: BrokerConnection(ctx),
             host,
             port,
             reuse_address=True,
@@ -236,7 +236,7 @@ class BrokerServer:
             log.exception("compaction failed")
         self._schedule_compaction()
 
-    def register(self, conn: StompConnection) -> bool:
+    def register(self, conn: BrokerConnection) -> bool:
         if len(self.connections) >= self.config.max_connections:
             return False
         self.connections.add(conn)
@@ -252,7 +252,7 @@ class BrokerServer:
             conn.transport.abort()
         return len(conns)
 
-    def unregister(self, conn: StompConnection) -> None:
+    def unregister(self, conn: BrokerConnection) -> None:
         self.connections.discard(conn)
 
     def authenticate(self, login: str | None, passcode: str | None) -> bool:
