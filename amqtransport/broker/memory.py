@@ -29,8 +29,9 @@ once. The gauge does not refuse anything itself; the connection handler asks
 :meth:`MemoryGauge.blocked` before it processes a SEND and parks the frame while it
 is true. Parked connections register a waiter; when a flag releases, the waiters are
 called (they reschedule themselves on the loop -- the release happens inside
-dispatch, where re-entering the core would be unsafe). While producers are parked, the protocol layer also runs an expiry sweep once a
-second (:meth:`~.registry.Registry.sweep_expired`), so expired messages in a queue that
+dispatch, where re-entering the core would be unsafe). While producers are parked, the
+core also runs an expiry sweep once a second
+(:meth:`~.registry.Registry.start_expiry_sweep`), so expired messages in a queue that
 nobody consumes do not hold the memory -- and the producers -- forever.
 Because a SEND is accepted
 whenever the flag is clear, usage can overshoot the limit by the SENDs processed
@@ -91,7 +92,6 @@ class MemoryGauge:
         self.full_destinations: set[str] = set()
         self.engaged = 0  # times flow control engaged (global or per destination)
         self._waiters: dict[int, Callable[[], None]] = {}
-        self.sweeping = False  # an expiry sweep timer is scheduled (owned by the protocol layer)
 
     # ------------------------------------------------------------------ accounting
     def charge(self, msg: Message) -> None:

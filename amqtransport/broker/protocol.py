@@ -90,6 +90,7 @@ from amqtransport.stomp.encoders import (
     receipt_frame,
 )
 
+from .config import BrokerConfig
 from .context import BrokerContext
 from .core import BrokerCore
 from .errors import CoreError
@@ -98,7 +99,7 @@ from .model import AUTO, Subscription, TxState
 from .names import DURABLE_PREFIX
 from .store import JournalError
 
-__all__ = ["BrokerConnection", "IN_DOUBT_HEADER"]
+__all__ = ["BrokerConnection", "FlowControlled", "StompStream", "IN_DOUBT_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -112,16 +113,19 @@ _SIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None) if sys.platform.start
 _DELIVERY_HEADERS = frozenset({"subscription", "ack", "redelivered", DELIVERY_COUNT_HEADER, "message-id"})
 
 
-class _Close(Exception):
-    """Raised inside frame handling to stop processing after an ERROR."""
+class ErrorSent(Exception):
+    """Raised inside frame handling once an ERROR frame is written: stop processing, the
+    connection is closing."""
 
 
-class BrokerConnection(asyncio.Protocol):
-    def __init__(self, ctx: BrokerContext[BrokerConnection]) -> None:
-        self.ctx = ctx
-        self.core = ctx.core
-        self.config = ctx.config
-        self.loop = ctx.loop
+class StompStream(asyncio.Protocol):
+    """One client socket: reading into the parser, buffered output, back-pressure, heart-beats.
+
+    Knows nothing of the broker: a subclass says what a frame means (:meth:`_admit`)."""
+
+    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.loop = loop
         cfg = self.config
         self.parser = FrameParser(
             "1.2",
@@ -137,11 +141,6 @@ class BrokerConnection(asyncio.Protocol):
         self.peer = "?"
         self.connected = False
         self.closing = False
-        self.login: str | None = None
-        self.client_id: str | None = None
-        self.session = ""
-        self.subs: dict[str, Subscription] = {}
-        self.txs: dict[str, TxState] = {}
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._out_frames = 0
@@ -158,13 +157,29 @@ class BrokerConnection(asyncio.Protocol):
         self.hb_expect = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self.frames_in = 0
-        self.messages_out = 0
         self.opened_at = 0.0  # loop.time() of connection_made
-        self._held: deque[tuple[StompFrame, int]] = deque()  # frames parked by flow control
-        self._held_bytes = 0
-        self._held_wake_scheduled = False
+
+    # ------------------------------------------------------------------ what a subclass adds
+    def _opened(self) -> bool:
+        """The transport is set: False refuses the client (the subclass wrote an ERROR)."""
+        return True
+
+    def _admit(self, frame: StompFrame) -> None:
+        """A complete frame arrived."""
+        raise NotImplementedError
+
+    def _released(self) -> None:
+        """The connection is gone: give back what it held."""
+
+    def _on_writable(self) -> None:
+        """Output drained after a subscription was refused for lack of room: offer it again."""
+
+    def _keep_paused(self) -> bool:
+        """True while reading must stay paused for the subclass's own reasons."""
+        return False
 
     # ------------------------------------------------------------------ asyncio
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
@@ -174,9 +189,7 @@ class BrokerConnection(asyncio.Protocol):
         now = self.loop.time()
         self.last_read = self.last_write = now
         self.opened_at = now
-        if not self.ctx.register(self):
-            log.warning("refusing connection from %s: max_connections=%d reached", self.peer, self.config.max_connections)
-            self._error_no_raise(f"too many connections (max_connections={self.config.max_connections})")
+        if not self._opened():
             return
         self._timer = self.loop.call_later(self.config.connect_timeout_ms / 1000.0, self._connect_timeout)
 
@@ -198,7 +211,7 @@ class BrokerConnection(asyncio.Protocol):
         except RemoteProtocolError as exc:
             log.info("client %s sent invalid STOMP: %s", self.peer, exc)
             self._error_no_raise(f"malformed frame: {exc}")
-        except _Close:
+        except ErrorSent:
             pass
         except Exception as exc:  # noqa: BLE001 - one bad frame must not take the broker down
             log.exception("internal error handling a frame from %s", self.peer)
@@ -209,17 +222,8 @@ class BrokerConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for tx in self.txs.values():
-            self.core.transactions.abort(tx)
-        self.txs.clear()
-        self._held.clear()
-        self._held_bytes = 0
-        self.core.memory.remove_waiter(id(self))
-        for sub in list(self.subs.values()):
-            self.core.unsubscribe(sub)
-        self.subs.clear()
+        self._released()
         self._out.clear()
-        self.ctx.unregister(self)
         log.debug("connection %s closed (%s)", self.peer, exc or "clean")
 
     def pause_writing(self) -> None:
@@ -250,6 +254,7 @@ class BrokerConnection(asyncio.Protocol):
             self._wake()
 
     # ------------------------------------------------------------------ output
+
     @property
     def writable(self) -> bool:
         if self._paused or self._out_bytes >= self.config.write_buffer_high or self.closing:
@@ -288,8 +293,7 @@ class BrokerConnection(asyncio.Protocol):
         if not self._blocked or self.closing:
             return
         self._blocked = False
-        for sub in list(self.subs.values()):
-            self.core.capacity_changed(sub)
+        self._on_writable()
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self.closing:
@@ -297,7 +301,7 @@ class BrokerConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _resume_reading(self) -> None:
-        if self._hold_full() or self._stop_reading:
+        if self._keep_paused() or self._stop_reading:
             return
         if self._reading_paused and self.transport is not None and not self.closing:
             self._reading_paused = False
@@ -351,12 +355,12 @@ class BrokerConnection(asyncio.Protocol):
         )
         if close:
             self._close()
-            raise _Close()
+            raise ErrorSent()
 
     def _error_no_raise(self, message: str, receipt: str | None = None) -> None:
         try:
             self._error(message, receipt=receipt)
-        except _Close:
+        except ErrorSent:
             pass
 
     def _receipt(self, receipt: str) -> None:
@@ -403,40 +407,105 @@ class BrokerConnection(asyncio.Protocol):
             self._close_scheduled = True
             self.loop.call_soon(self._close)
 
-    # ------------------------------------------------------------------ delivery (Sink)
-    def deliver(self, sub: Subscription, msg: Message, delivery_count: int) -> None:
-        v = self.version
-        cache = msg.wire_cache
-        if not isinstance(cache, dict):
-            cache = msg.wire_cache = {}
-        common = cache.get(v)
-        if common is None:
-            common = cache[v] = self._common_block(msg, v)
-        head = message_start(sub.id, msg.id if v == "1.2" else None, v, delivery_count)
-        self._write(head + common + msg.body + b"\x00")
-        self.messages_out += 1
+    def fence(self, reason: str) -> None:
+        """The broker stops serving (:meth:`BrokerServer.fence`): say why and close (a
+        connection whose requests failed has had their ERRORs and is closing already)."""
+        if not self._close_scheduled:
+            self._error_no_raise(f"broker stopped accepting messages: {reason}")
 
-    def _common_block(self, msg: Message, v: str) -> bytes:
-        dest = msg.destination
-        user = msg.headers
-        if dest.startswith(DURABLE_PREFIX):
-            for k, val in user:
-                if k == "destination":
-                    dest = val
-                    break
-        headers = [("message-id", msg.id), ("destination", dest)]
-        has_ts = False
-        for k, val in user:
-            if k in _DELIVERY_HEADERS or k == "destination" or k == "content-length":
-                continue
-            if k == "timestamp":
-                has_ts = True
-            headers.append((k, val))
-        if not has_ts:
-            headers.append(("timestamp", str(int(msg.timestamp * 1000))))
-        return message_headers(headers, len(msg.body), v)
+    def detach(self) -> asyncio.Transport | None:
+        """Stop handling this socket (its timer, its reading) and give back its
+        transport, which this connection no longer touches (None: it is closed already)."""
+        transport = self.transport
+        if transport is None:
+            return None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._stop_reading = True
+        self.closing = True
+        self.transport = None
+        return transport
 
-    # ------------------------------------------------------------------ flow control
+    # ------------------------------------------------------------------ timers
+
+    def _connect_timeout(self) -> None:
+        self._timer = None
+        if not self.connected and not self.closing:
+            log.info("client %s sent no CONNECT within %d ms", self.peer, self.config.connect_timeout_ms)
+            self._error_no_raise(f"no CONNECT frame within {self.config.connect_timeout_ms} ms")
+
+    def _schedule_hb(self) -> None:
+        periods = [p for p in (self.hb_send, self.hb_expect) if p > 0]
+        tick = max(0.02, min(periods) / 2.0)
+        self._timer = self.loop.call_later(tick, self._hb_tick)
+
+    def _hb_tick(self) -> None:
+        self._timer = None
+        if self.closing or self.transport is None:
+            return
+        now = self.loop.time()
+        if self._reading_paused:
+            if self._paused:
+                # paused because the peer does not read what we write: we cannot see its
+                # heart-beats, but a live peer drains our bytes; one that drained nothing
+                # for the whole grace period is as silent as a peer that sends nothing
+                size = self._unsent()
+                if size < self._paused_buffer:
+                    self.last_read = now
+                self._paused_buffer = size
+            else:
+                self.last_read = now  # we stopped reading (flow control): silence is ours, not theirs
+        if self.hb_expect and now - self.last_read > self.hb_expect * self.config.heartbeat_grace:
+            log.info(
+                "client %s silent for %.1f s (heart-beat %d ms%s): dropping it",
+                self.peer,
+                now - self.last_read,
+                int(self.hb_expect * 1000),
+                ", and not reading" if self._paused else "",
+            )
+            if self._paused:
+                self._abort()  # an ERROR could never reach it: its socket is full
+            else:
+                self._error_no_raise(f"heart-beat timeout: nothing received for {now - self.last_read:.1f} s")
+            return
+        if self.hb_send and now - self.last_write >= self.hb_send * 0.9 and not self._out:
+            if self._paused:
+                pass  # the socket is full anyway; the client sees traffic
+            else:
+                self.last_write = now
+                assert self.transport is not None
+                self.transport.write(b"\n")
+        self._schedule_hb()
+
+
+class FlowControlled(StompStream):
+    """Producer flow control: SENDs parked while memory (or the store) is over its limit."""
+
+    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop, core: BrokerCore) -> None:
+        super().__init__(config, loop)
+        self.core = core
+        self._held: deque[tuple[StompFrame, int]] = deque()  # frames parked by flow control
+        self._held_bytes = 0
+        self._held_wake_scheduled = False
+
+    def _handle(self, frame: StompFrame) -> None:
+        """Process a frame (it may go ahead)."""
+        raise NotImplementedError
+
+    def _held_by_transactions(self) -> int:
+        """Bytes this connection's open transactions hold in the memory gauge."""
+        return 0
+
+    def _released(self) -> None:
+        self._held.clear()
+        self._held_bytes = 0
+        self.core.memory.remove_waiter(id(self))
+        super()._released()
+
+    def _keep_paused(self) -> bool:
+        return self._hold_full() or super()._keep_paused()
+
     def _admit(self, frame: StompFrame) -> None:
         """Process a frame now, or park it while producer flow control holds this connection."""
         if self._held:
@@ -448,7 +517,7 @@ class BrokerConnection(asyncio.Protocol):
         if self.connected and self._must_wait(frame):
             if self.config.send_fail_if_no_space:
                 self._error(self._no_space_message(frame), receipt=frame.get("receipt"))
-            held = sum(tx.size for tx in self.txs.values())
+            held = self._held_by_transactions()
             if held:
                 # it would wait for memory its own open transaction may be holding
                 self._error(
@@ -499,9 +568,7 @@ class BrokerConnection(asyncio.Protocol):
         self._held_bytes += size
         memory = self.core.memory
         memory.add_waiter(id(self), self._flow_wake)
-        if not memory.sweeping:
-            memory.sweeping = True
-            self.loop.call_later(EXPIRY_SWEEP_S, _sweep_expired, self.core, self.loop)
+        self.core.start_expiry_sweep(self.loop.call_later)
         if self._hold_full():
             self._pause_reading()
 
@@ -525,7 +592,7 @@ class BrokerConnection(asyncio.Protocol):
                 held.popleft()
                 self._held_bytes -= size
                 self._handle(frame)
-        except _Close:
+        except ErrorSent:
             return
         except Exception as exc:  # noqa: BLE001 - as in data_received
             log.exception("internal error handling a parked frame from %s", self.peer)
@@ -538,7 +605,90 @@ class BrokerConnection(asyncio.Protocol):
             if not self._paused and not self.closing:
                 self._resume_reading()  # no-op while the parked frames are still over their bound
 
+
+class BrokerConnection(FlowControlled):
+    """A client of the broker: the frame handlers, and the :class:`~.model.Sink` the core delivers to."""
+
+    def __init__(self, ctx: BrokerContext[BrokerConnection]) -> None:
+        super().__init__(ctx.config, ctx.loop, ctx.core)
+        self.ctx = ctx
+        self.login: str | None = None
+        self.client_id: str | None = None
+        self.session = ""
+        self.subs: dict[str, Subscription] = {}
+        self.txs: dict[str, TxState] = {}
+        self.messages_out = 0
+
+    def _opened(self) -> bool:
+        if not self.ctx.register(self):
+            log.warning("refusing connection from %s: max_connections=%d reached", self.peer, self.config.max_connections)
+            self._error_no_raise(f"too many connections (max_connections={self.config.max_connections})")
+            return False
+        return True
+
+    def _released(self) -> None:
+        for tx in self.txs.values():
+            self.core.transactions.abort(tx)
+        self.txs.clear()
+        super()._released()
+        for sub in list(self.subs.values()):
+            self.core.unsubscribe(sub)
+        self.subs.clear()
+        self.ctx.unregister(self)
+
+    def _on_writable(self) -> None:
+        for sub in list(self.subs.values()):
+            self.core.capacity_changed(sub)
+
+    def _held_by_transactions(self) -> int:
+        return sum(tx.size for tx in self.txs.values())
+
+    def detach(self) -> asyncio.Transport | None:
+        """Hand this socket over to a :class:`~.context.ConnectHook` (the HA node answers
+        its status and role requests itself): the connection stops its timer and its
+        reading, leaves the broker's list of connections and gives back its transport,
+        which it no longer touches (None: it is closed already)."""
+        transport = super().detach()
+        if transport is not None:
+            self.ctx.unregister(self)
+        return transport
+
+    # ------------------------------------------------------------------ delivery (Sink)
+
+    def deliver(self, sub: Subscription, msg: Message, delivery_count: int) -> None:
+        v = self.version
+        cache = msg.wire_cache
+        if not isinstance(cache, dict):
+            cache = msg.wire_cache = {}
+        common = cache.get(v)
+        if common is None:
+            common = cache[v] = self._common_block(msg, v)
+        head = message_start(sub.id, msg.id if v == "1.2" else None, v, delivery_count)
+        self._write(head + common + msg.body + b"\x00")
+        self.messages_out += 1
+
+    def _common_block(self, msg: Message, v: str) -> bytes:
+        dest = msg.destination
+        user = msg.headers
+        if dest.startswith(DURABLE_PREFIX):
+            for k, val in user:
+                if k == "destination":
+                    dest = val
+                    break
+        headers = [("message-id", msg.id), ("destination", dest)]
+        has_ts = False
+        for k, val in user:
+            if k in _DELIVERY_HEADERS or k == "destination" or k == "content-length":
+                continue
+            if k == "timestamp":
+                has_ts = True
+            headers.append((k, val))
+        if not has_ts:
+            headers.append(("timestamp", str(int(msg.timestamp * 1000))))
+        return message_headers(headers, len(msg.body), v)
+
     # ------------------------------------------------------------------ frames
+
     def _handle(self, frame: StompFrame) -> None:
         cmd = frame.command
         if not self.connected:
@@ -556,35 +706,12 @@ class BrokerConnection(asyncio.Protocol):
             self._error_no_raise(f"could not persist {cmd}: {exc}; not applied", frame.get("receipt"))
             self.ctx.fence(str(exc))
 
-    def fence(self, reason: str) -> None:
-        """The broker stops serving (:meth:`BrokerServer.fence`): say why and close (a
-        connection whose requests failed has had their ERRORs and is closing already)."""
-        if not self._close_scheduled:
-            self._error_no_raise(f"broker stopped accepting messages: {reason}")
-
     def _require(self, frame: StompFrame, name: str) -> str:
         value = frame.get(name)
         if value is None or value == "":
             self._error(f"{frame.command} frame is missing the required '{name}' header", receipt=frame.get("receipt"))
-            raise _Close()
+            raise ErrorSent()
         return value
-
-    def detach(self) -> asyncio.Transport | None:
-        """Hand this socket over to a :class:`~.context.ConnectHook` (the HA node answers
-        its status and role requests itself): the connection stops its timer and its
-        reading, leaves the broker's list of connections and gives back its transport,
-        which it no longer touches (None: it is closed already)."""
-        transport = self.transport
-        if transport is None:
-            return None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._stop_reading = True
-        self.closing = True
-        self.ctx.unregister(self)
-        self.transport = None
-        return transport
 
     def _on_connect(self, frame: StompFrame) -> None:
         hook = self.ctx.connect_hook  # an HA node: status requests, replication links
@@ -849,74 +976,6 @@ class BrokerConnection(asyncio.Protocol):
             self.core.store.journal.on_durable(done)
         else:
             done(None)
-
-    # ------------------------------------------------------------------ timers
-    def _connect_timeout(self) -> None:
-        self._timer = None
-        if not self.connected and not self.closing:
-            log.info("client %s sent no CONNECT within %d ms", self.peer, self.config.connect_timeout_ms)
-            self._error_no_raise(f"no CONNECT frame within {self.config.connect_timeout_ms} ms")
-
-    def _schedule_hb(self) -> None:
-        periods = [p for p in (self.hb_send, self.hb_expect) if p > 0]
-        tick = max(0.02, min(periods) / 2.0)
-        self._timer = self.loop.call_later(tick, self._hb_tick)
-
-    def _hb_tick(self) -> None:
-        self._timer = None
-        if self.closing or self.transport is None:
-            return
-        now = self.loop.time()
-        if self._reading_paused:
-            if self._paused:
-                # paused because the peer does not read what we write: we cannot see its
-                # heart-beats, but a live peer drains our bytes; one that drained nothing
-                # for the whole grace period is as silent as a peer that sends nothing
-                size = self._unsent()
-                if size < self._paused_buffer:
-                    self.last_read = now
-                self._paused_buffer = size
-            else:
-                self.last_read = now  # we stopped reading (flow control): silence is ours, not theirs
-        if self.hb_expect and now - self.last_read > self.hb_expect * self.config.heartbeat_grace:
-            log.info(
-                "client %s silent for %.1f s (heart-beat %d ms%s): dropping it",
-                self.peer,
-                now - self.last_read,
-                int(self.hb_expect * 1000),
-                ", and not reading" if self._paused else "",
-            )
-            if self._paused:
-                self._abort()  # an ERROR could never reach it: its socket is full
-            else:
-                self._error_no_raise(f"heart-beat timeout: nothing received for {now - self.last_read:.1f} s")
-            return
-        if self.hb_send and now - self.last_write >= self.hb_send * 0.9 and not self._out:
-            if self._paused:
-                pass  # the socket is full anyway; the client sees traffic
-            else:
-                self.last_write = now
-                assert self.transport is not None
-                self.transport.write(b"\n")
-        self._schedule_hb()
-
-
-EXPIRY_SWEEP_S = 1.0  # while producers are parked: how often expired queued messages are dropped
-
-
-def _sweep_expired(core: BrokerCore, loop: asyncio.AbstractEventLoop) -> None:
-    """Timer: free the memory of expired messages nobody consumes while producers wait."""
-    memory = core.memory
-    if not memory.blocked_count():
-        memory.sweeping = False
-        return
-    try:
-        n = core.sweep_expired()
-        if n:
-            log.info("dropped %d expired messages while producers were flow-controlled", n)
-    except Exception:  # noqa: BLE001 - the timer must keep running
-        log.exception("expiry sweep failed")
-    loop.call_later(EXPIRY_SWEEP_S, _sweep_expired, core, loop)
 
 
 _HANDLERS = {

@@ -9,6 +9,7 @@ store, drop an expired message, the stats).
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 import time
 from collections import deque
@@ -23,7 +24,11 @@ from .queues import Queue
 from .store import MessageStore, Sub
 from .store.journal import Callback
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "EXPIRY_SWEEP_S"]
+
+log = logging.getLogger(__name__)
+
+EXPIRY_SWEEP_S = 1.0  # while producers are parked: how often expired queued messages are dropped
 
 
 class Registry:
@@ -61,6 +66,7 @@ class Registry:
             store.on_space = self.memory.wake_waiters  # store flow control parks in the same list
         #: called with each queue created while wildcard queue consumers exist (they attach to it)
         self.queue_created: Callable[[Queue], None] | None = None
+        self._sweeping = False  # an expiry sweep timer is scheduled
 
     # ------------------------------------------------------------------ startup
     def load_from_store(self) -> int:
@@ -178,6 +184,28 @@ class Registry:
                     keep.append(m)
             q.messages = keep
         return dropped
+
+    def start_expiry_sweep(self, call_later: Callable[[float, Callable[[], None]], object]) -> None:
+        """Producers are parked (flow control): every :data:`EXPIRY_SWEEP_S` seconds, until
+        none is, drop the expired messages nobody consumes, so that their memory is freed.
+        ``call_later`` is the event loop's; a sweep already running is left alone."""
+        if self._sweeping:
+            return
+        self._sweeping = True
+
+        def sweep() -> None:
+            if not self.memory.blocked_count():
+                self._sweeping = False
+                return
+            try:
+                n = self.sweep_expired()
+                if n:
+                    log.info("dropped %d expired messages while producers were flow-controlled", n)
+            except Exception:  # noqa: BLE001 - the timer must keep running
+                log.exception("expiry sweep failed")
+            call_later(EXPIRY_SWEEP_S, sweep)
+
+        call_later(EXPIRY_SWEEP_S, sweep)
 
     # ------------------------------------------------------------------ stats
     def _backlog_stats(self) -> dict[str, int]:
