@@ -1,0 +1,166 @@
+"""Producer flow control on a client connection: SENDs parked while memory is short.
+
+Theory of operation
+-------------------
+Producer flow control. Before a SEND (or a COMMIT with sends) is processed the
+core's :class:`~.memory.MemoryGauge` is asked whether memory is over its limit (for
+all destinations, or for this one). If it is, the frame is *parked* in this
+connection's ``_held`` list -- no receipt, nothing enqueued -- and every later frame
+joins it, in order, except ACK and NACK, which are processed at once: they only free
+memory, and a connection that both produces and consumes would otherwise deadlock
+with its own acks stuck behind its parked SENDs. We keep reading (so those acks and
+heart-beats get through) until the parked frames pass ``write_buffer_high`` bytes or
+``max_pending_frames`` frames; then the socket is paused and TCP back-pressure blocks
+the producer. (We chose "keep reading, park SENDs" over "pause connections whose last
+frame was a SEND" because the latter cannot see an ack queued behind a send.) When
+the gauge releases (usage down to the low-water mark) the connection is woken via
+``call_soon`` and replays its parked frames until one must wait again. The limit on
+what a parked connection may buffer means a client that writes more than that many
+SENDs ahead of its own acks can still stall itself -- ActiveMQ has the same caveat
+and the same advice: produce and consume on separate connections. With
+``send_fail_if_no_space`` a SEND that would wait gets an ERROR naming the limit
+instead (and, as after every ERROR, the connection is closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+
+from amqtransport.stomp import Frame as StompFrame
+
+from .config import BrokerConfig
+from .core import BrokerCore
+from .stream import ErrorSent, StompStream
+
+__all__ = ["FlowControlled"]
+
+log = logging.getLogger(__name__)
+
+
+class FlowControlled(StompStream):
+    """Producer flow control: SENDs parked while memory (or the store) is over its limit."""
+
+    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop, core: BrokerCore) -> None:
+        super().__init__(config, loop)
+        self.core = core
+        self._held: deque[tuple[StompFrame, int]] = deque()  # frames parked by flow control
+        self._held_bytes = 0
+        self._held_wake_scheduled = False
+
+    def _handle(self, frame: StompFrame) -> None:
+        """Process a frame (it may go ahead)."""
+        raise NotImplementedError
+
+    def _held_by_transactions(self) -> int:
+        """Bytes this connection's open transactions hold in the memory gauge."""
+        return 0
+
+    def _released(self) -> None:
+        self._held.clear()
+        self._held_bytes = 0
+        self.core.memory.remove_waiter(id(self))
+        super()._released()
+
+    def _keep_paused(self) -> bool:
+        return self._hold_full() or super()._keep_paused()
+
+    def _admit(self, frame: StompFrame) -> None:
+        """Process a frame now, or park it while producer flow control holds this connection."""
+        if self._held:
+            if frame.command in ("ACK", "NACK"):
+                self._handle(frame)  # acks free memory: never behind a parked SEND
+            else:
+                self._hold(frame)
+            return
+        if self.connected and self._must_wait(frame):
+            if self.config.send_fail_if_no_space:
+                self._error(self._no_space_message(frame), receipt=frame.get("receipt"))
+            held = self._held_by_transactions()
+            if held:
+                # it would wait for memory its own open transaction may be holding
+                self._error(
+                    f"{self._no_space_message(frame, refused=False)}; this connection's open transactions "
+                    f"hold {held} bytes, so it cannot wait: send refused, transactions rolled back",
+                    receipt=frame.get("receipt"),
+                )
+            self._hold(frame)
+            return
+        self._handle(frame)
+
+    def _must_wait(self, frame: StompFrame) -> bool:
+        """A SEND waits while memory is over its limit, a persistent one also while the
+        store is (a COMMIT never does: its bytes are counted already, from the moment
+        each of its SENDs arrived)."""
+        if frame.command != "SEND":
+            return False
+        if self.core.memory.blocked(frame.get("destination")):
+            return True
+        store = self.core.store
+        return store is not None and store.full and (frame.get("persistent") or "").lower() == "true"
+
+    def _no_space_message(self, frame: StompFrame, *, refused: bool = True) -> str:
+        memory = self.core.memory
+        tail = "; send refused (send_fail_if_no_space)" if refused else ""
+        store = self.core.store
+        dest = frame.get("destination") or "(transaction)"
+        if not memory.blocked(dest) and store is not None and store.full:
+            return (
+                f"producer flow control: broker store limit reached ({store.journal.size} bytes of "
+                f"journal, store_limit={store.limit}){tail}"
+            )
+        if memory.full:
+            return (
+                f"producer flow control: broker memory limit reached "
+                f"({memory.usage} bytes in use, memory_limit={memory.limit}){tail}"
+            )
+        return (
+            f"producer flow control: destination {dest} is over its memory limit "
+            f"(destination_memory_limit={memory.destination_limit}){tail}"
+        )
+
+    def _hold(self, frame: StompFrame) -> None:
+        size = len(frame.body) + 64
+        for k, v in frame.headers:
+            size += len(k) + len(v)
+        self._held.append((frame, size))
+        self._held_bytes += size
+        memory = self.core.memory
+        memory.add_waiter(id(self), self._flow_wake)
+        self.core.start_expiry_sweep(self.loop.call_later)
+        if self._hold_full():
+            self._pause_reading()
+
+    def _hold_full(self) -> bool:
+        return self._held_bytes > self.config.write_buffer_high or len(self._held) > self.config.max_pending_frames
+
+    def _flow_wake(self) -> None:
+        """Called by the gauge when memory was released (inside dispatch: defer)."""
+        if not self._held_wake_scheduled and not self.closing:
+            self._held_wake_scheduled = True
+            self.loop.call_soon(self._replay_held)
+
+    def _replay_held(self) -> None:
+        self._held_wake_scheduled = False
+        held = self._held
+        try:
+            while held and not self.closing:
+                frame, size = held[0]
+                if frame.command not in ("ACK", "NACK") and self._must_wait(frame):
+                    return  # still full: stay registered, wait for the next release
+                held.popleft()
+                self._held_bytes -= size
+                self._handle(frame)
+        except ErrorSent:
+            return
+        except Exception as exc:  # noqa: BLE001 - as in data_received
+            log.exception("internal error handling a parked frame from %s", self.peer)
+            self._error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
+            return
+        finally:
+            if not held:
+                self._held_bytes = 0
+                self.core.memory.remove_waiter(id(self))
+            if not self._paused and not self.closing:
+                self._resume_reading()  # no-op while the parked frames are still over their bound

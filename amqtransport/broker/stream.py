@@ -1,0 +1,427 @@
+"""One client socket of the broker: reading, buffered output, back-pressure, heart-beats.
+
+Theory of operation
+-------------------
+Bytes from the socket go into the shared sans-IO :class:`~amqtransport.stomp.FrameParser`
+(``data_received``); each complete frame goes to :meth:`StompStream._admit`, which a
+subclass defines (:class:`~.flow.FlowControlled`, then
+:class:`~.protocol.BrokerConnection`). A frame that breaks the protocol is answered
+with one ERROR frame and the connection is closed.
+
+Output. Frames are appended to an outgoing list and written with one
+``transport.write`` per loop iteration (``call_soon``), so a burst of receipts
+completed by one journal batch costs one syscall. MESSAGE frames are built from a
+per-message cached header block (escaped once per STOMP version, shared by every
+subscription a topic message fans out to) plus the per-delivery headers.
+
+Back-pressure. While the transport's buffer is above its high-water mark (or our
+own unflushed output is), the connection is not *writable*: the core stops
+dispatching to its subscriptions and we stop reading from the socket, so a client
+that does not read cannot make the broker buffer without bound; more than
+``max_pending_frames`` frames held for it closes the connection.
+
+Liveness while paused. With reading paused the broker cannot see a client's
+heart-beats. When it paused because of its own flow control, the silence is its own
+doing and does not count. When it paused because the client does not read what the
+broker writes (its socket is full), the client counts as alive only while it drains
+those bytes: one that drained nothing for its heart-beat grace period is dropped like a
+silent one, so a dead consumer (a hung process, a frozen VM, a vanished host) gives its
+prefetched messages back instead of holding them until TCP gives up.
+
+Heart-beats: a timer per connection sends an EOL when we have written nothing for the
+negotiated interval and drops the client when nothing arrived for
+``interval * heartbeat_grace``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import struct
+import sys
+import termios
+
+from amqtransport.errors import RemoteProtocolError
+from amqtransport.stomp import CLIENT_COMMANDS, FrameParser, Limits, NeedData
+from amqtransport.stomp import Frame as StompFrame
+from amqtransport.stomp.encoders import error_frame, receipt_frame
+
+from .config import BrokerConfig
+
+__all__ = ["ErrorSent", "IN_DOUBT_HEADER", "StompStream"]
+
+log = logging.getLogger(__name__)
+
+#: ERROR header of a request whose outcome is unknown (its record failed after being queued)
+IN_DOUBT_HEADER = "amq-in-doubt"
+#: ioctl giving the bytes in a socket's send queue (SIOCOUTQ is TIOCOUTQ on Linux; None
+#: elsewhere: then only asyncio's buffer is watched)
+_SIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None) if sys.platform.startswith("linux") else None
+
+
+class ErrorSent(Exception):
+    """Raised inside frame handling once an ERROR frame is written: stop processing, the
+    connection is closing."""
+
+
+class StompStream(asyncio.Protocol):
+    """One client socket: reading into the parser, buffered output, back-pressure, heart-beats.
+
+    Knows nothing of the broker: a subclass says what a frame means (:meth:`_admit`)."""
+
+    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.loop = loop
+        cfg = self.config
+        self.parser = FrameParser(
+            "1.2",
+            Limits(
+                max_frame_size=cfg.max_frame_size,
+                max_headers=cfg.max_headers,
+                max_header_line=cfg.max_header_line,
+            ),
+            commands=CLIENT_COMMANDS,
+        )
+        self.version = "1.2"
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.connected = False
+        self.closing = False
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._out_frames = 0
+        self._flush_scheduled = False
+        self._paused = False  # transport above its high-water mark
+        self._blocked = False  # a subscription was refused for lack of room
+        self._reading_paused = False
+        self._stop_reading = False  # after DISCONNECT: ignore further input
+        self._close_scheduled = False
+        self._paused_buffer = 0  # transport buffer bytes at the last heart-beat tick while paused
+        self.last_read = 0.0
+        self.last_write = 0.0
+        self.hb_send = 0.0
+        self.hb_expect = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.frames_in = 0
+        self.opened_at = 0.0  # loop.time() of connection_made
+
+    # ------------------------------------------------------------------ what a subclass adds
+    def _opened(self) -> bool:
+        """The transport is set: False refuses the client (the subclass wrote an ERROR)."""
+        return True
+
+    def _admit(self, frame: StompFrame) -> None:
+        """A complete frame arrived."""
+        raise NotImplementedError
+
+    def _released(self) -> None:
+        """The connection is gone: give back what it held."""
+
+    def _on_writable(self) -> None:
+        """Output drained after a subscription was refused for lack of room: offer it again."""
+
+    def _keep_paused(self) -> bool:
+        """True while reading must stay paused for the subclass's own reasons."""
+        return False
+
+    # ------------------------------------------------------------------ asyncio
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        transport.set_write_buffer_limits(high=self.config.write_buffer_high)
+        now = self.loop.time()
+        self.last_read = self.last_write = now
+        self.opened_at = now
+        if not self._opened():
+            return
+        self._timer = self.loop.call_later(self.config.connect_timeout_ms / 1000.0, self._connect_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing or self._stop_reading:
+            return
+        self.last_read = self.loop.time()
+        parser = self.parser
+        try:
+            parser.feed(data)
+            while not self.closing and not self._stop_reading:
+                event = parser.next_event()
+                if isinstance(event, StompFrame):
+                    self.frames_in += 1
+                    self._admit(event)
+                elif isinstance(event, NeedData):
+                    break
+                # a Heartbeat needs nothing: last_read is updated already
+        except RemoteProtocolError as exc:
+            log.info("client %s sent invalid STOMP: %s", self.peer, exc)
+            self._error_no_raise(f"malformed frame: {exc}")
+        except ErrorSent:
+            pass
+        except Exception as exc:  # noqa: BLE001 - one bad frame must not take the broker down
+            log.exception("internal error handling a frame from %s", self.peer)
+            self._error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._released()
+        self._out.clear()
+        log.debug("connection %s closed (%s)", self.peer, exc or "clean")
+
+    def pause_writing(self) -> None:
+        self._paused = True
+        self._paused_buffer = self._unsent()
+        self._pause_reading()
+
+    def _unsent(self) -> int:
+        """Bytes written but not yet taken by the peer: asyncio's buffer plus the kernel's
+        send queue (Linux ``SIOCOUTQ``: it shrinks only as the peer acknowledges data;
+        the kernel reports the socket writable only once a large part of it has gone, so
+        asyncio's buffer alone can stand still for seconds under a live reader)."""
+        transport = self.transport
+        if transport is None:
+            return 0
+        size = transport.get_write_buffer_size()
+        sock = transport.get_extra_info("socket")
+        if sock is not None and _SIOCOUTQ is not None:
+            with contextlib.suppress(OSError, ValueError):
+                size += struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
+        return size
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._flush()
+        if not self._paused:
+            self._resume_reading()
+            self._wake()
+
+    # ------------------------------------------------------------------ output
+
+    @property
+    def writable(self) -> bool:
+        if self._paused or self._out_bytes >= self.config.write_buffer_high or self.closing:
+            self._blocked = True
+            return False
+        return True
+
+    def _write(self, data: bytes) -> None:
+        if self.closing or self.transport is None:
+            return
+        self._out.append(data)
+        self._out_bytes += len(data)
+        self._out_frames += 1
+        if self._paused and self._out_frames > self.config.max_pending_frames:
+            log.warning("client %s is not reading: %d frames pending, disconnecting", self.peer, self._out_frames)
+            self._abort()
+            return
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.transport is None or not self._out or self._paused:
+            return
+        data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
+        self._out.clear()
+        self._out_bytes = 0
+        self._out_frames = 0
+        self.last_write = self.loop.time()
+        self.transport.write(data)
+        if not self._paused and self._blocked:
+            self._wake()
+
+    def _wake(self) -> None:
+        if not self._blocked or self.closing:
+            return
+        self._blocked = False
+        self._on_writable()
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None and not self.closing:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._keep_paused() or self._stop_reading:
+            return
+        if self._reading_paused and self.transport is not None and not self.closing:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def close_by_admin(self, reason: str) -> None:
+        """An operator closed this connection (the HTTP console): one ERROR frame naming
+        ``reason``, then close; its subscriptions' unacked messages are redelivered."""
+        self._error_no_raise(reason)
+
+    def _close(self) -> None:
+        """Flush what is queued, then close."""
+        if self.transport is None:
+            return
+        self._flush_now()
+        self.closing = True
+        self.transport.close()
+
+    def _abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _flush_now(self) -> None:
+        if self._out and self.transport is not None:
+            data = b"".join(self._out)
+            self._out.clear()
+            self._out_bytes = 0
+            self._out_frames = 0
+            self.transport.write(data)
+
+    def _error(
+        self,
+        message: str,
+        *,
+        receipt: str | None = None,
+        detail: str = "",
+        close: bool = True,
+        in_doubt: bool = False,
+    ) -> None:
+        if self.transport is None or self.closing:
+            return
+        self._write(
+            error_frame(
+                message,
+                self.version,
+                receipt_id=receipt,
+                headers=((IN_DOUBT_HEADER, "true"),) if in_doubt else (),
+                body=detail.encode("utf-8") if detail else None,
+            )
+        )
+        if close:
+            self._close()
+            raise ErrorSent()
+
+    def _error_no_raise(self, message: str, receipt: str | None = None) -> None:
+        try:
+            self._error(message, receipt=receipt)
+        except ErrorSent:
+            pass
+
+    def _receipt(self, receipt: str) -> None:
+        self._write(receipt_frame(receipt, self.version))
+
+    def _receipt_callback(self, receipt: str | None, what: str) -> object:
+        if receipt is None:
+
+            def on_error_only(err: BaseException | None) -> None:
+                if err is not None:
+                    self._persist_failed(what, err, None)
+
+            return on_error_only
+
+        def done(err: BaseException | None) -> None:
+            if err is not None:
+                self._persist_failed(what, err, receipt)
+            else:
+                self._receipt(receipt)
+
+        return done
+
+    def _persist_failed(self, what: str, err: BaseException, receipt: str | None) -> None:
+        """An ERROR for one request whose record was not made durable; the connection
+        closes once the completions of the same journal batch have run, so that each of
+        its failed requests gets its own ERROR (with its ``receipt-id``).
+
+        The outcome is unknown, and the ERROR says so (header ``amq-in-doubt:true``): the
+        record was queued, so its messages may already have been delivered (dispatch
+        runs alongside the write), a slave may have received it, and a record wholly
+        written but not synced may survive a restart. Resending with the same
+        idempotency key is safe."""
+        if self.closing or self.transport is None:
+            return
+        self._error(
+            f"could not persist {what}: {err}; outcome unknown (it may have been delivered or kept: "
+            "resend with the same idempotency key)",
+            receipt=receipt,
+            close=False,
+            in_doubt=True,
+        )
+        self._stop_reading = True
+        if not self._close_scheduled:
+            self._close_scheduled = True
+            self.loop.call_soon(self._close)
+
+    def fence(self, reason: str) -> None:
+        """The broker stops serving (:meth:`BrokerServer.fence`): say why and close (a
+        connection whose requests failed has had their ERRORs and is closing already)."""
+        if not self._close_scheduled:
+            self._error_no_raise(f"broker stopped accepting messages: {reason}")
+
+    def detach(self) -> asyncio.Transport | None:
+        """Stop handling this socket (its timer, its reading) and give back its
+        transport, which this connection no longer touches (None: it is closed already)."""
+        transport = self.transport
+        if transport is None:
+            return None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._stop_reading = True
+        self.closing = True
+        self.transport = None
+        return transport
+
+    # ------------------------------------------------------------------ timers
+
+    def _connect_timeout(self) -> None:
+        self._timer = None
+        if not self.connected and not self.closing:
+            log.info("client %s sent no CONNECT within %d ms", self.peer, self.config.connect_timeout_ms)
+            self._error_no_raise(f"no CONNECT frame within {self.config.connect_timeout_ms} ms")
+
+    def _schedule_hb(self) -> None:
+        periods = [p for p in (self.hb_send, self.hb_expect) if p > 0]
+        tick = max(0.02, min(periods) / 2.0)
+        self._timer = self.loop.call_later(tick, self._hb_tick)
+
+    def _hb_tick(self) -> None:
+        self._timer = None
+        if self.closing or self.transport is None:
+            return
+        now = self.loop.time()
+        if self._reading_paused:
+            if self._paused:
+                # paused because the peer does not read what we write: we cannot see its
+                # heart-beats, but a live peer drains our bytes; one that drained nothing
+                # for the whole grace period is as silent as a peer that sends nothing
+                size = self._unsent()
+                if size < self._paused_buffer:
+                    self.last_read = now
+                self._paused_buffer = size
+            else:
+                self.last_read = now  # we stopped reading (flow control): silence is ours, not theirs
+        if self.hb_expect and now - self.last_read > self.hb_expect * self.config.heartbeat_grace:
+            log.info(
+                "client %s silent for %.1f s (heart-beat %d ms%s): dropping it",
+                self.peer,
+                now - self.last_read,
+                int(self.hb_expect * 1000),
+                ", and not reading" if self._paused else "",
+            )
+            if self._paused:
+                self._abort()  # an ERROR could never reach it: its socket is full
+            else:
+                self._error_no_raise(f"heart-beat timeout: nothing received for {now - self.last_read:.1f} s")
+            return
+        if self.hb_send and now - self.last_write >= self.hb_send * 0.9 and not self._out:
+            if self._paused:
+                pass  # the socket is full anyway; the client sees traffic
+            else:
+                self.last_write = now
+                assert self.transport is not None
+                self.transport.write(b"\n")
+        self._schedule_hb()
