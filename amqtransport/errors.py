@@ -24,8 +24,10 @@ layer (including the sans-IO ``stomp`` package) may import it.
     │   └── AuthenticationError
     ├── ReconnectExhausted                  failover gave up (maxReconnectAttempts)
     ├── SendTimeout                         failover ``timeout`` elapsed while disconnected
-    └── TransactionRolledBack               a transaction spanned a failover
-        └── TransactionInDoubt              the link died while its COMMIT was in flight
+    ├── TransactionRolledBack               a transaction spanned a failover
+│   └── TransactionInDoubt              the link died while its COMMIT was in flight
+└── ServerError                         raised by the broker's own code (store, core, HA,
+                                        console); a client meets it as an ERROR frame
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     "SendTimeout",
     "TransactionRolledBack",
     "TransactionInDoubt",
+    "ServerError",
 ]
 
 
@@ -188,3 +191,12 @@ class TransactionInDoubt(TransactionRolledBack):
     the same messages again with the same idempotency keys (``keys``); a broker that
     honours the key (ours, Artemis with ``_AMQ_DUPL_ID``) drops those it already
     committed, elsewhere the consumer's duplicate filter removes the copies."""
+
+
+class ServerError(AmqTransportError):
+    """Raised by the broker's own code rather than received from a broker: the journal
+    (``JournalError``, also an ``OSError``), records and checkpoints, the core's refusal
+    of a request (``CoreError``), replication and the HA helpers (``ReplicationError``;
+    ``NodeUnreachable`` where an HA node cannot be reached, also an ``OSError``), the web
+    console's actions (``AdminError``). A client of the broker never sees these
+    classes: it gets an ERROR frame, which it raises as :class:`BrokerError`."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import unquote, urlsplit
 
+from amqtransport.errors import AmqTransportError
 from chaos.listener import Listener
 
 __all__ = [
@@ -47,7 +48,7 @@ _HEX = frozenset(b"0123456789abcdefABCDEF")
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
-class HttpError(Exception):
+class HttpError(AmqTransportError):
     """A request could not be parsed; ``status`` is the answer to send before closing."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from amqtransport.destinations import QUEUE_PREFIX
+from amqtransport.errors import ServerError
 
 from .core import BrokerCore
 from .errors import CoreError
@@ -66,7 +67,7 @@ DURABLE_TIMEOUT = 30.0  # seconds an action waits for its records to be durable
 MAX_BROWSE = 500
 
 
-class AdminError(Exception):
+class AdminError(ServerError):
     """An action the broker refuses; ``status`` is the HTTP status that says why."""
 
     def __init__(self, message: str, status: int = 400) -> None:

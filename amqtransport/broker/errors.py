@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from amqtransport.errors import ServerError
+
 __all__ = ["CoreError"]
 
 
-class CoreError(Exception):
+class CoreError(ServerError):
     """A client request the core refuses; the message goes into the ERROR frame."""

@@ -43,6 +43,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from amqtransport.errors import AmqTransportError
+
 __all__ = [
     "LAUNCHER_ENV_VAR",
     "PackEnvError",
@@ -58,7 +60,7 @@ __all__ = [
 LAUNCHER_ENV_VAR = "AMQ_ENV_PYTHON"
 
 
-class PackEnvError(RuntimeError):
+class PackEnvError(AmqTransportError, RuntimeError):
     """pack-env cannot go on; the message says what to do."""
 
 

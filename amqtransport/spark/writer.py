@@ -40,6 +40,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
+from amqtransport.errors import AmqTransportError
 from amqtransport.spark.ids import batch_key, column_key, new_run_id, stream_key
 from amqtransport.spark.options import AmqSparkOptionError, WriterOptions, normalize_destination
 
@@ -58,7 +59,7 @@ log = logging.getLogger(__name__)
 ALLOWED_COLUMNS = ("body", "destination", "headers", "id")
 
 
-class AmqDataError(ValueError):
+class AmqDataError(AmqTransportError, ValueError):
     """A row cannot be sent (null body, bad header, no destination); names the partition and row."""
 
 

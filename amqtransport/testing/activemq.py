@@ -47,6 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from xml.sax.saxutils import quoteattr
 
+from amqtransport.errors import AmqTransportError
 from amqtransport.testing._process import KillAtExit, stomp_handshake
 from amqtransport.testing.ports import free_port
 
@@ -101,7 +102,7 @@ STARTED = re.compile(r"Apache ActiveMQ .* started")
 _BIND_FAILURE = re.compile(r"BindException|Address already in use", re.I)
 
 
-class ActiveMQError(RuntimeError):
+class ActiveMQError(AmqTransportError, RuntimeError):
     """An ActiveMQ node did not start, serve or stop as expected (message has the log tail)."""
 
 

@@ -18,10 +18,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from amqtransport.errors import AmqTransportError
+
 __all__ = ["TmpfsUnavailable", "tmpfs", "resize", "fill"]
 
 
-class TmpfsUnavailable(RuntimeError):
+class TmpfsUnavailable(AmqTransportError, RuntimeError):
     """A tmpfs cannot be mounted here (not root, no mount(8), a container without the right)."""
 
 

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from amqtransport.errors import AmqTransportError
 from amqtransport.testing._process import KillAtExit, stomp_handshake
 from amqtransport.testing.ports import free_port
 
@@ -57,7 +58,7 @@ DEFAULT_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 _BIND_FAILURE = re.compile(r"eaddrinuse|address already in use|Failed to start Ranch listener", re.I)
 
 
-class RabbitMQError(RuntimeError):
+class RabbitMQError(AmqTransportError, RuntimeError):
     """A RabbitMQ node did not start, serve or stop as expected (the message has the log tail)."""
 
 

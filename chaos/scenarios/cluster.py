@@ -38,6 +38,7 @@ from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 from toxiproxy.proxy import Proxy
 
+from amqtransport.errors import AmqTransportError
 from amqtransport.testing.broker_process import BrokerProcess
 from amqtransport.testing.ports import free_port
 from chaos.server import ToxiproxyServer
@@ -66,7 +67,7 @@ def _nothing() -> None:
     return None
 
 
-class ClusterError(RuntimeError):
+class ClusterError(AmqTransportError, RuntimeError):
     """A cluster could not be started or brought back to health."""
 
 

@@ -13,17 +13,25 @@ u32 length | payload``); its codec is here and is sans-IO: :func:`pack`,
 :func:`unpack_seq` and the incremental :class:`WireDecoder`, which refuses a frame
 over its limit before buffering it. The master side (:mod:`.replication`) and the
 slave side (:mod:`.slave`) both use them.
+
+Errors. The asking side is the HA helpers' boundary: an ``OSError`` of the socket (a
+refused connection, a timeout, a reset) leaves :func:`ha_request` and
+:func:`ha_request_sync` as a :class:`NodeUnreachable` (:class:`NodeRefused` for a
+refusal) with the same message, so everything they raise is an
+:class:`~amqtransport.errors.AmqTransportError`; those two are ``OSError`` still, for
+the callers that catch one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from amqtransport.errors import RemoteProtocolError
+from amqtransport.errors import RemoteProtocolError, ServerError
 from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
 
 from ..store import MAX_RECORD
@@ -38,6 +46,8 @@ __all__ = [
     "STATUS_HEADER",
     "ReplicationError",
     "ReplicaRefused",
+    "NodeUnreachable",
+    "NodeRefused",
     "WireDecoder",
     "pack",
     "pack_records",
@@ -83,12 +93,34 @@ MAX_WIRE_FRAME = MAX_RECORD + _Q.size + _I.size
 MAX_SLAVE_FRAME = 64
 
 
-class ReplicationError(Exception):
+class ReplicationError(ServerError):
     """The replication stream is malformed or the link broke."""
 
 
 class ReplicaRefused(ReplicationError):
     """The master answered the replication CONNECT with an ERROR frame."""
+
+
+class NodeUnreachable(ReplicationError, ConnectionError):
+    """An HA node cannot be reached or did not answer in time (see the module docstring)."""
+
+
+class NodeRefused(NodeUnreachable, ConnectionRefusedError):
+    """Nothing listens at the HA node's address (connection refused)."""
+
+
+@contextlib.contextmanager
+def _os_errors_mapped() -> Iterator[None]:
+    """The boundary of the HA helpers: an ``OSError`` becomes a :class:`NodeUnreachable`
+    (a refusal a :class:`NodeRefused`) with the same arguments, hence the same message."""
+    try:
+        yield
+    except NodeUnreachable:
+        raise
+    except ConnectionRefusedError as exc:
+        raise NodeRefused(*exc.args) from exc
+    except OSError as exc:  # TimeoutError included
+        raise NodeUnreachable(*exc.args) from exc
 
 
 # ---------------------------------------------------------------------- wire (pure)
@@ -199,9 +231,17 @@ async def ha_request(
 ) -> tuple[Frame, asyncio.StreamReader, asyncio.StreamWriter]:
     """Open a connection, send an HA CONNECT, return the answer and the open streams.
 
-    Raises :class:`ReplicaRefused` for an ERROR answer, ``OSError``/``TimeoutError``
-    when the node cannot be reached, :class:`ReplicationError` for nonsense.
+    Raises :class:`ReplicaRefused` for an ERROR answer, :class:`NodeUnreachable` when
+    the node cannot be reached or does not answer in time, :class:`ReplicationError`
+    for nonsense.
     """
+    with _os_errors_mapped():
+        return await _ha_request(host, port, headers, timeout)
+
+
+async def _ha_request(
+    host: str, port: int, headers: Mapping[str, str], timeout: float
+) -> tuple[Frame, asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
     try:
         writer.write(connect_frame(headers))
@@ -217,7 +257,7 @@ async def ha_request(
             if isinstance(event, NeedData):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"no answer from {host}:{port} within {timeout} s")
+                    raise NodeUnreachable(f"no answer from {host}:{port} within {timeout} s")
                 # up to the frame's NUL only: binary link data may follow in the same segment
                 try:
                     data = await asyncio.wait_for(reader.readuntil(b"\x00"), left)
@@ -249,10 +289,11 @@ async def probe(host: str, port: int, timeout: float) -> dict[str, str] | None:
 def ha_request_sync(
     host: str, port: int, timeout: float = 3.0, headers: Mapping[str, str] | None = None
 ) -> Frame:
-    """Blocking status request (for ``amq broker status``): the CONNECTED/ERROR frame."""
+    """Blocking status request (for ``amq broker status``): the CONNECTED/ERROR frame;
+    :class:`NodeUnreachable` when the node cannot be reached or does not answer."""
     hdrs = {STATUS_HEADER: "1"}
     hdrs.update(headers or {})
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    with _os_errors_mapped(), socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(connect_frame(hdrs))
         parser = FrameParser("1.2")
         deadline = time.monotonic() + timeout
@@ -261,8 +302,8 @@ def ha_request_sync(
             if isinstance(event, Frame):
                 return event
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no answer from {host}:{port} within {timeout} s")
+                raise NodeUnreachable(f"no answer from {host}:{port} within {timeout} s")
             data = sock.recv(65536)
             if not data:
-                raise ConnectionError(f"{host}:{port} closed the connection without answering")
+                raise NodeUnreachable(f"{host}:{port} closed the connection without answering")
             parser.feed(data)

@@ -19,6 +19,8 @@ from dataclasses import asdict
 from typing import Any
 from urllib.parse import parse_qsl
 
+from amqtransport.errors import ServerError
+
 from ..admin import BrowsedMessage, BrowsePage, ConnectionInfo
 from ..stats import HistogramSnapshot
 from ..view import DestinationStats, NodeStats, PeerStatus
@@ -37,7 +39,7 @@ __all__ = [
 ]
 
 
-class BadRequest(ValueError):
+class BadRequest(ServerError, ValueError):
     """An action request that cannot be understood (HTTP 400)."""
 
 

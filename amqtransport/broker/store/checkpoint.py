@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from amqtransport.errors import ServerError
+
 from .journal import MAGIC, JournalError
 from .pages import PageList, id_hash
 from .records import Sub, decode, encode
@@ -74,7 +76,7 @@ _FRAME = struct.Struct("<II")
 VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ServerError, ValueError):
     """The checkpoint cannot be used (the message says why)."""
 
 

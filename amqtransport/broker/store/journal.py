@@ -63,6 +63,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from amqtransport.errors import ServerError
+
 from ..stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 from .pages import INNER, pack, unpack
 from .records import Record, RecordError, RecordTooLarge, decode
@@ -90,7 +92,7 @@ Callback = Callable[[BaseException | None], None]
 BatchHook = Callable[[Sequence[bytes]], "concurrent.futures.Future[object] | None"]
 
 
-class JournalError(OSError):
+class JournalError(ServerError, OSError):
     """The journal could not write or sync; the broker must not claim durability."""
 
 

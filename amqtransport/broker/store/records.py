@@ -33,6 +33,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from amqtransport.errors import ServerError
+
 from ..message import Message
 
 __all__ = [
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 
-class RecordError(ValueError):
+class RecordError(ServerError, ValueError):
     """A record payload could not be decoded (or a record could not be encoded)."""
 
 
