@@ -1,7 +1,10 @@
 """Broker throughput: our embedded broker against ActiveMQ Classic 5.17, same client, same run.
 
 Run: .venv/bin/python benchmarks/bench_broker.py [N]
-(AMQ_BENCH_QUICK=1 for a smoke run; AMQ_BENCH_ROUNDS=R, default 5)
+(AMQ_BENCH_QUICK=1 for a smoke run; AMQ_BENCH_ROUNDS=R, default 5;
+AMQ_BENCH_BASELINE=DIR also runs our broker from the checkout DIR -- another version of
+the code, e.g. ``git worktree add --detach DIR main`` -- in the same rounds, and the
+table adds ``ours / baseline``)
 
 Workloads (persistent 256-byte SENDs to a fresh queue per round, one connection):
 
@@ -10,6 +13,8 @@ Workloads (persistent 256-byte SENDs to a fresh queue per round, one connection)
 * ``receipt, window 1`` -- one message at a time (latency-bound: one fsync each).
 * ``fire-and-forget`` -- no receipts, then one last SEND with a receipt so that the
   clock stops when the broker has processed (and, for ours, persisted) every message.
+* ``consume`` -- N messages waiting (sent fire-and-forget, not timed), then one
+  auto-ack subscription with a prefetch of 1000 drains them: the broker's MESSAGE path.
 
 The client is a raw socket with our sans-IO codec; all frames are serialized before
 the clock starts, so the client's CPU cost is the same small loop for both brokers.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -31,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import compare, machine, print_table, quick, scale, write_result  # noqa: E402
+from _common import machine, print_table, quick, ratio, scale, write_result  # noqa: E402
 
 from amqtransport.stomp import Frame, FrameParser, serialize  # noqa: E402
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
@@ -123,6 +129,25 @@ def fire_and_forget(port: int, dest: str, n: int) -> float:
         c.close()
 
 
+def consume(port: int, dest: str, n: int, prefetch: int = 1000) -> float:
+    """Messages/s of draining ``n`` waiting messages with one auto-ack subscription."""
+    fire_and_forget(port, dest, n - 1)  # n - 1 plus the receipted last one: n waiting
+    c = RawClient(port)
+    try:
+        sub = {"destination": dest, "id": "1", "ack": "auto", "activemq.prefetchSize": str(prefetch)}
+        t0 = time.perf_counter()
+        c.sock.sendall(serialize(Frame.make("SUBSCRIBE", sub)))
+        got = 0
+        while got < n:
+            for f in c.next_frames():
+                if f.command != "MESSAGE":
+                    raise RuntimeError(f"unexpected {f.command}: {f.get('message')}")
+                got += 1
+        return n / (time.perf_counter() - t0)
+    finally:
+        c.close()
+
+
 def activemq_node(workdir: Path, name: str, heap: str, extra_xml: str = "") -> Any:
     """An (unstarted) ``ActiveMQNode``, or None (with the reason printed) when ActiveMQ
     is not installed."""
@@ -154,48 +179,59 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-broker-"))
     ours = BrokerProcess(work / "ours", log_dir=work)
     ours.start()
-    amq = start_activemq(work / "activemq")
-    counter = [0]
-
-    def dest() -> str:
-        counter[0] += 1
-        return f"/queue/bench.{counter[0]}"
-
-    rows = []
+    contenders: list[tuple[str, int]] = [("ours", ours.port)]
+    stops: list[Callable[[], None]] = [ours.terminate]
+    baseline_dir = os.environ.get("AMQ_BENCH_BASELINE")
     try:
-        # warm up both (JIT for ActiveMQ, imports and page cache for ours)
-        pipelined(ours.port, dest(), 2000, window)
+        if baseline_dir:
+            env = {**os.environ, "PYTHONPATH": str(Path(baseline_dir).resolve())}
+            base = BrokerProcess(work / "baseline", log_dir=work / "baseline-log", env=env)
+            base.start()
+            stops.append(base.terminate)
+            contenders.append(("baseline", base.port))
+        amq = start_activemq(work / "activemq")
         if amq is not None:
-            pipelined(amq[0], dest(), 5000, window)
+            stops.append(amq[1])
+            contenders.append(("ActiveMQ", amq[0]))
+        counter = [0]
+
+        def dest() -> str:
+            counter[0] += 1
+            return f"/queue/bench.{counter[0]}"
+
+        # warm up (JIT for ActiveMQ, imports and page cache for ours)
+        for name, port in contenders:
+            pipelined(port, dest(), 5000 if name == "ActiveMQ" else 2000, window)
         cases: list[tuple[str, Callable[[int], float]]] = [
             (f"receipt per message, window {window}", lambda port: pipelined(port, dest(), n, window)),
             ("fire-and-forget (+1 final receipt)", lambda port: fire_and_forget(port, dest(), n)),
             ("receipt per message, window 1", lambda port: pipelined(port, dest(), n_sync, 1)),
+            ("consume (auto-ack, prefetch 1000)", lambda port: consume(port, dest(), n)),
         ]
+        rows = []
         for label, fn in cases:
-            if amq is not None:
-                port = amq[0]
-                cmp = compare(lambda fn=fn: fn(ours.port), lambda fn=fn, port=port: fn(port), rounds=rounds)
-                rows.append(
-                    {
-                        "workload": label,
-                        "ours msg/s": cmp.ours,
-                        "ActiveMQ msg/s": cmp.peer,
-                        "ours/ActiveMQ": cmp.ratio,
-                        "ours all": [round(x) for x in cmp.ours_all],
-                        "ActiveMQ all": [round(x) for x in cmp.peer_all],
-                    }
-                )
-            else:
-                vals = [fn(ours.port) for _ in range(rounds)]
-                rows.append({"workload": label, "ours msg/s": sorted(vals)[len(vals) // 2], "ours all": [round(x) for x in vals]})
+            runs: dict[str, list[float]] = {name: [] for name, _ in contenders}
+            for _ in range(rounds):  # alternate: ours, baseline, ActiveMQ, ours, ...
+                for name, port in contenders:
+                    runs[name].append(fn(port))
+            med = {name: statistics.median(vals) for name, vals in runs.items()}
+            row: dict[str, object] = {"workload": label, "ours msg/s": med["ours"]}
+            for other in ("ActiveMQ", "baseline"):
+                if other in med:
+                    row[f"{other} msg/s"] = med[other]
+                    row[f"ours/{other}"] = ratio(med["ours"], med[other])
+            for name, vals in runs.items():
+                row[f"{name} all"] = [round(x) for x in vals]
+            rows.append(row)
     finally:
-        ours.terminate()
-        if amq is not None:
-            amq[1]()
+        for stop in reversed(stops):
+            stop()
     print_table(rows, title=f"persistent {len(BODY)}-byte sends, n={n} (window 1: n={n_sync}), {rounds} rounds, median")
-    headline = {r["workload"] + " ours/ActiveMQ": r["ours/ActiveMQ"] for r in rows if "ours/ActiveMQ" in r}
-    write_result("broker", rows, headline=headline, notes=f"n={n}, window={window}; machine={machine().get('cpu')}")
+    headline = {f"{r['workload']} {k}": v for r in rows for k, v in r.items() if k.startswith("ours/")}
+    notes = f"n={n}, window={window}; machine={machine().get('cpu')}"
+    if baseline_dir:
+        notes += f"; baseline={baseline_dir}"
+    write_result("broker", rows, headline=headline, notes=notes)
 
 
 if __name__ == "__main__":

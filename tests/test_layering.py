@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.client", 6),
     ("amqtransport", 6),  # the package __init__ (lazy re-exports of the public API)
     ("amqtransport.spark", 7),
+    ("amqtransport.processes", 7),  # our broker as child processes (amq broker pair, amq demo, chaos, the harnesses)
     ("amqtransport.testing", 7),  # real-process harnesses (ActiveMQ, broker pairs) for tests and benchmarks
     ("bridge", 7),
     ("chaos", 8),
@@ -143,3 +144,16 @@ def test_layer_checker_catches_an_upward_import(tmp_path: Path) -> None:
     upward = [t for t, _ in found if (layer_of(t) or 0) > 1]
     io = [t for t, _ in found if t in FORBIDDEN_IN_PURE]
     assert "amqtransport.client" in upward and io == ["socket"]
+
+
+def test_the_product_imports_no_test_harness() -> None:
+    """``amqtransport/testing/`` holds test harnesses only: the command line (``amq broker
+    pair``, ``amq demo``), the broker and the process supervisors never import it."""
+    product = [p for p in project_modules() if module_name(p).startswith(("amqtransport.cli", "amqtransport.broker", "amqtransport.processes"))]
+    bad = [
+        f"{module_name(p)} line {line}: imports {target}"
+        for p in product
+        for target, line in imports_of(p)
+        if target == "amqtransport.testing" or target.startswith("amqtransport.testing.")
+    ]
+    assert bad == []

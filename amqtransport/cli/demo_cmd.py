@@ -61,7 +61,7 @@ class RestartedNode:
     """Interim cluster: one broker process, SIGKILLed and restarted on the same port/data dir."""
 
     def __init__(self, workdir: Path) -> None:
-        from amqtransport.testing.broker_process import BrokerProcess
+        from amqtransport.processes.broker import BrokerProcess
 
         self.proc = BrokerProcess(workdir / "node", port=0)
         self.proc.start()
@@ -94,7 +94,7 @@ class ReplicatedPair:
     """The embedded replicated pair: a master and an in-sync slave, each its own process."""
 
     def __init__(self, workdir: Path) -> None:
-        from amqtransport.testing.broker_pair import BrokerPair
+        from amqtransport.processes.pair import BrokerPair
 
         self.pair = BrokerPair("replicated", workdir / "pair")
         self.pair.start()

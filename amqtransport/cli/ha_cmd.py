@@ -139,7 +139,7 @@ def pair(
     slave takes over; restart it with the same command line (shown in the log) and it
     rejoins as slave.
     """
-    from amqtransport.testing.broker_pair import BrokerPair
+    from amqtransport.processes.pair import BrokerPair
 
     extra: list[str] = []
     if users_file:

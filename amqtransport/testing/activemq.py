@@ -26,7 +26,7 @@ opening any port. ``start()`` starts the first node, waits until it serves, star
 second and waits until its log says it is waiting for the lock, so that a later SIGKILL
 of the master measures the takeover alone, not a JVM start.
 
-Ports are chosen by :func:`amqtransport.testing.ports.free_port` (below the ephemeral
+Ports are chosen by :func:`amqtransport.processes.ports.free_port` (below the ephemeral
 range, so a slave's port stays free until it takes over); a node that loses its port to
 a race at first start is restarted on a new port when the port was ours to choose.
 """
@@ -48,8 +48,8 @@ from types import TracebackType
 from xml.sax.saxutils import quoteattr
 
 from amqtransport.errors import AmqTransportError
-from amqtransport.testing._process import KillAtExit, stomp_handshake
-from amqtransport.testing.ports import free_port
+from amqtransport.processes.ports import free_port
+from amqtransport.processes.spawn import KillAtExit, stomp_handshake
 
 __all__ = [
     "ACTIVEMQ_HOME_ENV",

@@ -6,7 +6,7 @@ Debian's package installs the broker under ``/usr/lib/rabbitmq`` and a system
 service we do not use (no systemd here, and its listeners bind every interface).
 :class:`RabbitMQNode` gives each node a private directory holding a generated
 ``rabbitmq.conf`` (AMQP, STOMP and Erlang-distribution listeners on ``127.0.0.1``,
-ports picked by :func:`amqtransport.testing.ports.free_port`), its own
+ports picked by :func:`amqtransport.processes.ports.free_port`), its own
 ``enabled_plugins`` file (``rabbitmq_stomp``), database (``mnesia``), logs and Erlang
 cookie (``HOME`` points there), all passed through ``RABBITMQ_*`` variables; nothing
 under ``/etc`` or ``/var`` is read or written, and no root is needed.
@@ -43,8 +43,8 @@ from pathlib import Path
 from types import TracebackType
 
 from amqtransport.errors import AmqTransportError
-from amqtransport.testing._process import KillAtExit, stomp_handshake
-from amqtransport.testing.ports import free_port
+from amqtransport.processes.ports import free_port
+from amqtransport.processes.spawn import KillAtExit, stomp_handshake
 
 __all__ = ["RABBITMQ_SERVER_ENV", "RabbitMQError", "RabbitMQNode", "missing_reason", "rabbitmq_server"]
 

@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from ._process import read_log
-from .ports import free_port
+from amqtransport.processes.ports import free_port
+from amqtransport.processes.spawn import read_log
 
 __all__ = [
     "ConnectServer",

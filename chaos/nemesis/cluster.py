@@ -45,9 +45,9 @@ from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 from toxiproxy.proxy import Proxy
 
-from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.processes.broker import BrokerProcess
+from amqtransport.processes.ports import free_port
 from amqtransport.testing.disk import TmpfsUnavailable, fill, tmpfs
-from amqtransport.testing.ports import free_port
 from chaos.scenarios.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
 from chaos.server import ToxiproxyServer
 

@@ -6,11 +6,11 @@ A :class:`Cluster` is a set of broker nodes whose client ports never change (a k
 node comes back on the same port), so one proxy per node can stay in front of it for
 the whole run:
 
-* :class:`EmbeddedPairCluster` — our :class:`~amqtransport.testing.broker_pair.BrokerPair`
+* :class:`EmbeddedPairCluster` — our :class:`~amqtransport.processes.pair.BrokerPair`
   in ``replicated`` or ``shared-store`` mode; ``kill_master`` SIGKILLs the master's
   process and the slave takes over; ``recover`` starts the killed node again (it comes
   back as the slave) before the next round.
-* :class:`SingleNodeCluster` — one :class:`~amqtransport.testing.broker_process.BrokerProcess`;
+* :class:`SingleNodeCluster` — one :class:`~amqtransport.processes.broker.BrokerProcess`;
   ``kill_master`` SIGKILLs it and restarts it at once on the same port and data
   directory (there is no slave). It exercises the same client failover path and is
   the fallback when no pair is available (``--mode single``).
@@ -39,8 +39,8 @@ from toxiproxy.api import APIConsumer
 from toxiproxy.proxy import Proxy
 
 from amqtransport.errors import AmqTransportError
-from amqtransport.testing.broker_process import BrokerProcess
-from amqtransport.testing.ports import free_port
+from amqtransport.processes.broker import BrokerProcess
+from amqtransport.processes.ports import free_port
 from chaos.server import ToxiproxyServer
 
 __all__ = [
@@ -154,10 +154,10 @@ class EmbeddedPairCluster:
         runs once the pair's ports and directories are chosen, before any node starts
         (e.g. to put a proxy on a port the slave's master connector names)."""
         try:
-            from amqtransport.testing.broker_pair import BrokerPair
+            from amqtransport.processes.pair import BrokerPair
         except ImportError as exc:  # the pair is a separate piece of work
             raise ClusterError(
-                f"the embedded HA pair (amqtransport.testing.broker_pair) is not available: {exc}; "
+                f"the embedded HA pair (amqtransport.processes.pair) is not available: {exc}; "
                 "use --mode single"
             ) from exc
         self.kind = mode

@@ -12,6 +12,6 @@
 - :mod:`.config`: the node's options (:class:`~.config.HaOptions`, the HA port's bounds) and
   the ``[ha]`` table of a broker config file.
 
-Processes for tests: :class:`amqtransport.testing.broker_pair.BrokerPair`; commands:
+A pair as two child processes: :class:`amqtransport.processes.pair.BrokerPair`; commands:
 ``amq broker pair`` and ``amq broker status``.
 """

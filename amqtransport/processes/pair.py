@@ -1,0 +1,377 @@
+"""BrokerPair: a master/slave pair of our broker as two real child processes.
+
+Each node is ``amq broker run --ha MODE`` on fixed ports (clients list both ports in
+their ``failover:`` URI, so a slave's port must be known before it binds). Node ``a``
+starts first as the configured master; node ``b`` starts as slave (replicated: with
+``--master-connector`` pointing at ``a``'s HA port; shared store: on the same data
+directory). Roles then move with failures: :attr:`BrokerPair.master` asks the nodes.
+
+The child's stdout carries one line per role change (``role master epoch 3``,
+``listening on stomp://...``); a reader thread keeps them in :attr:`HaNodeProcess.lines`.
+Logs go to ``<data_dir>/<name>-<n>.log``. Everything is stopped by pid on exit. A
+replicated pair shares a cluster secret: ``cluster_password=``/``cluster_password_file=``,
+else one generated into ``<data_dir>/cluster.secret`` (mode 0600) and kept there, so a
+node restarted by hand with the command line in its log still matches its peer.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from amqtransport.broker.ha.auth import generate_secret
+from amqtransport.broker.ha.wire import ha_request_sync
+
+from .ports import free_port
+from .spawn import kill_and_reap, read_log, spawn_logged, terminate_and_reap
+
+__all__ = ["BrokerPair", "HaNodeProcess", "SECRET_FILE"]
+
+#: the cluster secret of a replicated pair, in its data directory (generated once per pair)
+SECRET_FILE = "cluster.secret"
+
+
+class HaNodeProcess:
+    """One HA node process (``amq broker run --ha ...``)."""
+
+    def __init__(
+        self,
+        name: str,
+        data_dir: Path,
+        port: int,
+        ha_port: int,
+        args: Sequence[str],
+        log_dir: Path,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.name = name
+        self.data_dir = data_dir
+        self.port = port
+        self.ha_port = ha_port
+        self.args = list(args)
+        self.host = host
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._starts = 0
+        self.log_path: Path | None = None
+        self._reader: threading.Thread | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"node {self.name} not started"
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "amqtransport", "broker", "run",
+            "--port", str(self.port), "--ha-port", str(self.ha_port),
+            "--host", self.host, "--name", self.name, "--data-dir", str(self.data_dir),
+            *self.args,
+        ]
+
+    def start(self, timeout: float = 30.0) -> HaNodeProcess:
+        if self.alive:
+            return self
+        self._starts += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.log_dir / f"{self.name}-{self._starts}.log"
+        with self._cond:
+            self.lines = []
+        # new session: a terminal's Ctrl-C reaches `amq broker pair`, which stops us in order
+        self.proc = spawn_logged(self.command(), self.log_path, new_session=True)
+        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True,
+                                        name=f"ha-node-reader:{self.name}")
+        self._reader.start()
+        try:
+            self.wait_line("ha node ", timeout)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").strip()
+            with self._cond:
+                self.lines.append(line)
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_line(self, prefix: str, timeout: float, start: int = 0) -> str:
+        """Wait for a stdout line starting with ``prefix`` (from line index ``start``)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines[start:]:
+                    if line.startswith(prefix):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc is not None and self.proc.poll() is not None and not left):
+                    break
+                if self.proc is not None and self.proc.poll() is not None:
+                    # process gone: give the reader a moment to drain, then fail
+                    self._cond.wait(0.2)
+                    if not any(x.startswith(prefix) for x in self.lines[start:]):
+                        break
+                    continue
+                self._cond.wait(min(left, 0.5))
+        raise TimeoutError(
+            f"node {self.name}: no {prefix!r} line within {timeout} s (alive={self.alive}); "
+            f"lines={self.lines[-10:]}; log tail:\n{self.log_text()[-3000:]}"
+        )
+
+    def status(self, timeout: float = 2.0) -> dict[str, str]:
+        """The node's HA status headers (``amq-ha-role`` ...); {} when unreachable."""
+        try:
+            frame = ha_request_sync(self.host, self.ha_port, timeout)
+        except (OSError, TimeoutError):
+            return {}
+        return dict(frame.headers) if frame.command == "CONNECTED" else {}
+
+    @property
+    def role(self) -> str:
+        return self.status().get("amq-ha-role", "down") if self.alive else "down"
+
+    def log_text(self) -> str:
+        return read_log(self.log_path)
+
+    def all_logs(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob(f"{self.name}-*.log")))
+
+    def kill(self) -> None:
+        """SIGKILL and wait (a crash)."""
+        if self.proc is None:
+            return
+        kill_and_reap(self.proc)
+        self._close()
+
+    def terminate(self, timeout: float = 20.0) -> int | None:
+        if self.proc is None:
+            return None
+        code = terminate_and_reap(self.proc, timeout, kill_wait=10)
+        self._close()
+        return code
+
+    def _close(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if self._reader is not None:
+            self._reader.join(5)
+            self._reader = None
+
+
+class BrokerPair:
+    """Two HA nodes (``mode`` = ``replicated`` or ``shared-store``); a context manager."""
+
+    def __init__(
+        self,
+        mode: str = "replicated",
+        data_dir: str | Path | None = None,
+        *,
+        port: int = 0,
+        slave_port: int = 0,
+        users: Mapping[str, str] | None = None,
+        master_user: str | None = None,
+        master_password: str | None = None,
+        slave_master_user: str | None = None,
+        slave_master_password: str | None = None,
+        master_connector: str | None = None,
+        takeover_check: str | None = None,
+        lock_interval: float | None = None,
+        link_timeout: float | None = None,
+        extra_args: Sequence[str] = (),
+        master_args: Sequence[str] = (),
+        slave_args: Sequence[str] = (),
+        fsync: bool = True,
+        cluster_password: str | None = None,
+        cluster_password_file: str | Path | None = None,
+    ) -> None:
+        if mode not in ("replicated", "shared-store"):
+            raise ValueError(f"mode must be 'replicated' or 'shared-store', got {mode!r}")
+        self.mode = mode
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if data_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"amq-pair-{mode}-")
+            data_dir = self._tmp.name
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        common: list[str] = ["--ha", mode, *extra_args]
+        self.cluster_password_file: Path | None = None
+        if mode == "replicated":
+            self.cluster_password_file = self._secret_file(cluster_password, cluster_password_file)
+            common += ["--cluster-password-file", str(self.cluster_password_file)]
+        if users:
+            users_file = self.data_dir / "users.txt"
+            users_file.write_text("".join(f"{u}:{p}\n" for u, p in users.items()))
+            common += ["--users", str(users_file)]
+        if lock_interval is not None:
+            common += ["--lock-interval", str(lock_interval)]
+        if link_timeout is not None:
+            common += ["--link-timeout", str(link_timeout)]
+        if takeover_check:
+            common += ["--takeover-check", takeover_check]
+        if not fsync:
+            cfg = self.data_dir / "broker.toml"
+            cfg.write_text("fsync = false\n")
+            common += ["--config", str(cfg)]
+        ports = [port or free_port(), slave_port or free_port()]
+        while ports[1] == ports[0]:
+            ports[1] = free_port()
+        ha_ports = [free_port(), free_port()]
+        while len({*ports, *ha_ports}) < 4:
+            ha_ports = [free_port(), free_port()]
+        if mode == "shared-store":
+            dirs = [self.data_dir / "store", self.data_dir / "store"]
+        else:
+            dirs = [self.data_dir / "a", self.data_dir / "b"]
+        creds_a: list[str] = []
+        if master_user is not None:
+            creds_a = ["--master-user", master_user, "--master-password", master_password or ""]
+        creds_b = creds_a
+        if slave_master_user is not None:
+            creds_b = ["--master-user", slave_master_user, "--master-password", slave_master_password or ""]
+        args_a = [*common, *creds_a, *master_args]
+        args_b = [*common, *creds_b, *slave_args]
+        if mode == "replicated":
+            args_b += ["--master-connector", master_connector or f"tcp://127.0.0.1:{ha_ports[0]}"]
+        logs = self.data_dir / "logs"
+        self.a = HaNodeProcess("a", dirs[0], ports[0], ha_ports[0], args_a, logs)
+        self.b = HaNodeProcess("b", dirs[1], ports[1], ha_ports[1], args_b, logs)
+        self.nodes = (self.a, self.b)
+
+    def _secret_file(self, password: str | None, path: str | Path | None) -> Path:
+        """The pair's cluster secret file: ``path`` as given, else ``<data_dir>/cluster.secret``
+        holding ``password`` (or the secret already there, or a new one), mode 0600."""
+        if path is not None:
+            return Path(path).resolve()
+        target = (self.data_dir / SECRET_FILE).resolve()
+        if password is None and target.exists():
+            return target
+        secret = password if password is not None else generate_secret()
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(secret + "\n")
+        return target
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def uri(self) -> str:
+        return f"failover:({self.a.uri},{self.b.uri})?randomize=false"
+
+    @property
+    def master(self) -> HaNodeProcess | None:
+        for node in self.nodes:
+            if node.alive:
+                st = node.status()
+                if st.get("amq-ha-role") == "master" and st.get("amq-ha-listening") == "true":
+                    return node
+        return None
+
+    @property
+    def slave(self) -> HaNodeProcess | None:
+        for node in self.nodes:
+            if node.alive and node.status().get("amq-ha-role") in ("slave", "waiting"):
+                return node
+        return None
+
+    def other(self, node: HaNodeProcess) -> HaNodeProcess:
+        return self.b if node is self.a else self.a
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, timeout: float = 60.0) -> BrokerPair:
+        self.a.start(timeout)
+        self.wait_master(timeout)
+        self.b.start(timeout)
+        if self.mode == "replicated":
+            self.wait_in_sync(timeout)
+        else:
+            self.b.wait_line("role slave", timeout)
+        return self
+
+    def wait_master(self, timeout: float = 30.0, exclude: HaNodeProcess | None = None) -> HaNodeProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if node is exclude or not node.alive:
+                    continue
+                st = node.status(timeout=1.0)
+                if st.get("amq-ha-role") == "master" and st.get("amq-ha-listening") == "true":
+                    return node
+            time.sleep(0.02)
+        raise TimeoutError(f"no master within {timeout} s; " + self.describe())
+
+    def wait_in_sync(self, timeout: float = 30.0) -> HaNodeProcess:
+        """Wait until a slave is attached and in sync (replicated mode); returns it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if node.alive:
+                    st = node.status(timeout=1.0)
+                    if st.get("amq-ha-role") == "slave" and st.get("amq-ha-peer-state") == "in-sync":
+                        return node
+            time.sleep(0.05)
+        raise TimeoutError(f"no slave in sync within {timeout} s; " + self.describe())
+
+    def kill_master(self, timeout: float = 30.0) -> HaNodeProcess:
+        """SIGKILL the current master; returns the killed node."""
+        node = self.wait_master(timeout)
+        node.kill()
+        return node
+
+    def restart(self, node: HaNodeProcess, timeout: float = 30.0) -> HaNodeProcess:
+        if node.alive:
+            node.terminate()
+        return node.start(timeout)
+
+    def describe(self) -> str:
+        parts = []
+        for node in self.nodes:
+            st = node.status(timeout=0.5) if node.alive else {}
+            parts.append(
+                f"{node.name}: pid={node.proc.pid if node.proc else None} alive={node.alive} "
+                f"role={st.get('amq-ha-role', 'down')} epoch={st.get('amq-ha-epoch')} lines={node.lines[-3:]}"
+            )
+        return "; ".join(parts)
+
+    def stop(self) -> None:
+        # the slave first, so the master does not see a failure and nobody takes over
+        order = sorted(self.nodes, key=lambda n: 0 if n.alive and n.status(0.5).get("amq-ha-role") != "master" else 1)
+        for node in order:
+            try:
+                node.terminate(timeout=15)
+            except Exception:  # noqa: BLE001 - keep stopping the others
+                node.kill()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> BrokerPair:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
