@@ -40,10 +40,9 @@ from amqtransport.errors import ServerError
 from .core import BrokerCore
 from .errors import CoreError
 from .message import TRANSPORT_HEADERS, Message
-from .names import DURABLE_PREFIX, check_send_destination
+from .names import DURABLE_PREFIX, check_send_destination, destination_key
 from .queues import Queue
 from .store import ORIGINAL_DESTINATION
-from .view import destination_key
 
 if TYPE_CHECKING:
     from .server import BrokerServer

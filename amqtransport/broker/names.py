@@ -6,13 +6,16 @@ and of dead-letter queues.
 
 from __future__ import annotations
 
-from amqtransport.destinations import QUEUE, parse_destination, wildcard_segments
+from collections.abc import Sequence
+
+from amqtransport.destinations import QUEUE, QUEUE_PREFIX, parse_destination, wildcard_segments
 from amqtransport.errors import DestinationError
 
 from .errors import CoreError
 
 __all__ = [
     "check_send_destination",
+    "destination_key",
     "dead_letter_name",
     "split_destination",
     "DURABLE_PREFIX",
@@ -57,3 +60,13 @@ def dead_letter_name(key: str) -> str:
     if key.startswith(DURABLE_PREFIX):
         return key[len(DURABLE_PREFIX) :].replace(":", ".")
     return split_destination(key)[1]
+
+
+def destination_key(name: str, queues: Sequence[str] | None = None) -> str:
+    """The core's key for a queue ``name`` as URLs carry it: ``orders`` -> ``/queue/orders``;
+    a key that is already whole (``/temp-queue/x``, ``durable:c:s``) stays as it is."""
+    if name.startswith("/"):
+        return name
+    if name.startswith(DURABLE_PREFIX) and (queues is None or QUEUE_PREFIX + name not in queues):
+        return name
+    return QUEUE_PREFIX + name

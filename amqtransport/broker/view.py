@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -52,7 +51,6 @@ __all__ = [
     "PeerStatus",
     "ReplicationStats",
     "ServerView",
-    "destination_key",
     "journal_stats",
     "readiness",
     "serving_stats",
@@ -187,16 +185,6 @@ class NodeView(Protocol):
 
 
 # ---------------------------------------------------------------------- helpers
-def destination_key(name: str, queues: Sequence[str] | None = None) -> str:
-    """The core's key for a queue ``name`` as URLs carry it: ``orders`` -> ``/queue/orders``;
-    a key that is already whole (``/temp-queue/x``, ``durable:c:s``) stays as it is."""
-    if name.startswith("/"):
-        return name
-    if name.startswith(DURABLE_PREFIX) and (queues is None or QUEUE_PREFIX + name not in queues):
-        return name
-    return QUEUE_PREFIX + name
-
-
 def _label(key: str) -> tuple[str, str]:
     if key.startswith(QUEUE_PREFIX):
         return "queue", key[len(QUEUE_PREFIX):]
