@@ -45,6 +45,7 @@ PURE = (
     "amqtransport.options",
     "amqtransport.backoff",
     "amqtransport.destinations",
+    "amqtransport.broker.ha.decide",  # the HA decision table: pure, though its layer is the broker's
 )
 FORBIDDEN_IN_PURE = {"socket", "ssl", "threading", "asyncio", "time", "select", "selectors", "concurrent", "subprocess", "multiprocessing"}
 

@@ -218,45 +218,6 @@ def test_status_of_a_plain_broker_says_so() -> None:
     assert status["role"] == "standalone" and "epoch" not in status, status
 
 
-def test_peer_verdicts() -> None:
-    """peercheck.judge: what a suspect master concludes from its peer's answers."""
-    from amqtransport.broker.ha.peercheck import (
-        CLEAR,
-        DEMOTE_PEER,
-        STANDBY_ANSWER,
-        STEP_DOWN,
-        UNKNOWN,
-        PeerAnswer,
-        judge,
-    )
-
-    addr = ("127.0.0.1", 7)
-
-    def said(**info: str) -> list[PeerAnswer]:
-        return [PeerAnswer(addr, info={k.replace("_", "-"): v for k, v in info.items()})]
-
-    def kind(answers: list[PeerAnswer], **kw: str) -> str:
-        return judge("b", 3, answers, **kw).kind  # type: ignore[arg-type]
-
-    m = {"amq_ha_role": "master", "amq_ha_name": "a"}
-    assert kind(said(**m, amq_ha_epoch="4")) == STEP_DOWN, "a newer master took over"
-    assert kind(said(**m, amq_ha_epoch="3")) == STEP_DOWN, "same epoch: the lower name wins"
-    stale = judge("b", 3, said(**m, amq_ha_epoch="2", amq_ha_port="10.0.0.1:99"))
-    assert stale.kind == DEMOTE_PEER and stale.address == ("10.0.0.1", 99)
-    s = {"amq_ha_role": "slave", "amq_ha_name": "a", "amq_ha_epoch": "3"}
-    assert kind(said(**s, **{"amq_ha_standby_answer": "ok"})) == CLEAR
-    assert STANDBY_ANSWER == "amq-ha-standby-answer"
-    assert kind(said(**s, **{"amq_ha_standby_answer": "in-sync"}), in_sync_slave="a") == CLEAR
-    assert kind(said(**s, **{"amq_ha_standby_answer": "in-sync"}), in_sync_slave=None) == UNKNOWN, \
-        "the slave thinks it is in sync but we dropped it: ask again once it has noticed"
-    assert kind(said(**s, **{"amq_ha_standby_answer": "refused"})) == UNKNOWN
-    assert kind(said(amq_ha_role="waiting", amq_ha_epoch="5", amq_ha_synced="true")) == STEP_DOWN
-    assert kind(said(amq_ha_role="waiting", amq_ha_epoch="5", amq_ha_synced="false")) == UNKNOWN
-    assert kind([]) == CLEAR, "no peer known"
-    assert kind([PeerAnswer(addr, refused=True), PeerAnswer(("h", 8), refused=True)]) == CLEAR
-    assert kind([PeerAnswer(addr, refused=True), PeerAnswer(("h", 8), error="timed out")]) == UNKNOWN
-
-
 @given(st.lists(st.integers(0, 300), max_size=40), st.integers(1, 600), st.integers(0, 2**40))
 @settings(deadline=None, max_examples=300)
 def test_record_frames_are_bounded_and_lossless(sizes: list[int], max_bytes: int, first: int) -> None:

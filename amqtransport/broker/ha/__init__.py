@@ -1,8 +1,10 @@
 """Two-node high availability for the embedded broker (master/slave pairs).
 
-- :mod:`.node`: one node's role state machine (master / slave / cold backup) for both
-  kinds of pair, with the theory of operation and every partition case;
-  :func:`~.node.run_node` is what ``amq broker run --ha ...`` calls.
+- :mod:`.node`: one node's role loop (master / slave / cold backup) for both kinds of
+  pair, with the theory of operation; :func:`~.node.run_node` is what
+  ``amq broker run --ha ...`` calls.
+- :mod:`.decide`: who is master -- the decision table of a replicated node as pure
+  functions, with every partition case.
 - :mod:`.port`: the HA port (one CONNECT per connection) and the answer to every HA request.
 - :mod:`.lock`: the exclusive file lock that elects the master of a shared-store pair.
 - :mod:`.epoch`: ``ha-state.json``, the store epoch and what a node knows of its peer.

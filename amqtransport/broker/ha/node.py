@@ -26,17 +26,21 @@ drops a request file; a live node with ``--allow-failback`` sees it, stops clean
 releases the lock, and does not take it back until the primary is master.
 
 Replicated, shared nothing (``--ha replicated``). A node with ``--master-connector``
-is configured as slave; one without is configured as master. At start (and after
-every lost link) the node *decides* (:meth:`HaNode._decide`):
+is configured as slave; one without is configured as master. What the node is --
+master, slave of whom, waiting -- and what it does when it loses its master, its
+slave, or meets a second master is decided by :func:`.decide.decide`, a pure function
+whose docstring holds the whole table (with the partition cases it answers); this
+module observes what the table asks for (:meth:`HaNode._decide`: probes, stand-by
+requests, the takeover check) and acts. In short:
 
-1. It probes every address it knows for its peer (the master connector, and the
-   peer's client/HA addresses learnt in an earlier handshake and kept in
-   ``ha-state.json``). A live master anywhere wins: this node becomes its slave and
-   resynchronises from scratch, whatever its own epoch (never two masters; an old
-   master coming back therefore rejoins as slave automatically).
-2. If the peer answers but is not master either (both starting), the higher epoch of
-   a synced store wins, then the node that was master at that epoch, then the
-   configured master, then the lower name.
+1. At start and after every lost link the node probes every address it knows for its
+   peer (the master connector, and the peer's client/HA addresses learnt in an earlier
+   handshake and kept in ``ha-state.json``). A live master anywhere wins: this node
+   becomes its slave and resynchronises from scratch, whatever its own epoch (never
+   two masters; an old master coming back therefore rejoins as slave automatically).
+2. If the peer answers but is not master either (both starting), the better claim
+   wins: the higher epoch of a synced store, then the node that was master at that
+   epoch, then the configured master, then the lower name.
 3. If the peer is unreachable: an unsynced store never becomes master; a node that was
    a slave last waits for its master (the master may have receipted messages this copy
    lacks) -- unless that master runs with ``--shutdown-on-slave-failure`` (learnt in
@@ -44,7 +48,8 @@ every lost link) the node *decides* (:meth:`HaNode._decide`):
    node takes over; a node whose state says a slave had synced from it (``peer_may_be_master``)
    waits -- that slave may have taken over and hold newer data; otherwise the
    configured master (or a node that was master last) becomes master; a configured
-   slave waits for its master.
+   slave waits for its master. With ``--takeover-check`` a node becomes master only
+   while that address answers.
 
 A master raises the epoch before binding, installs the
 :class:`~.replication.ReplicationMaster` (store listener + journal gate: a receipt
@@ -55,73 +60,33 @@ is lost without a goodbye, or the master's event loop stalled for longer than
 receipts that waited for the slave are never sent (their client connections are cut;
 the clients replay to whichever node is master and idempotency keys drop the copies)
 and the master receipts nothing more until its peer has answered a *stand-by* request
-(:mod:`.peercheck`): a peer that is master at a newer epoch makes it step down; a peer
-that agrees to stand by marks its store as no longer a complete copy (it will resync
-before it could take over) and the master goes on alone; no answer keeps the receipts
-held. With ``--shutdown-on-slave-failure`` the master stops instead (receipts for
-unreplicated records are refused; from that moment its status no longer says master,
-so the slave takes over). A slave that re-links over a connection the master still
-thinks open (half-open TCP) replaces it: that is not a lost slave, and what waited
-for the old link waits for the new one's full sync. With no slave attached it probes its
-known peer every second and demotes itself if the peer is a master with a higher
-epoch (the end of a split brain); if the peer is a master with a *lower* epoch (it came
-back knowing nothing of us, e.g. with a wiped store), it sends it a demote request
-(``amq-ha-demote``) and the stale master -- once the requester's own HA port confirms
-that it is master at that newer epoch -- steps down, learns our address and joins us
-as slave.
+(phase ``master`` of the table): a peer that is master at a newer epoch makes it step
+down; a peer that agrees to stand by marks its store as no longer a complete copy (it
+will resync before it could take over) and the master goes on alone; no answer keeps
+the receipts held. With ``--shutdown-on-slave-failure`` the master stops instead
+(receipts for unreplicated records are refused; from that moment its status no longer
+says master, so the slave takes over); with ``--takeover-check`` a master that cannot
+reach that address when it loses its synced slave fences itself. A slave that
+re-links over a connection the master still thinks open (half-open TCP) replaces it:
+that is not a lost slave, and what waited for the old link waits for the new one's
+full sync. With no slave attached it probes its known peer every second and demotes
+itself if the peer is a master with a higher epoch (the end of a split brain); if the
+peer is a master with a *lower* epoch (it came back knowing nothing of us, e.g. with a
+wiped store), it sends it a demote request (``amq-ha-demote``) and the stale master --
+once the requester's own HA port confirms that it is master at that newer epoch --
+steps down, learns our address and joins us as slave (:mod:`.port` answers requests).
 
-A slave connects, wipes its store, imports the snapshot, acks, then applies and acks
-every record. It starts no client connector. Its store counts as a complete copy
-(``synced`` in ``ha-state.json``) from the end of the full sync until it leaves with a
-goodbye or agrees to stand by; the takeover decision re-checks that flag right before
-it raises the epoch, with nothing awaited in between. When the link breaks after it was in
-sync, ``--shutdown-on-master-failure`` makes it stop (a cold backup holding a
-complete copy); otherwise it takes over only if the master is unreachable on *every*
-address it knows (master connector, master client port, master HA port) *and* the
-``--takeover-check`` address (host:port, both nodes must be able to reach it: the
-clients' gateway, a load balancer, a third host) answers a TCP connect.
-
-Partition cases (M = master, S = slave, C = the takeover-check address)
-----------------------------------------------------------------------
-1. M's process dies (crash, SIGKILL): the link gets EOF at once, every M address
-   refuses, C answers -> S takes over (epoch + 1). No loss: every receipt was on S's
-   disk.
-2. M's host or network dies silently: no ack/ping for ``--link-timeout`` (default
-   2 s) -> S probes M (times out) -> C answers -> S takes over.
-3. M is frozen (SIGSTOP, a long pause, a VM freeze) longer than ``--link-timeout``:
-   as case 2, S takes over. When M resumes, its overdue timers see the link gone (or
-   the loop stall): it cuts the clients whose receipts waited for S, asks S to stand
-   by, finds S master at a newer epoch and steps down, resyncing from S. No loss: M
-   never receipts what S lacks (the SENDs that reached M while it was frozen are
-   replayed by their clients to S).
-4. Only the replication link is cut (a proxy between them dies), M is alive:
-   M drops S after ``--link-timeout`` without an ack, cuts the clients whose receipts
-   waited for S, and asks S (on S's own address) to stand by; S agrees (its copy is
-   stale from now on) and M serves alone (or stops with
-   ``--shutdown-on-slave-failure``). S sees the link go, probes M's own client/HA
-   address, gets an answer, and stays slave, retrying the link every interval; when
-   it comes back S resyncs. No second master, no loss.
-5. S is isolated, frozen, or its host hangs: S cannot reach M nor C -> S does not take
-   over; it retries. M cannot tell this from S having taken over, so it receipts
-   nothing (SENDs wait for their receipts) until S answers again or its ports refuse
-   (S's process is gone: a restarted slave waits for its master), or an operator
-   declares S gone (``amq broker release``: a signed ``amq-ha-release`` request); or
-   it stops with ``--shutdown-on-slave-failure``.
-6. M is isolated (M cannot reach S nor C; S reaches C): S takes over. M holds its
-   receipts (case 5); when its synced slave is lost and ``--takeover-check`` is set on
-   M too, it tests C, cannot reach it, and *fences itself*: it closes its client port
-   and every client and goes back to deciding (case 1 of the decision: it joins S as
-   slave when the network heals). Without ``--takeover-check`` on M, M keeps its
-   client port open (holding receipts) until it sees S as a master with a higher epoch.
-7. M and S cannot reach each other at all but both reach C (the residual case no
-   two-node design without a quorum can settle): S takes over; M holds every receipt
-   (it cannot ask S to stand by), so clients still connected to M see their sends
-   wait rather than a receipt. When the partition heals, M sees S as master with a
-   higher epoch and steps down; its clients replay to S. No receipted message is lost;
-   availability is what is given up (the CP choice).
-8. Both nodes die and only the stale one (the old master, whose slave had synced)
-   restarts: it waits for its peer instead of serving stale data (rule 3). Delete
-   ``ha-state.json`` on it to force it up if the other node's disk is lost for good.
+A slave connects (:meth:`HaNode._serve_slave`), wipes its store, and runs the
+replication link's slave side (:class:`~.slave.SlaveLink`: import the snapshot, ack,
+then apply and ack every record). It starts no client connector. Its store counts as
+a complete copy (``synced`` in ``ha-state.json``) from the end of the full sync until
+it leaves with a goodbye or agrees to stand by; the takeover decision reads that flag
+after its last await and raises the epoch with nothing awaited in between. When the
+link breaks after it was in sync, ``--shutdown-on-master-failure`` makes it stop (a
+cold backup holding a complete copy); otherwise it takes over only if the master is
+unreachable on *every* address it knows (master connector, master client port, master
+HA port) *and* the ``--takeover-check`` address (host:port, both nodes must be able to
+reach it: the clients' gateway, a load balancer, a third host) answers a TCP connect.
 """
 
 from __future__ import annotations
@@ -133,7 +98,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -146,9 +112,34 @@ from ..server import BrokerServer
 from ..store import MessageStore, StoreLockedError
 from .auth import AUTH_HEADER, RequestSigner, RequestVerifier, load_secret
 from .config import HaOptions, parse_address
+from .decide import (
+    ASK,
+    BECOME_MASTER,
+    CHECK,
+    CLEAR,
+    COLD_BACKUP,
+    DEMOTE_PEER,
+    FENCE,
+    FORGET,
+    ISOLATED,
+    JOIN,
+    LINK_LOST,
+    MASTER,
+    RELINK,
+    RETRY,
+    SLAVE_LOST,
+    START,
+    STEP_DOWN,
+    STOP,
+    DecideOptions,
+    Decision,
+    NodeState,
+    PeerAnswer,
+    Peers,
+    decide,
+)
 from .epoch import HaState
 from .lock import FileLock, is_locked, wait_for_lock
-from .peercheck import CLEAR, DEMOTE_PEER, STEP_DOWN, ask_peer, judge
 from .port import ROLE_REQUESTS, HaPortProtocol, HaRequests, answer_error
 from .replication import MasterLink, ReplicationMaster
 from .slave import SlaveLink, fresh_replica_store
@@ -159,8 +150,9 @@ from .wire import (
     STATUS_HEADER,
     ReplicaRefused,
     ReplicationError,
+    ask_peer,
     ha_request,
-    probe,
+    reachable,
 )
 
 if TYPE_CHECKING:
@@ -169,16 +161,6 @@ if TYPE_CHECKING:
 __all__ = ["HaNode", "run_node"]
 
 log = logging.getLogger(__name__)
-
-async def reachable(address: tuple[str, int], timeout: float) -> bool:
-    """True when a TCP connect to ``address`` succeeds within ``timeout``."""
-    try:
-        _r, w = await asyncio.wait_for(asyncio.open_connection(*address), timeout)
-    except (OSError, TimeoutError):
-        return False
-    w.close()
-    return True
-
 
 def _say(line: str) -> None:
     sys.stdout.write(line + "\n")
@@ -239,6 +221,7 @@ class HaNode:
         if options.mode == "replicated":
             secret = load_secret(options.cluster_password, options.cluster_password_file)
             self.signer, self.verifier = RequestSigner(secret), RequestVerifier(secret)
+        self.rules = DecideOptions.of(self.name, options)  # what decide.py reads of the options
         self.requests = HaRequests(self)  # the answer to every HA request (port.py)
 
     # ------------------------------------------------------------------ entry
@@ -298,11 +281,6 @@ class HaNode:
         """Leave the master role: the role loop stops the master and decides again."""
         if self._demote is not None:
             self._demote.set()
-
-    @property
-    def link_up(self) -> bool:
-        """Slave: the replication link is open."""
-        return self.slave_link is not None and self.slave_link.up
 
     @property
     def slave_synced(self) -> bool:
@@ -572,31 +550,27 @@ class HaNode:
 
     def _on_slave_lost(self, link: MasterLink, reason: str, was_synced: bool) -> None:
         self.say(f"slave {link.slave} lost: {reason}")
-        if link.bye:
+        d = decide(self.moment(SLAVE_LOST, goodbye=link.bye, slave_was_synced=was_synced), self.rules, Peers())
+        if d.action == FORGET:
             # a clean slave shutdown: it will not take over, so we may restart alone
             self.state.peer_may_be_master = False
             self.state.save(self.data_dir)
-            return
-        if was_synced and self.opts.shutdown_on_slave_failure:
-            log.error("node %s: slave lost and --shutdown-on-slave-failure is set: stopping", self.name)
+        elif d.action == STOP:
+            log.error("node %s: %s", self.name, d.reason)
             self.role = "stopping"  # from now on no probe sees a master here: the slave may take over
             self.exit_code = 3
             self.stop()
-            return
-        if was_synced and self.opts.takeover_check and self.loop is not None:
-            self.loop.create_task(self._fence_check())
+        elif d.action == CHECK and self.loop is not None:
+            moment = self.moment(SLAVE_LOST, goodbye=link.bye, slave_was_synced=was_synced)
+            self.loop.create_task(self._fence_check(moment))
 
-    async def _fence_check(self) -> None:
-        check = parse_address(self.opts.takeover_check or "", "--takeover-check")
-        if await reachable(check, 1.0):
-            log.info("node %s: slave lost, takeover check %s:%d reachable: serving alone", self.name, *check)
-            return
-        log.error(
-            "node %s: slave lost and the takeover check %s:%d is unreachable: this master may be the "
-            "isolated one; fencing (closing the client port) to avoid a split brain", self.name, *check,
-        )
-        if self._demote is not None:
-            self._demote.set()
+    async def _fence_check(self, moment: NodeState) -> None:
+        d = await self._decide(lambda: moment)
+        if d.action == FENCE:
+            log.error("node %s: %s", self.name, d.reason)
+            self.demote()
+        else:
+            log.info("node %s: %s", self.name, d.reason)
 
     def _on_suspect(self, _reason: str) -> None:
         if self._wake is not None:
@@ -630,52 +604,47 @@ class HaNode:
         self._set_role("fenced", "left the master role")
 
     async def _confirm_peer(self) -> None:
-        """One round of asking the peer to stand by while receipts are held (peercheck.py)."""
+        """One round of asking the peer to stand by while receipts are held (decide.py,
+        phase ``master``)."""
         repl = self.repl
         assert repl is not None
-        answers = await ask_peer(
+
+        d = await self._decide(lambda: self.moment(MASTER), lambda: ask_peer(
             self._peer_addresses(), lambda: self._request_headers(STANDBY_HEADER), min(1.0, self.opts.link_timeout)
-        )
+        ))
         if self.repl is not repl or repl.suspect is None or self.stopping:
             return
-        link = repl.link
-        verdict = judge(self.name, self.state.epoch, answers,
-                        in_sync_slave=link.slave if link is not None and link.synced else None)
-        if verdict.kind == CLEAR:
-            repl.clear_suspect(verdict.reason)
+        if d.action == CLEAR:
+            repl.clear_suspect(d.reason)
             self._held_since = 0.0
-        elif verdict.kind == STEP_DOWN:
-            self._step_down(verdict.reason)
-        elif verdict.kind == DEMOTE_PEER:
-            assert verdict.address is not None
-            await self._ask_to_step_down(verdict.address, verdict.info)
+        elif d.action in (STEP_DOWN, DEMOTE_PEER):
+            await self._end_split_brain(d)
         else:
             now = time.monotonic()
             if not self._held_since:
                 self._held_since = self._held_logged = now
                 log.error("node %s: receipts held until the peer can be asked to stand by: %s", self.name,
-                          verdict.reason)
+                          d.reason)
             elif now - self._held_logged >= 10:
                 self._held_logged = now
-                log.error("node %s: receipts held for %.0f s: %s", self.name, now - self._held_since, verdict.reason)
-
-    def _step_down(self, reason: str) -> None:
-        log.error("node %s: %s: split brain ended; demoting to slave and resyncing "
-                  "(our unreplicated writes are dropped)", self.name, reason)
-        if self._demote is not None:
-            self._demote.set()
+                log.error("node %s: receipts held for %.0f s: %s", self.name, now - self._held_since, d.reason)
 
     async def _check_peer_not_master(self) -> None:
         """With no slave attached: is the peer a master too (the end of a split brain)?"""
-        answers = await ask_peer(self._peer_addresses(), None, 0.5)
+        d = await self._decide(lambda: self.moment(MASTER), lambda: ask_peer(self._peer_addresses(), None, 0.5))
         if self.repl is None or self.repl.link is not None or self.stopping:
             return
-        verdict = judge(self.name, self.state.epoch, answers)
-        if verdict.kind == STEP_DOWN:
-            self._step_down(verdict.reason)
-        elif verdict.kind == DEMOTE_PEER:
-            assert verdict.address is not None
-            await self._ask_to_step_down(verdict.address, verdict.info)
+        await self._end_split_brain(d)
+
+    async def _end_split_brain(self, d: Decision) -> None:
+        """A master acts on ``step-down`` (leave the master role) and ``demote-peer``."""
+        if d.action == STEP_DOWN:
+            log.error("node %s: %s: split brain ended; demoting to slave and resyncing "
+                      "(our unreplicated writes are dropped)", self.name, d.reason)
+            self.demote()
+        elif d.action == DEMOTE_PEER:
+            assert d.address is not None
+            await self._ask_to_step_down(d.address, d.info)
 
     async def _ask_to_step_down(self, target: tuple[str, int], info: Mapping[str, str]) -> None:
         """A master with an older epoch (it came back without knowing about us, e.g. with a
@@ -729,14 +698,10 @@ class HaNode:
     async def _replicated_step(self, action: str, join: tuple[str, int] | None) -> tuple[str, tuple[str, int] | None]:
         """One step of the replicated role loop; returns the next (action, master address)."""
         if action == "decide":
-            action, join = await self._decide()
-        if action == "master" and not self.state.synced:
-            # a stand-by request arrived since the decision (it runs on this loop too;
-            # from here to the epoch raise in _serve_master nothing awaits)
-            log.warning("node %s: not taking over: the master asked us to stand by "
-                        "(this store is no longer a complete copy)", self.name)
-            return "decide", None
+            action, join = await self._decide_role()
         if action == "master":
+            # decide() read state.synced after its last await: from there to the epoch
+            # raise in _serve_master nothing awaits, so no stand-by request slips between
             await self._serve_master()
             return "decide", None
         if action == "slave":
@@ -747,62 +712,48 @@ class HaNode:
             return "decide", None
         return action, join
 
-    async def _decide(self) -> tuple[str, tuple[str, int] | None]:
-        action, join = await self._decide_claims()
-        if action == "master" and self.opts.takeover_check:
-            check = parse_address(self.opts.takeover_check, "--takeover-check")
-            if not await reachable(check, 1.0):
-                self._wait(f"takeover check {check[0]}:{check[1]} unreachable: not becoming master")
-                return "wait", None
-        return action, join
+    def moment(self, phase: str, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
+        """What decide.py reads of this node now (``goodbye``, ``slave_was_synced``: of
+        the slave link that just ended)."""
+        st, link, repl = self.state, self.slave_link, self.repl
+        linked_to = None
+        if link is not None and link.up and link.synced:
+            linked_to = st.peer.get("name")
+        elif repl is not None and repl.link is not None and repl.link.synced:
+            linked_to = repl.link.slave
+        return NodeState(phase, epoch=st.epoch, synced=st.synced, last_role=st.role,
+                         peer_may_be_master=st.peer_may_be_master, master_strict=st.master_strict, role=self.role,
+                         linked_to=linked_to, goodbye=goodbye, slave_was_synced=slave_was_synced)
 
-    async def _decide_claims(self) -> tuple[str, tuple[str, int] | None]:
-        addrs = self._peer_addresses()
-        infos: list[tuple[tuple[str, int], dict[str, str]]] = []
-        for addr in addrs:
-            info = await probe(*addr, timeout=min(1.0, self.opts.link_timeout))
-            if info is not None:
-                infos.append((addr, info))
-        for addr, info in infos:
-            if info.get("amq-ha-role") == "master":
-                # join through the master connector when it names this master, else its HA port
-                if self.opts.master_connector and parse_address(self.opts.master_connector) == addr:
-                    return "slave", addr
-                ha = info.get("amq-ha-port")
-                return "slave", (parse_address(ha) if ha else addr)
-        st = self.state
-        if not st.synced:
-            self._wait("store not synced: waiting for a master to sync from")
-            return "wait", None
-        if infos:
-            _addr, info = infos[0]
-            peer_synced = info.get("amq-ha-synced") == "true"
-            mine = (st.epoch, st.role == "master", not self.opts.master_connector)
-            theirs = (
-                int(info.get("amq-ha-epoch", "0") or 0) if peer_synced else -1,
-                info.get("amq-ha-last-role") == "master",
-                info.get("amq-ha-configured") == "master",
-            )
-            if mine > theirs or (mine == theirs and self.name < info.get("amq-ha-name", "")):
-                return "master", None
-            self._wait(f"peer {info.get('amq-ha-name')} has the better claim (epoch {theirs[0]})")
-            return "wait", None
-        if st.role == "slave":
-            if st.master_strict:
-                # that master (--shutdown-on-slave-failure) never receipted without our ack:
-                # this synced copy has every receipted message; it stopped or is gone
-                log.warning("node %s: master unreachable; it never receipts without this copy "
-                            "(--shutdown-on-slave-failure): taking over", self.name)
-                return "master", None
-            self._wait("peer unreachable; this store is a slave's copy and the master may have receipted "
-                       "messages it lacks: waiting for the master")
-            return "wait", None
-        if st.peer_may_be_master:
-            self._wait("peer unreachable and it may hold newer data (it had synced from us): waiting for it")
-            return "wait", None
-        if not self.opts.master_connector or st.role == "master":
+    async def _decide(
+        self, moment: Callable[[], NodeState], ask: Callable[[], Awaitable[list[PeerAnswer]]] | None = None
+    ) -> Decision:
+        """Decide (decide.py), making each observation the table asks for; the node's
+        state is read again after every await."""
+        peers = Peers()
+        while True:
+            d = decide(moment(), self.rules, peers)
+            if d.action == ASK:
+                assert ask is not None, "this phase observes no answers"
+                peers = replace(peers, answers=tuple(await ask()))
+            elif d.action == CHECK:
+                assert self.rules.takeover_check is not None
+                peers = replace(peers, check=await reachable(self.rules.takeover_check, 1.0))
+            else:
+                return d
+
+    async def _decide_role(self) -> tuple[str, tuple[str, int] | None]:
+        """Master, slave of whom, or wait (decide.py, phase ``start``)."""
+        d = await self._decide(lambda: self.moment(START), lambda: ask_peer(
+            self._peer_addresses(), None, min(1.0, self.opts.link_timeout), until=lambda _a: False
+        ))
+        if d.action == JOIN:
+            return "slave", d.address
+        if d.action == BECOME_MASTER:
+            log.log(logging.WARNING if self.state.role == "slave" else logging.INFO, "node %s: %s", self.name,
+                    d.reason)
             return "master", None
-        self._wait(f"waiting for master {self.opts.master_connector}")
+        self._wait(d.reason)
         return "wait", None
 
     def _request_headers(self, request_header: str) -> dict[str, str]:
@@ -885,52 +836,46 @@ class HaNode:
         writer.close()
         if outcome == "stop":
             return "stop"
-        if not self.slave_synced:
-            log.warning("replication link to %s lost before the full sync completed", where)
-            return "wait"
-        # the master is gone (or the link is): decide whether to take over
-        if self.opts.shutdown_on_master_failure:
-            log.warning(
-                "node %s: master %s lost; --shutdown-on-master-failure: not taking over, "
-                "stopping as a cold backup (the store holds a complete copy)", self.name, where,
-            )
-            self._close_slave_store()
-            self._set_role("cold-backup", f"store {self.data_dir}")
-            return "stop"
-        return await self._after_master_loss(addr)
+        return await self._after_master_loss(addr, where)
 
-    async def _after_master_loss(self, addr: tuple[str, int]) -> str:
-        """The link is gone after a full sync: take over, or not (see the partition cases)."""
+    async def _after_master_loss(self, addr: tuple[str, int], where: str) -> str:
+        """The link to the master at ``addr`` is gone: take over, or not (decide.py,
+        phase ``link-lost``); returns the next action."""
         candidates = [addr] + [a for a in self._peer_addresses() if a != addr]
-        first = True
+        isolated = False
         while not self.stopping:
-            for a in candidates:
-                info = await probe(*a, timeout=min(1.0, self.opts.link_timeout))
-                if info is not None and info.get("amq-ha-role") == "master":
-                    log.warning(
-                        "node %s: replication link lost but the master answers on %s:%d: "
-                        "not taking over; re-linking", self.name, *a,
-                    )
-                    self._set_role("slave", "link lost; master alive; re-linking")
-                    await self._sleep(max(self.opts.lock_interval, 0.2))
-                    return "decide"
-            if self.opts.takeover_check:
-                check = parse_address(self.opts.takeover_check, "--takeover-check")
-                if not await reachable(check, 1.0):
-                    if first:
-                        log.error(
-                            "node %s: master unreachable but so is the takeover check %s:%d: this node "
-                            "may be the isolated one; not taking over", self.name, *check,
-                        )
-                        self._set_role("slave", "isolated: master and takeover check unreachable")
-                    first = False
-                    await self._sleep(max(self.opts.lock_interval, 0.2))
-                    continue
+            d = await self._decide(lambda: self.moment(LINK_LOST), lambda: ask_peer(
+                candidates, None, min(1.0, self.opts.link_timeout), until=_is_master
+            ))
+            if d.action == RETRY:
+                log.warning("replication link to %s lost: %s", where, d.reason)
+                return "wait"
+            if d.action == COLD_BACKUP:
+                log.warning("node %s: master %s lost; %s", self.name, where, d.reason)
+                self._close_slave_store()
+                self._set_role("cold-backup", f"store {self.data_dir}")
+                return "stop"
+            if d.action == RELINK:
+                log.warning("node %s: %s", self.name, d.reason)
+                self._set_role("slave", "link lost; master alive; re-linking")
+                await self._sleep(max(self.opts.lock_interval, 0.2))
+                return "decide"
+            if d.action == ISOLATED:
+                if not isolated:
+                    log.error("node %s: %s", self.name, d.reason)
+                    self._set_role("slave", "isolated: master and takeover check unreachable")
+                isolated = True
+                await self._sleep(max(self.opts.lock_interval, 0.2))
+                continue
             log.warning("node %s: master %s:%d lost: taking over", self.name, *addr)
             self._close_slave_store()
             self.takeovers += 1
             return "master"
         return "stop"
+
+
+def _is_master(answer: PeerAnswer) -> bool:
+    return answer.info is not None and answer.info.get("amq-ha-role") == "master"
 
 
 def run_node(config: BrokerConfig, users: Mapping[str, str] | None, options: HaOptions) -> int:

@@ -31,9 +31,9 @@ peer. Then:
     requester's own HA port confirms that it is master at that epoch; we learn its
     addresses and leave the master role (then join it as slave).
 ``amq-ha-standby`` (a suspect master asks its peer to stand by)
-    ``refused`` by a master, or by a synced store with a newer epoch; ``in-sync`` by a
-    slave whose link to that master is up and synced; otherwise ``ok``: agreeing marks
-    this store as no longer a complete copy, in this one loop step.
+    answered ``refused``, ``in-sync`` or ``ok`` (the ``stand-by`` rows of the table in
+    :mod:`.decide`); agreeing marks this store as no longer a complete copy, in this one
+    loop step.
 ``amq-ha-release`` (an operator: the peer is gone for good)
     a suspect master receipts alone again.
 
@@ -54,6 +54,7 @@ from amqtransport.stomp import Frame, FrameParser, Limits, NeedData, serialize
 from ..config import check_login
 from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestVerifier
 from .config import HaOptions, HaPortLimits, parse_address
+from .decide import OK, OK_UNSYNCED, STAND_BY, DecideOptions, NodeState, standby
 from .epoch import HaState
 from .replication import ReplicationMaster
 from .wire import (
@@ -130,15 +131,15 @@ class PortHost(Protocol):
     def repl(self) -> ReplicationMaster | None: ...
     @property
     def verifier(self) -> RequestVerifier | None: ...
+
     @property
-    def link_up(self) -> bool:
-        """A slave whose replication link is open."""
-    @property
-    def slave_synced(self) -> bool:
-        """A slave whose full sync (on the current or last link) is durable."""
+    def rules(self) -> DecideOptions: ...
 
     def status(self) -> dict[str, str]:
         """The ``amq-ha-*`` status headers."""
+
+    def moment(self, phase: str) -> NodeState:
+        """What :func:`.decide.decide` reads of the node now."""
 
     def save_state(self) -> None:
         """Write ``ha-state.json``."""
@@ -294,28 +295,24 @@ class HaRequests:
 
     def _standby(self, transport: asyncio.Transport, frame: Frame) -> None:
         """Our peer is master, lost us (or froze) and asks us to stand by before it
-        receipts alone (peercheck.py). Agreeing means: this store is no longer a
-        complete copy, so we never take over before resyncing from it. This runs on
-        the loop, like the takeover decision (which checks ``state.synced`` right before
-        it raises the epoch), so the two cannot interleave."""
+        receipts alone. Agreeing means: this store is no longer a complete copy, so we
+        never take over before resyncing from it (the rule: :func:`.decide.standby`).
+        This runs on the loop, like the takeover decision (which reads ``state.synced``
+        after its last await and raises the epoch with nothing awaited in between), so
+        the two cannot interleave."""
+        node = self.node
         who = frame.get(STANDBY_HEADER) or "?"
         theirs = int(frame.get("amq-ha-epoch") or 0)
-        if self.node.role == "master":
-            answer, reason = "refused", f"node {self.node.name} is master at epoch {self.node.state.epoch}"
-        elif self.node.state.synced and self.node.state.epoch > theirs:
-            answer, reason = "refused", f"this store has epoch {self.node.state.epoch}, newer than {theirs}"
-        elif self.node.link_up and self.node.slave_synced and self.node.state.peer.get("name") == who:
-            answer, reason = "in-sync", f"in sync with {who}"
-        else:
-            answer, reason = "ok", "standing by"
-            if self.node.state.synced and not self.node.state.master_strict:
-                self.node.state.synced = False
-                self.node.save_state()
-                log.warning(
-                    "node %s: master %s (epoch %d) is alive and goes on without us: this store is no longer "
-                    "a complete copy; it will not take over before it has resynced", self.node.name, who, theirs,
-                )
-        headers = [("version", "1.2"), *self.node.status().items(), (STANDBY_ANSWER, answer), (STANDBY_REASON, reason)]
+        d = standby(node.moment(STAND_BY), node.rules, who, theirs)
+        if d.action == OK_UNSYNCED:
+            node.state.synced = False
+            node.save_state()
+            log.warning(
+                "node %s: master %s (epoch %d) is alive and goes on without us: this store is no longer "
+                "a complete copy; it will not take over before it has resynced", node.name, who, theirs,
+            )
+        answer = OK if d.action == OK_UNSYNCED else d.action
+        headers = [("version", "1.2"), *node.status().items(), (STANDBY_ANSWER, answer), (STANDBY_REASON, d.reason)]
         transport.write(serialize(Frame.make("CONNECTED", headers)))
         transport.close()
 

@@ -54,7 +54,7 @@ master, and idempotency keys drop the copies), then they run with an error nobod
 sees. The master is then *suspect* (:attr:`ReplicationMaster.suspect`, also set when
 its own loop stalled for longer than ``link_timeout``): no completion runs unless a
 slave ack covers it, until the node has asked its peer to stand by
-(:mod:`.peercheck`) and calls :meth:`clear_suspect` -- or steps down. With
+(:mod:`.decide`, phase ``master``) and calls :meth:`clear_suspect` -- or steps down. With
 ``--shutdown-on-slave-failure`` the node stops instead. A slave lost during its full
 sync, or one that said goodbye, releases what waited for it (it cannot take over).
 During the full sync there is no deadline: ActiveMQ's rule, a master does not
@@ -135,7 +135,7 @@ class ReplicationMaster:
         self.on_synced = on_synced
         self.on_lost = on_lost
         self.on_suspect = on_suspect
-        #: why receipts not covered by a slave ack are held (None: they are not); see peercheck.py
+        #: why receipts not covered by a slave ack are held (None: they are not); see decide.py, phase master
         self.suspect: str | None = None
         self.refused_receipts = 0  # completions never run as successes (their clients were cut off)
         self._refused_logged = float("-inf")
@@ -208,7 +208,7 @@ class ReplicationMaster:
     # loop thread -------------------------------------------------------
     def _may_run(self, target: int) -> bool:
         """May completions up to record ``target`` run? With a slave attached, when it has
-        acked them; without one, unless we are suspect (see peercheck.py)."""
+        acked them; without one, unless we are suspect (see decide.py, phase master)."""
         if self._gated is not None:
             return self._acked >= target
         return self.suspect is None

@@ -5,8 +5,11 @@ Theory of operation
 Every connection between the two nodes of a pair (and from ``amq broker status``)
 starts with one STOMP ``CONNECT`` frame and its ``CONNECTED`` or ``ERROR`` answer:
 :func:`ha_request` sends one and reads the answer up to its NUL only (binary link
-data may follow in the same segment), :func:`probe` is the status request, and
-:func:`ha_request_sync` the blocking one for the command line. A replication link
+data may follow in the same segment), :func:`probe` is the status request,
+:func:`ha_request_sync` the blocking one for the command line, and :func:`ask_peer`
+asks each of the peer's addresses in turn, each answer a
+:class:`~.decide.PeerAnswer` (what :func:`.decide.decide` reads); :func:`reachable` is a plain TCP connect (the
+``--takeover-check`` address). A replication link
 then speaks the small binary protocol described in :mod:`.replication` (``u8 kind |
 u32 length | payload``); its codec is here and is sans-IO: :func:`pack`,
 :func:`record_frames` (bounded SNAP/RECORDS frames), :func:`unpack_records`,
@@ -29,12 +32,13 @@ import contextlib
 import socket
 import struct
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from amqtransport.errors import RemoteProtocolError, ServerError
 from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
 
 from ..store import MAX_RECORD
+from .decide import PeerAnswer
 
 __all__ = [
     "DEMOTE_HEADER",
@@ -58,6 +62,8 @@ __all__ = [
     "ha_request",
     "ha_request_sync",
     "probe",
+    "reachable",
+    "ask_peer",
     "SNAP",
     "RECORDS",
     "SYNC_END",
@@ -284,6 +290,57 @@ async def probe(host: str, port: int, timeout: float) -> dict[str, str] | None:
         return None
     writer.close()
     return {k: v for k, v in frame.headers}
+
+
+async def reachable(address: tuple[str, int], timeout: float) -> bool:
+    """True when a TCP connect to ``address`` succeeds within ``timeout``."""
+    try:
+        _r, w = await asyncio.wait_for(asyncio.open_connection(*address), timeout)
+    except (OSError, TimeoutError):
+        return False
+    w.close()
+    return True
+
+
+def _answered(answer: PeerAnswer) -> bool:
+    return answer.info is not None
+
+
+async def ask_peer(
+    addresses: Sequence[tuple[str, int]],
+    headers: Callable[[], Mapping[str, str]] | None,
+    timeout: float,
+    *,
+    until: Callable[[PeerAnswer], bool] = _answered,
+) -> list[PeerAnswer]:
+    """Ask each address in turn until an answer satisfies ``until`` (default: the first
+    that answers): a request built by ``headers()`` (freshly signed each time, e.g. a
+    stand-by request), or a plain status probe when ``headers`` is None. An ERROR
+    answer to a request is followed by a status probe (is it a master?)."""
+    out: list[PeerAnswer] = []
+    for addr in addresses:
+        if headers is None:
+            info = await probe(*addr, timeout=timeout)
+            out.append(PeerAnswer(addr, info=info, error="" if info is not None else "no answer"))
+        else:
+            try:
+                frame, _r, writer = await ha_request(*addr, headers(), timeout=timeout)
+            except ConnectionRefusedError:
+                out.append(PeerAnswer(addr, refused=True))
+                continue
+            except ReplicaRefused as exc:
+                info = await probe(*addr, timeout=timeout)
+                out.append(PeerAnswer(addr, info=info, error=f"refused: {exc}"))
+            except (OSError, TimeoutError, ReplicationError) as exc:
+                out.append(PeerAnswer(addr, error=str(exc) or type(exc).__name__))
+                continue
+            else:
+                writer.close()
+                out.append(PeerAnswer(addr, info={k: v for k, v in frame.headers}, standby=frame.get(STANDBY_ANSWER),
+                                      standby_reason=frame.get(STANDBY_REASON) or ""))
+        if until(out[-1]):
+            break
+    return out
 
 
 def ha_request_sync(
