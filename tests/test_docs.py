@@ -8,6 +8,8 @@ Checked for README.md and every page under docs/:
 - every repository path written in code style (```amqtransport/broker/core.py```,
   ```tests/ha```, globs such as ```tests/chaos/test_proxy_*.py```) exists, so a page
   cannot keep naming a module after it moved;
+- every test named in code style as ```tests/FILE.py::test_name``` (a promise's proof,
+  e.g. in docs/reliability.md) is defined in that file;
 - README.md is at most 250 lines, and reaches every page under docs/ (directly or
   through the docs index).
 
@@ -34,6 +36,7 @@ IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 REFERENCE_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*(\S+)", re.MULTILINE)
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
 REPO_PATH = re.compile(r"^(?:" + "|".join(REPO_DIRS) + r")/[\w./*-]*$")
+TEST_REF = re.compile(r"^(tests/[\w./-]+\.py)::(\w+)(?:\[[^\]]*\])?$")
 
 
 def doc_files() -> list[Path]:
@@ -114,6 +117,14 @@ def missing_code_paths(path: Path) -> list[str]:
     for span in INLINE_CODE.findall(prose(path.read_text(encoding="utf-8"))):
         for token in span.split():
             token = token.rstrip(".,;:)")
+            ref = TEST_REF.match(token)
+            if ref:
+                test_file, name = ROOT / ref.group(1), ref.group(2)
+                if not test_file.is_file():
+                    bad.append(f"`{token}`: {ref.group(1)} does not exist")
+                elif not re.search(rf"^\s*(?:async\s+)?def {name}\(", test_file.read_text(encoding="utf-8"), re.MULTILINE):
+                    bad.append(f"`{token}`: no test {name} in {ref.group(1)}")
+                continue
             if not REPO_PATH.match(token):
                 continue
             if "*" in token:
@@ -174,6 +185,8 @@ def test_checker_finds_broken_links_and_paths(tmp_path: Path) -> None:
         "[ok](other.md) [ok anchor](other.md#amq-send--amq-recv-twice) [self](#page)\n"
         "[gone](missing.md) [bad anchor](other.md#nope) [web](https://example.org/x)\n"
         "`[not a link](nowhere.md)` `amqtransport/no_such_module.py` `amqtransport/errors.py`\n"
+        "`tests/test_docs.py::test_slug_follows_github` `tests/test_docs.py::test_gone[x]`\n"
+        "`tests/no_such_test.py::test_x`\n"
         "```\n[in a fence](fenced.md) `amqtransport/fenced.py`\n```\n"
         "[ref]: also-missing.md\n",
         encoding="utf-8",
@@ -181,7 +194,11 @@ def test_checker_finds_broken_links_and_paths(tmp_path: Path) -> None:
     bad = broken_links(page)
     assert len(bad) == 3 and any("missing.md" in b for b in bad) and any("#nope" in b for b in bad)
     assert any("also-missing.md" in b for b in bad)
-    assert missing_code_paths(page) == ["`amqtransport/no_such_module.py` does not exist"]
+    assert missing_code_paths(page) == [
+        "`amqtransport/no_such_module.py` does not exist",
+        "`tests/test_docs.py::test_gone[x]`: no test test_gone in tests/test_docs.py",
+        "`tests/no_such_test.py::test_x`: tests/no_such_test.py does not exist",
+    ]
 
 
 def test_slug_follows_github() -> None:
