@@ -10,6 +10,9 @@ Checked for README.md and every page under docs/:
   cannot keep naming a module after it moved;
 - every test named in code style as ```tests/FILE.py::test_name``` (a promise's proof,
   e.g. in docs/reliability.md) is defined in that file;
+- every ``amq`` command line in their code (fenced blocks and inline code) names a real
+  command and real options of it (the click tree of ``amqtransport.cli.main``), and
+  every ``make TARGET`` is a target of the Makefile;
 - README.md is at most 250 lines, and reaches every page under docs/ (directly or
   through the docs index).
 
@@ -207,3 +210,104 @@ def test_slug_follows_github() -> None:
     )
     assert slug("In Python (tests)") == "in-python-tests"
     assert slug("`amq send` / `amq recv` through a master kill") == "amq-send--amq-recv-through-a-master-kill"
+
+
+# Every `amq ...` command line the docs show names a real command and real options.
+
+AMQ_CALL = re.compile(r"(?:^|(?<=[\s(`$'\"]))(?:\S*/)?amq((?:[ \t]+[^\s|;&#>`]+)+)")
+SHELL_STOP = {"|", "||", "&&", ";", "&", ">", "2>", "#", "\\"}
+
+
+def code_spans(text: str) -> list[str]:
+    """The page's code: each line of its fenced blocks, and each inline code span."""
+    spans: list[str] = []
+    fence: str | None = None
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if stripped.startswith("```") or stripped.startswith("~~~"):
+            fence = None if fence else stripped[:3]
+            continue
+        if fence:
+            spans.append(line)
+    return spans + INLINE_CODE.findall(prose(text))
+
+
+def amq_calls(text: str) -> list[list[str]]:
+    """The argument lists of every ``amq`` call in the page's code, each call up to the
+    end of its line or a shell operator. Placeholder brackets are dropped (``[--mode
+    M]`` gives ``--mode``)."""
+    spans = code_spans(text)
+    calls: list[list[str]] = []
+    for span in spans:
+        for m in AMQ_CALL.finditer(span):
+            args: list[str] = []
+            for token in m.group(1).split():
+                if token in SHELL_STOP or token.startswith("#"):
+                    break
+                args.append(token.strip("[]"))
+            if args:
+                calls.append(args)
+    return calls
+
+
+def bad_amq_calls(calls: list[list[str]]) -> list[str]:
+    import click
+
+    from amqtransport.cli.main import cli
+
+    bad: list[str] = []
+    for args in calls:
+        cmd: click.Command = cli
+        ctx = click.Context(cli)
+        words = ["amq"]
+        for arg in args:
+            if isinstance(cmd, click.Group) and not arg.startswith("-"):
+                sub = cmd.get_command(ctx, arg)
+                if sub is None:
+                    if re.fullmatch(r"[a-z][a-z-]*", arg):  # not a placeholder (X, send/recv, demo:)
+                        bad.append(f"`{' '.join(words)} {arg}`: no such command")
+                    break
+                cmd, words = sub, [*words, arg]
+                continue
+            if arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit():
+                name = arg.split("=", 1)[0]
+                known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"-h", "--help"}
+                if name not in known:
+                    bad.append(f"`{' '.join(words)} {name}`: no such option")
+    return bad
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_amq_commands_and_options_exist(path: Path) -> None:
+    assert bad_amq_calls(amq_calls(path.read_text(encoding="utf-8"))) == []
+
+
+def test_amq_command_checker_finds_bad_commands_and_options() -> None:
+    page = (
+        "Run `amq broker pair --mode replicated [--port P]` then `amq broker status --port 1 --json`.\n"
+        "```sh\n"
+        "amq send 'failover:(tcp://a:1)' /queue/x --count 5 --colour red &   # a made-up option\n"
+        ".venv/bin/amq brokr run\n"
+        "amq chaos run nemesis --rounds 3 --mode both | tee out   # --not-an-option after the pipe\n"
+        "```\n"
+        "The `amq` data source; `amq-ha-status`; `amq uri explain --json URI`.\n"
+    )
+    calls = amq_calls(page)
+    assert ["broker", "pair", "--mode", "replicated", "--port", "P"] in calls
+    assert bad_amq_calls(calls) == ["`amq send --colour`: no such option", "`amq brokr`: no such command"]
+
+
+MAKE_CALL = re.compile(r"(?:^|(?<=[\s`(]))make ([a-z][\w-]*)")
+
+
+def make_targets_named(text: str) -> set[str]:
+    """``make TARGET`` in the page's code."""
+    return {m.group(1) for span in code_spans(text) for m in MAKE_CALL.finditer(span)}
+
+
+def test_make_targets_named_in_the_docs_exist() -> None:
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(encoding="utf-8"), re.MULTILINE))
+    named = {(str(p.relative_to(ROOT)), t) for p in doc_files() for t in make_targets_named(p.read_text(encoding="utf-8"))}
+    assert {"demo", "test", "wheel"} <= {t for _, t in named}
+    assert make_targets_named("Run `make wheel`; to make the page\n```sh\nmake nosuch  # x\n```\n") == {"wheel", "nosuch"}
+    assert sorted((page, t) for page, t in named if t not in targets) == []
