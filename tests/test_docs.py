@@ -311,3 +311,13 @@ def test_make_targets_named_in_the_docs_exist() -> None:
     assert {"demo", "test", "wheel"} <= {t for _, t in named}
     assert make_targets_named("Run `make wheel`; to make the page\n```sh\nmake nosuch  # x\n```\n") == {"wheel", "nosuch"}
     assert sorted((page, t) for page, t in named if t not in targets) == []
+
+
+def test_readme_error_tree_names_every_class_of_the_family() -> None:
+    import amqtransport.errors as errors
+
+    text = README.read_text(encoding="utf-8")
+    tree = text[text.index("```text\nAmqTransportError"):]
+    tree = tree[: tree.index("\n```", 1)]
+    named = set(re.findall(r"\b[A-Z]\w+", tree))
+    assert sorted(set(errors.__all__) - named) == [], "README's error tree misses these classes of amqtransport.errors"
