@@ -420,12 +420,22 @@ class HaNode:
                 with contextlib.suppress(OSError):
                     if request.exists() and request.read_text().strip() == self.name:
                         request.unlink()
-                self.state = HaState.load(self.data_dir)
-                self.state.epoch += 1
-                self.state.role = "master"
-                self.state.synced = True
-                self.state.peer.setdefault("primary", self.name)
-                self.state.save(self.data_dir)
+                try:
+                    self.state = HaState.load(self.data_dir)
+                    self.state.epoch += 1
+                    self.state.role = "master"
+                    self.state.synced = True
+                    self.state.peer.setdefault("primary", self.name)
+                    self.state.save(self.data_dir)
+                except OSError as exc:
+                    # e.g. the shared disk is full (the master before us fenced for it): never
+                    # die for that; let go of the lock and try again, as a replicated node does
+                    lock.release()
+                    log.error("node %s: cannot record the new epoch in %s: %s; retrying in %s s",
+                              self.name, self.data_dir, exc, max(1.0, self.opts.lock_interval))
+                    self._set_role("waiting", f"I/O error: {exc}")
+                    await self._sleep(max(1.0, self.opts.lock_interval))
+                    continue
                 is_primary = self.state.peer.get("primary") == self.name
                 try:
                     await self._start_master(replicate=False)
