@@ -1,7 +1,8 @@
 """The bridge agent: a config file's network connectors plus the status endpoint.
 
 ``BridgeAgent(config).start()`` builds one :class:`~bridge.connector.NetworkConnector`
-per ``[[network_connector]]`` (each with its own discovery agent) and serves
+per ``[[network_connector]]`` (each with its own discovery agent and local broker: its
+own ``local_uri`` or the file's) and serves
 ``/status`` and ``/metrics`` on ``status_listen``; ``stop()`` stops everything;
 ``run_forever()`` is what ``amq bridge run`` calls (returns on SIGINT/SIGTERM).
 """
@@ -35,10 +36,10 @@ class BridgeAgent:
     ) -> None:
         self.config = config
         self.registry = StatusRegistry()
-        self.here = NodeId.of(config.broker_name, leaf_addresses(config.local_uri))
         self.connectors = [
-            NetworkConnector(nc, local_uri=config.local_uri, here=self.here, registry=self.registry,
-                             connect=connect, agent_factory=agent_factory)
+            NetworkConnector(nc, local_uri=config.local_of(nc), registry=self.registry, connect=connect,
+                             here=NodeId.of(config.local_name_of(nc), leaf_addresses(config.local_of(nc))),
+                             agent_factory=agent_factory)
             for nc in config.network_connector
         ]
         self.server: StatusServer | None = None
@@ -54,7 +55,7 @@ class BridgeAgent:
             self.server = StatusServer(self.registry, addr[0], addr[1]).start()
             log.info("bridge status on %s/status and %s/metrics", self.server.url, self.server.url)
         for c in self.connectors:
-            log.info("network connector %s: %s -> %s (services: %s)", c.config.name, self.config.local_uri,
+            log.info("network connector %s: %s -> %s (services: %s)", c.config.name, c.local_uri,
                      c.config.uri, ", ".join(c.services))
             c.start()
         return self

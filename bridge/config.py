@@ -30,6 +30,11 @@ Example (every key of ``[[network_connector]]`` except ``name`` and ``uri`` is o
     #                                          # brokers this often and rebuild as soon as one
     #                                          # accepts (0: ActiveMQ's behaviour, wait it out)
     # remote_name = "hub"                     # the remote's identity in the hop path
+    # local_uri = "tcp://127.0.0.1:61653"     # this connector's own local broker (a hub agent
+    #                                          # bridging many spokes); default: the top-level one
+    # broker_name = "spoke7"                  # that local broker's identity in the hop path
+
+``local_uri`` at the top level may be left out when every connector names its own.
 
 Reconnect timing of a bridge is not configured here: it comes from the ``static:``
 options in ``uri`` (``initialReconnectDelay``, ``maxReconnectDelay``,
@@ -131,6 +136,8 @@ class NetworkConnectorConfig(BaseModel):
     probe_interval_ms: int = Field(default=100, ge=0, le=60_000)
     loop_pause_ms: int = Field(default=1000, ge=0, le=3_600_000)
     remote_name: str | None = None
+    local_uri: str | None = None  # this connector's own local broker (default: the top-level one)
+    broker_name: str | None = None  # its identity in the hop path (default: its addresses)
 
     @field_validator("name")
     @classmethod
@@ -149,10 +156,15 @@ class NetworkConnectorConfig(BaseModel):
     def _patterns(cls, v: list[str]) -> list[str]:
         return _check_patterns(v)
 
-    @field_validator("remote_name")
+    @field_validator("remote_name", "broker_name")
     @classmethod
     def _remote_name(cls, v: str | None) -> str | None:
         return _check_name(v)
+
+    @field_validator("local_uri")
+    @classmethod
+    def _own_local_uri(cls, v: str | None) -> str | None:
+        return v if v is None else _check_uri(v)
 
 
 class BridgeConfig(BaseModel):
@@ -160,15 +172,27 @@ class BridgeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    local_uri: str
+    local_uri: str | None = None  # required unless every connector has its own
     status_listen: str | None = "127.0.0.1:8162"
     broker_name: str | None = None
     network_connector: list[NetworkConnectorConfig] = Field(min_length=1)
 
     @field_validator("local_uri")
     @classmethod
-    def _local_uri(cls, v: str) -> str:
-        return _check_uri(v)
+    def _local_uri(cls, v: str | None) -> str | None:
+        return v if v is None else _check_uri(v)
+
+    def local_of(self, nc: NetworkConnectorConfig) -> str:
+        """The local broker of connector ``nc``: its own ``local_uri``, else the file's."""
+        local = nc.local_uri or self.local_uri
+        assert local is not None, "validated: every connector has a local broker"
+        return local
+
+    def local_name_of(self, nc: NetworkConnectorConfig) -> str | None:
+        """The name of connector ``nc``'s local broker in the hop path (None: its addresses)."""
+        if nc.broker_name:
+            return nc.broker_name
+        return self.broker_name if nc.local_uri is None else None
 
     @field_validator("status_listen")
     @classmethod
@@ -285,7 +309,9 @@ def _cross_checks(cfg: BridgeConfig) -> list[tuple[str, str]]:
                         f"wildcard queue include {inc!r} overlaps exclude[{k}] {nc.exclude[k]!r}: the bridge would "
                         "consume excluded queue messages; list the queues explicitly or use dynamic_include",
                     ))
-        same = set(leaf_addresses(cfg.local_uri)) & set(leaf_addresses(nc.uri))
+        if nc.local_uri is None and cfg.local_uri is None:
+            problems.append((f"{base}.local_uri", "no local broker: give local_uri here or at the top level"))
+        same = set(leaf_addresses(nc.local_uri or cfg.local_uri or "")) & set(leaf_addresses(nc.uri))
         if same:
             problems.append((f"{base}.uri", f"points at the local broker ({', '.join(sorted(same))}): "
                                             "a bridge must connect two different brokers"))

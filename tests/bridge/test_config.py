@@ -62,7 +62,8 @@ def _with(replace: str, by: str) -> str:
         (_with('static_include = ["/queue/orders"]', 'static_include = ["/queue/local.x"]'), "network_connector[0].static_include[0]", "excluded by exclude[0]"),
         (_with('static_include = ["/queue/orders"]', 'static_include = ["/queue/>"]'), "network_connector[0].static_include[0]", "overlaps exclude[0]"),
         (_with('passcode = "secret"\n', ""), "network_connector[0].passcode", "go together"),
-        (_with('local_uri = "failover', 'locl_uri = "failover'), "local_uri", "required key is missing"),
+        (_with('local_uri = "failover', 'locl_uri = "failover'), "locl_uri", "unknown key"),
+        (_with('local_uri = "failover', '# local_uri = "failover'), "network_connector[0].local_uri", "no local broker"),
         ('local_uri = "tcp://127.0.0.1:61613"\n', "network_connector", "required key is missing"),
         ('local_uri = "tcp://127.0.0.1:61613"\nnetwork_connector = []\n', "network_connector", "at least 1"),
         (GOOD + GOOD.split("\n\n", 1)[1].replace("local_uri", "#").replace("status_listen", "#"), "network_connector[1].name", "duplicate name"),
@@ -80,6 +81,44 @@ def test_errors_name_their_path(text: str, path: str, fragment: str) -> None:
     line = next((ln for ln in str(err).splitlines() if ln.startswith(path + ":")), None)
     assert line is not None, str(err)
     assert fragment in line, str(err)
+
+
+HUB = """
+status_listen = ""
+
+[[network_connector]]
+name = "spoke1"
+local_uri = "tcp://127.0.0.1:61001"
+broker_name = "spoke-one"
+uri = "masterslave:(tcp://127.0.0.1:61633,tcp://127.0.0.1:61643)"
+static_include = ["/queue/orders"]
+
+[[network_connector]]
+name = "spoke2"
+local_uri = "tcp://127.0.0.1:61002"
+uri = "masterslave:(tcp://127.0.0.1:61633,tcp://127.0.0.1:61643)"
+static_include = ["/queue/orders"]
+"""
+
+
+def test_each_connector_may_have_its_own_local_broker() -> None:
+    """One agent, many spokes into one hub: each connector names its own local broker
+    (and identity in the hop path); the file's local_uri is then not needed."""
+    from bridge.agent import BridgeAgent
+
+    cfg = parse_config(HUB)
+    assert cfg.local_uri is None
+    agent = BridgeAgent(cfg)
+    one, two = agent.connectors
+    assert (one.local_uri, one.here.label) == ("tcp://127.0.0.1:61001", "spoke-one")
+    assert (two.local_uri, two.here.label) == ("tcp://127.0.0.1:61002", "tcp://127.0.0.1:61002")
+    mixed = parse_config('local_uri = "tcp://127.0.0.1:61000"\nbroker_name = "hq"\n' + HUB.replace(
+        'local_uri = "tcp://127.0.0.1:61002"\n', ""))
+    one, two = BridgeAgent(mixed).connectors
+    assert (one.local_uri, one.here.label) == ("tcp://127.0.0.1:61001", "spoke-one")
+    assert (two.local_uri, two.here.label) == ("tcp://127.0.0.1:61000", "hq")  # the file's broker
+    with pytest.raises(ConfigError, match="network_connector.1..uri: points at the local broker"):
+        parse_config(HUB.replace("tcp://127.0.0.1:61002", "tcp://127.0.0.1:61643"))
 
 
 def test_bad_uri_is_a_config_error_naming_the_key() -> None:
