@@ -321,3 +321,11 @@ def test_readme_error_tree_names_every_class_of_the_family() -> None:
     tree = tree[: tree.index("\n```", 1)]
     named = set(re.findall(r"\b[A-Z]\w+", tree))
     assert sorted(set(errors.__all__) - named) == [], "README's error tree misses these classes of amqtransport.errors"
+
+
+def test_every_broker_config_key_is_documented() -> None:
+    from amqtransport.broker.config import BrokerConfig
+
+    text = (DOCS / "broker.md").read_text(encoding="utf-8")
+    table = {key for row in re.findall(r"^\|([^|\n]*)\|", text, re.MULTILINE) for key in INLINE_CODE.findall(row)}
+    assert sorted(set(BrokerConfig.model_fields) - table) == [], "keys missing from docs/broker.md's config table"
