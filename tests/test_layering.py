@@ -166,8 +166,6 @@ def test_the_product_imports_no_test_harness() -> None:
 KNOWN_CYCLES = {
     # scale (issue 12) is rewriting the store: checkpoint.py names MessageStore under TYPE_CHECKING
     frozenset({"amqtransport.broker.store.checkpoint", "amqtransport.broker.store.store"}),
-    # archha (issue 17, HA part) splits node.py: view.py names HaNode under TYPE_CHECKING
-    frozenset({"amqtransport.broker.ha.node", "amqtransport.broker.ha.view"}),
 }
 
 

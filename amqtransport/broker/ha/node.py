@@ -104,10 +104,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from amqtransport.errors import ConfigError
-from amqtransport.stomp import Frame
 
 from ..config import BrokerConfig
-from ..context import HookedConnection
 from ..server import BrokerServer
 from ..store import MessageStore, StoreLockedError
 from .auth import AUTH_HEADER, RequestSigner, RequestVerifier, load_secret
@@ -140,14 +138,13 @@ from .decide import (
 )
 from .epoch import HaState
 from .lock import FileLock, is_locked, wait_for_lock
-from .port import ROLE_REQUESTS, HaPortProtocol, HaRequests, answer_error
+from .port import HaPortProtocol, HaRequests
 from .replication import MasterLink, ReplicationMaster
 from .slave import SlaveLink, fresh_replica_store
 from .wire import (
     DEMOTE_HEADER,
     REPLICA_HEADER,
     STANDBY_HEADER,
-    STATUS_HEADER,
     ReplicaRefused,
     ReplicationError,
     ask_peer,
@@ -314,69 +311,6 @@ class HaNode:
             self.http = None
         log.info("node %s stopped", self.name)
 
-    # ------------------------------------------------------------------ status / HA requests
-    def status(self) -> dict[str, str]:
-        st: dict[str, str] = {
-            "amq-ha-role": self.role,
-            "amq-ha-mode": self.opts.mode,
-            "amq-ha-name": self.name,
-            "amq-ha-epoch": str(self.state.epoch),
-            "amq-ha-synced": "true" if self.state.synced else "false",
-            "amq-ha-last-role": self.state.role,
-            "amq-ha-configured": "slave" if self.opts.master_connector else "master",
-            "amq-ha-strict": "true" if self.opts.shutdown_on_slave_failure else "false",
-            "amq-ha-client": f"{self.host}:{self.port}",
-            "amq-ha-port": f"{self.host}:{self.ha_port}",
-            "amq-ha-pid": str(os.getpid()),
-            "amq-ha-listening": "true" if self.listening else "false",
-        }
-        if self.http is not None:
-            st["amq-ha-http"] = self.http.address
-        if self.role == "master" and self.server is not None and self.server.store is not None:
-            # messages, sent, queues, topics, connections, memory-*, uptime (no queue names)
-            st.update(self.server.status_stats(names=False))
-            repl = self.repl
-            if repl is not None:
-                st["amq-ha-seq"] = str(repl.seq)
-                st["amq-ha-acked"] = str(repl.acked)
-                st["amq-ha-held"] = str(repl.held)
-                st["amq-ha-refused-receipts"] = str(repl.refused_receipts)
-                if repl.suspect is not None:
-                    st["amq-ha-suspect"] = repl.suspect
-                link = repl.link
-                if link is None:
-                    st["amq-ha-peer"] = self.state.peer.get("client", "")
-                    st["amq-ha-peer-state"] = "none"
-                else:
-                    st["amq-ha-peer"] = link.info.get("amq-ha-client", link.peer)
-                    st["amq-ha-peer-state"] = "in-sync" if link.synced else "syncing"
-        elif self.slave_store is not None:
-            st["amq-ha-messages"] = str(len(self.slave_store.live))
-            st["amq-ha-peer"] = self.master_address
-            st["amq-ha-peer-state"] = "in-sync" if self.slave_synced else "syncing"
-        elif self.opts.mode == "shared-store":
-            st["amq-ha-peer"] = str(self.data_dir / "ha.lock")
-        return st
-
-    def intercept_connect(self, conn: HookedConnection, frame: Frame) -> bool:
-        """Hook called by the client-port STOMP handler for every CONNECT frame: HA
-        requests are handed to :meth:`.port.HaRequests.handle`; while the master is suspect (it
-        may have been replaced while frozen) a client's CONNECT is refused, so no client
-        starts a session on a node that may be about to step down."""
-        repl = self.repl
-        is_request = frame.get(STATUS_HEADER) is not None or any(frame.get(h) is not None for h in ROLE_REQUESTS)
-        if not is_request and (repl is None or repl.serving):
-            return False
-        transport = conn.detach()  # the HA code owns this socket from now on
-        if transport is None:
-            return True
-        if is_request:
-            self.requests.handle(transport, frame, conn.peer)
-        else:
-            answer_error(transport, f"node {self.name} is not accepting clients right now: it is checking "
-                                    "whether its peer took over; retry (or fail over)")
-        return True
-
     # ------------------------------------------------------------------ shared store
     async def _run_shared_store(self) -> None:
         lock = FileLock(self.data_dir / "ha.lock")
@@ -493,7 +427,7 @@ class HaNode:
         t0 = time.monotonic()
         server = BrokerServer(self.config, data_dir=self.data_dir, users=self.users)
         await server.open()
-        server.connect_hook = self  # status and role requests on the client port (intercept_connect)
+        server.connect_hook = self.requests  # status and role requests on the client port (port.py)
         server.on_fenced = self._master_fenced
         self.server = server
         self._demote = asyncio.Event()

@@ -7,7 +7,8 @@ STOMP ``CONNECT`` (a status request, a replication link, a demote, stand-by or
 release request); :class:`HaPortProtocol` parses it and hands it to
 :meth:`HaRequests.handle`, which answers, closes, or hands the socket on (a
 replication link: :meth:`.replication.ReplicationMaster.attach`). A master's client
-port passes HA requests to the same handler (:meth:`.node.HaNode.intercept_connect`).
+port passes HA requests to the same handler (:meth:`HaRequests.intercept_connect`, the
+master's connect hook).
 Garbage is answered with an ``ERROR`` frame and the connection is closed. Because
 this port is open in every role and before any authentication, it is bounded
 (:class:`~.config.HaPortLimits`): at most ``max_connections`` connections waiting for
@@ -17,7 +18,7 @@ request, ``max_frame`` bytes for it. Refusals are logged with the remote address
 
 The requests. A status request (``amq-ha-status``) needs no secret: it changes
 nothing, and the ``CONNECTED`` answer carries the node's ``amq-ha-*`` status headers
-(:meth:`.node.HaNode.status`). Every request that changes a role or a store is signed
+(:func:`status_headers`). Every request that changes a role or a store is signed
 with the pair's cluster secret (:mod:`.auth`), must not claim to come from this node,
 and carries a numeric epoch; a demote or stand-by request must come from the known
 peer. Then:
@@ -44,14 +45,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from amqtransport.errors import ConfigError
 from amqtransport.stomp import Frame, FrameParser, Limits, NeedData, serialize
 
-from ..config import check_login
+from ..config import BrokerConfig, check_login
+from ..context import HookedConnection
 from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestVerifier
 from .config import HaOptions, HaPortLimits, parse_address
 from .decide import OK, OK_UNSYNCED, STAND_BY, DecideOptions, NodeState, standby
@@ -68,7 +72,12 @@ from .wire import (
     probe,
 )
 
-__all__ = ["HaPortProtocol", "HaRequests", "PortHost", "RefusalLog", "ROLE_REQUESTS", "answer_error"]
+if TYPE_CHECKING:
+    from ..http import HttpServer
+    from ..server import BrokerServer
+    from ..store import MessageStore
+
+__all__ = ["HaPortProtocol", "HaRequests", "NodeReadout", "PortHost", "RefusalLog", "ROLE_REQUESTS", "answer_error", "status_headers"]
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +119,9 @@ class RefusalLog:
         self.logger.warning("HA port: refused %s from %s: %s", what, peer, reason)
 
 
-class PortHost(Protocol):
-    """What answering HA requests reads and changes on the node (:class:`.node.HaNode`)."""
+class NodeReadout(Protocol):
+    """What a node's status headers (:func:`status_headers`) and its console
+    (:class:`.view.HaNodeView`) read of the node (:class:`.node.HaNode`)."""
 
     @property
     def name(self) -> str: ...
@@ -120,32 +130,105 @@ class PortHost(Protocol):
     @property
     def port(self) -> int: ...
     @property
-    def opts(self) -> HaOptions: ...
+    def ha_port(self) -> int: ...
     @property
-    def users(self) -> dict[str, str]: ...
+    def data_dir(self) -> Path: ...
+    @property
+    def config(self) -> BrokerConfig: ...
+    @property
+    def opts(self) -> HaOptions: ...
     @property
     def role(self) -> str: ...
     @property
     def state(self) -> HaState: ...
     @property
+    def takeovers(self) -> int: ...
+    @property
+    def listening(self) -> bool: ...
+    @property
+    def http(self) -> HttpServer | None: ...
+    @property
+    def server(self) -> BrokerServer | None: ...
+    @property
     def repl(self) -> ReplicationMaster | None: ...
+    @property
+    def slave_store(self) -> MessageStore | None: ...
+    @property
+    def master_address(self) -> str: ...
+    @property
+    def slave_synced(self) -> bool: ...
+
+    def peer_addresses(self) -> list[tuple[str, int]]:
+        """Every address the node knows for its peer."""
+        ...
+
+
+class PortHost(NodeReadout, Protocol):
+    """What answering HA requests reads and changes on the node (:class:`.node.HaNode`)."""
+
+    @property
+    def users(self) -> dict[str, str]: ...
     @property
     def verifier(self) -> RequestVerifier | None: ...
 
     @property
     def rules(self) -> DecideOptions: ...
 
-    def status(self) -> dict[str, str]:
-        """The ``amq-ha-*`` status headers."""
-
     def moment(self, phase: str) -> NodeState:
         """What :func:`.decide.decide` reads of the node now."""
+        ...
 
     def save_state(self) -> None:
         """Write ``ha-state.json``."""
 
     def demote(self) -> None:
         """Leave the master role (the role loop then decides again)."""
+
+
+def status_headers(node: NodeReadout) -> dict[str, str]:
+    """The ``amq-ha-*`` headers of the ``CONNECTED`` answer to a status request (and of
+    every other answer a node sends on its HA port)."""
+    st: dict[str, str] = {
+        "amq-ha-role": node.role,
+        "amq-ha-mode": node.opts.mode,
+        "amq-ha-name": node.name,
+        "amq-ha-epoch": str(node.state.epoch),
+        "amq-ha-synced": "true" if node.state.synced else "false",
+        "amq-ha-last-role": node.state.role,
+        "amq-ha-configured": "slave" if node.opts.master_connector else "master",
+        "amq-ha-strict": "true" if node.opts.shutdown_on_slave_failure else "false",
+        "amq-ha-client": f"{node.host}:{node.port}",
+        "amq-ha-port": f"{node.host}:{node.ha_port}",
+        "amq-ha-pid": str(os.getpid()),
+        "amq-ha-listening": "true" if node.listening else "false",
+    }
+    if node.http is not None:
+        st["amq-ha-http"] = node.http.address
+    if node.role == "master" and node.server is not None and node.server.store is not None:
+        # messages, sent, queues, topics, connections, memory-*, uptime (no queue names)
+        st.update(node.server.status_stats(names=False))
+        repl = node.repl
+        if repl is not None:
+            st["amq-ha-seq"] = str(repl.seq)
+            st["amq-ha-acked"] = str(repl.acked)
+            st["amq-ha-held"] = str(repl.held)
+            st["amq-ha-refused-receipts"] = str(repl.refused_receipts)
+            if repl.suspect is not None:
+                st["amq-ha-suspect"] = repl.suspect
+            link = repl.link
+            if link is None:
+                st["amq-ha-peer"] = node.state.peer.get("client", "")
+                st["amq-ha-peer-state"] = "none"
+            else:
+                st["amq-ha-peer"] = link.info.get("amq-ha-client", link.peer)
+                st["amq-ha-peer-state"] = "in-sync" if link.synced else "syncing"
+    elif node.slave_store is not None:
+        st["amq-ha-messages"] = str(len(node.slave_store.live))
+        st["amq-ha-peer"] = node.master_address
+        st["amq-ha-peer-state"] = "in-sync" if node.slave_synced else "syncing"
+    elif node.opts.mode == "shared-store":
+        st["amq-ha-peer"] = str(node.data_dir / "ha.lock")
+    return st
 
 
 class HaRequests:
@@ -155,6 +238,25 @@ class HaRequests:
         self.node = node
         self.refused = RefusalLog(log)
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def intercept_connect(self, conn: HookedConnection, frame: Frame) -> bool:
+        """The master's :class:`~..context.ConnectHook`, called by the client-port STOMP
+        handler for every CONNECT frame: HA requests are handed to :meth:`handle`; while
+        the master is suspect (it may have been replaced while frozen) a client's CONNECT
+        is refused, so no client starts a session on a node that may be about to step down."""
+        repl = self.node.repl
+        is_request = frame.get(STATUS_HEADER) is not None or any(frame.get(h) is not None for h in ROLE_REQUESTS)
+        if not is_request and (repl is None or repl.serving):
+            return False
+        transport = conn.detach()  # the HA code owns this socket from now on
+        if transport is None:
+            return True
+        if is_request:
+            self.handle(transport, frame, conn.peer)
+        else:
+            answer_error(transport, f"node {self.node.name} is not accepting clients right now: it is checking "
+                                    "whether its peer took over; retry (or fail over)")
+        return True
 
     def handle(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
         """Answer the one CONNECT ``frame`` of an HA connection (either port) from ``peer``."""
@@ -182,7 +284,7 @@ class HaRequests:
                 self._release(transport, frame, peer)
             return
         if frame.get(STATUS_HEADER) is not None:
-            answer = Frame.make("CONNECTED", [("version", "1.2"), *self.node.status().items()])
+            answer = Frame.make("CONNECTED", [("version", "1.2"), *status_headers(self.node).items()])
             transport.write(serialize(answer))
             transport.close()
             return
@@ -264,7 +366,7 @@ class HaRequests:
         self.node.state.peer["name"] = who
         self.node.state.peer_may_be_master = True
         self.node.save_state()
-        transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.node.status().items()])))
+        transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *status_headers(self.node).items()])))
         transport.close()
         self.node.demote()
 
@@ -290,7 +392,7 @@ class HaRequests:
             return
         assert self.node.repl is not None
         info = dict(frame.headers)
-        answer = serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.node.status().items()]))
+        answer = serialize(Frame.make("CONNECTED", [("version", "1.2"), *status_headers(self.node).items()]))
         self.node.repl.attach(transport, slave, answer, info)
 
     def _standby(self, transport: asyncio.Transport, frame: Frame) -> None:
@@ -312,7 +414,7 @@ class HaRequests:
                 "a complete copy; it will not take over before it has resynced", node.name, who, theirs,
             )
         answer = OK if d.action == OK_UNSYNCED else d.action
-        headers = [("version", "1.2"), *node.status().items(), (STANDBY_ANSWER, answer), (STANDBY_REASON, d.reason)]
+        headers = [("version", "1.2"), *status_headers(node).items(), (STANDBY_ANSWER, answer), (STANDBY_REASON, d.reason)]
         transport.write(serialize(Frame.make("CONNECTED", headers)))
         transport.close()
 
@@ -329,7 +431,7 @@ class HaRequests:
         log.warning("node %s: an operator at %s (%s) released the receipts held since: %s", self.node.name, peer,
                     frame.get(RELEASE_HEADER), repl.suspect)
         repl.clear_suspect(f"released by an operator from {peer}: the peer was declared gone")
-        transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *self.node.status().items()])))
+        transport.write(serialize(Frame.make("CONNECTED", [("version", "1.2"), *status_headers(self.node).items()])))
         transport.close()
 
 

@@ -8,7 +8,7 @@ the replica it holds; it hands out no admin operations (an action would change a
 copy that the next record from the master overwrites). The other node is described
 by its own answer to a status request on its HA port (:func:`.wire.probe`:
 public counters, no login), cached for a second so that several open consoles cost
-one probe.
+one probe. The view reads the node through :class:`.port.NodeReadout` and changes nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 from ..admin import BrokerAdmin, ServerAdmin
 from ..view import NodeStats, PeerStatus, ReplicationStats, journal_stats, serving_stats
+from .port import NodeReadout
 from .wire import probe
 
 if TYPE_CHECKING:
     from ..server import BrokerServer
-    from .node import HaNode
 
 __all__ = ["HaNodeView"]
 
@@ -47,7 +47,7 @@ def _int(info: dict[str, str], key: str) -> int | None:
 
 
 class HaNodeView:
-    def __init__(self, node: HaNode) -> None:
+    def __init__(self, node: NodeReadout) -> None:
         self.node = node
         self.http_address = ""
         self._started = time.monotonic()
