@@ -14,23 +14,15 @@ points at the master's transport connector). Every request that changes a role o
 store -- replication link, demote, stand-by -- is signed with the pair's cluster
 secret and checked (:mod:`.auth`); the HA port is bounded (:mod:`.port`).
 
-Shared store (``--ha shared-store``). Both nodes use one data directory. The node
-polls the exclusive lock ``ha.lock`` every ``--lock-interval`` (default 0.1 s); once
-it holds it, it raises the epoch in ``ha-state.json``, recovers the journal (every
-receipted message is in it: receipts follow fsync) and binds the client port. A clean
-stop (SIGTERM) closes the store and releases the lock, so the other node takes over
-within one poll interval (``failover-on-shutdown``). ``--allow-failback`` on a node
-makes it yield to the pair's *primary* (the node that first took the lock on this
-store, recorded in the state file): a restarted primary that finds the lock taken
-drops a request file; a live node with ``--allow-failback`` sees it, stops cleanly and
-releases the lock, and does not take it back until the primary is master.
+Shared store (``--ha shared-store``): the store's file lock elects the master; the
+role loop of that mode is :class:`~.shared.SharedStoreRole`.
 
 Replicated, shared nothing (``--ha replicated``). A node with ``--master-connector``
 is configured as slave; one without is configured as master. What the node is --
 master, slave of whom, waiting -- and what it does when it loses its master, its
 slave, or meets a second master is decided by :func:`.decide.decide`, a pure function
 whose docstring holds the whole table (with the partition cases it answers); this
-module observes what the table asks for (:meth:`HaNode._decide`: probes, stand-by
+module observes what the table asks for (:meth:`HaNode.decide_observing`: probes, stand-by
 requests, the takeover check) and acts. In short:
 
 1. At start and after every lost link the node probes every address it knows for its
@@ -76,17 +68,8 @@ wiped store), it sends it a demote request (``amq-ha-demote``) and the stale mas
 once the requester's own HA port confirms that it is master at that newer epoch --
 steps down, learns our address and joins us as slave (:mod:`.port` answers requests).
 
-A slave connects (:meth:`HaNode._serve_slave`), wipes its store, and runs the
-replication link's slave side (:class:`~.slave.SlaveLink`: import the snapshot, ack,
-then apply and ack every record). It starts no client connector. Its store counts as
-a complete copy (``synced`` in ``ha-state.json``) from the end of the full sync until
-it leaves with a goodbye or agrees to stand by; the takeover decision reads that flag
-after its last await and raises the epoch with nothing awaited in between. When the
-link breaks after it was in sync, ``--shutdown-on-master-failure`` makes it stop (a
-cold backup holding a complete copy); otherwise it takes over only if the master is
-unreachable on *every* address it knows (master connector, master client port, master
-HA port) *and* the ``--takeover-check`` address (host:port, both nodes must be able to
-reach it: the clients' gateway, a load balancer, a third host) answers a TCP connect.
+A slave's side -- joining a master, and what it does when that link breaks -- is
+:func:`~.slave.serve_slave`.
 """
 
 from __future__ import annotations
@@ -107,7 +90,7 @@ from amqtransport.errors import ConfigError
 
 from ..config import BrokerConfig
 from ..server import BrokerServer
-from ..store import MessageStore, StoreLockedError
+from ..store import MessageStore
 from .auth import AUTH_HEADER, RequestSigner, RequestVerifier, load_secret
 from .config import HaOptions, parse_address
 from .decide import (
@@ -115,16 +98,11 @@ from .decide import (
     BECOME_MASTER,
     CHECK,
     CLEAR,
-    COLD_BACKUP,
     DEMOTE_PEER,
     FENCE,
     FORGET,
-    ISOLATED,
     JOIN,
-    LINK_LOST,
     MASTER,
-    RELINK,
-    RETRY,
     SLAVE_LOST,
     START,
     STEP_DOWN,
@@ -137,15 +115,14 @@ from .decide import (
     decide,
 )
 from .epoch import HaState
-from .lock import FileLock, is_locked, wait_for_lock
 from .port import HaPortProtocol, HaRequests
 from .replication import MasterLink, ReplicationMaster
-from .slave import SlaveLink, fresh_replica_store
+from .shared import SharedStoreRole
+from .slave import SlaveLink, serve_slave
 from .wire import (
     DEMOTE_HEADER,
     REPLICA_HEADER,
     STANDBY_HEADER,
-    ReplicaRefused,
     ReplicationError,
     ask_peer,
     ha_request,
@@ -205,9 +182,8 @@ class HaNode:
         self._wake: asyncio.Event | None = None
         self._held_since = 0.0
         self._held_logged = 0.0
-        self._lock_conflicts = 0  # shared store: ha.lock taken while the journal was locked
         self._ha_server: asyncio.Server | None = None
-        self._waiting_reason = ""
+        self.waiting_reason = ""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.takeovers = 0
         self.became_master_at = 0.0
@@ -253,7 +229,7 @@ class HaNode:
         log.info("node %s: started as: amq %s", self.name, " ".join(argv))
         try:
             if self.opts.mode == "shared-store":
-                await self._run_shared_store()
+                await SharedStoreRole(self).run()
             else:
                 await self._run_replicated()
         except _Stop:
@@ -266,6 +242,11 @@ class HaNode:
         self._stop.set()
         if self._wake is not None:
             self._wake.set()
+
+    @property
+    def stop_event(self) -> asyncio.Event:
+        """Set when the node stops (a signal, or a decision to stop)."""
+        return self._stop
 
     @property
     def stopping(self) -> bool:
@@ -284,25 +265,25 @@ class HaNode:
         """Slave: the full sync of the current (or last) link is durable here."""
         return self.slave_link is not None and self.slave_link.synced
 
-    async def _sleep(self, seconds: float) -> None:
+    async def sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
         if self._stop.is_set():
             raise _Stop()
 
-    def _set_role(self, role: str, detail: str = "") -> None:
+    def set_role(self, role: str, detail: str = "") -> None:
         self.role = role
         self.say(f"role {role}" + (f" {detail}" if detail else ""))
         log.info("node %s: role %s %s", self.name, role, detail)
 
-    def _wait(self, reason: str) -> None:
-        if reason != self._waiting_reason:
-            self._waiting_reason = reason
-            self._set_role("waiting", reason)
+    def set_waiting(self, reason: str) -> None:
+        if reason != self.waiting_reason:
+            self.waiting_reason = reason
+            self.set_role("waiting", reason)
 
     async def _teardown(self) -> None:
-        await self._stop_master()
-        self._close_slave_store()
+        await self.stop_master()
+        self.close_slave_store()
         if self._ha_server is not None:
             self._ha_server.close()
             self._ha_server = None
@@ -311,119 +292,8 @@ class HaNode:
             self.http = None
         log.info("node %s stopped", self.name)
 
-    # ------------------------------------------------------------------ shared store
-    async def _run_shared_store(self) -> None:
-        lock = FileLock(self.data_dir / "ha.lock")
-        request = self.data_dir / "ha-failback-request"
-        journal_lock = self.data_dir / "journal" / "LOCK"
-        try:
-            while not self.stopping:
-                self.state = HaState.load(self.data_dir)
-                if self.role != "slave":
-                    self._set_role("slave", f"waiting for the store lock {lock.path}")
-                primary = self.state.peer.get("primary")
-                if primary == self.name and lock.is_locked_by_other():
-                    request.write_text(self.name)
-                    log.info("node %s: primary is back; asking the live node to fail back", self.name)
-
-                def may_take() -> bool:
-                    # a node that yielded waits until the requester has the lock
-                    if not request.exists():
-                        return True
-                    with contextlib.suppress(OSError):
-                        return request.read_text().strip() == self.name
-                    return True
-
-                got = await wait_for_lock(lock, self.opts.lock_interval, stop=self._stop, may_take=may_take)
-                if not got:
-                    return
-                if is_locked(journal_lock):
-                    # we hold ha.lock but another process still holds the journal: the lock
-                    # file was deleted or replaced under a live master. Never raise the epoch
-                    # or open the store: let go and stay slave (the master re-takes the lock).
-                    lock.release()
-                    self._lock_conflicts += 1
-                    if self._lock_conflicts == 1 or self._lock_conflicts % 100 == 0:
-                        log.warning(
-                            "node %s: took %s but the journal is locked by another process: the lock file "
-                            "was deleted or replaced while a master runs; staying slave (%d times)",
-                            self.name, lock.path, self._lock_conflicts,
-                        )
-                    await self._sleep(self.opts.lock_interval)
-                    continue
-                with contextlib.suppress(OSError):
-                    if request.exists() and request.read_text().strip() == self.name:
-                        request.unlink()
-                try:
-                    self.state = HaState.load(self.data_dir)
-                    self.state.epoch += 1
-                    self.state.role = "master"
-                    self.state.synced = True
-                    self.state.peer.setdefault("primary", self.name)
-                    self.state.save(self.data_dir)
-                except OSError as exc:
-                    # e.g. the shared disk is full (the master before us fenced for it): never
-                    # die for that; let go of the lock and try again, as a replicated node does
-                    lock.release()
-                    log.error("node %s: cannot record the new epoch in %s: %s; retrying in %s s",
-                              self.name, self.data_dir, exc, max(1.0, self.opts.lock_interval))
-                    self._set_role("waiting", f"I/O error: {exc}")
-                    await self._sleep(max(1.0, self.opts.lock_interval))
-                    continue
-                is_primary = self.state.peer.get("primary") == self.name
-                try:
-                    await self._start_master(replicate=False)
-                    outcome = await self._hold_shared_store(request, is_primary, lock)
-                except StoreLockedError as exc:
-                    # the journal was taken between our check and the open: never die for it
-                    log.error("node %s: %s; staying slave", self.name, exc)
-                    outcome = "fenced"
-                finally:
-                    await self._stop_master()
-                    lock.release()
-                if outcome == "stop":
-                    return
-                if outcome == "fenced":
-                    self._set_role("fenced", "left the master role")
-                    await self._sleep(self.opts.lock_interval)
-                    continue
-                # give the returning primary the lock before we poll again
-                deadline = time.monotonic() + max(10.0, 20 * self.opts.lock_interval)
-                while request.exists() and time.monotonic() < deadline:
-                    await self._sleep(self.opts.lock_interval)
-        finally:
-            lock.release()
-
-    async def _hold_shared_store(self, request: Path, is_primary: bool, lock: FileLock) -> str:
-        """Serve until stop ("stop"), a failback request we honour ("yield"), or a lock
-        file we lost and cannot take back ("fenced")."""
-        lost_at = 0.0
-        grace = max(2.0, 10 * self.opts.lock_interval)
-        while True:
-            await self._sleep(self.opts.lock_interval)
-            if self.opts.allow_failback and not is_primary and request.exists():
-                log.info("node %s: failback requested by the primary; handing the store over", self.name)
-                return "yield"
-            if lock.still_ours():
-                continue
-            # ha.lock was deleted or replaced: we hold a lock on a file nobody can see
-            if lock.relock():
-                log.warning("node %s: %s was deleted or replaced while we were master; locked the file "
-                            "that has the name now", self.name, lock.path)
-                lost_at = 0.0
-                continue
-            now = time.monotonic()
-            if not lost_at:
-                lost_at = now
-                log.error("node %s: %s was replaced by a file another process holds; trying to take it back "
-                          "for %.1f s before fencing", self.name, lock.path, grace)
-            elif now - lost_at >= grace:
-                log.error("node %s: cannot take %s back: fencing (closing the client port and the store) so "
-                          "that whoever holds it can be master alone", self.name, lock.path)
-                return "fenced"
-
     # ------------------------------------------------------------------ master role
-    async def _start_master(self, *, replicate: bool) -> None:
+    async def start_master(self, *, replicate: bool) -> None:
         t0 = time.monotonic()
         server = BrokerServer(self.config, data_dir=self.data_dir, users=self.users)
         await server.open()
@@ -443,7 +313,7 @@ class HaNode:
                 on_lost=self._on_slave_lost,
                 on_suspect=self._on_suspect,
             )
-        self._set_role("master", f"epoch {self.state.epoch}")
+        self.set_role("master", f"epoch {self.state.epoch}")
         self.became_master_at = time.monotonic()
         if not (replicate and self.opts.wait_for_slave):
             await self._listen()
@@ -458,7 +328,7 @@ class HaNode:
         self.listening = True
         self.say(f"listening on stomp://{self.server.host}:{self.server.port}")
 
-    async def _stop_master(self) -> None:
+    async def stop_master(self) -> None:
         repl, self.repl = self.repl, None
         if repl is not None:
             repl.close()
@@ -509,7 +379,7 @@ class HaNode:
             self.loop.create_task(self._fence_check(moment))
 
     async def _fence_check(self, moment: NodeState) -> None:
-        d = await self._decide(lambda: moment)
+        d = await self.decide_observing(lambda: moment)
         if d.action == FENCE:
             log.error("node %s: %s", self.name, d.reason)
             self.demote()
@@ -525,7 +395,7 @@ class HaNode:
         self.state.role = "master"
         self.state.synced = True
         self.state.save(self.data_dir)
-        await self._start_master(replicate=True)
+        await self.start_master(replicate=True)
         demote, wake = self._demote, self._wake
         assert demote is not None and wake is not None
         try:
@@ -542,10 +412,10 @@ class HaNode:
                 elif self.repl.link is None:
                     await self._check_peer_not_master()
         finally:
-            await self._stop_master()
+            await self.stop_master()
         if self.stopping:
             raise _Stop()
-        self._set_role("fenced", "left the master role")
+        self.set_role("fenced", "left the master role")
 
     async def _confirm_peer(self) -> None:
         """One round of asking the peer to stand by while receipts are held (decide.py,
@@ -553,8 +423,8 @@ class HaNode:
         repl = self.repl
         assert repl is not None
 
-        d = await self._decide(lambda: self.moment(MASTER), lambda: ask_peer(
-            self._peer_addresses(), lambda: self._request_headers(STANDBY_HEADER), min(1.0, self.opts.link_timeout)
+        d = await self.decide_observing(lambda: self.moment(MASTER), lambda: ask_peer(
+            self.peer_addresses(), lambda: self.request_headers(STANDBY_HEADER), min(1.0, self.opts.link_timeout)
         ))
         if self.repl is not repl or repl.suspect is None or self.stopping:
             return
@@ -575,7 +445,7 @@ class HaNode:
 
     async def _check_peer_not_master(self) -> None:
         """With no slave attached: is the peer a master too (the end of a split brain)?"""
-        d = await self._decide(lambda: self.moment(MASTER), lambda: ask_peer(self._peer_addresses(), None, 0.5))
+        d = await self.decide_observing(lambda: self.moment(MASTER), lambda: ask_peer(self.peer_addresses(), None, 0.5))
         if self.repl is None or self.repl.link is not None or self.stopping:
             return
         await self._end_split_brain(d)
@@ -593,7 +463,7 @@ class HaNode:
     async def _ask_to_step_down(self, target: tuple[str, int], info: Mapping[str, str]) -> None:
         """A master with an older epoch (it came back without knowing about us, e.g. with a
         wiped store): ask it to step down and join us."""
-        headers = self._request_headers(DEMOTE_HEADER)
+        headers = self.request_headers(DEMOTE_HEADER)
         try:
             _answer, _r, writer = await ha_request(*target, headers, timeout=1.0)
             writer.close()
@@ -606,9 +476,6 @@ class HaNode:
     # ------------------------------------------------------------------ replicated
     def peer_addresses(self) -> list[tuple[str, int]]:
         """Every address this node knows for its peer (the console probes them)."""
-        return self._peer_addresses()
-
-    def _peer_addresses(self) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
         texts = [self.opts.master_connector, self.state.peer.get("ha"), self.state.peer.get("client")]
         for text in texts:
@@ -633,8 +500,8 @@ class HaNode:
                 # e.g. the state file cannot be written (a full disk): never die for that,
                 # try again (the journal's own failures are fenced by the broker)
                 log.error("node %s: %s failed: %s; retrying in 1 s", self.name, action, exc)
-                self._set_role("waiting", f"I/O error: {exc}")
-                await self._sleep(1.0)
+                self.set_role("waiting", f"I/O error: {exc}")
+                await self.sleep(1.0)
                 action, join = "decide", None
             if action == "stop":
                 return
@@ -650,9 +517,9 @@ class HaNode:
             return "decide", None
         if action == "slave":
             assert join is not None
-            return await self._serve_slave(join), join
+            return await serve_slave(self, join), join
         if action == "wait":
-            await self._sleep(max(self.opts.lock_interval, 0.2))
+            await self.sleep(max(self.opts.lock_interval, 0.2))
             return "decide", None
         return action, join
 
@@ -669,7 +536,7 @@ class HaNode:
                          peer_may_be_master=st.peer_may_be_master, master_strict=st.master_strict, role=self.role,
                          linked_to=linked_to, goodbye=goodbye, slave_was_synced=slave_was_synced)
 
-    async def _decide(
+    async def decide_observing(
         self, moment: Callable[[], NodeState], ask: Callable[[], Awaitable[list[PeerAnswer]]] | None = None
     ) -> Decision:
         """Decide (decide.py), making each observation the table asks for; the node's
@@ -688,8 +555,8 @@ class HaNode:
 
     async def _decide_role(self) -> tuple[str, tuple[str, int] | None]:
         """Master, slave of whom, or wait (decide.py, phase ``start``)."""
-        d = await self._decide(lambda: self.moment(START), lambda: ask_peer(
-            self._peer_addresses(), None, min(1.0, self.opts.link_timeout), until=lambda _a: False
+        d = await self.decide_observing(lambda: self.moment(START), lambda: ask_peer(
+            self.peer_addresses(), None, min(1.0, self.opts.link_timeout), until=lambda _a: False
         ))
         if d.action == JOIN:
             return "slave", d.address
@@ -697,10 +564,10 @@ class HaNode:
             log.log(logging.WARNING if self.state.role == "slave" else logging.INFO, "node %s: %s", self.name,
                     d.reason)
             return "master", None
-        self._wait(d.reason)
+        self.set_waiting(d.reason)
         return "wait", None
 
-    def _request_headers(self, request_header: str) -> dict[str, str]:
+    def request_headers(self, request_header: str) -> dict[str, str]:
         """Headers of a request to another node (``request_header``: replica or demote):
         our name, epoch and addresses, signed with the cluster secret, and the
         replication credentials (``--master-user``) when configured."""
@@ -717,109 +584,10 @@ class HaNode:
             headers["passcode"] = self.opts.master_password or ""
         return headers
 
-    def _close_slave_store(self) -> None:
+    def close_slave_store(self) -> None:
         store, self.slave_store = self.slave_store, None
         if store is not None:
             store.close()
-
-    async def _serve_slave(self, addr: tuple[str, int]) -> str:
-        """Replicate from the master at ``addr``; returns the next action."""
-        headers = self._request_headers(REPLICA_HEADER)
-        where = f"tcp://{addr[0]}:{addr[1]}"
-        try:
-            answer, reader, writer = await ha_request(*addr, headers, timeout=max(1.0, self.opts.link_timeout))
-        except ReplicaRefused as exc:
-            log.error(
-                "replication link to master %s refused by the master: %s "
-                "(check the cluster secret and --master-user/--master-password)", where, exc,
-            )
-            self._wait(f"refused by master {where}: {exc}")
-            await self._sleep(2.0)
-            return "decide"
-        except (OSError, TimeoutError, ReplicationError) as exc:
-            log.info("replication link to %s failed: %s", where, exc)
-            return "wait"
-        info = dict(answer.headers)
-        if info.get("amq-ha-role") != "master":
-            log.error("%s is not an HA master (role %r); is it started with --ha replicated?", where,
-                      info.get("amq-ha-role"))
-            writer.close()
-            return "wait"
-        master_epoch = int(info.get("amq-ha-epoch", "0") or 0)
-        self.master_address = info.get("amq-ha-client", where)
-        self.state.peer = {k: info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port"),
-                                                   ("name", "amq-ha-name")) if h in info}
-        self.state.master_strict = info.get("amq-ha-strict") == "true"
-        self._waiting_reason = ""
-        self._set_role("slave", f"of {where} (master {info.get('amq-ha-name')} epoch {master_epoch})")
-        # a full sync starts from nothing: until the snapshot is durable we are not a copy
-        self.state.synced = False
-        self.state.role = "slave"
-        self.state.save(self.data_dir)
-        self.slave_link = None
-        self._close_slave_store()
-        assert self.loop is not None
-        store = fresh_replica_store(self.data_dir, self.config, self.loop)
-        self.slave_store = store
-
-        def synced() -> None:
-            self.state.epoch = master_epoch
-            self.state.synced = True
-            self.state.role = "slave"
-            self.state.save(self.data_dir)
-            self.say(f"synced {len(store.live)} messages at epoch {master_epoch}")
-
-        link = self.slave_link = SlaveLink(store, reader, writer, link_timeout=self.opts.link_timeout,
-                                           on_synced=synced)
-        outcome = await link.run(self._stop)
-        if outcome == "stop" and self.state.synced:
-            # the master goes on without us after a goodbye: this copy is stale from
-            # its next receipt on, so it must resync before it could serve
-            self.state.synced = False
-            self.state.save(self.data_dir)
-        writer.close()
-        if outcome == "stop":
-            return "stop"
-        return await self._after_master_loss(addr, where)
-
-    async def _after_master_loss(self, addr: tuple[str, int], where: str) -> str:
-        """The link to the master at ``addr`` is gone: take over, or not (decide.py,
-        phase ``link-lost``); returns the next action."""
-        candidates = [addr] + [a for a in self._peer_addresses() if a != addr]
-        isolated = False
-        while not self.stopping:
-            d = await self._decide(lambda: self.moment(LINK_LOST), lambda: ask_peer(
-                candidates, None, min(1.0, self.opts.link_timeout), until=_is_master
-            ))
-            if d.action == RETRY:
-                log.warning("replication link to %s lost: %s", where, d.reason)
-                return "wait"
-            if d.action == COLD_BACKUP:
-                log.warning("node %s: master %s lost; %s", self.name, where, d.reason)
-                self._close_slave_store()
-                self._set_role("cold-backup", f"store {self.data_dir}")
-                return "stop"
-            if d.action == RELINK:
-                log.warning("node %s: %s", self.name, d.reason)
-                self._set_role("slave", "link lost; master alive; re-linking")
-                await self._sleep(max(self.opts.lock_interval, 0.2))
-                return "decide"
-            if d.action == ISOLATED:
-                if not isolated:
-                    log.error("node %s: %s", self.name, d.reason)
-                    self._set_role("slave", "isolated: master and takeover check unreachable")
-                isolated = True
-                await self._sleep(max(self.opts.lock_interval, 0.2))
-                continue
-            log.warning("node %s: master %s:%d lost: taking over", self.name, *addr)
-            self._close_slave_store()
-            self.takeovers += 1
-            return "master"
-        return "stop"
-
-
-def _is_master(answer: PeerAnswer) -> bool:
-    return answer.info is not None and answer.info.get("amq-ha-role") == "master"
 
 
 def run_node(config: BrokerConfig, users: Mapping[str, str] | None, options: HaOptions) -> int:

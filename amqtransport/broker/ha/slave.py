@@ -2,8 +2,7 @@
 
 Theory of operation
 -------------------
-A slave that has joined a master (the handshake is the node's: :meth:`HaNode._serve_slave`)
-wipes its store (:func:`fresh_replica_store`: a full sync starts from nothing) and runs
+A slave that has joined a master (the handshake: :func:`serve_slave`) wipes its store (:func:`fresh_replica_store`: a full sync starts from nothing) and runs
 one :class:`SlaveLink` until the link ends. The link reads the master's frames with the
 sans-IO :class:`~.wire.WireDecoder`:
 
@@ -24,7 +23,24 @@ The slave pings every quarter of ``--link-timeout`` and treats a link silent for
 the node stops it says goodbye (``BYE``), so the master does not count it as a slave
 that may be taking over, and flushes its journal. A journal failure drops the link
 (the master then counts this slave as lost). :meth:`SlaveLink.run` returns ``"stop"``
-or ``"lost"``; what the node does after a loss is in :mod:`.node`.
+or ``"lost"``.
+
+The node's slave side
+---------------------
+A slave connects (:func:`serve_slave`), wipes its store, and runs the
+replication link's slave side (:class:`SlaveLink`: import the snapshot, ack,
+then apply and ack every record). It starts no client connector. Its store counts as
+a complete copy (``synced`` in ``ha-state.json``) from the end of the full sync until
+it leaves with a goodbye or agrees to stand by; the takeover decision reads that flag
+after its last await and raises the epoch with nothing awaited in between. When the
+link breaks after it was in sync, ``--shutdown-on-master-failure`` makes it stop (a
+cold backup holding a complete copy); otherwise it takes over only if the master is
+unreachable on *every* address it knows (master connector, master client port, master
+HA port) *and* the ``--takeover-check`` address (host:port, both nodes must be able to
+reach it: the clients' gateway, a load balancer, a third host) answers a TCP connect.
+
+What the node does after a loss is decided by :func:`.decide.decide` (phase
+``link-lost``). :func:`serve_slave` reads and changes the node only through :class:`SlaveHost`.
 """
 
 from __future__ import annotations
@@ -33,27 +49,35 @@ import asyncio
 import contextlib
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 from ..config import BrokerConfig
 from ..store import Callback, MessageStore, run_completions
+from .config import HaOptions
+from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY, Decision, NodeState, PeerAnswer
+from .epoch import HaState
 from .wire import (
     ACK,
     BYE,
     PING,
     RECORDS,
+    REPLICA_HEADER,
     SNAP,
     SYNC_END,
+    ReplicaRefused,
     ReplicationError,
     WireDecoder,
+    ask_peer,
+    ha_request,
     pack,
     pack_seq,
     unpack_records,
     unpack_seq,
 )
 
-__all__ = ["SlaveLink", "fresh_replica_store"]
+__all__ = ["SlaveHost", "SlaveLink", "fresh_replica_store", "serve_slave"]
 
 log = logging.getLogger(__name__)
 
@@ -197,3 +221,158 @@ class SlaveLink:
         finally:
             self.up = False
             stop_wait.cancel()
+
+
+class SlaveHost(Protocol):
+    """What the slave's side of the role loop reads and changes on the node (:class:`.node.HaNode`)."""
+
+    name: str
+    data_dir: Path
+    config: BrokerConfig
+    opts: HaOptions
+    state: HaState
+    loop: asyncio.AbstractEventLoop | None
+    master_address: str
+    slave_link: SlaveLink | None
+    slave_store: MessageStore | None
+    waiting_reason: str
+    takeovers: int
+
+    @property
+    def stop_event(self) -> asyncio.Event: ...
+    @property
+    def stopping(self) -> bool: ...
+
+    def say(self, line: str) -> None:
+        """One line for the operator (stdout)."""
+
+    def set_role(self, role: str, detail: str = "") -> None:
+        """Take ``role`` and say so."""
+
+    def set_waiting(self, reason: str) -> None:
+        """Take the role ``waiting`` (said once per reason)."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, or end the role loop if the node stops meanwhile."""
+
+    def request_headers(self, request_header: str) -> dict[str, str]:
+        """The signed headers of a request to another node."""
+        ...
+
+    def peer_addresses(self) -> list[tuple[str, int]]:
+        """Every address the node knows for its peer."""
+        ...
+
+    def moment(self, phase: str, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
+        """What :func:`.decide.decide` reads of the node now."""
+        ...
+
+    async def decide_observing(
+        self, moment: Callable[[], NodeState], ask: Callable[[], Awaitable[list[PeerAnswer]]] | None = None
+    ) -> Decision:
+        """Decide, making each observation the table asks for."""
+        ...
+
+    def close_slave_store(self) -> None:
+        """Close the replica's store, if open."""
+
+
+async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
+    """Replicate from the master at ``addr``; returns the next action."""
+    headers = node.request_headers(REPLICA_HEADER)
+    where = f"tcp://{addr[0]}:{addr[1]}"
+    try:
+        answer, reader, writer = await ha_request(*addr, headers, timeout=max(1.0, node.opts.link_timeout))
+    except ReplicaRefused as exc:
+        log.error(
+            "replication link to master %s refused by the master: %s "
+            "(check the cluster secret and --master-user/--master-password)", where, exc,
+        )
+        node.set_waiting(f"refused by master {where}: {exc}")
+        await node.sleep(2.0)
+        return "decide"
+    except (OSError, TimeoutError, ReplicationError) as exc:
+        log.info("replication link to %s failed: %s", where, exc)
+        return "wait"
+    info = dict(answer.headers)
+    if info.get("amq-ha-role") != "master":
+        log.error("%s is not an HA master (role %r); is it started with --ha replicated?", where,
+                  info.get("amq-ha-role"))
+        writer.close()
+        return "wait"
+    master_epoch = int(info.get("amq-ha-epoch", "0") or 0)
+    node.master_address = info.get("amq-ha-client", where)
+    node.state.peer = {k: info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port"),
+                                               ("name", "amq-ha-name")) if h in info}
+    node.state.master_strict = info.get("amq-ha-strict") == "true"
+    node.waiting_reason = ""
+    node.set_role("slave", f"of {where} (master {info.get('amq-ha-name')} epoch {master_epoch})")
+    # a full sync starts from nothing: until the snapshot is durable we are not a copy
+    node.state.synced = False
+    node.state.role = "slave"
+    node.state.save(node.data_dir)
+    node.slave_link = None
+    node.close_slave_store()
+    assert node.loop is not None
+    store = fresh_replica_store(node.data_dir, node.config, node.loop)
+    node.slave_store = store
+
+    def synced() -> None:
+        node.state.epoch = master_epoch
+        node.state.synced = True
+        node.state.role = "slave"
+        node.state.save(node.data_dir)
+        node.say(f"synced {len(store.live)} messages at epoch {master_epoch}")
+
+    link = node.slave_link = SlaveLink(store, reader, writer, link_timeout=node.opts.link_timeout,
+                                       on_synced=synced)
+    outcome = await link.run(node.stop_event)
+    if outcome == "stop" and node.state.synced:
+        # the master goes on without us after a goodbye: this copy is stale from
+        # its next receipt on, so it must resync before it could serve
+        node.state.synced = False
+        node.state.save(node.data_dir)
+    writer.close()
+    if outcome == "stop":
+        return "stop"
+    return await _after_master_loss(node, addr, where)
+
+
+async def _after_master_loss(node: SlaveHost, addr: tuple[str, int], where: str) -> str:
+    """The link to the master at ``addr`` is gone: take over, or not (decide.py,
+    phase ``link-lost``); returns the next action."""
+    candidates = [addr] + [a for a in node.peer_addresses() if a != addr]
+    isolated = False
+    while not node.stopping:
+        d = await node.decide_observing(lambda: node.moment(LINK_LOST), lambda: ask_peer(
+            candidates, None, min(1.0, node.opts.link_timeout), until=_is_master
+        ))
+        if d.action == RETRY:
+            log.warning("replication link to %s lost: %s", where, d.reason)
+            return "wait"
+        if d.action == COLD_BACKUP:
+            log.warning("node %s: master %s lost; %s", node.name, where, d.reason)
+            node.close_slave_store()
+            node.set_role("cold-backup", f"store {node.data_dir}")
+            return "stop"
+        if d.action == RELINK:
+            log.warning("node %s: %s", node.name, d.reason)
+            node.set_role("slave", "link lost; master alive; re-linking")
+            await node.sleep(max(node.opts.lock_interval, 0.2))
+            return "decide"
+        if d.action == ISOLATED:
+            if not isolated:
+                log.error("node %s: %s", node.name, d.reason)
+                node.set_role("slave", "isolated: master and takeover check unreachable")
+            isolated = True
+            await node.sleep(max(node.opts.lock_interval, 0.2))
+            continue
+        log.warning("node %s: master %s:%d lost: taking over", node.name, *addr)
+        node.close_slave_store()
+        node.takeovers += 1
+        return "master"
+    return "stop"
+
+
+def _is_master(answer: PeerAnswer) -> bool:
+    return answer.info is not None and answer.info.get("amq-ha-role") == "master"

@@ -1,0 +1,182 @@
+"""The role loop of a shared-store pair: the store's file lock elects the master.
+
+Theory of operation
+-------------------
+Both nodes use one data directory. The node polls the exclusive lock ``ha.lock``
+every ``--lock-interval`` (default 0.1 s); once it holds it, it raises the epoch in ``ha-state.json``, recovers the journal (every
+receipted message is in it: receipts follow fsync) and binds the client port. A clean
+stop (SIGTERM) closes the store and releases the lock, so the other node takes over
+within one poll interval (``failover-on-shutdown``). ``--allow-failback`` on a node
+makes it yield to the pair's *primary* (the node that first took the lock on this
+store, recorded in the state file): a restarted primary that finds the lock taken
+drops a request file; a live node with ``--allow-failback`` sees it, stops cleanly and
+releases the lock, and does not take it back until the primary is master.
+
+:class:`SharedStoreRole` reads and changes the node only through :class:`SharedHost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Protocol
+
+from ..store import StoreLockedError
+from .config import HaOptions
+from .epoch import HaState
+from .lock import FileLock, is_locked, wait_for_lock
+
+__all__ = ["SharedHost", "SharedStoreRole"]
+
+log = logging.getLogger(__name__)
+
+
+class SharedHost(Protocol):
+    """What the shared-store role loop reads and changes on the node (:class:`.node.HaNode`)."""
+
+    name: str
+    data_dir: Path
+    opts: HaOptions
+    role: str
+    state: HaState
+
+    @property
+    def stop_event(self) -> asyncio.Event: ...
+    @property
+    def stopping(self) -> bool: ...
+
+    def set_role(self, role: str, detail: str = "") -> None:
+        """Take ``role`` and say so."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, or end the role loop if the node stops meanwhile."""
+
+    async def start_master(self, *, replicate: bool) -> None:
+        """Open the store and serve clients."""
+
+    async def stop_master(self) -> None:
+        """Stop serving and close the store."""
+
+
+class SharedStoreRole:
+    """One node's role loop in a shared-store pair (see the module docstring)."""
+
+    def __init__(self, node: SharedHost) -> None:
+        self.node = node
+        self.lock_conflicts = 0  # ha.lock taken while the journal was locked
+
+    async def run(self) -> None:
+        """Poll for the lock, serve as master while holding it, until the node stops."""
+        node = self.node
+        lock = FileLock(node.data_dir / "ha.lock")
+        request = node.data_dir / "ha-failback-request"
+        journal_lock = node.data_dir / "journal" / "LOCK"
+        try:
+            while not node.stopping:
+                node.state = HaState.load(node.data_dir)
+                if node.role != "slave":
+                    node.set_role("slave", f"waiting for the store lock {lock.path}")
+                primary = node.state.peer.get("primary")
+                if primary == node.name and lock.is_locked_by_other():
+                    request.write_text(node.name)
+                    log.info("node %s: primary is back; asking the live node to fail back", node.name)
+
+                def may_take() -> bool:
+                    # a node that yielded waits until the requester has the lock
+                    if not request.exists():
+                        return True
+                    with contextlib.suppress(OSError):
+                        return request.read_text().strip() == node.name
+                    return True
+
+                got = await wait_for_lock(lock, node.opts.lock_interval, stop=node.stop_event, may_take=may_take)
+                if not got:
+                    return
+                if is_locked(journal_lock):
+                    # we hold ha.lock but another process still holds the journal: the lock
+                    # file was deleted or replaced under a live master. Never raise the epoch
+                    # or open the store: let go and stay slave (the master re-takes the lock).
+                    lock.release()
+                    self.lock_conflicts += 1
+                    if self.lock_conflicts == 1 or self.lock_conflicts % 100 == 0:
+                        log.warning(
+                            "node %s: took %s but the journal is locked by another process: the lock file "
+                            "was deleted or replaced while a master runs; staying slave (%d times)",
+                            node.name, lock.path, self.lock_conflicts,
+                        )
+                    await node.sleep(node.opts.lock_interval)
+                    continue
+                with contextlib.suppress(OSError):
+                    if request.exists() and request.read_text().strip() == node.name:
+                        request.unlink()
+                try:
+                    node.state = HaState.load(node.data_dir)
+                    node.state.epoch += 1
+                    node.state.role = "master"
+                    node.state.synced = True
+                    node.state.peer.setdefault("primary", node.name)
+                    node.state.save(node.data_dir)
+                except OSError as exc:
+                    # e.g. the shared disk is full (the master before us fenced for it): never
+                    # die for that; let go of the lock and try again, as a replicated node does
+                    lock.release()
+                    log.error("node %s: cannot record the new epoch in %s: %s; retrying in %s s",
+                              node.name, node.data_dir, exc, max(1.0, node.opts.lock_interval))
+                    node.set_role("waiting", f"I/O error: {exc}")
+                    await node.sleep(max(1.0, node.opts.lock_interval))
+                    continue
+                is_primary = node.state.peer.get("primary") == node.name
+                try:
+                    await node.start_master(replicate=False)
+                    outcome = await self._hold(request, is_primary, lock)
+                except StoreLockedError as exc:
+                    # the journal was taken between our check and the open: never die for it
+                    log.error("node %s: %s; staying slave", node.name, exc)
+                    outcome = "fenced"
+                finally:
+                    await node.stop_master()
+                    lock.release()
+                if outcome == "stop":
+                    return
+                if outcome == "fenced":
+                    node.set_role("fenced", "left the master role")
+                    await node.sleep(node.opts.lock_interval)
+                    continue
+                # give the returning primary the lock before we poll again
+                deadline = time.monotonic() + max(10.0, 20 * node.opts.lock_interval)
+                while request.exists() and time.monotonic() < deadline:
+                    await node.sleep(node.opts.lock_interval)
+        finally:
+            lock.release()
+
+    async def _hold(self, request: Path, is_primary: bool, lock: FileLock) -> str:
+        """Serve until stop ("stop"), a failback request we honour ("yield"), or a lock
+        file we lost and cannot take back ("fenced")."""
+        node = self.node
+        lost_at = 0.0
+        grace = max(2.0, 10 * node.opts.lock_interval)
+        while True:
+            await node.sleep(node.opts.lock_interval)
+            if node.opts.allow_failback and not is_primary and request.exists():
+                log.info("node %s: failback requested by the primary; handing the store over", node.name)
+                return "yield"
+            if lock.still_ours():
+                continue
+            # ha.lock was deleted or replaced: we hold a lock on a file nobody can see
+            if lock.relock():
+                log.warning("node %s: %s was deleted or replaced while we were master; locked the file "
+                            "that has the name now", node.name, lock.path)
+                lost_at = 0.0
+                continue
+            now = time.monotonic()
+            if not lost_at:
+                lost_at = now
+                log.error("node %s: %s was replaced by a file another process holds; trying to take it back "
+                          "for %.1f s before fencing", node.name, lock.path, grace)
+            elif now - lost_at >= grace:
+                log.error("node %s: cannot take %s back: fencing (closing the client port and the store) so "
+                          "that whoever holds it can be master alone", node.name, lock.path)
+                return "fenced"
