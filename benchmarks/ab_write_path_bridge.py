@@ -16,6 +16,7 @@ import tempfile
 if os.environ.get("AMQ_BASE"):  # measure the old client: bypass the editable-install finder
     sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
     sys.path.insert(0, os.environ["AMQ_BASE"])
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, os.environ.get("BENCH_DIR", os.path.dirname(os.path.abspath(__file__))))
@@ -35,19 +36,19 @@ with tempfile.TemporaryDirectory(prefix="amq-bench-bridge-") as tmp:
         import amqtransport._backends.sockets as _sk
         _count = [0]
         _orig = _sk.SocketStream.write
-        def _counting(self, data, _orig=_orig):
+        def _counting(self: _sk.SocketStream, data: bytes, _orig: Callable[[_sk.SocketStream, bytes], None] = _orig) -> None:
             _count[0] += 1
             return _orig(self, data)
-        _sk.SocketStream.write = _counting
-        per_msg = {"client-individual": [], "client": [], "direct": []}
-        def counted(key, fn, *a):
+        _sk.SocketStream.write = _counting  # type: ignore[method-assign]  # an A/B script counts the writes
+        per_msg: dict[str, list[float]] = {"client-individual": [], "client": [], "direct": []}
+        def counted(key: str, fn: Callable[..., float], *a: object) -> float:
             c0 = _count[0]
             r = fn(*a)
             per_msg[key].append((_count[0] - c0) / n)
             return r
         tp = bb.Throughput(spoke, hub, n, prefetch=1000)
         tp.direct()
-        runs = {"client-individual": [], "client": [], "direct": []}
+        runs: dict[str, list[float]] = {"client-individual": [], "client": [], "direct": []}
         for _ in range(rounds):
             runs["client-individual"].append(counted("client-individual", tp.bridged, "client-individual"))
             runs["client"].append(counted("client", tp.bridged, "client"))

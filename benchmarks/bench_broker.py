@@ -180,7 +180,7 @@ def main() -> None:
     ours = BrokerProcess(work / "ours", log_dir=work)
     ours.start()
     contenders: list[tuple[str, int]] = [("ours", ours.port)]
-    stops: list[Callable[[], None]] = [ours.terminate]
+    stops: list[Callable[[], object]] = [ours.terminate]
     baseline_dir = os.environ.get("AMQ_BENCH_BASELINE")
     try:
         if baseline_dir:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
-from amqtransport.stomp import Frame, FrameParser, serialize
+from amqtransport.stomp import Frame, FrameParser, Heartbeat, serialize
 
 
 def main(n: int = 100_000) -> None:
@@ -51,7 +51,7 @@ def main(n: int = 100_000) -> None:
     for label, payload in (("1 MiB body, content-length", serialize(Frame.make("SEND", {}, body))), ("1 MiB body, NUL-terminated", big)):
         parser = FrameParser()
         t0 = time.perf_counter()
-        got = []
+        got: list[Frame | Heartbeat] = []
         for i in range(0, len(payload), 4096):
             parser.feed(payload[i : i + 4096])
             got.extend(parser.events())

@@ -488,8 +488,9 @@ class IdleClients:
                 probe()
                 next_probe = now + seconds / (probes + 1)
             for key, _ in self.sel.select(0.05):
-                s = key.fileobj
-                assert isinstance(s, socket.socket)
+                fobj = key.fileobj
+                assert isinstance(fobj, socket.socket)
+                s = fobj
                 try:
                     data = s.recv(65536)
                 except OSError:
@@ -564,8 +565,9 @@ def consumers_part(work: Work, k: int, m: int) -> list[dict[str, Any]]:
         deadline = time.monotonic() + 600
         while got < m and time.monotonic() < deadline:
             for key, _ in sel.select(1.0):
-                s = key.fileobj
-                assert isinstance(s, socket.socket)
+                fobj = key.fileobj
+                assert isinstance(fobj, socket.socket)
+                s = fobj
                 p = parsers[s]
                 p.feed(s.recv(65536))
                 acks = []

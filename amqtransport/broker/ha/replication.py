@@ -465,6 +465,7 @@ class MasterLink(asyncio.Protocol):
         self._pump_scheduled = False
         if self.closed or self._writing_paused:
             return
+        assert self._snapshot is not None and self._tail is not None, "the sync has started"
         try:
             if self._phase == SNAPSHOT:
                 payloads = self._snapshot.next(SYNC_STEP_BYTES)
@@ -496,6 +497,7 @@ class MasterLink(asyncio.Protocol):
             self.abort(f"full sync failed reading the journal: {exc}")
 
     def _go_live(self) -> None:
+        assert self._snapshot is not None and self._tail is not None, "the sync has started"
         self._phase = LIVE
         self._tail.close()
         log.info("replication: slave %s: full sync sent (%d messages), streaming from seq %d",

@@ -107,7 +107,7 @@ class ConsoleApp:
             self._static[name] = resources.files(__package__).joinpath("static", name).read_bytes()
         return Response(200, self._static[name], STATIC[name], [("cache-control", "no-cache")])
 
-    def _page_ctx(self, req: Request, identity: Identity, node: dict[str, Any]) -> tuple[pages.Page, list]:
+    def _page_ctx(self, req: Request, identity: Identity, node: dict[str, Any]) -> tuple[pages.Page, list[tuple[str, str]]]:
         """The page frame; an anonymous visitor gets a session (its CSRF token is bound to it)."""
         headers: list[tuple[str, str]] = []
         if identity.via == "anonymous":

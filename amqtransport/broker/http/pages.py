@@ -10,7 +10,7 @@ pages carry no inline script or style (the Content-Security-Policy forbids both)
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -159,7 +159,7 @@ def _gauge(label: str, ident: str, usage: object, limit: object, extra: str = ""
             f'<span id="{ident}-text">{text}</span>{extra}</div>')
 
 
-def overview_page(page: Page, nodes: list[Mapping[str, Any]], destinations: list[Mapping[str, Any]]) -> str:
+def overview_page(page: Page, nodes: Sequence[Mapping[str, Any]], destinations: Sequence[Mapping[str, Any]]) -> str:
     n = page.node
     banner = ""
     if not n.get("ready"):
@@ -241,7 +241,7 @@ def destination_row(d: Mapping[str, Any]) -> str:
     return f'<tr data-name="{name}" data-kind="{e(d.get("kind"))}">{"".join(cells)}</tr>'
 
 
-def destinations_page(page: Page, destinations: list[Mapping[str, Any]], replica: list[tuple[str, int]]) -> str:
+def destinations_page(page: Page, destinations: Sequence[Mapping[str, Any]], replica: list[tuple[str, int]]) -> str:
     head = "".join(f'<th data-sort="{k}" tabindex="0">{label}</th>' for k, label in COLUMNS)
     rows = "".join(destination_row(d) for d in destinations)
     empty = "" if destinations else '<p class="empty">No destinations on this node.</p>'
@@ -339,7 +339,7 @@ def queue_page(page: Page, d: Mapping[str, Any], browse: Mapping[str, Any], limi
 
 
 # ---------------------------------------------------------------------- connections
-def connections_page(page: Page, conns: list[Mapping[str, Any]], serving: bool) -> str:
+def connections_page(page: Page, conns: Sequence[Mapping[str, Any]], serving: bool) -> str:
     rows = []
     for c in conns:
         close = page.form(f"/api/connections/{quote(str(c['id']), safe='')}/close", "Close", next_url="/connections",

@@ -51,7 +51,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 from amqtransport.errors import ServerError
 
@@ -196,9 +196,9 @@ def serialize(cap: Capture) -> bytes:
             flat.append(n)
         out.append(_raw(flat))
     out.append(_U32.pack(len(cap.lists)))
-    for dest, (pos, ids, ts, ordered) in cap.lists.items():
+    for dest, (pos, ids, times, ordered) in cap.lists.items():
         _s16(out, dest)
-        out += [_U64.pack(len(pos)), bytes((1 if ordered else 0,)), _raw(pos), _raw(ids), _raw(ts)]
+        out += [_U64.pack(len(pos)), bytes((1 if ordered else 0,)), _raw(pos), _raw(ids), _raw(times)]
     body = b"".join(out)
     return _HEAD.pack(_MAGIC, zlib.crc32(body), len(body)) + body
 
@@ -226,6 +226,10 @@ class _Reader:
         (n,) = struct.unpack("<H", self.take(2))
         return bytes(self.take(n)).decode("utf-8", "surrogatepass")
 
+    @overload
+    def array(self, typecode: Literal["Q"], n: int) -> array[int]: ...
+    @overload
+    def array(self, typecode: Literal["d"], n: int) -> array[float]: ...
     def array(self, typecode: str, n: int) -> array[int] | array[float]:
         a = array(typecode)
         a.frombytes(self.take(8 * n))
@@ -297,7 +301,7 @@ def _parse_body(r: _Reader) -> Capture:
         pos = r.array("Q", n)
         ids = r.array("Q", n)
         ts = r.array("d", n)
-        cap.lists[dest] = (pos, ids, ts, ordered)  # type: ignore[assignment]
+        cap.lists[dest] = (pos, ids, ts, ordered)
     if r.at != len(r.data):
         raise CheckpointError(f"{len(r.data) - r.at} bytes after the checkpoint's last section")
     return cap
@@ -360,8 +364,8 @@ def restore(store: MessageStore, cap: Capture) -> None:
     store._refs = {s: set(r) for s, r in cap.refs.items()}  # noqa: SLF001
     store._enqs = dict(cap.enqs)  # noqa: SLF001
     store._seg_live = dict(cap.seg_live)  # noqa: SLF001
-    for dest, (pos, ids, ts, ordered) in cap.lists.items():
-        pl = PageList.from_arrays(pos, ids, ts, ordered=ordered)
+    for dest, (pos, ids, times, ordered) in cap.lists.items():
+        pl = PageList.from_arrays(pos, ids, times, ordered=ordered)
         if pl:
             store.paged[dest] = pl
     store.count = cap.count
