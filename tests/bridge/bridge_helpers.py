@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
+
+from amqtransport.testing.wait import wait_for as _wait_for
 
 
 def wait_for(cond: Callable[[], object], timeout: float, what: str = "condition") -> None:
     """Poll ``cond()`` every 20 ms until it is true; AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    _wait_for(cond, timeout, what, interval=0.02)
 
 
 def connector_toml(local: str, remote: str, name: str, extra: Mapping[str, object]) -> str:

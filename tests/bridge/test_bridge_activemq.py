@@ -20,6 +20,7 @@ import pytest
 
 import amqtransport
 from amqtransport.broker import EmbeddedBroker
+from amqtransport.testing.wait import wait_for as _wait_for
 from bridge.agent import BridgeAgent
 from bridge.config import parse_config
 
@@ -27,12 +28,7 @@ pytestmark = [pytest.mark.activemq, pytest.mark.timeout(240)]
 
 
 def wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    _wait_for(cond, timeout, what, interval=0.05)
 
 
 @pytest.fixture

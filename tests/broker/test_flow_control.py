@@ -20,6 +20,7 @@ from amqtransport.broker import BrokerConfig, EmbeddedBroker
 from amqtransport.broker.config import config_from_mapping
 from amqtransport.errors import ConfigError
 from amqtransport.stomp import Frame, serialize
+from amqtransport.testing.wait import wait_for as _wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,12 +36,7 @@ def memory(b: EmbeddedBroker) -> dict[str, Any]:
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    _wait_for(pred, timeout, what, interval=0.02)
 
 
 def send_frame(dest: str, seq: int, receipt: str | None = None) -> bytes:

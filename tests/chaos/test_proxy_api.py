@@ -12,25 +12,22 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import requests
 from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import NotFound, ProxyExists
 
+from amqtransport.testing.wait import wait_for as _wait_for
 from chaos.server import ToxiproxyServer
 from chaos.testing import UpstreamServer, connect, listen_addr, recv_exactly
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def wait_for(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
+def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
+    return bool(_wait_for(predicate, timeout, interval=0.02))
 
 
 def assert_closed(sock: socket.socket) -> None:

@@ -19,9 +19,8 @@ from amqtransport._backends.memory import MemoryBackend, MemoryStream, ScriptedB
 from amqtransport.errors import AuthenticationError, BrokerError
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.testing.wait import wait_for
 from amqtransport.transports.stomp import error_from_frame
-
-from .client_helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,6 +17,7 @@ import pytest
 import amqtransport
 from amqtransport.broker import EmbeddedBroker
 from amqtransport.errors import ConnectionClosed, WriteError
+from amqtransport.testing.wait import wait_for
 from amqtransport.transports.coalesce import CoalescingWriter
 from amqtransport.transports.stomp import ConnectParams, StompConnection
 from amqtransport.uri import LeafUri, parse_uri
@@ -65,11 +66,7 @@ def _start(target: Any, *args: Any) -> tuple[threading.Thread, dict[str, Any]]:
 
 
 def _wait_until(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.002)
+    wait_for(cond, timeout, interval=0.002)
 
 
 def test_order_kept_and_writes_coalesced_under_many_threads() -> None:

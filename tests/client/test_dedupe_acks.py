@@ -17,8 +17,7 @@ import amqtransport
 from amqtransport._backends.memory import MemoryBackend, ScriptedBroker
 from amqtransport.errors import LocalProtocolError
 from amqtransport.stomp import IDEMPOTENCY_HEADER
-
-from .client_helpers import wait_for
+from amqtransport.testing.wait import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,9 +17,8 @@ import amqtransport
 from amqtransport._backends.memory import MemoryBackend, MemoryStream, ScriptedBroker
 from amqtransport.errors import LocalProtocolError, TransactionInDoubt
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.testing.wait import wait_for
 from amqtransport.transports.dialect import DIALECT_NAMES, detect
-
-from .client_helpers import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 

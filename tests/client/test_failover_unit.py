@@ -21,8 +21,7 @@ from amqtransport.errors import (
     TransactionRolledBack,
 )
 from amqtransport.stomp import IDEMPOTENCY_HEADER
-
-from .client_helpers import wait_for
+from amqtransport.testing.wait import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,6 +17,7 @@ from typing import Any
 import amqtransport
 from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.ports import free_port
+from amqtransport.testing.wait import wait_for as _wait_for
 
 
 def with_opts(uri: str, extra: str) -> str:
@@ -264,10 +265,5 @@ def never_master(node: object, seconds: float) -> None:
 
 
 def wait_for(pred: Callable[[], object], timeout: float, what: str) -> None:
-    """Poll ``pred()`` every 50 ms until it is true; AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    """:func:`amqtransport.testing.wait.wait_for` every 50 ms (a probe asks both nodes)."""
+    _wait_for(pred, timeout, what, interval=0.05)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from http_helpers import Console, dead_letter, running_console, send
+
+from amqtransport.testing.wait import wait_for as _wait_for
 
 CHROMIUM = os.environ.get("AMQ_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("AMQ_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -61,17 +62,8 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except Exception as exc:  # noqa: BLE001 - the page may be between two renders
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    # the page may be between two renders: an exception is "not yet"
+    return _wait_for(check, timeout, what, interval=0.1, ignore=(Exception,))
 
 
 def cell(driver: Any, table: str, name: str, column: str) -> str:
