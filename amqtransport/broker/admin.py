@@ -11,12 +11,15 @@ streamed to the slave -- exactly like the same change made by a client:
 
 - *browse* reads the messages waiting in a queue (not those in a consumer's hands),
   headers and the first :data:`BODY_PREVIEW` bytes of the body; nothing changes;
-- *purge* and *delete* take waiting messages off the queue, release their memory and
-  write one ``Ack`` record per :data:`CHUNK` messages;
+- *purge* and *delete* take waiting messages off the queue (paged ones are read back a
+  window at a time), release their memory and write one ``Ack`` record per
+  :data:`CHUNK` messages;
 - *move* takes waiting messages off the queue and puts each on its target with
   :meth:`~.core.Acks.move_message` (a journalled ``Move``, the one the core uses
   to dead-letter): to a queue the operator names, or, for a *retry*, back to the
-  message's ``original-destination`` (a dead-letter queue's messages carry it);
+  message's ``original-destination`` (a dead-letter queue's messages carry it); every
+  message is checked to have a target before any moves -- in a queue with paged
+  messages, a window at a time, so a message without one stops the move there;
 - *send* is a SEND without a connection (no producer flow control: it is one message).
 
 The coroutines return once what they wrote is durable -- fsynced, and in a replicated
@@ -30,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -218,13 +221,29 @@ class ServerAdmin:
         if err is not None:
             raise AdminError(f"applied, but the journal failed: {err}", 500)
 
-    def _take(self, q: Queue, wanted: Callable[[Message], bool]) -> list[Message]:
-        """Remove the waiting messages of ``q`` that ``wanted`` picks, in queue order."""
+    def _take_all(self, q: Queue) -> Iterator[list[Message]]:
+        """Every waiting message of ``q``, front to back, taken off the queue in batches
+        (paged ones read back a window at a time)."""
+        first, q.messages = list(q.messages), deque()
+        if first:
+            yield first
+        while batch := self.core.page_in(q):
+            yield batch
+
+    def _take_ids(self, q: Queue, ids: set[str]) -> list[Message]:
+        """The waiting messages of ``q`` with these ids, taken off the queue, in queue order."""
         keep: deque[Message] = deque()
         taken: list[Message] = []
         for m in q.messages:
-            (taken if wanted(m) else keep).append(m)
+            (taken if m.id in ids else keep).append(m)
         q.messages = keep
+        missing = ids - {m.id for m in taken}
+        store = self.server.store
+        if missing and store is not None:
+            paged = store.take_ids(q.name, missing)
+            for m in paged:
+                self.core.memory.charge(m)
+            taken += paged
         return taken
 
     def _discard(self, msgs: Sequence[Message]) -> None:
@@ -242,8 +261,12 @@ class ServerAdmin:
         q = self._queue(queue)
         in_flight = sum(1 for sub in q.consumers for m in sub.unacked.values() if m.destination == q.name)
         msgs = q.messages
-        page = [_preview(msgs[i]) for i in range(offset, min(len(msgs), offset + limit))]
-        return BrowsePage(queue=q.name, total=len(msgs), in_flight=in_flight, offset=offset, messages=tuple(page))
+        shown = [msgs[i] for i in range(offset, min(len(msgs), offset + limit))]
+        store = self.server.store
+        if len(shown) < limit and store is not None:  # and the paged ones, read back
+            shown += store.peek(q.name, max(0, offset - len(msgs)), limit - len(shown))
+        page = [_preview(m) for m in shown]
+        return BrowsePage(queue=q.name, total=q.depth, in_flight=in_flight, offset=offset, messages=tuple(page))
 
     async def send(self, destination: str, body: bytes, headers: Mapping[str, str], *, persistent: bool) -> None:
         dest = destination.strip()
@@ -269,14 +292,17 @@ class ServerAdmin:
 
     async def purge(self, queue: str) -> int:
         q = self._queue(queue)
-        taken = self._take(q, lambda m: True)
-        self._discard(taken)
+        n = 0
+        for batch in self._take_all(q):
+            self._discard(batch)
+            n += len(batch)
+            await asyncio.sleep(0)
         await self._durable()
-        return len(taken)
+        return n
 
     async def delete(self, queue: str, message_id: str) -> bool:
         q = self._queue(queue)
-        taken = self._take(q, lambda m: m.id == message_id)
+        taken = self._take_ids(q, {message_id})
         if not taken:
             raise AdminError(f"message {message_id!r} is not waiting in {q.name} (in flight to a consumer, "
                              "or gone)", 404)
@@ -289,31 +315,37 @@ class ServerAdmin:
         target = self._target(to) if to else None
         if target is not None and target == q.name:
             raise AdminError(f"{q.name} is the queue the messages are in")
+        batches: Iterator[list[Message]]
         if ids is None:
-            taken = self._take(q, lambda m: True)
+            batches = self._take_all(q)
             missing: list[str] = []
         else:
-            want = set(ids)
-            taken = self._take(q, lambda m: m.id in want)
+            taken = self._take_ids(q, set(ids))
             found = {m.id for m in taken}
             missing = [i for i in ids if i not in found]
-        plan: list[tuple[Message, str]] = []
-        try:
-            for m in taken:
-                dest = target or self._retry_target(q, m)
-                if dest == q.name:
-                    raise AdminError(f"message {m.id} would go back to {q.name}, the queue it is in")
-                plan.append((m, dest))
-        except AdminError:
-            q.requeue(taken)  # nothing moved: put them back where they were
-            raise
-        core = self.core
-        for i, (m, dest) in enumerate(plan):
-            core.acks.move_message(m, dest)
-            if (i + 1) % CHUNK == 0:
-                await asyncio.sleep(0)
+            batches = iter([taken])
+        moved = 0
+        targets: set[str] = set()
+        for batch in batches:  # each batch checked whole before any of it moves
+            plan: list[tuple[Message, str]] = []
+            try:
+                for m in batch:
+                    dest = target or self._retry_target(q, m)
+                    if dest == q.name:
+                        raise AdminError(f"message {m.id} would go back to {q.name}, the queue it is in")
+                    plan.append((m, dest))
+            except AdminError:
+                q.requeue(batch)  # not moved: put them back where they were
+                raise
+            for i, (m, dest) in enumerate(plan):
+                self.core.acks.move_message(m, dest)
+                targets.add(dest)
+                if (i + 1) % CHUNK == 0:
+                    await asyncio.sleep(0)
+            moved += len(plan)
+            await asyncio.sleep(0)
         await self._durable()
-        return MoveResult(moved=len(plan), targets=tuple(sorted({d for _m, d in plan})), missing=tuple(missing))
+        return MoveResult(moved=moved, targets=tuple(sorted(targets)), missing=tuple(missing))
 
     def connections(self) -> list[ConnectionInfo]:
         now = self.server.loop.time()

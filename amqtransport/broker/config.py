@@ -90,6 +90,11 @@ class BrokerConfig(BaseModel):
     # bytes of journal on disk at which persistent producers are flow-controlled (0: no
     # limit; ActiveMQ's storeUsage); released at memory_low_water x the limit
     store_limit: int = Field(default=0, ge=0)
+    # paging (queues.py): persistent messages a queue keeps in memory; the rest wait on disk
+    page_window: int = Field(default=1000, ge=1)
+    # bytes of journal between index checkpoints (store/checkpoint.py; at least the size of
+    # the last checkpoint); 0: only at a clean stop
+    checkpoint_interval: int = Field(default=32 * MiB, ge=0)
 
     @field_validator("store_limit")
     @classmethod

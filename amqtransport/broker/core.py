@@ -193,7 +193,7 @@ class BrokerCore(Registry):
                 self._destroy_durable(sub.durable_queue)
             elif q is not None and sub.durable_queue is None:
                 self.advisories.advise(sub.name, len(q.consumers))
-                if not q.consumers and not q.messages:
+                if not q.consumers and not q.depth:
                     del self.queues[sub.name]  # nothing to keep: unique names must not leak
         else:
             if sub.pattern is not None:
@@ -228,9 +228,14 @@ class BrokerCore(Registry):
             t.durable.pop(qkey, None)
         q = self.queues.pop(qkey, None)
         if q is not None:
-            self.memory.release_all(list(q.messages))
-            ids = [m.id for m in q.messages if m.persistent]
-            if ids:
-                self.store_ack(ids)
+            msgs = list(q.messages)
+            while True:  # and what is paged, a window at a time
+                self.memory.release_all(msgs)
+                ids = [m.id for m in msgs if m.persistent]
+                if ids:
+                    self.store_ack(ids)
+                msgs = self.page_in(q)
+                if not msgs:
+                    break
         if self.store is not None:
             self.store.remove_subscription(qkey)

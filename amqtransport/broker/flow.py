@@ -90,15 +90,19 @@ class FlowControlled(StompStream):
         self._handle(frame)
 
     def _must_wait(self, frame: StompFrame) -> bool:
-        """A SEND waits while memory is over its limit, a persistent one also while the
-        store is (a COMMIT never does: its bytes are counted already, from the moment
-        each of its SENDs arrived)."""
+        """A SEND waits while memory is over its limit -- except a persistent one outside a
+        transaction, which can wait paged on disk instead (queues.py) -- and a persistent
+        one while the store is over its limit (a COMMIT never does: its bytes are counted
+        already, from the moment each of its SENDs arrived)."""
         if frame.command != "SEND":
             return False
-        if self.core.memory.blocked(frame.get("destination")):
-            return True
         store = self.core.store
-        return store is not None and store.full and (frame.get("persistent") or "").lower() == "true"
+        persistent = store is not None and (frame.get("persistent") or "").lower() == "true"
+        if persistent and store is not None and store.full:
+            return True
+        if persistent and frame.get("transaction") is None:
+            return False
+        return self.core.memory.blocked(frame.get("destination"))
 
     def _no_space_message(self, frame: StompFrame, *, refused: bool = True) -> str:
         memory = self.core.memory

@@ -13,6 +13,11 @@ stays right when a message moves to a DLQ (release from the old, charge the new)
 A message waiting for an ack is still charged: it is still held in memory and comes
 back to the queue if its consumer goes away.
 
+A *paged* message (queues.py: a persistent message waiting on disk, only its journal
+position in memory) is not charged; it is charged when it is paged back in. Past
+``memory_low_water`` x the limit, new persistent messages are paged
+(:meth:`MemoryGauge.paging`), so persistent producers need not wait for memory.
+
 Non-durable topic messages are not charged: they are handed out at once, and what a
 slow topic subscriber falls behind by is bounded by ``topic_backlog_limit`` and
 ``topic_backlog_bytes`` instead (see :mod:`.backlog`).
@@ -205,6 +210,14 @@ class MemoryGauge:
         if self.full:
             return True
         return destination is not None and destination in self.full_destinations
+
+    def paging(self, destination: str) -> bool:
+        """Past the low-water mark (globally, or for ``destination``): new persistent
+        messages should wait paged rather than in memory (see queues.py)."""
+        if self.usage >= self.limit * self.low_water:
+            return True
+        dl = self.destination_limit
+        return bool(dl) and self.by_destination.get(destination, 0) >= dl * self.low_water
 
     def add_waiter(self, key: int, wake: Callable[[], None]) -> None:
         self._waiters[key] = wake

@@ -15,6 +15,18 @@ message; client: it and every earlier one), NACK, or the subscription/connection
 going away -- then it goes back to the *front* of the queue with its delivery count
 raised, and, once it has been delivered ``1 + max_redeliveries`` times, to
 ``/queue/DLQ.X`` instead (a journalled ``Move``).
+
+Paging. The deque holds only the front of a queue: its owner may *page out* a message
+as it is enqueued (:meth:`QueueOwner.page_out`: a persistent message beyond the queue's
+in-memory window, or while memory is short, leaves memory for the back of the queue's
+list in the store, as its journal position -- unless a ready consumer takes it at once;
+once a queue has paged messages, every later one, non-persistent ones too, queues
+behind them there, so the order holds). Dispatch *pages in*
+(:meth:`QueueOwner.page_in`) from the front of that list whenever the deque runs dry: a
+window's worth, or while memory is short only what the ready consumers take now. So everything a consumer sees -- order,
+prefetch, redelivery to the front, expiry at dispatch, the DLQ -- happens to resident
+messages exactly as without paging; a paged message is simply further back.
+:attr:`Queue.depth` counts both.
 """
 
 from __future__ import annotations
@@ -41,6 +53,19 @@ class QueueOwner(Protocol):
 
     def store_ack(self, ids: Sequence[str], callback: Callback | None = None) -> None: ...
 
+    def page_out(self, queue: Queue, msg: Message) -> bool:
+        """Should ``msg``, being enqueued, wait paged instead of in ``queue``'s deque? If
+        so it is paged (and not charged to memory, unless it is non-persistent)."""
+        ...
+
+    def page_in(self, queue: Queue) -> list[Message]:
+        """The next paged messages of ``queue``, a window's worth, now resident and charged."""
+        ...
+
+    def paged(self, queue: Queue) -> int:
+        """How many of ``queue``'s messages are paged."""
+        ...
+
 
 class Queue:
     __slots__ = ("core", "name", "messages", "consumers", "ready", "enqueued", "dequeued", "expired")
@@ -55,10 +80,19 @@ class Queue:
         self.dequeued = 0
         self.expired = 0
 
+    @property
+    def depth(self) -> int:
+        """Messages waiting: in memory and paged."""
+        return len(self.messages) + self.core.paged(self)
+
     def enqueue(self, msg: Message) -> None:
+        self.enqueued += 1
+        if self.core.page_out(self, msg):
+            if self.ready and not self.messages:
+                self.dispatch()
+            return
         self.core.memory.charge(msg)
         self.messages.append(msg)
-        self.enqueued += 1
         if self.ready:
             self.dispatch()
 
@@ -72,14 +106,18 @@ class Queue:
         if not sub.in_ready and sub.has_credit():
             sub.in_ready = True
             self.ready.append(sub)
-        if self.messages and self.ready:
+        if self.ready and (self.messages or self.core.paged(self)):
             self.dispatch()
 
     def dispatch(self) -> None:
         messages, ready = self.messages, self.ready
         auto_acked: list[str] = []
         now = 0.0
-        while messages and ready:
+        while ready:
+            if not messages:
+                messages.extend(self.core.page_in(self))
+                if not messages:
+                    break
             sub = ready.popleft()
             if not sub.has_credit():
                 sub.in_ready = False

@@ -70,20 +70,57 @@ class Registry:
 
     # ------------------------------------------------------------------ startup
     def load_from_store(self) -> int:
-        """Create destinations for every live message and durable subscription."""
+        """Create destinations for every live message and durable subscription. The
+        messages stay paged (recovery pages them) until consumers need them."""
         if self.store is None:
             return 0
         for sub in self.store.subs.values():
             self.register_durable(sub)
-        n = 0
-        for dest, msgs in self.store.messages_by_destination().items():
-            q = self.queue(dest)
-            for m in msgs:
-                self.memory.charge(m)
-            q.messages.extend(msgs)
-            q.enqueued += len(msgs)
-            n += len(msgs)
-        return n
+        for dest in list(self.store.paged):
+            self.queue(dest).enqueued += self.store.paged_count(dest)
+        return self.store.count
+
+    # ------------------------------------------------------------------ paging (QueueOwner)
+    def page_out(self, queue: Queue, msg: Message) -> bool:
+        """Page ``msg`` when its queue already has paged messages (it must queue behind
+        them, whatever it is), or when it is persistent and the queue holds
+        ``page_window`` messages in memory or memory is past its low-water mark (globally
+        or for this destination): then it waits on disk, and persistent producers never
+        wait for memory. See queues.py."""
+        store = self.store
+        if store is None:
+            return False
+        if not store.paged_count(queue.name):
+            if not msg.persistent:
+                return False
+            if queue.ready and not queue.messages:
+                return False  # a consumer takes it now: no round trip through the disk
+            if len(queue.messages) < self.config.page_window and not self.memory.paging(queue.name):
+                return False
+        if not store.page_out(msg):
+            return False
+        if msg.persistent:
+            self.memory.release(msg)
+        else:
+            self.memory.charge(msg)  # it waits in memory, in its place among the paged ones
+        return True
+
+    def page_in(self, queue: Queue) -> list[Message]:
+        """The next paged messages of ``queue``: up to a window, or, while memory is past
+        its low-water mark, only as many as its ready consumers can take now (so paged
+        messages come back into memory only to be delivered)."""
+        if self.store is None:
+            return []
+        n = self.config.page_window - len(queue.messages)
+        if self.memory.paging(queue.name):
+            n = min(n, len(queue.ready))
+        msgs = self.store.take(queue.name, max(1, n))
+        for m in msgs:
+            self.memory.charge(m)
+        return msgs
+
+    def paged(self, queue: Queue) -> int:
+        return self.store.paged_count(queue.name) if self.store is not None else 0
 
     def register_durable(self, sub: Sub) -> None:
         self.durable_subs[sub.queue] = sub
@@ -102,7 +139,7 @@ class Registry:
     def forget_idle(self, keys: Sequence[str]) -> None:
         for key in keys:
             q = self.queues.get(key)
-            if q is not None and not q.consumers and not q.messages:
+            if q is not None and not q.consumers and not q.depth:
                 del self.queues[key]
 
     def topic(self, key: str) -> Topic:
@@ -220,7 +257,8 @@ class Registry:
         return {
             "queues": {
                 k: {
-                    "depth": len(q.messages),
+                    "depth": q.depth,
+                    "paged": self.paged(q),
                     "consumers": len(q.consumers),
                     "enqueued": q.enqueued,
                     "dequeued": q.dequeued,

@@ -91,6 +91,7 @@ class BrokerServer:
             store_limit=cfg.store_limit,
             store_low_water=cfg.memory_low_water,
             on_failure=self._journal_failed,
+            checkpoint_interval=cfg.checkpoint_interval,
         )
         self.store.open()
         self._fit_store_limit(self.store)
@@ -313,7 +314,7 @@ class BrokerServer:
             st["amq-ha-memory-peak"] = str(mem.peak)
             st["amq-ha-memory-flow-control"] = "true" if mem.full else "false"
         if core is not None and names:
-            depths = sorted(((len(q.messages), k) for k, q in core.queues.items()), key=lambda t: (-t[0], t[1]))
+            depths = sorted(((q.depth, k) for k, q in core.queues.items()), key=lambda t: (-t[0], t[1]))
             st["amq-ha-depths"] = json.dumps({k: n for n, k in depths[:STATUS_MAX_DEPTHS]}, sort_keys=True)
             if len(depths) > STATUS_MAX_DEPTHS:
                 st["amq-ha-depths-omitted"] = str(len(depths) - STATUS_MAX_DEPTHS)

@@ -262,9 +262,9 @@ def _destinations(server: BrokerServer) -> tuple[DestinationStats, ...]:
         if not is_dlq:
             dlq_name = prefix + dead_letter_name(key)
             dq = core.queues.get(QUEUE_PREFIX + dlq_name)
-            dlq_depth = len(dq.messages) if dq is not None else 0
+            dlq_depth = dq.depth if dq is not None else 0
         out.append(DestinationStats(
-            kind=kind, name=name, key=key, depth=len(q.messages), enqueued=q.enqueued, dequeued=q.dequeued,
+            kind=kind, name=name, key=key, depth=q.depth, enqueued=q.enqueued, dequeued=q.dequeued,
             consumers=len(q.consumers), in_flight=in_flight.get(key, 0), expired=q.expired,
             memory=by_dest.get(key, 0), is_dlq=is_dlq, dlq=dlq_name, dlq_depth=dlq_depth,
         ))

@@ -105,9 +105,9 @@ class WildcardQueues:
             q = self.reg.queues.get(key)
             if q is None:
                 continue
-            before = len(q.messages)
+            before = q.depth
             q.make_ready(child)
-            if len(q.messages) < before:
+            if q.depth < before:
                 served.append(key)
         for key in served:
             if key in sub.children:

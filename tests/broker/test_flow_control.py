@@ -301,14 +301,17 @@ def test_memory_accounting_survives_restart_and_dead_lettering(
     assert 5 * 1000 < usage < 5 * 2000
     b.stop()
     b2 = make_broker(memory_limit=64 * MIB, max_redeliveries=0, data_dir=tmp_path / "d")
-    assert memory(b2)["usage"] == usage  # recovered messages are charged again
+    assert memory(b2)["usage"] == 0  # recovered messages wait paged, on disk ...
+    assert b2.stats()["queues"]["/queue/r"]["paged"] == 5  # type: ignore[index]
     c = Raw(b2.port)
     c.connect()
     c.send(
         Frame.make("SUBSCRIBE", {"id": "s", "destination": "/queue/r", "ack": "client-individual"})
     )
-    for _ in range(5):
-        m = c.read()
+    m = c.read()
+    assert memory(b2)["usage"] == usage  # ... and are charged again once a consumer needs them
+    for i in range(5):
+        m = m if i == 0 else c.read()
         c.send(Frame.make("NACK", {"id": m.get("ack") or ""}))  # one delivery allowed: to the DLQ
     wait_for(lambda: b2.stats()["queues"].get("/queue/DLQ.r", {}).get("depth") == 5, what="DLQ")  # type: ignore[attr-defined]
     st = b2.stats()
@@ -363,8 +366,8 @@ def test_our_client_blocks_in_send_and_survives_heartbeats_while_parked(
     def produce() -> None:
         nonlocal sent
         with amqtransport.connect(b.uri, heartbeat=(200, 200), listener=Events()) as conn:
-            for i in range(n):
-                conn.send("/queue/client", b"y" * BODY, headers={"seq": str(i)})
+            for i in range(n):  # non-persistent: persistent ones would be paged, not parked
+                conn.send("/queue/client", b"y" * BODY, headers={"seq": str(i)}, persistent=False)
                 sent += 1
         done.set()
 

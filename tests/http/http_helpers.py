@@ -120,10 +120,10 @@ def dead_letter(uri: str, queue: str, bodies: Sequence[str], *, login: str | Non
         assert nacked >= len(bodies), f"only {nacked} deliveries to NACK"
 
 
-def send(uri: str, queue: str, bodies: Sequence[str], **kw: Any) -> None:
+def send(uri: str, queue: str, bodies: Sequence[str], *, persistent: bool = True, **kw: Any) -> None:
     with amqtransport.connect(uri, **kw) as c:
         for b in bodies:
-            c.send(f"/queue/{queue}", b)
+            c.send(f"/queue/{queue}", b, persistent=persistent)
 
 
 def receive_all(uri: str, queue: str, n: int, **kw: Any) -> list[amqtransport.Message]:

@@ -348,7 +348,8 @@ def test_json_is_json(console: Console) -> None:
 def test_readyz_turns_503_when_flow_control_holds_too_long(tmp_path: Path) -> None:
     config = "memory_limit = 4096\nhttp_ready_flow_control_seconds = 0.3\n"
     with running_console(tmp_path, config=config, name="flow") as c:
-        send(c.uri, "full.q", ["x" * 3000, "y" * 3000])  # the second one engages flow control
+        # the second one engages flow control (non-persistent: persistent ones would be paged)
+        send(c.uri, "full.q", ["x" * 3000, "y" * 3000], persistent=False)
         deadline = time.monotonic() + 10
         while c.get("/readyz").status_code == 200 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -359,3 +360,23 @@ def test_readyz_turns_503_when_flow_control_holds_too_long(tmp_path: Path) -> No
         assert c.get("/healthz").status_code == 200  # alive all the same
         assert c.post("/api/queues/full.q/purge").status_code == 200  # frees the memory
         assert c.get("/readyz").status_code == 200
+
+
+def test_actions_reach_paged_messages(tmp_path: Path) -> None:
+    """With a window of 2 messages in memory the rest of a queue is paged (on disk):
+    browse reads them back in order, delete and move find them, purge takes them all."""
+    with running_console(tmp_path, config="page_window = 2\n", name="paged") as c:
+        send(c.uri, "p.q", [f"m{i}" for i in range(8)])
+        page = c.json("/api/queues/p.q/messages")
+        assert page["total"] == 8 and [m["body"] for m in page["messages"]] == [f"m{i}" for i in range(8)]
+        assert [m["body"] for m in c.json("/api/queues/p.q/messages?offset=3&limit=2")["messages"]] == ["m3", "m4"]
+        ids = [m["id"] for m in page["messages"]]
+        r = c.post(f"/api/queues/p.q/messages/{requests.utils.quote(ids[5], safe='')}/delete")  # a paged one
+        assert r.status_code == 200, r.text
+        r = c.post("/api/queues/p.q/move", {"ids": [ids[1], ids[6]], "to": "p.moved"})  # one of each
+        assert r.status_code == 200 and "moved 2" in r.json()["message"], r.text
+        assert c.depth("p.q") == 5 and c.depth("p.moved") == 2
+        assert [m.text for m in receive_all(c.uri, "p.moved", 2)] == ["m1", "m6"]
+        r = c.post("/api/queues/p.q/purge")
+        assert r.status_code == 200 and "purged 5" in r.json()["message"]
+        assert c.depth("p.q") in (0, None)

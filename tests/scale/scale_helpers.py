@@ -63,3 +63,52 @@ def state(store: MessageStore, *, segments: bool = True) -> dict[str, Any]:
     }
 
 
+
+
+class Raw:
+    """A STOMP 1.2 client on a plain socket, one frame at a time (our codec)."""
+
+    def __init__(self, port: int, **connect: str) -> None:
+        import socket
+
+        from amqtransport.stomp import Frame, FrameParser, serialize
+
+        self._Frame, self._serialize = Frame, serialize
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.parser = FrameParser("1.2")
+        self.pending: deque[Any] = deque()
+        self.send("CONNECT", {"accept-version": "1.2", "host": "localhost", **connect})
+        assert self.read().command == "CONNECTED"
+
+    def send(self, command: str, headers: dict[str, str], body: bytes = b"") -> None:
+        self.sock.sendall(self._serialize(self._Frame.make(command, list(headers.items()), body)))
+
+    def read(self, timeout: float = 30.0) -> Any:
+        self.sock.settimeout(timeout)
+        while not self.pending:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by the broker")
+            self.parser.feed(data)
+            self.pending.extend(e for e in self.parser.events() if isinstance(e, self._Frame))
+        return self.pending.popleft()
+
+    def receipt(self, command: str, headers: dict[str, str], body: bytes = b"") -> None:
+        """Send with a receipt and wait for it (MESSAGEs arriving meanwhile are kept)."""
+        rid = f"r{id(headers)}-{time.monotonic_ns()}"
+        self.send(command, {**headers, "receipt": rid}, body)
+        kept: list[Any] = []
+        while True:
+            f = self.read()
+            if f.command == "RECEIPT" and f.get("receipt-id") == rid:
+                break
+            assert f.command != "ERROR", f.headers
+            kept.append(f)
+        self.pending.extendleft(reversed(kept))
+
+    def close(self) -> None:
+        try:
+            self.receipt("DISCONNECT", {})
+        except (OSError, AssertionError, ConnectionError):
+            pass
+        self.sock.close()

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Literal, overload
 from amqtransport.errors import ServerError
 
 from .journal import MAGIC, JournalError
-from .pages import PageList, id_hash
+from .pages import SEG_SHIFT, PageList, id_hash
 from .records import Sub, decode, encode
 
 if TYPE_CHECKING:
@@ -122,6 +122,11 @@ def capture(store: MessageStore) -> Capture:
     for dest in {*store.paged, *resident}:
         pl = store.paged.get(dest)
         pos, ids, ts = pl.arrays() if pl is not None else (array("Q"), array("Q"), array("d"))
+        if store._transient:  # noqa: SLF001 - non-persistent messages among them: not recovered
+            keep = [i for i, p in enumerate(pos) if p >> SEG_SHIFT]
+            pos = array("Q", [pos[i] for i in keep])
+            ids = array("Q", [ids[i] for i in keep])
+            ts = array("d", [ts[i] for i in keep])
         ordered = pl.ordered if pl is not None else True
         mine = resident.get(dest)
         if mine:

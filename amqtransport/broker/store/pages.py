@@ -34,13 +34,14 @@ from array import array
 from collections.abc import Iterator
 from hashlib import blake2b
 
-__all__ = ["PageList", "id_hash", "pack", "unpack", "INNER", "MOVED", "FLAGS"]
+__all__ = ["PageList", "id_hash", "pack", "unpack", "segment_of", "INNER", "MOVED", "FLAGS", "SEG_SHIFT"]
 
 INNER = 1  # the Enq is inside a Tx record: a u32 length before it, no frame, no own CRC
 MOVED = 2  # a Move came after the Enq record (see the module docstring)
 FLAGS = INNER | MOVED
 _OFFSET_BITS = 36  # offsets below 64 GiB
 _SEG_SHIFT = _OFFSET_BITS + 2
+SEG_SHIFT = _SEG_SHIFT  # pos >> SEG_SHIFT is the segment (0: no segment, see MessageStore.page_out)
 
 
 def pack(seg: int, offset: int, flags: int = 0) -> int:

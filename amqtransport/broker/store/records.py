@@ -263,12 +263,42 @@ class _Reader:
 def decode(payload: bytes | memoryview) -> Record:
     """Inverse of :func:`encode`; raises :class:`RecordError` on malformed input."""
     try:
+        if payload and payload[0] in (T_ENQ, T_ENQ_AGAIN):
+            return _decode_enq(payload)
         rec = _decode(_Reader(payload), top=True)
     except RecordError:
         raise
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise RecordError(f"malformed record: {exc}") from exc
     return rec
+
+
+def _decode_enq(payload: bytes | memoryview) -> Enq:
+    """The commonest record, by slicing (what ``_decode`` does for it, faster)."""
+    (kind, lid, ldest, lkey, ts, expires, count, lh, lb) = _ENQ_HEAD.unpack_from(payload, 0)
+    a = _ENQ_HEAD.size
+    b = a + lid
+    c = b + ldest
+    d = c + lkey
+    e = d + lh
+    f = e + lb
+    if f != len(payload):
+        raise RecordError("record truncated" if f > len(payload) else f"{len(payload) - f} trailing bytes after a record")
+    raw = bytes(payload)
+    return Enq(
+        Message(
+            id=raw[a:b].decode("utf-8", "surrogatepass"),
+            destination=raw[b:c].decode("utf-8", "surrogatepass"),
+            headers=_decode_headers(raw[d:e]),
+            body=raw[e:f],
+            key=raw[c:d].decode("utf-8", "surrogatepass"),
+            timestamp=ts,
+            persistent=True,
+            expires=expires,
+            delivery_count=count,
+        ),
+        kind == T_ENQ_AGAIN,
+    )
 
 
 def _decode(r: _Reader, top: bool) -> Record:

@@ -67,6 +67,7 @@ compaction), and a later re-write of the message cannot re-scope it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
 import time
@@ -80,6 +81,7 @@ from . import checkpoint as ckpt
 from .dedupe import DedupeWindow
 from .journal import MAX_RECORD, Callback, Journal, JournalError
 from .pages import INNER, MOVED, PageList, id_hash, pack, segment_of, unpack
+from .pages import SEG_SHIFT as _SEG_SHIFT
 from .records import (
     Ack,
     Enq,
@@ -224,6 +226,9 @@ class MessageStore:
         self._listeners: list[StoreListener] = []
         self._compact_due = False
         self._replay_seen: set[int] | None = None  # id hashes of live messages during a full replay
+        # non-persistent messages queued among paged ones (page_out), by their key in the list
+        self._transient: dict[int, Message] = {}
+        self._transient_keys = itertools.count(1)
         self.deleted_segments = 0
         self._opened = False
         self.checkpoints = ckpt.Checkpointer(self, interval=checkpoint_interval, enabled=checkpoints)
@@ -309,12 +314,12 @@ class MessageStore:
         pl = self.paged.get(destination) if destination else None
         if pl is not None:
             i = pl.find(h)
-            if i >= 0:
+            if i >= 0 and pl.pos[i] >> _SEG_SHIFT:
                 return pl, i
         for other in self.paged.values():
             if other is not pl:
                 i = other.find(h)
-                if i >= 0:
+                if i >= 0 and other.pos[i] >> _SEG_SHIFT:
                     return other, i
         return None
 
@@ -335,6 +340,8 @@ class MessageStore:
         for dest, pl in list(self.paged.items()):
             batch: list[int] = []
             for _i, pos, _h, _t in pl.entries():
+                if not pos >> _SEG_SHIFT:
+                    continue  # a non-persistent message queued in order: not the store's
                 batch.append(pos)
                 if len(batch) >= 1000:
                     yield from self._read(batch, dest)
@@ -363,22 +370,101 @@ class MessageStore:
 
     def take(self, destination: str, n: int) -> list[Message]:
         """Make up to ``n`` paged messages of ``destination`` resident, from the front of its
-        list; returns them in order."""
+        list; returns them in order (with the non-persistent ones queued among them)."""
         pl = self.paged.get(destination)
         if not pl:
             return []
         entries = pl.popleft(n)
         if not pl:
             del self.paged[destination]
-        positions = [p for p, _h, _t in entries]
-        msgs = self._read(positions, destination)
-        if len(msgs) < len(positions):  # unreadable ones are gone (logged)
-            for pos in set(positions) - {m.pos for m in msgs}:
+        persisted = [p for p, _h, _t in entries if p >> _SEG_SHIFT]
+        read = {m.pos: m for m in self._read(persisted, destination)} if persisted else {}
+        out: list[Message] = []
+        for pos, _h, _t in entries:
+            if not pos >> _SEG_SHIFT:
+                out.append(self._transient.pop(unpack(pos)[1]))
+                continue
+            m = read.get(pos)
+            if m is None:  # unreadable: gone (logged)
                 self.count -= 1
                 self._dec(segment_of(pos))
-        for m in msgs:
+                continue
             self.resident[m.id] = m
-        return msgs
+            out.append(m)
+        return out
+
+    def page_out(self, message: Message) -> bool:
+        """A waiting message leaves memory for the back of its destination's list: a
+        persistent one as its journal position; a non-persistent one (not in the journal)
+        stays in memory but takes its place in the list, so the queue keeps its order.
+        False (nothing done) for a persistent message the store does not hold resident:
+        only what the journal holds may wait as a position."""
+        if message.persistent:
+            if self.resident.get(message.id) is not message:
+                return False
+            del self.resident[message.id]
+            self.page_list(message.destination).append(message.pos, id_hash(message.id), message.timestamp)
+            return True
+        key = next(self._transient_keys)
+        self._transient[key] = message
+        self.page_list(message.destination).append(pack(0, key), id_hash(message.id), message.timestamp)
+        return True
+
+    def take_ids(self, destination: str, ids: Iterable[str]) -> list[Message]:
+        """The paged messages of ``destination`` with these ids, taken out of its list and
+        made resident, in list order (an operator's delete or move)."""
+        pl = self.paged.get(destination)
+        if pl is None:
+            return []
+        found: list[tuple[int, Message]] = []
+        for mid in ids:
+            i = pl.find(id_hash(mid))
+            if i < 0:
+                continue
+            pos = pl.pos[i]
+            if not pos >> _SEG_SHIFT:  # a non-persistent one, waiting in its place
+                m = self._transient[unpack(pos)[1]]
+            else:
+                try:
+                    (m,) = self._read([pos], destination)
+                except (JournalError, RecordError):
+                    continue  # unreadable: left for dispatch, which logs and drops it
+            if m.id != mid:
+                continue
+            found.append((i, m))
+        found.sort(key=lambda e: e[0])
+        for i, m in found:
+            pos = pl.pos[i]
+            pl.remove_at(i)
+            if pos >> _SEG_SHIFT:
+                self.resident[m.id] = m
+            else:
+                del self._transient[unpack(pos)[1]]
+        if not pl:
+            del self.paged[destination]
+        return [m for _i, m in found]
+
+    def paged_count(self, destination: str) -> int:
+        pl = self.paged.get(destination)
+        return len(pl) if pl is not None else 0
+
+    def peek(self, destination: str, start: int, n: int) -> list[Message]:
+        """Paged messages ``start`` to ``start + n`` of ``destination``'s list, read back and
+        left paged (a browser's page)."""
+        pl = self.paged.get(destination)
+        if pl is None:
+            return []
+        out: list[Message] = []
+        for k, (_i, pos, _h, _t) in enumerate(pl.entries()):
+            if k < start:
+                continue
+            if len(out) >= n:
+                break
+            if pos >> _SEG_SHIFT:
+                out.extend(self._read([pos], destination))
+            else:
+                out.append(self._transient[unpack(pos)[1]])
+        return out
 
     def page_list(self, destination: str) -> PageList:
         pl = self.paged.get(destination)

@@ -26,7 +26,7 @@ from array import array
 from collections import deque
 from typing import TYPE_CHECKING
 
-from .pages import MOVED
+from .pages import MOVED, SEG_SHIFT
 from .records import Enq, Keys, encode
 from .store import materialize
 
@@ -87,7 +87,7 @@ class SnapshotReader:
         while self._lists:
             dest, positions = self._lists[0]
             want = max(1, min(_BATCH, room // self._avg))
-            chunk = [p for p in positions[self._at : self._at + want] if p]
+            chunk = [p for p in positions[self._at : self._at + want] if p >> SEG_SHIFT]  # no holes, no transients
             self._at += want
             if self._at >= len(positions):
                 self._lists.popleft()
