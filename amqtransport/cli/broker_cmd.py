@@ -72,6 +72,40 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr, format=LOG_FORMAT)
 
 
+#: open files a broker needs besides its clients' sockets (journal segments and their
+#: readers, the checkpoint, the HA and HTTP ports' connections, logs)
+FILES_BESIDES_CLIENTS = 256
+
+
+def fit_open_files(max_connections: int) -> None:
+    """Raise this process's soft open-file limit so ``max_connections`` clients fit (as
+    far as the hard limit allows; a warning says when it does not). A process is given
+    1024 on most systems, which would refuse clients in accept() long before the cap."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX: nothing to fit
+        return
+    log = logging.getLogger("amqtransport.broker")
+    wanted = max_connections + FILES_BESIDES_CLIENTS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d: %s", soft, exc)
+            new = soft
+        else:
+            log.info("open-file limit raised from %d to %d for max_connections=%d", soft, new, max_connections)
+        soft = new
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning(
+            "open-file limit is %d: about %d clients can connect, fewer than max_connections=%d "
+            "(raise the hard limit: ulimit -Hn, systemd LimitNOFILE=)",
+            soft, max(0, soft - FILES_BESIDES_CLIENTS), max_connections,
+        )
+
+
 @broker.command("run")
 @click.option("--port", type=int, default=None, help="STOMP port [default: 61613; 0 = any free port].")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -132,6 +166,7 @@ def run(
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     setup_logging(cfg.log_level)
+    fit_open_files(cfg.max_connections)
     if cfg.data_dir is None:
         cfg = cfg.model_copy(update={"data_dir": str(Path("amq-data").resolve())})
     if ha.get("ha"):
