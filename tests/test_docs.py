@@ -12,11 +12,14 @@ Checked for README.md and every page under docs/:
   e.g. in docs/reliability.md) is defined in that file;
 - every ``amq`` command line in their code (fenced blocks and inline code) names a real
   command and real options of it (the click tree of ``amqtransport.cli.main``), and
-  every ``make TARGET`` is a target of the Makefile;
+  every ``make TARGET`` is a target of the Makefile; every ```python`` block compiles and
+  every ```toml`` block parses (on docs/bridge.md: as a bridge config);
+- every key of the broker's config has a row in docs/broker.md's table, and README's
+  exception tree names every class of ``amqtransport.errors``;
 - README.md is at most 250 lines, and reaches every page under docs/ (directly or
   through the docs index).
 
-Fenced code blocks are skipped: they hold commands and output, not links.
+The link and path checks skip fenced code blocks: they hold commands and output.
 """
 
 from __future__ import annotations
@@ -329,3 +332,58 @@ def test_every_broker_config_key_is_documented() -> None:
     text = (DOCS / "broker.md").read_text(encoding="utf-8")
     table = {key for row in re.findall(r"^\|([^|\n]*)\|", text, re.MULTILINE) for key in INLINE_CODE.findall(row)}
     assert sorted(set(BrokerConfig.model_fields) - table) == [], "keys missing from docs/broker.md's config table"
+
+
+FENCED = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def fenced_blocks(text: str, language: str) -> list[str]:
+    return [body for lang, body in FENCED.findall(text) if lang == language]
+
+
+def bad_blocks(path: Path) -> list[str]:
+    """Python blocks that do not compile; TOML blocks that do not parse, and, on the
+    bridge page, bridge configs its parser refuses."""
+    import tomllib
+
+    from bridge.config import parse_config
+
+    text = path.read_text(encoding="utf-8")
+    bad: list[str] = []
+    for body in fenced_blocks(text, "python"):
+        try:
+            compile(body, str(path), "exec")
+        except SyntaxError as exc:
+            bad.append(f"python block: {exc}")
+    for body in fenced_blocks(text, "toml"):
+        try:
+            tomllib.loads(body)
+            if path.name == "bridge.md":
+                parse_config(body, source=path.name)
+        except (tomllib.TOMLDecodeError, ValueError) as exc:
+            bad.append(f"toml block: {exc}")
+    return bad
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_and_toml_blocks_are_valid(path: Path) -> None:
+    assert bad_blocks(path) == []
+
+
+def test_block_checker_finds_bad_blocks(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nprint('ok')\n```\n```python\nprint('missing paren'\n```\n"
+        "```toml\nkey = 1\n```\n```toml\nkey = \n```\n",
+        encoding="utf-8",
+    )
+    bad = bad_blocks(page)
+    assert len(bad) == 2 and bad[0].startswith("python block") and bad[1].startswith("toml block"), bad
+    bridge_page = tmp_path / "bridge.md"  # there a TOML block is a bridge config
+    bridge_page.write_text(
+        '```toml\nlocal_uri = "tcp://127.0.0.1:1"\n[[network_connector]]\nname = "x"\nuri = "tcp://127.0.0.1:2"\n'
+        "network_ttl = 0\n```\n",
+        encoding="utf-8",
+    )
+    bad = bad_blocks(bridge_page)
+    assert len(bad) == 1 and "network_ttl" in bad[0], bad
