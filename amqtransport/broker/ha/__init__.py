@@ -2,7 +2,9 @@
 
 - :mod:`.node`: one node's role loop (master / slave / cold backup) for both kinds of
   pair, with the theory of operation; :func:`~.node.run_node` is what
-  ``amq broker run --ha ...`` calls. :mod:`.shared`: the role loop of a shared-store pair.
+  ``amq broker run --ha ...`` calls. :mod:`.shared`: the role loop of a shared-store pair;
+  :mod:`.master`: a term as master (the broker, the receipt gate, a lost slave, a split brain).
+  Each role sees the node through a declared Protocol (:mod:`.host`).
 - :mod:`.decide`: who is master -- the decision table of a replicated node as pure
   functions, with every partition case.
 - :mod:`.port`: the HA port (one CONNECT per connection), the answer to every HA request

@@ -43,30 +43,8 @@ requests, the takeover check) and acts. In short:
    slave waits for its master. With ``--takeover-check`` a node becomes master only
    while that address answers.
 
-A master raises the epoch before binding, installs the
-:class:`~.replication.ReplicationMaster` (store listener + journal gate: a receipt
-waits for the slave's fsync while a slave is attached), and binds the client port --
-at once, or with ``--wait-for-slave`` only when a slave has synced. When a synced slave
-is lost without a goodbye, or the master's event loop stalled for longer than
-``--link-timeout`` (it was frozen: the slave may have taken over meanwhile), the
-receipts that waited for the slave are never sent (their client connections are cut;
-the clients replay to whichever node is master and idempotency keys drop the copies)
-and the master receipts nothing more until its peer has answered a *stand-by* request
-(phase ``master`` of the table): a peer that is master at a newer epoch makes it step
-down; a peer that agrees to stand by marks its store as no longer a complete copy (it
-will resync before it could take over) and the master goes on alone; no answer keeps
-the receipts held. With ``--shutdown-on-slave-failure`` the master stops instead
-(receipts for unreplicated records are refused; from that moment its status no longer
-says master, so the slave takes over); with ``--takeover-check`` a master that cannot
-reach that address when it loses its synced slave fences itself. A slave that
-re-links over a connection the master still thinks open (half-open TCP) replaces it:
-that is not a lost slave, and what waited for the old link waits for the new one's
-full sync. With no slave attached it probes its known peer every second and demotes
-itself if the peer is a master with a higher epoch (the end of a split brain); if the
-peer is a master with a *lower* epoch (it came back knowing nothing of us, e.g. with a
-wiped store), it sends it a demote request (``amq-ha-demote``) and the stale master --
-once the requester's own HA port confirms that it is master at that newer epoch --
-steps down, learns our address and joins us as slave (:mod:`.port` answers requests).
+A master's term -- the broker, the receipt gate, the lost slave, the split brain -- is
+:class:`~.master.MasterRole`.
 
 A slave's side -- joining a master, and what it does when that link breaks -- is
 :func:`~.slave.serve_slave`.
@@ -97,16 +75,8 @@ from .decide import (
     ASK,
     BECOME_MASTER,
     CHECK,
-    CLEAR,
-    DEMOTE_PEER,
-    FENCE,
-    FORGET,
     JOIN,
-    MASTER,
-    SLAVE_LOST,
     START,
-    STEP_DOWN,
-    STOP,
     DecideOptions,
     Decision,
     NodeState,
@@ -115,17 +85,14 @@ from .decide import (
     decide,
 )
 from .epoch import HaState
+from .master import MasterRole
 from .port import HaPortProtocol, HaRequests
-from .replication import MasterLink, ReplicationMaster
+from .replication import ReplicationMaster
 from .shared import SharedStoreRole
 from .slave import SlaveLink, serve_slave
 from .wire import (
-    DEMOTE_HEADER,
     REPLICA_HEADER,
-    STANDBY_HEADER,
-    ReplicationError,
     ask_peer,
-    ha_request,
     reachable,
 )
 
@@ -178,10 +145,8 @@ class HaNode:
         self.listening = False
         self.exit_code = 0
         self._stop = asyncio.Event()
-        self._demote: asyncio.Event | None = None
-        self._wake: asyncio.Event | None = None
-        self._held_since = 0.0
-        self._held_logged = 0.0
+        self.demote_event: asyncio.Event | None = None
+        self.wake: asyncio.Event | None = None
         self._ha_server: asyncio.Server | None = None
         self.waiting_reason = ""
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -196,6 +161,7 @@ class HaNode:
             self.signer, self.verifier = RequestSigner(secret), RequestVerifier(secret)
         self.rules = DecideOptions.of(self.name, options)  # what decide.py reads of the options
         self.requests = HaRequests(self)  # the answer to every HA request (port.py)
+        self.master = MasterRole(self)  # a term as master (master.py)
 
     # ------------------------------------------------------------------ entry
     async def run(self) -> int:
@@ -240,8 +206,8 @@ class HaNode:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._wake is not None:
-            self._wake.set()
+        if self.wake is not None:
+            self.wake.set()
 
     @property
     def stop_event(self) -> asyncio.Event:
@@ -257,8 +223,8 @@ class HaNode:
 
     def demote(self) -> None:
         """Leave the master role: the role loop stops the master and decides again."""
-        if self._demote is not None:
-            self._demote.set()
+        if self.demote_event is not None:
+            self.demote_event.set()
 
     @property
     def slave_synced(self) -> bool:
@@ -282,7 +248,7 @@ class HaNode:
             self.set_role("waiting", reason)
 
     async def _teardown(self) -> None:
-        await self.stop_master()
+        await self.master.stop()
         self.close_slave_store()
         if self._ha_server is not None:
             self._ha_server.close()
@@ -291,187 +257,6 @@ class HaNode:
             await self.http.stop()
             self.http = None
         log.info("node %s stopped", self.name)
-
-    # ------------------------------------------------------------------ master role
-    async def start_master(self, *, replicate: bool) -> None:
-        t0 = time.monotonic()
-        server = BrokerServer(self.config, data_dir=self.data_dir, users=self.users)
-        await server.open()
-        server.connect_hook = self.requests  # status and role requests on the client port (port.py)
-        server.on_fenced = self._master_fenced
-        self.server = server
-        self._demote = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._held_since = 0.0
-        self.role = "master"
-        if replicate:
-            self.repl = ReplicationMaster(
-                server,
-                link_timeout=self.opts.link_timeout,
-                shutdown_on_slave_failure=self.opts.shutdown_on_slave_failure,
-                on_synced=self._on_slave_synced,
-                on_lost=self._on_slave_lost,
-                on_suspect=self._on_suspect,
-            )
-        self.set_role("master", f"epoch {self.state.epoch}")
-        self.became_master_at = time.monotonic()
-        if not (replicate and self.opts.wait_for_slave):
-            await self._listen()
-        else:
-            log.info("node %s: --wait-for-slave: client port stays closed until a slave has synced", self.name)
-        log.info("node %s: master ready in %.3f s", self.name, time.monotonic() - t0)
-
-    async def _listen(self) -> None:
-        if self.listening or self.server is None:
-            return
-        await self.server.listen(self.host, self.port)
-        self.listening = True
-        self.say(f"listening on stomp://{self.server.host}:{self.server.port}")
-
-    async def stop_master(self) -> None:
-        repl, self.repl = self.repl, None
-        if repl is not None:
-            repl.close()
-        server, self.server = self.server, None
-        self.listening = False
-        if server is not None:
-            await server.stop()
-
-    def _master_fenced(self, reason: str) -> None:
-        """The master's journal failed (a full disk, an I/O error; the server has fenced
-        itself): hand over to an in-sync slave -- this store missed writes, so it never
-        claims master again before resyncing -- or, with none, stop (exit code 3)."""
-        link = self.repl.link if self.repl is not None else None
-        if link is not None and link.synced and self._demote is not None:
-            log.error("node %s: %s: handing over to the in-sync slave %s", self.name, reason, link.slave)
-            self.state.synced = False
-            with contextlib.suppress(OSError):  # the disk may be the full one
-                self.state.save(self.data_dir)
-            self._demote.set()
-            return
-        log.error("node %s: %s: no in-sync slave to hand over to: stopping (exit code 3)", self.name, reason)
-        self.exit_code = 3
-        self.stop()
-
-    def _on_slave_synced(self, link: MasterLink) -> None:
-        self.state.peer_may_be_master = True
-        peer = {k: link.info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port")) if h in link.info}
-        self.state.peer.update(peer, name=link.slave)
-        self.state.save(self.data_dir)
-        self.say(f"slave {link.slave} in sync")
-        if not self.listening and self.loop is not None:
-            self.loop.create_task(self._listen())
-
-    def _on_slave_lost(self, link: MasterLink, reason: str, was_synced: bool) -> None:
-        self.say(f"slave {link.slave} lost: {reason}")
-        d = decide(self.moment(SLAVE_LOST, goodbye=link.bye, slave_was_synced=was_synced), self.rules, Peers())
-        if d.action == FORGET:
-            # a clean slave shutdown: it will not take over, so we may restart alone
-            self.state.peer_may_be_master = False
-            self.state.save(self.data_dir)
-        elif d.action == STOP:
-            log.error("node %s: %s", self.name, d.reason)
-            self.role = "stopping"  # from now on no probe sees a master here: the slave may take over
-            self.exit_code = 3
-            self.stop()
-        elif d.action == CHECK and self.loop is not None:
-            moment = self.moment(SLAVE_LOST, goodbye=link.bye, slave_was_synced=was_synced)
-            self.loop.create_task(self._fence_check(moment))
-
-    async def _fence_check(self, moment: NodeState) -> None:
-        d = await self.decide_observing(lambda: moment)
-        if d.action == FENCE:
-            log.error("node %s: %s", self.name, d.reason)
-            self.demote()
-        else:
-            log.info("node %s: %s", self.name, d.reason)
-
-    def _on_suspect(self, _reason: str) -> None:
-        if self._wake is not None:
-            self._wake.set()
-
-    async def _serve_master(self) -> None:
-        self.state.epoch += 1
-        self.state.role = "master"
-        self.state.synced = True
-        self.state.save(self.data_dir)
-        await self.start_master(replicate=True)
-        demote, wake = self._demote, self._wake
-        assert demote is not None and wake is not None
-        try:
-            while not self.stopping and not demote.is_set():
-                repl = self.repl
-                every = 1.0 if repl is None or repl.suspect is None else max(0.05, self.opts.link_timeout / 4)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), every)
-                wake.clear()
-                if self.stopping or demote.is_set() or self.repl is None:
-                    break
-                if self.repl.suspect is not None:
-                    await self._confirm_peer()
-                elif self.repl.link is None:
-                    await self._check_peer_not_master()
-        finally:
-            await self.stop_master()
-        if self.stopping:
-            raise _Stop()
-        self.set_role("fenced", "left the master role")
-
-    async def _confirm_peer(self) -> None:
-        """One round of asking the peer to stand by while receipts are held (decide.py,
-        phase ``master``)."""
-        repl = self.repl
-        assert repl is not None
-
-        d = await self.decide_observing(lambda: self.moment(MASTER), lambda: ask_peer(
-            self.peer_addresses(), lambda: self.request_headers(STANDBY_HEADER), min(1.0, self.opts.link_timeout)
-        ))
-        if self.repl is not repl or repl.suspect is None or self.stopping:
-            return
-        if d.action == CLEAR:
-            repl.clear_suspect(d.reason)
-            self._held_since = 0.0
-        elif d.action in (STEP_DOWN, DEMOTE_PEER):
-            await self._end_split_brain(d)
-        else:
-            now = time.monotonic()
-            if not self._held_since:
-                self._held_since = self._held_logged = now
-                log.error("node %s: receipts held until the peer can be asked to stand by: %s", self.name,
-                          d.reason)
-            elif now - self._held_logged >= 10:
-                self._held_logged = now
-                log.error("node %s: receipts held for %.0f s: %s", self.name, now - self._held_since, d.reason)
-
-    async def _check_peer_not_master(self) -> None:
-        """With no slave attached: is the peer a master too (the end of a split brain)?"""
-        d = await self.decide_observing(lambda: self.moment(MASTER), lambda: ask_peer(self.peer_addresses(), None, 0.5))
-        if self.repl is None or self.repl.link is not None or self.stopping:
-            return
-        await self._end_split_brain(d)
-
-    async def _end_split_brain(self, d: Decision) -> None:
-        """A master acts on ``step-down`` (leave the master role) and ``demote-peer``."""
-        if d.action == STEP_DOWN:
-            log.error("node %s: %s: split brain ended; demoting to slave and resyncing "
-                      "(our unreplicated writes are dropped)", self.name, d.reason)
-            self.demote()
-        elif d.action == DEMOTE_PEER:
-            assert d.address is not None
-            await self._ask_to_step_down(d.address, d.info)
-
-    async def _ask_to_step_down(self, target: tuple[str, int], info: Mapping[str, str]) -> None:
-        """A master with an older epoch (it came back without knowing about us, e.g. with a
-        wiped store): ask it to step down and join us."""
-        headers = self.request_headers(DEMOTE_HEADER)
-        try:
-            _answer, _r, writer = await ha_request(*target, headers, timeout=1.0)
-            writer.close()
-            log.warning("node %s: stale master %s (epoch %s < %d) at %s:%d agreed to step down",
-                        self.name, info.get("amq-ha-name"), info.get("amq-ha-epoch"), self.state.epoch, *target)
-        except (OSError, TimeoutError, ReplicationError) as exc:
-            log.error("node %s: a second master %s (epoch %s) at %s:%d refused to step down: %s",
-                      self.name, info.get("amq-ha-name"), info.get("amq-ha-epoch"), *target, exc)
 
     # ------------------------------------------------------------------ replicated
     def peer_addresses(self) -> list[tuple[str, int]]:
@@ -512,8 +297,10 @@ class HaNode:
             action, join = await self._decide_role()
         if action == "master":
             # decide() read state.synced after its last await: from there to the epoch
-            # raise in _serve_master nothing awaits, so no stand-by request slips between
-            await self._serve_master()
+            # raise in MasterRole.serve nothing awaits, so no stand-by request slips between
+            await self.master.serve()
+            if self.stopping:
+                raise _Stop()
             return "decide", None
         if action == "slave":
             assert join is not None

@@ -28,6 +28,7 @@ from ..store import StoreLockedError
 from .config import HaOptions
 from .epoch import HaState
 from .lock import FileLock, is_locked, wait_for_lock
+from .master import MasterRole
 
 __all__ = ["SharedHost", "SharedStoreRole"]
 
@@ -54,11 +55,8 @@ class SharedHost(Protocol):
     async def sleep(self, seconds: float) -> None:
         """Sleep, or end the role loop if the node stops meanwhile."""
 
-    async def start_master(self, *, replicate: bool) -> None:
-        """Open the store and serve clients."""
-
-    async def stop_master(self) -> None:
-        """Stop serving and close the store."""
+    @property
+    def master(self) -> MasterRole: ...
 
 
 class SharedStoreRole:
@@ -130,14 +128,14 @@ class SharedStoreRole:
                     continue
                 is_primary = node.state.peer.get("primary") == node.name
                 try:
-                    await node.start_master(replicate=False)
+                    await node.master.start(replicate=False)
                     outcome = await self._hold(request, is_primary, lock)
                 except StoreLockedError as exc:
                     # the journal was taken between our check and the open: never die for it
                     log.error("node %s: %s; staying slave", node.name, exc)
                     outcome = "fenced"
                 finally:
-                    await node.stop_master()
+                    await node.master.stop()
                     lock.release()
                 if outcome == "stop":
                     return

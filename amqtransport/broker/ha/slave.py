@@ -49,15 +49,14 @@ import asyncio
 import contextlib
 import logging
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from ..config import BrokerConfig
 from ..store import Callback, MessageStore, run_completions
-from .config import HaOptions
-from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY, Decision, NodeState, PeerAnswer
-from .epoch import HaState
+from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY, PeerAnswer
+from .host import RoleHost
 from .wire import (
     ACK,
     BYE,
@@ -223,15 +222,9 @@ class SlaveLink:
             stop_wait.cancel()
 
 
-class SlaveHost(Protocol):
+class SlaveHost(RoleHost, Protocol):
     """What the slave's side of the role loop reads and changes on the node (:class:`.node.HaNode`)."""
 
-    name: str
-    data_dir: Path
-    config: BrokerConfig
-    opts: HaOptions
-    state: HaState
-    loop: asyncio.AbstractEventLoop | None
     master_address: str
     slave_link: SlaveLink | None
     slave_store: MessageStore | None
@@ -240,38 +233,12 @@ class SlaveHost(Protocol):
 
     @property
     def stop_event(self) -> asyncio.Event: ...
-    @property
-    def stopping(self) -> bool: ...
-
-    def say(self, line: str) -> None:
-        """One line for the operator (stdout)."""
-
-    def set_role(self, role: str, detail: str = "") -> None:
-        """Take ``role`` and say so."""
 
     def set_waiting(self, reason: str) -> None:
         """Take the role ``waiting`` (said once per reason)."""
 
     async def sleep(self, seconds: float) -> None:
         """Sleep, or end the role loop if the node stops meanwhile."""
-
-    def request_headers(self, request_header: str) -> dict[str, str]:
-        """The signed headers of a request to another node."""
-        ...
-
-    def peer_addresses(self) -> list[tuple[str, int]]:
-        """Every address the node knows for its peer."""
-        ...
-
-    def moment(self, phase: str, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
-        """What :func:`.decide.decide` reads of the node now."""
-        ...
-
-    async def decide_observing(
-        self, moment: Callable[[], NodeState], ask: Callable[[], Awaitable[list[PeerAnswer]]] | None = None
-    ) -> Decision:
-        """Decide, making each observation the table asks for."""
-        ...
 
     def close_slave_store(self) -> None:
         """Close the replica's store, if open."""

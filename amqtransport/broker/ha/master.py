@@ -1,0 +1,298 @@
+"""A node's term as master: the broker, the receipt gate, a lost slave, a split brain.
+
+Theory of operation
+-------------------
+A master raises the epoch before binding, installs the
+:class:`~.replication.ReplicationMaster` (store listener + journal gate: a receipt
+waits for the slave's fsync while a slave is attached), and binds the client port --
+at once, or with ``--wait-for-slave`` only when a slave has synced. When a synced slave
+is lost without a goodbye, or the master's event loop stalled for longer than
+``--link-timeout`` (it was frozen: the slave may have taken over meanwhile), the
+receipts that waited for the slave are never sent (their client connections are cut;
+the clients replay to whichever node is master and idempotency keys drop the copies)
+and the master receipts nothing more until its peer has answered a *stand-by* request
+(phase ``master`` of the table): a peer that is master at a newer epoch makes it step
+down; a peer that agrees to stand by marks its store as no longer a complete copy (it
+will resync before it could take over) and the master goes on alone; no answer keeps
+the receipts held. With ``--shutdown-on-slave-failure`` the master stops instead
+(receipts for unreplicated records are refused; from that moment its status no longer
+says master, so the slave takes over); with ``--takeover-check`` a master that cannot
+reach that address when it loses its synced slave fences itself. A slave that
+re-links over a connection the master still thinks open (half-open TCP) replaces it:
+that is not a lost slave, and what waited for the old link waits for the new one's
+full sync. With no slave attached it probes its known peer every second and demotes
+itself if the peer is a master with a higher epoch (the end of a split brain); if the
+peer is a master with a *lower* epoch (it came back knowing nothing of us, e.g. with a
+wiped store), it sends it a demote request (``amq-ha-demote``) and the stale master --
+once the requester's own HA port confirms that it is master at that newer epoch --
+steps down, learns our address and joins us as slave (:mod:`.port` answers requests).
+
+:class:`MasterRole` reads and changes the node only through :class:`MasterHost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Protocol
+
+from ..server import BrokerServer
+from .decide import (
+    CHECK,
+    CLEAR,
+    DEMOTE_PEER,
+    FENCE,
+    FORGET,
+    MASTER,
+    SLAVE_LOST,
+    STEP_DOWN,
+    STOP,
+    DecideOptions,
+    Decision,
+    NodeState,
+    Peers,
+    decide,
+)
+from .host import RoleHost
+from .port import HaRequests
+from .replication import MasterLink, ReplicationMaster
+from .wire import DEMOTE_HEADER, STANDBY_HEADER, ReplicationError, ask_peer, ha_request
+
+__all__ = ["MasterHost", "MasterRole"]
+
+log = logging.getLogger(__name__)
+
+
+class MasterHost(RoleHost, Protocol):
+    """What a term as master reads and changes on the node (:class:`.node.HaNode`)."""
+
+    host: str
+    port: int
+    users: dict[str, str]
+    rules: DecideOptions
+    role: str
+    server: BrokerServer | None
+    repl: ReplicationMaster | None
+    listening: bool
+    became_master_at: float
+    exit_code: int
+    demote_event: asyncio.Event | None
+    wake: asyncio.Event | None
+
+    @property
+    def requests(self) -> HaRequests: ...
+
+    def stop(self) -> None:
+        """Stop the node."""
+
+    def demote(self) -> None:
+        """Leave the master role (the role loop then decides again)."""
+
+
+class MasterRole:
+    """A node's terms as master (see the module docstring); one per node."""
+
+    def __init__(self, node: MasterHost) -> None:
+        self.node = node
+        self.held_since = 0.0  # receipts held for a peer check since (monotonic), 0: not held
+        self.held_logged = 0.0
+
+    async def start(self, *, replicate: bool) -> None:
+        """Open the store and the broker, install the receipt gate (``replicate``), bind
+        the client port (with ``--wait-for-slave``: once a slave has synced)."""
+        node = self.node
+        t0 = time.monotonic()
+        server = BrokerServer(node.config, data_dir=node.data_dir, users=node.users)
+        await server.open()
+        server.connect_hook = node.requests  # status and role requests on the client port (port.py)
+        server.on_fenced = self._fenced
+        node.server = server
+        node.demote_event = asyncio.Event()
+        node.wake = asyncio.Event()
+        self.held_since = 0.0
+        node.role = "master"
+        if replicate:
+            node.repl = ReplicationMaster(
+                server,
+                link_timeout=node.opts.link_timeout,
+                shutdown_on_slave_failure=node.opts.shutdown_on_slave_failure,
+                on_synced=self._on_slave_synced,
+                on_lost=self._on_slave_lost,
+                on_suspect=self._on_suspect,
+            )
+        node.set_role("master", f"epoch {node.state.epoch}")
+        node.became_master_at = time.monotonic()
+        if not (replicate and node.opts.wait_for_slave):
+            await self.listen()
+        else:
+            log.info("node %s: --wait-for-slave: client port stays closed until a slave has synced", node.name)
+        log.info("node %s: master ready in %.3f s", node.name, time.monotonic() - t0)
+
+    async def listen(self) -> None:
+        node = self.node
+        if node.listening or node.server is None:
+            return
+        await node.server.listen(node.host, node.port)
+        node.listening = True
+        node.say(f"listening on stomp://{node.server.host}:{node.server.port}")
+
+    async def stop(self) -> None:
+        """Close the replication links, the client port and the store."""
+        node = self.node
+        repl, node.repl = node.repl, None
+        if repl is not None:
+            repl.close()
+        server, node.server = node.server, None
+        node.listening = False
+        if server is not None:
+            await server.stop()
+
+    def _fenced(self, reason: str) -> None:
+        """The master's journal failed (a full disk, an I/O error; the server has fenced
+        itself): hand over to an in-sync slave -- this store missed writes, so it never
+        claims master again before resyncing -- or, with none, stop (exit code 3)."""
+        node = self.node
+        link = node.repl.link if node.repl is not None else None
+        if link is not None and link.synced and node.demote_event is not None:
+            log.error("node %s: %s: handing over to the in-sync slave %s", node.name, reason, link.slave)
+            node.state.synced = False
+            with contextlib.suppress(OSError):  # the disk may be the full one
+                node.state.save(node.data_dir)
+            node.demote_event.set()
+            return
+        log.error("node %s: %s: no in-sync slave to hand over to: stopping (exit code 3)", node.name, reason)
+        node.exit_code = 3
+        node.stop()
+
+    def _on_slave_synced(self, link: MasterLink) -> None:
+        node = self.node
+        node.state.peer_may_be_master = True
+        peer = {k: link.info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port")) if h in link.info}
+        node.state.peer.update(peer, name=link.slave)
+        node.state.save(node.data_dir)
+        node.say(f"slave {link.slave} in sync")
+        if not node.listening and node.loop is not None:
+            node.loop.create_task(self.listen())
+
+    def _on_slave_lost(self, link: MasterLink, reason: str, was_synced: bool) -> None:
+        node = self.node
+        node.say(f"slave {link.slave} lost: {reason}")
+        d = decide(node.moment(SLAVE_LOST, goodbye=link.bye, slave_was_synced=was_synced), node.rules, Peers())
+        if d.action == FORGET:
+            # a clean slave shutdown: it will not take over, so we may restart alone
+            node.state.peer_may_be_master = False
+            node.state.save(node.data_dir)
+        elif d.action == STOP:
+            log.error("node %s: %s", node.name, d.reason)
+            node.role = "stopping"  # from now on no probe sees a master here: the slave may take over
+            node.exit_code = 3
+            node.stop()
+        elif d.action == CHECK and node.loop is not None:
+            moment = node.moment(SLAVE_LOST, goodbye=link.bye, slave_was_synced=was_synced)
+            node.loop.create_task(self._fence_check(moment))
+
+    async def _fence_check(self, moment: NodeState) -> None:
+        node = self.node
+        d = await node.decide_observing(lambda: moment)
+        if d.action == FENCE:
+            log.error("node %s: %s", node.name, d.reason)
+            node.demote()
+        else:
+            log.info("node %s: %s", node.name, d.reason)
+
+    def _on_suspect(self, _reason: str) -> None:
+        node = self.node
+        if node.wake is not None:
+            node.wake.set()
+
+    async def serve(self) -> None:
+        """A replicated master's term: raise the epoch, serve, check the peer while no
+        slave is attached or while receipts are held, until demoted or stopped."""
+        node = self.node
+        node.state.epoch += 1
+        node.state.role = "master"
+        node.state.synced = True
+        node.state.save(node.data_dir)
+        await self.start(replicate=True)
+        demote, wake = node.demote_event, node.wake
+        assert demote is not None and wake is not None
+        try:
+            while not node.stopping and not demote.is_set():
+                repl = node.repl
+                every = 1.0 if repl is None or repl.suspect is None else max(0.05, node.opts.link_timeout / 4)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), every)
+                wake.clear()
+                if node.stopping or demote.is_set() or node.repl is None:
+                    break
+                if node.repl.suspect is not None:
+                    await self._confirm_peer()
+                elif node.repl.link is None:
+                    await self._check_peer_not_master()
+        finally:
+            await self.stop()
+        if not node.stopping:
+            node.set_role("fenced", "left the master role")
+
+    async def _confirm_peer(self) -> None:
+        """One round of asking the peer to stand by while receipts are held (decide.py,
+        phase ``master``)."""
+        node = self.node
+        repl = node.repl
+        assert repl is not None
+
+        d = await node.decide_observing(lambda: node.moment(MASTER), lambda: ask_peer(
+            node.peer_addresses(), lambda: node.request_headers(STANDBY_HEADER), min(1.0, node.opts.link_timeout)
+        ))
+        if node.repl is not repl or repl.suspect is None or node.stopping:
+            return
+        if d.action == CLEAR:
+            repl.clear_suspect(d.reason)
+            self.held_since = 0.0
+        elif d.action in (STEP_DOWN, DEMOTE_PEER):
+            await self._end_split_brain(d)
+        else:
+            now = time.monotonic()
+            if not self.held_since:
+                self.held_since = self.held_logged = now
+                log.error("node %s: receipts held until the peer can be asked to stand by: %s", node.name,
+                          d.reason)
+            elif now - self.held_logged >= 10:
+                self.held_logged = now
+                log.error("node %s: receipts held for %.0f s: %s", node.name, now - self.held_since, d.reason)
+
+    async def _check_peer_not_master(self) -> None:
+        """With no slave attached: is the peer a master too (the end of a split brain)?"""
+        node = self.node
+        d = await node.decide_observing(lambda: node.moment(MASTER), lambda: ask_peer(node.peer_addresses(), None, 0.5))
+        if node.repl is None or node.repl.link is not None or node.stopping:
+            return
+        await self._end_split_brain(d)
+
+    async def _end_split_brain(self, d: Decision) -> None:
+        """A master acts on ``step-down`` (leave the master role) and ``demote-peer``."""
+        node = self.node
+        if d.action == STEP_DOWN:
+            log.error("node %s: %s: split brain ended; demoting to slave and resyncing "
+                      "(our unreplicated writes are dropped)", node.name, d.reason)
+            node.demote()
+        elif d.action == DEMOTE_PEER:
+            assert d.address is not None
+            await self._ask_to_step_down(d.address, d.info)
+
+    async def _ask_to_step_down(self, target: tuple[str, int], info: Mapping[str, str]) -> None:
+        """A master with an older epoch (it came back without knowing about us, e.g. with a
+        wiped store): ask it to step down and join us."""
+        node = self.node
+        headers = node.request_headers(DEMOTE_HEADER)
+        try:
+            _answer, _r, writer = await ha_request(*target, headers, timeout=1.0)
+            writer.close()
+            log.warning("node %s: stale master %s (epoch %s < %d) at %s:%d agreed to step down",
+                        node.name, info.get("amq-ha-name"), info.get("amq-ha-epoch"), node.state.epoch, *target)
+        except (OSError, TimeoutError, ReplicationError) as exc:
+            log.error("node %s: a second master %s (epoch %s) at %s:%d refused to step down: %s",
+                      node.name, info.get("amq-ha-name"), info.get("amq-ha-epoch"), *target, exc)
