@@ -40,7 +40,11 @@ def test_link_cut_while_master_lives_makes_no_second_master(tmp_path: Path) -> N
                 never_master(bp.b, 3.0)
                 st = bp.b.status()
                 assert st["amq-ha-role"] in ("slave", "waiting"), st
-                assert "master alive" in bp.b.log_text() or "master answers" in bp.b.log_text()
+                # the slave knew the master was alive: it re-links ("master answers"/"master
+                # alive"), or the master's stand-by request reached it first and it agreed
+                # ("goes on without us"; its store is then no copy and it does not decide)
+                log_b = bp.b.log_text()
+                assert any(s in log_b for s in ("master alive", "master answers", "is alive and goes on without us")), log_b
                 fwd.restore()
                 bp.wait_in_sync(30)
                 wait_for(lambda: bp.b.status().get("amq-ha-messages") == "40", 10, "slave resync to 40")
