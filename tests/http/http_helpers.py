@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +15,7 @@ import requests
 import amqtransport
 from amqtransport.testing.broker_process import BrokerProcess
 from amqtransport.testing.ports import free_port
+from amqtransport.testing.wait import wait_for
 
 
 class Console:
@@ -89,14 +89,11 @@ def running_console(tmp_path: Path, *, args: Sequence[str] = (), config: str = "
 
 
 def wait_http(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on http port {port} after {timeout} s")
+    def listening() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    wait_for(listening, timeout, f"something to listen on http port {port}", interval=0.05, ignore=(OSError,))
 
 
 def dead_letter(uri: str, queue: str, bodies: Sequence[str], *, login: str | None = None,

@@ -16,6 +16,7 @@ import pytest
 import amqtransport
 from amqtransport.errors import ReconnectExhausted
 from amqtransport.testing.activemq import ActiveMQPair
+from amqtransport.testing.wait import wait_for
 
 pytestmark = [pytest.mark.activemq, pytest.mark.timeout(240)]
 
@@ -156,15 +157,12 @@ def test_amq_send_through_a_master_kill_then_amq_recv_gets_all(activemq_pair: Ac
 def _wait_client_connected(port: int, proc: Any, timeout: float = 30.0) -> None:
     """Wait until some process holds an ESTABLISHED TCP connection to 127.0.0.1:port
     (read from /proc/net/tcp; nothing else talks to the master during the test)."""
-    deadline = time.monotonic() + timeout
     want = f"{port:04X}"
-    while time.monotonic() < deadline:
+
+    def connected() -> bool:
         if proc.poll() is not None:
-            return
+            return True
         with open("/proc/net/tcp") as fh:
-            for line in fh.readlines()[1:]:
-                parts = line.split()
-                if parts[2].endswith(":" + want) and parts[3] == "01":
-                    return
-        time.sleep(0.05)
-    raise AssertionError(f"no client connected to port {port} within {timeout}s")
+            return any(p[2].endswith(":" + want) and p[3] == "01" for p in (line.split() for line in fh.readlines()[1:]))
+
+    wait_for(connected, timeout, f"a client connected to port {port}", interval=0.05)
