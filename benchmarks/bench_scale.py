@@ -8,7 +8,6 @@ Run one part, or all of them (the default, at sizes that fit ``run_all.py``'s ti
     .venv/bin/python benchmarks/bench_scale.py consumers --consumers 1000
     .venv/bin/python benchmarks/bench_scale.py spokes --spokes 20
     .venv/bin/python benchmarks/bench_scale.py all            # 100k deep, 2,000 connections, ...
-    .venv/bin/python benchmarks/bench_scale.py loop           # asyncio's event loop against uvloop's
 
 ``--broker-config KEY=VALUE`` (repeatable) adds a key to the broker's TOML config (e.g.
 ``memory_limit=8589934592`` to let a broker without paging hold 1M messages at all).
@@ -40,9 +39,6 @@ codec, 256-byte persistent messages, every figure from real processes):
   (when the bridge's config allows a local broker per connector); aggregate forwarding
   rate against S x the rate of one bridge alone, per-spoke fairness, and the time until
   every bridge is up on the new hub master after the hub master's SIGKILL.
-``loop``  The same broker on asyncio's event loop and on uvloop's (config
-  ``event_loop``; needs ``pip install uvloop``), alternating rounds: pipelined
-  receipted sends, a fill, a drain, and the CPU of idle connections with heart-beats.
 """
 
 from __future__ import annotations
@@ -742,52 +738,6 @@ def spokes_part(work: Work, s: int, k: int) -> list[dict[str, Any]]:
     return rows
 
 
-# ---------------------------------------------------------------------- event loop
-def loop_part(work: Work, *, rounds: int, sample: int, conns: int, idle_s: float) -> list[dict[str, Any]]:
-    """The same broker on asyncio's event loop and on uvloop's (config ``event_loop``),
-    alternating rounds: receipted pipelined sends, a fill (a receipt per 1,000), a
-    drain, and the CPU of ``conns`` idle connections with heart-beats."""
-    brokers: dict[str, BrokerProcess] = {}
-    for name in ("asyncio", "uvloop"):
-        cfg = work.dir / f"loop-{name}.toml"
-        room = "" if "max_connections" in work.extra else f"max_connections = {conns + 100}\n"
-        cfg.write_text(work.config.read_text() + f'event_loop = "{name}"\n' + room)
-        brokers[name] = BrokerProcess(work.dir / f"loop-{name}", args=["--config", str(cfg)],
-                                      log_dir=work.dir / "logs" / f"loop-{name}", startup_timeout=600).start()
-    figures: dict[str, dict[str, list[float]]] = {n: {} for n in brokers}
-    try:
-        for i in range(rounds):
-            for name, b in brokers.items():
-                f = figures[name]
-                f.setdefault("send msg/s", []).append(pipelined(b.port, f"/queue/loop.{i}", sample))
-                queued, secs = fill(b.port, f"/queue/fill.{i}", sample)
-                f.setdefault("fill msg/s", []).append(queued / secs)
-                got, rate = drain(b.port, f"/queue/fill.{i}", sample)
-                f.setdefault("drain msg/s", []).append(rate)
-                drain(b.port, f"/queue/loop.{i}", sample)
-        for name, b in brokers.items():
-            clients = IdleClients(b.port, conns, heartbeat_ms=5000)
-            try:
-                clients.open()
-                c0, w0 = cpu_seconds(b.pid), time.perf_counter()
-                lat: list[float] = []
-                port = b.port
-                clients.idle(idle_s, lambda lat=lat, port=port: lat.append(connect_latency(port)), probes=10)
-                figures[name]["idle cpu %"] = [100 * (cpu_seconds(b.pid) - c0) / (time.perf_counter() - w0)]
-                figures[name]["new client ms"] = [1000 * medians(lat)]
-            finally:
-                clients.close()
-    finally:
-        for b in brokers.values():
-            b.terminate()
-    rows: list[dict[str, Any]] = []
-    for name in brokers:
-        rows.append({"event loop": name, **{k: round(medians(v), 1) for k, v in figures[name].items()}})
-    rows.append({"event loop": "uvloop / asyncio", **{
-        k: round(ratio(medians(figures["uvloop"][k]), medians(figures["asyncio"][k])), 2) for k in figures["asyncio"]}})
-    return rows
-
-
 # ---------------------------------------------------------------------- main
 def _parse_extra(items: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
@@ -801,7 +751,7 @@ def _parse_extra(items: list[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", nargs="?", default="all", choices=["all", "depth", "ha", "connections", "consumers", "spokes", "loop"])
+    ap.add_argument("part", nargs="?", default="all", choices=["all", "depth", "ha", "connections", "consumers", "spokes"])
     ap.add_argument("--depths", default=None, help="comma-separated queue depths (depth part)")
     ap.add_argument("--depth", type=int, default=None, help="queued messages (ha part)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -837,9 +787,6 @@ def main(argv: list[str] | None = None) -> None:
         sections["consumers"] = consumers_part(work, args.consumers or scale(1000, 50), args.messages or scale(20000, 2000))
     if everything or args.part == "spokes":
         sections["spokes"] = spokes_part(work, args.spokes or scale(20, 3), args.per_spoke or scale(5000, 500))
-    if args.part == "loop":  # not in "all": it needs uvloop installed
-        sections["loop"] = loop_part(work, rounds=rounds, sample=sample, conns=args.connections or scale(2000, 200),
-                                     idle_s=args.idle)
     rows: list[dict[str, Any]] = []
     for name, part_rows in sections.items():
         columns = list(dict.fromkeys(k for r in part_rows for k in r))

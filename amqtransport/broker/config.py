@@ -16,7 +16,7 @@ import secrets
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -108,9 +108,6 @@ class BrokerConfig(BaseModel):
         return value
 
     log_level: str = "INFO"
-    # the event loop of ``amq broker run``: "auto" is uvloop when it is installed (the
-    # ``uvloop`` extra), else asyncio's own; "uvloop" insists on it
-    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     # the HTTP side port: /metrics, /healthz, /readyz, the console (docs/console.md);
     # "HOST:PORT" or "PORT" (host 127.0.0.1); off when unset

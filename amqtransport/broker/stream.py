@@ -42,7 +42,6 @@ import logging
 import struct
 import sys
 import termios
-from typing import cast
 
 from amqtransport.errors import RemoteProtocolError
 from amqtransport.stomp import CLIENT_COMMANDS, FrameParser, Limits, NeedData
@@ -130,8 +129,8 @@ class StompStream(asyncio.Protocol):
     # ------------------------------------------------------------------ asyncio
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # a transport (uvloop's is not a subclass of asyncio.Transport, only alike)
-        self.transport = transport = cast(asyncio.Transport, transport)
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         transport.set_write_buffer_limits(high=self.config.write_buffer_high)

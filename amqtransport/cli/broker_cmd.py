@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import getpass
-import importlib
 import logging
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -174,32 +172,10 @@ def run(
     if ha.get("ha"):
         sys.exit(run_ha(cfg, users, ha))
     try:
-        factory = loop_factory(cfg.event_loop)
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    try:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            code = runner.run(_serve(cfg, users))
+        code = asyncio.run(_serve(cfg, users))
     except KeyboardInterrupt:
         code = 0
     sys.exit(code)
-
-
-def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The event loop for config key ``event_loop``: None for asyncio's own, uvloop's
-    when asked for or ("auto") when installed; ConfigError when asked for and missing."""
-    if choice == "asyncio":
-        return None
-    try:
-        uvloop = importlib.import_module("uvloop")
-    except ImportError:
-        if choice == "uvloop":
-            raise ConfigError("event_loop = \"uvloop\", but uvloop is not installed "
-                              "(pip install 'amqtransport[uvloop]')", path="event_loop") from None
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 async def _serve(cfg: object, users: dict[str, str] | None) -> int:
@@ -209,8 +185,6 @@ async def _serve(cfg: object, users: dict[str, str] | None) -> int:
 
     assert isinstance(cfg, BrokerConfig)
     log = logging.getLogger("amqtransport.broker")
-    loop = asyncio.get_running_loop()
-    log.info("event loop: %s.%s", type(loop).__module__, type(loop).__qualname__)
     server = BrokerServer(cfg, users=users)
     try:
         await server.open()
@@ -238,6 +212,7 @@ async def _serve(cfg: object, users: dict[str, str] | None) -> int:
             await server.stop()
             return 1
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server.on_fenced = lambda _reason: stop.set()

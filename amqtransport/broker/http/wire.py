@@ -28,7 +28,6 @@ import http
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import h11
@@ -110,8 +109,8 @@ class _HttpConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # a transport (uvloop's is not a subclass of asyncio.Transport, only alike)
-        self.transport = transport = cast(asyncio.Transport, transport)
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         if len(self.server.connections) >= self.limits.max_connections:
