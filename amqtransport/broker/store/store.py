@@ -10,14 +10,10 @@ are durable. All methods run on one thread (the broker's event loop); only the
 journal's writer thread touches files for writing, and completions come back through
 the ``notify`` function given at construction.
 
-Resident and paged. A live message is either *resident* (its
-:class:`~..message.Message` is in :attr:`resident`, as the dispatch core holds it) or
-*paged*: only its position in the journal, its id hash and its acceptance time, in
-its destination's :class:`~.pages.PageList` (:attr:`paged`); :meth:`take` reads paged
-messages back, in order, and makes them resident. A message added by the core stays
-resident (:meth:`add`); a message the store learns of from its records -- recovery,
-a replica's stream -- is paged. :attr:`count` counts both; :attr:`live` is a read-only
-mapping over both (reading paged ones from disk: for tests and small stores).
+The store's stories, one module each: this one holds its state, the record stream
+folded into it and the mutations; :mod:`.paging` finds live messages and reads paged
+ones back (resident and paged); :mod:`.compaction` frees segments (and the store
+limit that waits for it); :mod:`.checkpoint` writes and loads the index.
 
 State is a pure function of the record stream: :meth:`apply` folds one record into
 the in-memory state, and recovery (records read back from segments), a replica
@@ -34,25 +30,6 @@ Recovery and checkpoints (:mod:`.checkpoint`). Recovery loads the newest checkpo
 position; a checkpoint that is torn, from another journal, or older than what the
 journal still holds makes recovery replay everything instead. Recovered messages are
 paged; each destination is ordered by acceptance time.
-
-Compaction accounting. For every segment the store keeps the number of live
-messages whose ``Enq`` record it holds, and the set of *older* segments that its
-``Ack``/``Move``/``Unsub`` records refer to -- and that its ``Enq`` records refer to
-when they supersede an older copy of the same message (relocation): the ack of the
-new copy may sit in the same segment, and the old copy must not outlive it. A segment (never the head) can be
-deleted when it holds no live message and every segment it refers to is deleted
-too -- otherwise deleting the ack would resurrect the acked message on the next
-recovery. State that must outlive its segment (durable subscriptions, idempotency
-keys still inside the window) is re-appended to the head segment first; the
-journal deletes the files only after that batch is durable -- and, when the store
-writes checkpoints, only after a checkpoint that no longer needs them.
-
-Store limit (ActiveMQ's ``storeUsage``). With ``store_limit`` > 0 the store sets
-:attr:`MessageStore.full` once the journal's segments reach that many bytes; the
-connection handler then holds persistent SENDs (producer flow control) or refuses them
-(``send_fail_if_no_space``). Only compaction frees space: it clears the flag when the
-journal is down to ``store_low_water`` x the limit and calls ``on_space``. ACKs and
-other records are still written while the store is full (they are what frees it).
 
 Duplicate suppression. :meth:`is_duplicate` is true for an idempotency key already
 accepted for the same destination within the window; if the original's record is
@@ -71,24 +48,25 @@ import itertools
 import logging
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from ..message import Message
 from . import checkpoint as ckpt
+from .compaction import KEYS_PER_RECORD as _KEYS_PER_RECORD
+from .compaction import Compaction
 from .dedupe import DedupeWindow
 from .journal import MAX_RECORD, Callback, Journal, JournalError
-from .pages import INNER, MOVED, PageList, id_hash, pack, segment_of, unpack
-from .pages import SEG_SHIFT as _SEG_SHIFT
+from .pages import INNER, MOVED, PageList, id_hash, pack, segment_of
+from .paging import ORIGINAL_DESTINATION, LiveView, PagedMessages
 from .records import (
     Ack,
     Enq,
     Keys,
     Move,
     Record,
-    RecordError,
     Sub,
     Tx,
     TxPart,
@@ -102,8 +80,6 @@ __all__ = ["MessageStore", "StoreListener", "StoreStats", "ORIGINAL_DESTINATION"
 
 log = logging.getLogger(__name__)
 
-ORIGINAL_DESTINATION = "original-destination"
-_KEYS_PER_RECORD = 5000
 _FRAME_HEAD = 8  # the journal's u32 length + u32 crc before each payload
 _U32 = struct.Struct("<I")
 
@@ -138,48 +114,10 @@ def tx_inner_offsets(payload: bytes | memoryview) -> list[int]:
     return out
 
 
-def materialize(payload: bytes, pos: int, destination: str) -> Message:
-    """The message of an ``Enq`` payload read back at ``pos`` for ``destination``'s list
-    (a ``MOVED`` position: as :meth:`MessageStore.apply` left it after the move)."""
-    rec = decode(payload)
-    if not isinstance(rec, Enq):
-        raise RecordError(f"expected an Enq record at position {pos:#x}, found {type(rec).__name__}")
-    m = rec.message
-    if pos & MOVED:  # moved at least once since this record: as apply(Move) left it
-        m.key = ""
-        if not any(k == ORIGINAL_DESTINATION for k, _ in m.headers):
-            m.headers = m.headers + ((ORIGINAL_DESTINATION, m.destination),)
-        m.destination = destination
-    m.segment = segment_of(pos)
-    m.pos = pos
-    return m
+class MessageStore(PagedMessages, Compaction):
+    """The store (see the module docstring); finding and paging messages is
+    :class:`~.paging.PagedMessages`, compaction :class:`~.compaction.Compaction`."""
 
-
-class LiveView(Mapping[str, Message]):
-    """Every live message by id, resident or paged (paged ones are read from disk on
-    each access: for tests, status pages and small stores)."""
-
-    def __init__(self, store: MessageStore) -> None:
-        self._store = store
-
-    def __len__(self) -> int:
-        return self._store.count
-
-    def __iter__(self) -> Iterator[str]:
-        for m in self._store.iter_messages():
-            yield m.id
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self._store.find(key) is not None
-
-    def __getitem__(self, key: str) -> Message:
-        m = self._store.get(key)
-        if m is None:
-            raise KeyError(key)
-        return m
-
-
-class MessageStore:
     def __init__(
         self,
         directory: str | Path,
@@ -231,7 +169,7 @@ class MessageStore:
         self._transient_keys = itertools.count(1)
         self.deleted_segments = 0
         self._opened = False
-        self.checkpoints = ckpt.Checkpointer(self, interval=checkpoint_interval, enabled=checkpoints)
+        self.checkpoints: ckpt.Checkpointer = ckpt.Checkpointer(self, interval=checkpoint_interval, enabled=checkpoints)
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -298,179 +236,6 @@ class MessageStore:
     def remove_listener(self, listener: StoreListener) -> None:
         if listener in self._listeners:
             self._listeners.remove(listener)
-
-    # ------------------------------------------------------------------ finding messages
-    def find(self, mid: str, destination: str = "") -> Message | tuple[PageList, int] | None:
-        """Where live message ``mid`` is: its resident Message, ``(page list, index)``,
-        or None. ``destination`` (when known) is searched first, then every list."""
-        m = self.resident.get(mid)
-        if m is not None:
-            return m
-        if not self.paged:
-            return None
-        h = id_hash(mid)
-        if self._replay_seen is not None and h not in self._replay_seen:
-            return None
-        pl = self.paged.get(destination) if destination else None
-        if pl is not None:
-            i = pl.find(h)
-            if i >= 0 and pl.pos[i] >> _SEG_SHIFT:
-                return pl, i
-        for other in self.paged.values():
-            if other is not pl:
-                i = other.find(h)
-                if i >= 0 and other.pos[i] >> _SEG_SHIFT:
-                    return other, i
-        return None
-
-    def get(self, mid: str) -> Message | None:
-        """Live message ``mid`` (a paged one read back, left paged), or None."""
-        where = self.find(mid)
-        if where is None or isinstance(where, Message):
-            return where
-        pl, i = where
-        dest = next(d for d, p in self.paged.items() if p is pl)
-        pos = pl.pos[i]
-        return materialize(self.journal.read([pos])[0], pos, dest)
-
-    def iter_messages(self) -> Iterator[Message]:
-        """Every live message: resident ones, then each destination's paged ones in order
-        (read back in batches, left paged)."""
-        yield from list(self.resident.values())
-        for dest, pl in list(self.paged.items()):
-            batch: list[int] = []
-            for _i, pos, _h, _t in pl.entries():
-                if not pos >> _SEG_SHIFT:
-                    continue  # a non-persistent message queued in order: not the store's
-                batch.append(pos)
-                if len(batch) >= 1000:
-                    yield from self._read(batch, dest)
-                    batch = []
-            if batch:
-                yield from self._read(batch, dest)
-
-    def _read(self, positions: list[int], destination: str) -> list[Message]:
-        """The paged messages at ``positions``; one that cannot be read back (a corrupt
-        record: the disk changed under the journal) is logged and left out."""
-        try:
-            payloads = self.journal.read(positions)
-            return [materialize(p, pos, destination) for p, pos in zip(payloads, positions, strict=True)]
-        except (JournalError, RecordError):
-            if len(positions) == 1:
-                raise
-        out: list[Message] = []
-        for pos in positions:
-            try:
-                out.append(self._read([pos], destination)[0])
-            except (JournalError, RecordError) as exc:
-                seg, off, _flags = unpack(pos)
-                log.error("store %s: a message of %s at segment %d offset %d cannot be read back (%s): it is lost",
-                          self.directory, destination, seg, off, exc)
-        return out
-
-    def take(self, destination: str, n: int) -> list[Message]:
-        """Make up to ``n`` paged messages of ``destination`` resident, from the front of its
-        list; returns them in order (with the non-persistent ones queued among them)."""
-        pl = self.paged.get(destination)
-        if not pl:
-            return []
-        entries = pl.popleft(n)
-        if not pl:
-            del self.paged[destination]
-        persisted = [p for p, _h, _t in entries if p >> _SEG_SHIFT]
-        read = {m.pos: m for m in self._read(persisted, destination)} if persisted else {}
-        out: list[Message] = []
-        for pos, _h, _t in entries:
-            if not pos >> _SEG_SHIFT:
-                out.append(self._transient.pop(unpack(pos)[1]))
-                continue
-            m = read.get(pos)
-            if m is None:  # unreadable: gone (logged)
-                self.count -= 1
-                self._dec(segment_of(pos))
-                continue
-            self.resident[m.id] = m
-            out.append(m)
-        return out
-
-    def page_out(self, message: Message) -> bool:
-        """A waiting message leaves memory for the back of its destination's list: a
-        persistent one as its journal position; a non-persistent one (not in the journal)
-        stays in memory but takes its place in the list, so the queue keeps its order.
-        False (nothing done) for a persistent message the store does not hold resident:
-        only what the journal holds may wait as a position."""
-        if message.persistent:
-            if self.resident.get(message.id) is not message:
-                return False
-            del self.resident[message.id]
-            self.page_list(message.destination).append(message.pos, id_hash(message.id), message.timestamp)
-            return True
-        key = next(self._transient_keys)
-        self._transient[key] = message
-        self.page_list(message.destination).append(pack(0, key), id_hash(message.id), message.timestamp)
-        return True
-
-    def take_ids(self, destination: str, ids: Iterable[str]) -> list[Message]:
-        """The paged messages of ``destination`` with these ids, taken out of its list and
-        made resident, in list order (an operator's delete or move)."""
-        pl = self.paged.get(destination)
-        if pl is None:
-            return []
-        found: list[tuple[int, Message]] = []
-        for mid in ids:
-            i = pl.find(id_hash(mid))
-            if i < 0:
-                continue
-            pos = pl.pos[i]
-            if not pos >> _SEG_SHIFT:  # a non-persistent one, waiting in its place
-                m = self._transient[unpack(pos)[1]]
-            else:
-                try:
-                    (m,) = self._read([pos], destination)
-                except (JournalError, RecordError):
-                    continue  # unreadable: left for dispatch, which logs and drops it
-            if m.id != mid:
-                continue
-            found.append((i, m))
-        found.sort(key=lambda e: e[0])
-        for i, m in found:
-            pos = pl.pos[i]
-            pl.remove_at(i)
-            if pos >> _SEG_SHIFT:
-                self.resident[m.id] = m
-            else:
-                del self._transient[unpack(pos)[1]]
-        if not pl:
-            del self.paged[destination]
-        return [m for _i, m in found]
-
-    def paged_count(self, destination: str) -> int:
-        pl = self.paged.get(destination)
-        return len(pl) if pl is not None else 0
-
-    def peek(self, destination: str, start: int, n: int) -> list[Message]:
-        """Paged messages ``start`` to ``start + n`` of ``destination``'s list, read back and
-        left paged (a browser's page)."""
-        pl = self.paged.get(destination)
-        if pl is None:
-            return []
-        out: list[Message] = []
-        for k, (_i, pos, _h, _t) in enumerate(pl.entries()):
-            if k < start:
-                continue
-            if len(out) >= n:
-                break
-            if pos >> _SEG_SHIFT:
-                out.extend(self._read([pos], destination))
-            else:
-                out.append(self._transient[unpack(pos)[1]])
-        return out
-
-    def page_list(self, destination: str) -> PageList:
-        pl = self.paged.get(destination)
-        if pl is None:
-            pl = self.paged[destination] = PageList()
-        return pl
 
     # ------------------------------------------------------------------ state folding
     def apply(self, rec: Record, pos: int, payload: bytes | memoryview | None = None, *, keep: bool = False) -> None:
@@ -578,14 +343,6 @@ class MessageStore:
         if at != seg:
             self._refs.setdefault(seg, set()).add(at)
 
-    def _dec(self, seg: int) -> None:
-        n = self._seg_live.get(seg, 0) - 1
-        if n > 0:
-            self._seg_live[seg] = n
-        else:
-            self._seg_live.pop(seg, None)
-            self._compact_due = True
-
     def _write(self, records: Sequence[Record], callback: Callback | None, *, keep: bool = True) -> int:
         payloads = [encode(r) for r in records]
         seg, offset = self.journal.append_at(payloads, callback)
@@ -604,28 +361,6 @@ class MessageStore:
         if self.checkpoints.interval:
             self.checkpoints.appended()
         return seg
-
-    # ------------------------------------------------------------------ store limit
-    def _check_limit(self) -> None:
-        if self.journal.size >= self.limit:
-            self.full = True
-            log.warning(
-                "store %s: store limit reached (%d bytes of journal, store_limit=%d): "
-                "producer flow control engaged for persistent messages",
-                self.directory,
-                self.journal.size,
-                self.limit,
-            )
-
-    def _check_space(self) -> None:
-        """After compaction: release flow control once usage is down to the low-water mark."""
-        if self.full and self.journal.size <= self.limit * self.low_water:
-            self.full = False
-            log.warning(
-                "store %s: journal down to %d bytes: producer flow control released", self.directory, self.journal.size
-            )
-            if self.on_space is not None:
-                self.on_space()
 
     # ------------------------------------------------------------------ dedupe
     def is_duplicate(self, destination: str, key: str, callback: Callback | None = None) -> bool:
@@ -850,104 +585,3 @@ class MessageStore:
             relocated=self.relocated,
             paged=self.count - len(self.resident),
         )
-
-    # ------------------------------------------------------------------ compaction
-    def relocate(self, budget: int) -> int:
-        """Re-append the few live messages that pin old segments; returns how many.
-
-        A segment whose live messages are at most a tenth of those written into it
-        (e.g. one poison message among thousands consumed) would otherwise stay
-        forever -- and with it every later segment holding acks for its messages.
-        Their ``Enq`` records are written again into the head segment (same id, same
-        content, marked as relocated), which leaves the old segment dead for :meth:`compact`.
-        """
-        if budget <= 0:
-            return 0
-        head = self.journal.head
-        chosen: set[int] = set()
-        total = 0
-        for seg in self.journal.segments:
-            if seg == head or seg == head - 1:
-                continue
-            n = self._seg_live.get(seg, 0)
-            if not n or n * 10 > self._enqs.get(seg, 0) or total + n > budget:
-                continue
-            chosen.add(seg)
-            total += n
-        if not chosen:
-            return 0
-        moved = [m for m in self.resident.values() if m.segment in chosen]
-        for dest, pl in list(self.paged.items()):
-            picked = [pos for _i, pos, _h, _t in pl.entries() if segment_of(pos) in chosen]
-            if picked:
-                moved.extend(self._read(picked, dest))
-        moved.sort(key=lambda m: m.timestamp)
-        for i in range(0, len(moved), 500):
-            self._write([Enq(m, relocated=True) for m in moved[i : i + 500]], None)
-        self.relocated += len(moved)
-        log.info("store %s: relocated %d long-lived messages out of old segments", self.directory, len(moved))
-        return len(moved)
-
-    def compact(self, force: bool = False, relocate: int = 0) -> list[int]:
-        """Delete segments that hold nothing still needed; returns their ids.
-
-        ``relocate`` > 0 first moves up to that many long-lived messages out of
-        mostly-dead old segments (:meth:`relocate`). With periodic checkpoints the files
-        go once a checkpoint that does not need them is written.
-        """
-        if not self._opened or not (self._compact_due or force or relocate):
-            return []
-        self._compact_due = False
-        if relocate:
-            self.relocate(relocate)
-        head = self.journal.head
-        pending = self.checkpoints.pending_deletes
-        candidates = [s for s in self.journal.segments if s != head and s not in pending]
-        existing = set(self.journal.segments)
-        dead: set[int] = set()
-        for seg in candidates:
-            if seg in self._seg_live:
-                continue
-            refs = self._refs.get(seg, ())
-            if all(r in dead or r in pending or r not in existing for r in refs):
-                dead.add(seg)
-        if not dead:
-            return []
-        carry: list[Record] = []
-        keys = self.dedupe.in_segments(dead)
-        for i in range(0, len(keys), _KEYS_PER_RECORD):
-            carry.append(Keys(tuple(keys[i : i + _KEYS_PER_RECORD])))
-        carry.extend(sub for q, sub in self.subs.items() if self._sub_seg.get(q) in dead)
-        if carry:
-            self._write(carry, None)
-        for seg in dead:
-            self._refs.pop(seg, None)
-            self._seg_live.pop(seg, None)
-            self._enqs.pop(seg, None)
-        for refs in self._refs.values():
-            refs -= dead
-        ordered = sorted(dead)
-        self.checkpoints.delete_segments(ordered)
-        log.debug(
-            "store %s: compaction deletes segments %s (carried %d records)",
-            self.directory,
-            ordered,
-            len(carry),
-        )
-        return ordered
-
-    def hold_deletes(self) -> None:
-        """Delete no segment until :meth:`release_deletes` (a reader of old positions:
-        a replica's full sync, :mod:`.sync`); compaction's dead segments wait."""
-        self.checkpoints.hold()
-
-    def release_deletes(self) -> None:
-        self.checkpoints.release()
-
-    def delete_now(self, segments: Sequence[int]) -> None:
-        """Hand dead segments to the journal (after the batch queued before is durable)."""
-        for seg in segments:
-            self.journal.forget_reader(seg)
-        self.journal.delete_segments(segments)
-        self.deleted_segments += len(segments)
-        self._check_space()

@@ -27,8 +27,8 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .pages import MOVED, SEG_SHIFT
+from .paging import materialize
 from .records import Enq, Keys, encode
-from .store import materialize
 
 if TYPE_CHECKING:
     from .store import MessageStore

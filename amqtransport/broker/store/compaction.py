@@ -1,0 +1,217 @@
+"""Compaction: deleting the journal's segments that hold nothing still needed, and the
+store limit that waits for it -- a part of the message store.
+
+Theory of operation
+-------------------
+Compaction accounting. For every segment the store keeps the number of live
+messages whose ``Enq`` record it holds, and the set of *older* segments that its
+``Ack``/``Move``/``Unsub`` records refer to -- and that its ``Enq`` records refer to
+when they supersede an older copy of the same message (relocation): the ack of the
+new copy may sit in the same segment, and the old copy must not outlive it. A segment (never the head) can be
+deleted when it holds no live message and every segment it refers to is deleted
+too -- otherwise deleting the ack would resurrect the acked message on the next
+recovery. State that must outlive its segment (durable subscriptions, idempotency
+keys still inside the window) is re-appended to the head segment first; the
+journal deletes the files only after that batch is durable -- and, when the store
+writes checkpoints, only after a checkpoint that no longer needs them.
+
+Store limit (ActiveMQ's ``storeUsage``). With ``store_limit`` > 0 the store sets
+:attr:`MessageStore.full` once the journal's segments reach that many bytes; the
+connection handler then holds persistent SENDs (producer flow control) or refuses them
+(``send_fail_if_no_space``). Only compaction frees space: it clears the flag when the
+journal is down to ``store_low_water`` x the limit and calls ``on_space``. ACKs and
+other records are still written while the store is full (they are what frees it).
+
+:class:`Compaction` is the part of :class:`~.store.MessageStore` that does this, over
+the store's state (declared below, set by the store).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from ..message import Message
+from .dedupe import DedupeWindow
+from .journal import Journal
+from .pages import PageList, segment_of
+from .records import Enq, Keys, Record, Sub
+
+__all__ = ["Compaction", "KEYS_PER_RECORD", "SegmentDeletes"]
+
+log = logging.getLogger(__name__)
+
+KEYS_PER_RECORD = 5000
+
+
+class SegmentDeletes(Protocol):
+    """Who deletes dead segments, and when (the store's :class:`~.checkpoint.Checkpointer`)."""
+
+    @property
+    def pending_deletes(self) -> Collection[int]: ...
+
+    def delete_segments(self, segments: Sequence[int]) -> None: ...
+
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class Compaction:
+    """Segment accounting, relocation, compaction, the store limit."""
+
+    # the store's state (set by MessageStore.__init__)
+    directory: Path
+    journal: Journal
+    checkpoints: SegmentDeletes
+    dedupe: DedupeWindow
+    resident: dict[str, Message]
+    paged: dict[str, PageList]
+    subs: dict[str, Sub]
+    limit: int
+    low_water: float
+    full: bool
+    on_space: Callable[[], None] | None
+    relocated: int
+    deleted_segments: int
+    _sub_seg: dict[str, int]
+    _seg_live: dict[int, int]
+    _enqs: dict[int, int]
+    _refs: dict[int, set[int]]
+    _compact_due: bool
+    _opened: bool
+    _read: Callable[[list[int], str], list[Message]]
+    _write: Callable[..., int]
+
+    def _dec(self, seg: int) -> None:
+        n = self._seg_live.get(seg, 0) - 1
+        if n > 0:
+            self._seg_live[seg] = n
+        else:
+            self._seg_live.pop(seg, None)
+            self._compact_due = True
+
+    # ------------------------------------------------------------------ store limit
+    def _check_limit(self) -> None:
+        if self.journal.size >= self.limit:
+            self.full = True
+            log.warning(
+                "store %s: store limit reached (%d bytes of journal, store_limit=%d): "
+                "producer flow control engaged for persistent messages",
+                self.directory,
+                self.journal.size,
+                self.limit,
+            )
+
+    def _check_space(self) -> None:
+        """After compaction: release flow control once usage is down to the low-water mark."""
+        if self.full and self.journal.size <= self.limit * self.low_water:
+            self.full = False
+            log.warning(
+                "store %s: journal down to %d bytes: producer flow control released", self.directory, self.journal.size
+            )
+            if self.on_space is not None:
+                self.on_space()
+
+    # ------------------------------------------------------------------ compaction
+    def relocate(self, budget: int) -> int:
+        """Re-append the few live messages that pin old segments; returns how many.
+
+        A segment whose live messages are at most a tenth of those written into it
+        (e.g. one poison message among thousands consumed) would otherwise stay
+        forever -- and with it every later segment holding acks for its messages.
+        Their ``Enq`` records are written again into the head segment (same id, same
+        content, marked as relocated), which leaves the old segment dead for :meth:`compact`.
+        """
+        if budget <= 0:
+            return 0
+        head = self.journal.head
+        chosen: set[int] = set()
+        total = 0
+        for seg in self.journal.segments:
+            if seg == head or seg == head - 1:
+                continue
+            n = self._seg_live.get(seg, 0)
+            if not n or n * 10 > self._enqs.get(seg, 0) or total + n > budget:
+                continue
+            chosen.add(seg)
+            total += n
+        if not chosen:
+            return 0
+        moved = [m for m in self.resident.values() if m.segment in chosen]
+        for dest, pl in list(self.paged.items()):
+            picked = [pos for _i, pos, _h, _t in pl.entries() if segment_of(pos) in chosen]
+            if picked:
+                moved.extend(self._read(picked, dest))
+        moved.sort(key=lambda m: m.timestamp)
+        for i in range(0, len(moved), 500):
+            self._write([Enq(m, relocated=True) for m in moved[i : i + 500]], None)
+        self.relocated += len(moved)
+        log.info("store %s: relocated %d long-lived messages out of old segments", self.directory, len(moved))
+        return len(moved)
+
+    def compact(self, force: bool = False, relocate: int = 0) -> list[int]:
+        """Delete segments that hold nothing still needed; returns their ids.
+
+        ``relocate`` > 0 first moves up to that many long-lived messages out of
+        mostly-dead old segments (:meth:`relocate`). With periodic checkpoints the files
+        go once a checkpoint that does not need them is written.
+        """
+        if not self._opened or not (self._compact_due or force or relocate):
+            return []
+        self._compact_due = False
+        if relocate:
+            self.relocate(relocate)
+        head = self.journal.head
+        pending = self.checkpoints.pending_deletes
+        candidates = [s for s in self.journal.segments if s != head and s not in pending]
+        existing = set(self.journal.segments)
+        dead: set[int] = set()
+        for seg in candidates:
+            if seg in self._seg_live:
+                continue
+            refs = self._refs.get(seg, ())
+            if all(r in dead or r in pending or r not in existing for r in refs):
+                dead.add(seg)
+        if not dead:
+            return []
+        carry: list[Record] = []
+        keys = self.dedupe.in_segments(dead)
+        for i in range(0, len(keys), KEYS_PER_RECORD):
+            carry.append(Keys(tuple(keys[i : i + KEYS_PER_RECORD])))
+        carry.extend(sub for q, sub in self.subs.items() if self._sub_seg.get(q) in dead)
+        if carry:
+            self._write(carry, None)
+        for seg in dead:
+            self._refs.pop(seg, None)
+            self._seg_live.pop(seg, None)
+            self._enqs.pop(seg, None)
+        for refs in self._refs.values():
+            refs -= dead
+        ordered = sorted(dead)
+        self.checkpoints.delete_segments(ordered)
+        log.debug(
+            "store %s: compaction deletes segments %s (carried %d records)",
+            self.directory,
+            ordered,
+            len(carry),
+        )
+        return ordered
+
+    def hold_deletes(self) -> None:
+        """Delete no segment until :meth:`release_deletes` (a reader of old positions:
+        a replica's full sync, :mod:`.sync`); compaction's dead segments wait."""
+        self.checkpoints.hold()
+
+    def release_deletes(self) -> None:
+        self.checkpoints.release()
+
+    def delete_now(self, segments: Sequence[int]) -> None:
+        """Hand dead segments to the journal (after the batch queued before is durable)."""
+        for seg in segments:
+            self.journal.forget_reader(seg)
+        self.journal.delete_segments(segments)
+        self.deleted_segments += len(segments)
+        self._check_space()

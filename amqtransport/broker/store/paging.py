@@ -1,0 +1,268 @@
+"""Finding live messages, and reading paged ones back: a part of the message store.
+
+Theory of operation
+-------------------
+Resident and paged. A live message is either *resident* (its
+:class:`~..message.Message` is in :attr:`resident`, as the dispatch core holds it) or
+*paged*: only its position in the journal, its id hash and its acceptance time, in
+its destination's :class:`~.pages.PageList` (:attr:`paged`); :meth:`take` reads paged
+messages back, in order, and makes them resident. A message added by the core stays
+resident (:meth:`add`); a message the store learns of from its records -- recovery,
+a replica's stream -- is paged. :attr:`count` counts both; :attr:`live` is a read-only
+mapping over both (reading paged ones from disk: for tests and small stores).
+
+Non-persistent messages queued behind paged ones (the broker's queues page every
+message that arrives while a queue has paged ones, so order holds) wait in memory, in
+``_transient``, and take their place in the list as a position with no segment
+(``pos >> SEG_SHIFT == 0``): :meth:`PagedMessages.take` hands them out in their turn;
+records, checkpoints and the full sync skip them (they are not the journal's).
+
+:class:`PagedMessages` is the part of :class:`~.store.MessageStore` that does this,
+over the store's state (declared below, set by the store).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+
+from ..message import Message
+from .journal import Journal, JournalError
+from .pages import MOVED, SEG_SHIFT, PageList, id_hash, pack, segment_of, unpack
+from .records import Enq, RecordError, decode
+
+__all__ = ["PagedMessages", "LiveView", "materialize", "ORIGINAL_DESTINATION"]
+
+log = logging.getLogger(__name__)
+
+ORIGINAL_DESTINATION = "original-destination"
+_SEG_SHIFT = SEG_SHIFT
+
+
+def materialize(payload: bytes, pos: int, destination: str) -> Message:
+    """The message of an ``Enq`` payload read back at ``pos`` for ``destination``'s list
+    (a ``MOVED`` position: as :meth:`MessageStore.apply` left it after the move)."""
+    rec = decode(payload)
+    if not isinstance(rec, Enq):
+        raise RecordError(f"expected an Enq record at position {pos:#x}, found {type(rec).__name__}")
+    m = rec.message
+    if pos & MOVED:  # moved at least once since this record: as apply(Move) left it
+        m.key = ""
+        if not any(k == ORIGINAL_DESTINATION for k, _ in m.headers):
+            m.headers = m.headers + ((ORIGINAL_DESTINATION, m.destination),)
+        m.destination = destination
+    m.segment = segment_of(pos)
+    m.pos = pos
+    return m
+
+
+class LiveView(Mapping[str, Message]):
+    """Every live message by id, resident or paged (paged ones are read from disk on
+    each access: for tests, status pages and small stores)."""
+
+    def __init__(self, store: PagedMessages) -> None:
+        self._store = store
+
+    def __len__(self) -> int:
+        return self._store.count
+
+    def __iter__(self) -> Iterator[str]:
+        for m in self._store.iter_messages():
+            yield m.id
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._store.find(key) is not None
+
+    def __getitem__(self, key: str) -> Message:
+        m = self._store.get(key)
+        if m is None:
+            raise KeyError(key)
+        return m
+
+
+class PagedMessages:
+    """Where each live message is, resident or paged; reading paged ones back."""
+
+    # the store's state (set by MessageStore.__init__)
+    directory: Path
+    journal: Journal
+    resident: dict[str, Message]
+    paged: dict[str, PageList]
+    count: int
+    _transient: dict[int, Message]
+    _transient_keys: Iterator[int]
+    _replay_seen: set[int] | None
+    _dec: Callable[[int], None]  # a message is gone from its segment (compaction accounting)
+
+    def find(self, mid: str, destination: str = "") -> Message | tuple[PageList, int] | None:
+        """Where live message ``mid`` is: its resident Message, ``(page list, index)``,
+        or None. ``destination`` (when known) is searched first, then every list."""
+        m = self.resident.get(mid)
+        if m is not None:
+            return m
+        if not self.paged:
+            return None
+        h = id_hash(mid)
+        if self._replay_seen is not None and h not in self._replay_seen:
+            return None
+        pl = self.paged.get(destination) if destination else None
+        if pl is not None:
+            i = pl.find(h)
+            if i >= 0 and pl.pos[i] >> _SEG_SHIFT:
+                return pl, i
+        for other in self.paged.values():
+            if other is not pl:
+                i = other.find(h)
+                if i >= 0 and other.pos[i] >> _SEG_SHIFT:
+                    return other, i
+        return None
+
+    def get(self, mid: str) -> Message | None:
+        """Live message ``mid`` (a paged one read back, left paged), or None."""
+        where = self.find(mid)
+        if where is None or isinstance(where, Message):
+            return where
+        pl, i = where
+        dest = next(d for d, p in self.paged.items() if p is pl)
+        pos = pl.pos[i]
+        return materialize(self.journal.read([pos])[0], pos, dest)
+
+    def iter_messages(self) -> Iterator[Message]:
+        """Every live message: resident ones, then each destination's paged ones in order
+        (read back in batches, left paged)."""
+        yield from list(self.resident.values())
+        for dest, pl in list(self.paged.items()):
+            batch: list[int] = []
+            for _i, pos, _h, _t in pl.entries():
+                if not pos >> _SEG_SHIFT:
+                    continue  # a non-persistent message queued in order: not the store's
+                batch.append(pos)
+                if len(batch) >= 1000:
+                    yield from self._read(batch, dest)
+                    batch = []
+            if batch:
+                yield from self._read(batch, dest)
+
+    def _read(self, positions: list[int], destination: str) -> list[Message]:
+        """The paged messages at ``positions``; one that cannot be read back (a corrupt
+        record: the disk changed under the journal) is logged and left out."""
+        try:
+            payloads = self.journal.read(positions)
+            return [materialize(p, pos, destination) for p, pos in zip(payloads, positions, strict=True)]
+        except (JournalError, RecordError):
+            if len(positions) == 1:
+                raise
+        out: list[Message] = []
+        for pos in positions:
+            try:
+                out.append(self._read([pos], destination)[0])
+            except (JournalError, RecordError) as exc:
+                seg, off, _flags = unpack(pos)
+                log.error("store %s: a message of %s at segment %d offset %d cannot be read back (%s): it is lost",
+                          self.directory, destination, seg, off, exc)
+        return out
+
+    def take(self, destination: str, n: int) -> list[Message]:
+        """Make up to ``n`` paged messages of ``destination`` resident, from the front of its
+        list; returns them in order (with the non-persistent ones queued among them)."""
+        pl = self.paged.get(destination)
+        if not pl:
+            return []
+        entries = pl.popleft(n)
+        if not pl:
+            del self.paged[destination]
+        persisted = [p for p, _h, _t in entries if p >> _SEG_SHIFT]
+        read = {m.pos: m for m in self._read(persisted, destination)} if persisted else {}
+        out: list[Message] = []
+        for pos, _h, _t in entries:
+            if not pos >> _SEG_SHIFT:
+                out.append(self._transient.pop(unpack(pos)[1]))
+                continue
+            m = read.get(pos)
+            if m is None:  # unreadable: gone (logged)
+                self.count -= 1
+                self._dec(segment_of(pos))
+                continue
+            self.resident[m.id] = m
+            out.append(m)
+        return out
+
+    def page_out(self, message: Message) -> bool:
+        """A waiting message leaves memory for the back of its destination's list: a
+        persistent one as its journal position; a non-persistent one (not in the journal)
+        stays in memory but takes its place in the list, so the queue keeps its order.
+        False (nothing done) for a persistent message the store does not hold resident:
+        only what the journal holds may wait as a position."""
+        if message.persistent:
+            if self.resident.get(message.id) is not message:
+                return False
+            del self.resident[message.id]
+            self.page_list(message.destination).append(message.pos, id_hash(message.id), message.timestamp)
+            return True
+        key = next(self._transient_keys)
+        self._transient[key] = message
+        self.page_list(message.destination).append(pack(0, key), id_hash(message.id), message.timestamp)
+        return True
+
+    def take_ids(self, destination: str, ids: Iterable[str]) -> list[Message]:
+        """The paged messages of ``destination`` with these ids, taken out of its list and
+        made resident, in list order (an operator's delete or move)."""
+        pl = self.paged.get(destination)
+        if pl is None:
+            return []
+        found: list[tuple[int, Message]] = []
+        for mid in ids:
+            i = pl.find(id_hash(mid))
+            if i < 0:
+                continue
+            pos = pl.pos[i]
+            if not pos >> _SEG_SHIFT:  # a non-persistent one, waiting in its place
+                m = self._transient[unpack(pos)[1]]
+            else:
+                try:
+                    (m,) = self._read([pos], destination)
+                except (JournalError, RecordError):
+                    continue  # unreadable: left for dispatch, which logs and drops it
+            if m.id != mid:
+                continue
+            found.append((i, m))
+        found.sort(key=lambda e: e[0])
+        for i, m in found:
+            pos = pl.pos[i]
+            pl.remove_at(i)
+            if pos >> _SEG_SHIFT:
+                self.resident[m.id] = m
+            else:
+                del self._transient[unpack(pos)[1]]
+        if not pl:
+            del self.paged[destination]
+        return [m for _i, m in found]
+
+    def paged_count(self, destination: str) -> int:
+        pl = self.paged.get(destination)
+        return len(pl) if pl is not None else 0
+
+    def peek(self, destination: str, start: int, n: int) -> list[Message]:
+        """Paged messages ``start`` to ``start + n`` of ``destination``'s list, read back and
+        left paged (a browser's page)."""
+        pl = self.paged.get(destination)
+        if pl is None:
+            return []
+        out: list[Message] = []
+        for k, (_i, pos, _h, _t) in enumerate(pl.entries()):
+            if k < start:
+                continue
+            if len(out) >= n:
+                break
+            if pos >> _SEG_SHIFT:
+                out.extend(self._read([pos], destination))
+            else:
+                out.append(self._transient[unpack(pos)[1]])
+        return out
+
+    def page_list(self, destination: str) -> PageList:
+        pl = self.paged.get(destination)
+        if pl is None:
+            pl = self.paged[destination] = PageList()
+        return pl
