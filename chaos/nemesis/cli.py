@@ -47,20 +47,25 @@ def describe_kinds() -> str:
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends the run like Ctrl-C (everything stopped by pid, tmpfs unmounted)."""
+    """SIGTERM and SIGINT end the run like Ctrl-C (everything stopped by pid, tmpfs
+    unmounted). SIGINT too, explicitly: a process started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python then installs no Ctrl-C
+    handler, so ``kill -INT`` did nothing and the run went on."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     try:
-        old = signal.signal(signal.SIGTERM, handler)
+        old_term = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread (a test calling us from a worker)
         yield
         return
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
 
 
 def format_summary(results: Sequence[ModeResult]) -> str:

@@ -108,7 +108,10 @@ def test_ctrl_c_stops_every_process_and_unmounts(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "amqtransport", "chaos", "run", "nemesis", "--rounds", "50", "--mode",
          "shared-store", "--seed", str(seed), "--faults", ",".join(kinds)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+        # started as a non-interactive shell starts a background job: SIGINT ignored;
+        # Ctrl-C (kill -INT) must stop the run all the same
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     children: set[int] = set()
     try:
         assert proc.stdout is not None
