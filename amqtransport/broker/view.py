@@ -18,9 +18,10 @@ journal, readiness) is computed once, here, from a ``BrokerServer`` by
 
 Readiness (``/readyz``). A node is ready when it serves clients: its client port is
 bound and accepting, its journal has not failed (the broker has not fenced itself),
-and producer flow control has not held for ``http_ready_flow_control_seconds`` in a
-row (a broker that cannot take a message for that long is as good as down to a
-producer; the orchestrator should route elsewhere). Readiness is computed at each
+and producer flow control -- the memory limit's or the store limit's -- has not held
+for ``http_ready_flow_control_seconds`` in a row (a broker that cannot take a message
+for that long is as good as down to a producer; the orchestrator should route
+elsewhere). Readiness is computed at each
 request from that live state, so a slave that takes over is ready as soon as its
 client port accepts.
 """
@@ -106,6 +107,7 @@ class JournalStats:
     failed: str | None
     fsync: HistogramSnapshot
     batch: HistogramSnapshot
+    flow_control_seconds: float = 0.0  # how long the store limit has held (0 when off)
 
 
 @dataclass(frozen=True)
@@ -205,11 +207,14 @@ def readiness(server: BrokerServer, grace: float, now: float | None = None) -> t
         return False, f"journal failed: {failed}"
     if not server.serving:
         return False, "the client port is not accepting connections"
+    now = time.monotonic() if now is None else now
     mem = server.core.memory
-    if mem.full and mem.full_since is not None:
-        held = (time.monotonic() if now is None else now) - mem.full_since
-        if held >= grace:
-            return False, f"producer flow control has held for {held:.0f} s (memory {mem.usage} of {mem.limit} bytes)"
+    if mem.full and mem.full_since is not None and now - mem.full_since >= grace:
+        return False, (f"producer flow control has held for {now - mem.full_since:.0f} s "
+                       f"(memory {mem.usage} of {mem.limit} bytes)")
+    if store.full and store.full_since is not None and now - store.full_since >= grace:
+        return False, (f"producer flow control has held for {now - store.full_since:.0f} s (store limit: "
+                       f"{store.journal.size} bytes of journal, store_limit={store.limit})")
     return True, "serving clients"
 
 
@@ -229,6 +234,8 @@ def journal_stats(store: MessageStore) -> JournalStats:
         failed=None if failed is None else str(failed),
         fsync=journal.fsync_seconds.snapshot(),
         batch=journal.batch_records.snapshot(),
+        flow_control_seconds=(time.monotonic() - store.full_since) if store.full and store.full_since is not None
+        else 0.0,
     )
 
 

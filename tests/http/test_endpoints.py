@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from http_helpers import Console, dead_letter, metric, receive_all, running_cons
 
 import amqtransport
 from amqtransport.broker.http.metrics import CONTENT_TYPE
+from amqtransport.testing.wait import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -360,6 +362,31 @@ def test_readyz_turns_503_when_flow_control_holds_too_long(tmp_path: Path) -> No
         assert c.get("/healthz").status_code == 200  # alive all the same
         assert c.post("/api/queues/full.q/purge").status_code == 200  # frees the memory
         assert c.get("/readyz").status_code == 200
+
+
+def test_readyz_turns_503_when_the_store_limit_holds_producers_too_long(tmp_path: Path) -> None:
+    """The store limit's flow control (persistent producers parked at ``store_limit``)
+    counts for readiness as memory's does: 503 with the reason once it has held for
+    ``http_ready_flow_control_seconds``; ready again once compaction frees the store."""
+    config = ("segment_size = 4096\nstore_limit = 32768\ncompact_interval_ms = 50\n"
+              "http_ready_flow_control_seconds = 0.3\n")
+    with running_console(tmp_path, config=config, name="storefull") as c:
+        sender = threading.Thread(target=send, args=(c.uri, "store.q", ["s" * 3000] * 14), daemon=True)
+        sender.start()  # about 11 fill the store; the rest wait for space
+        wait_for(lambda: metric(c.metrics(), "amq_store_flow_control") == 1, 20, "store flow control")
+        assert sender.is_alive(), "no send was held by the store limit"
+        wait_for(lambda: c.get("/readyz").status_code == 503, 10, "/readyz 503")
+        r = c.get("/readyz")
+        assert "flow control has held" in r.text and "store limit" in r.text and "store_limit=32768" in r.text
+        text = c.metrics()
+        assert metric(text, "amq_ready") == 0 and (metric(text, "amq_store_flow_control_seconds") or 0) >= 0.3
+        assert metric(text, "amq_memory_flow_control") == 0  # the store, not memory
+        assert c.json("/api/node")["store"]["flow_control"] is True
+        assert c.get("/healthz").status_code == 200  # alive all the same
+        assert c.post("/api/queues/store.q/purge").status_code == 200  # compaction frees the store
+        wait_for(lambda: c.get("/readyz").status_code == 200, 20, "/readyz 200 after the purge")
+        sender.join(20)
+        assert not sender.is_alive(), "the held sends never went through"
 
 
 def test_actions_reach_paged_messages(tmp_path: Path) -> None:

@@ -12,6 +12,17 @@ store, recorded in the state file): a restarted primary that finds the lock take
 drops a request file; a live node with ``--allow-failback`` sees it, stops cleanly and
 releases the lock, and does not take it back until the primary is master.
 
+Who else is there. The lock says only that *someone* is master, so each node also
+announces itself in ``<data-dir>/ha-nodes/<name>.json`` (its name and its client, HA and
+HTTP addresses, rewritten at each start) and the console of either node reads that
+directory (:func:`known_nodes`) and asks each other node's HA port for its status:
+the master sees its standby waiting on the lock, the standby sees the master. A node
+that left the pair for good is shown as unreachable until its file is deleted; give
+the nodes distinct ``--name`` s (one file per name). A *takeover* is counted
+(``takeovers``, as in a replicated pair) when a node gets the lock that another node
+held while it waited; taking a free lock at start, or getting it back by a failback
+request of its own, is not one.
+
 :class:`SharedStoreRole` reads and changes the node only through :class:`SharedHost`.
 """
 
@@ -19,10 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..store import StoreLockedError
 from .config import HaOptions
@@ -30,9 +44,56 @@ from .epoch import HaState
 from .lock import FileLock, is_locked, wait_for_lock
 from .master import MasterRole
 
-__all__ = ["SharedHost", "SharedStoreRole"]
+if TYPE_CHECKING:
+    from ..http import HttpServer
+
+__all__ = ["KnownNode", "SharedHost", "SharedStoreRole", "announce", "known_nodes"]
 
 log = logging.getLogger(__name__)
+
+NODES_DIR = "ha-nodes"  # in the shared data directory: one <name>.json per node
+
+
+@dataclass(frozen=True)
+class KnownNode:
+    """A node of a shared-store pair as it announced itself (``ha-nodes/<name>.json``)."""
+
+    name: str
+    client: str  # host:port
+    ha: str  # host:port of its HA port (status requests)
+    http: str = ""  # host:port of its HTTP side port, if any
+
+
+def announce(data_dir: Path, me: KnownNode) -> None:
+    """Write (replace) this node's file in ``ha-nodes/``; a failure is logged, never fatal."""
+    directory = data_dir / NODES_DIR
+    path = directory / f"{me.name}.json"
+    tmp = directory / f".{me.name}.json.tmp"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"name": me.name, "client": me.client, "ha": me.ha, "http": me.http}),
+                       encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("node %s: cannot announce itself in %s (%s): the other node's console will not list it",
+                    me.name, directory, exc)
+
+
+def known_nodes(data_dir: Path, *, exclude: str = "") -> list[KnownNode]:
+    """Every node announced in ``ha-nodes/`` (sorted by name), but ``exclude``; files
+    that are not such a record are skipped."""
+    out: list[KnownNode] = []
+    with contextlib.suppress(OSError):
+        for path in sorted((data_dir / NODES_DIR).glob("*.json")):
+            try:
+                raw = json.loads(path.read_text(encoding="utf-8"))
+                node = KnownNode(name=str(raw["name"]), client=str(raw["client"]), ha=str(raw["ha"]),
+                                 http=str(raw.get("http") or ""))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if node.name != exclude:
+                out.append(node)
+    return out
 
 
 class SharedHost(Protocol):
@@ -43,6 +104,13 @@ class SharedHost(Protocol):
     opts: HaOptions
     role: str
     state: HaState
+    host: str
+    port: int
+    ha_port: int
+    takeovers: int
+
+    @property
+    def http(self) -> HttpServer | None: ...
 
     @property
     def stop_event(self) -> asyncio.Event: ...
@@ -72,13 +140,21 @@ class SharedStoreRole:
         lock = FileLock(node.data_dir / "ha.lock")
         request = node.data_dir / "ha-failback-request"
         journal_lock = node.data_dir / "journal" / "LOCK"
+        announce(node.data_dir, KnownNode(
+            name=node.name, client=f"{node.host}:{node.port}", ha=f"{node.host}:{node.ha_port}",
+            http=node.http.address if node.http is not None else "",
+        ))
+        taking_over = False  # another node held the lock while we waited (kept across retries)
         try:
             while not node.stopping:
                 node.state = HaState.load(node.data_dir)
                 if node.role != "slave":
                     node.set_role("slave", f"waiting for the store lock {lock.path}")
                 primary = node.state.peer.get("primary")
-                if primary == node.name and lock.is_locked_by_other():
+                held = lock.is_locked_by_other()
+                taking_over = taking_over or held
+                if primary == node.name and held:
+                    taking_over = False  # a failback we ask for is not a takeover
                     request.write_text(node.name)
                     log.info("node %s: primary is back; asking the live node to fail back", node.name)
 
@@ -127,6 +203,9 @@ class SharedStoreRole:
                     await node.sleep(max(1.0, node.opts.lock_interval))
                     continue
                 is_primary = node.state.peer.get("primary") == node.name
+                if taking_over:
+                    node.takeovers += 1
+                    taking_over = False
                 try:
                     await node.master.start(replicate=False)
                     outcome = await self._hold(request, is_primary, lock)

@@ -8,19 +8,26 @@ the replica it holds; it hands out no admin operations (an action would change a
 copy that the next record from the master overwrites). The other node is described
 by its own answer to a status request on its HA port (:func:`.wire.probe`:
 public counters, no login), cached for a second so that several open consoles cost
-one probe. The view reads the node through :class:`.port.NodeReadout` and changes nothing.
+one probe. A replicated node finds that port among the addresses it knows for its
+peer; a shared-store node in the directory where the nodes of its store announce
+themselves (:func:`.shared.known_nodes`: every other node, each its own card). The view reads the node through :class:`.port.NodeReadout` and changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import TYPE_CHECKING
 
+from amqtransport.errors import ConfigError
+
 from ..admin import BrokerAdmin, ServerAdmin
 from ..view import NodeStats, PeerStatus, ReplicationStats, journal_stats, serving_stats
+from .config import parse_address
 from .port import NodeReadout
+from .shared import known_nodes
 from .wire import probe
 
 if TYPE_CHECKING:
@@ -41,9 +48,31 @@ WHY_NOT_READY = {
 }
 
 
+SHARED_STANDBY = ("it is the standby of a shared store, waiting for the store lock, and takes over "
+                  "when the master releases it")
+
+
 def _int(info: dict[str, str], key: str) -> int | None:
     value = info.get(key, "")
     return int(value) if value.isdigit() else None
+
+
+def _peer(address: str, info: dict[str, str]) -> PeerStatus:
+    """A node as its answer to a status request describes it."""
+    seq, acked = _int(info, "amq-ha-seq"), _int(info, "amq-ha-acked")
+    role = info.get("amq-ha-role", "?")
+    peer_state = info.get("amq-ha-peer-state", "")
+    if info.get("amq-ha-mode") == "shared-store" and role == "slave":
+        peer_state = "waiting for the store lock"
+    return PeerStatus(
+        address=address, reachable=True, name=info.get("amq-ha-name", ""),
+        role=role, epoch=_int(info, "amq-ha-epoch") or 0,
+        peer_state=peer_state, client=info.get("amq-ha-client", ""),
+        http=info.get("amq-ha-http", ""), messages=_int(info, "amq-ha-messages"),
+        connections=_int(info, "amq-ha-connections"),
+        lag_records=(seq - acked) if seq is not None and acked is not None and
+        info.get("amq-ha-peer-state") == "in-sync" else None,
+    )
 
 
 class HaNodeView:
@@ -87,6 +116,8 @@ class HaNodeView:
                 )
             return NodeStats(**base)  # type: ignore[arg-type]
         why = WHY_NOT_READY.get(node.role, node.role)
+        if node.role == "slave" and node.opts.mode == "shared-store":
+            why = SHARED_STANDBY
         if node.role == "master":
             why = "master, but its broker is not open yet"
         base.update(serving=False, ready=False, ready_reason=why)
@@ -118,27 +149,37 @@ class HaNodeView:
         return await asyncio.shield(self._probing)
 
     async def _probe(self) -> list[PeerStatus]:
-        addresses = self.node.peer_addresses()
-        found: list[PeerStatus] = []
+        found = await (self._probe_shared() if self.node.opts.mode == "shared-store" else self._probe_replicated())
+        self._peers = (time.monotonic(), found)
+        return found
+
+    async def _probe_replicated(self) -> list[PeerStatus]:
+        """The peer, at the first of its known addresses that answers."""
         first = ""
-        for host, port in addresses:
+        for host, port in self.node.peer_addresses():
             info = await probe(host, port, PEER_TIMEOUT)
             first = first or f"{host}:{port}"
-            if info is None:
+            if info is not None:
+                return [_peer(f"{host}:{port}", info)]  # one answer describes the peer
+        if not first:
+            return []
+        return [PeerStatus(address=first, reachable=False, name=self.node.state.peer.get("name", ""), role="down")]
+
+    async def _probe_shared(self) -> list[PeerStatus]:
+        """Every other node announced on the shared store; one that does not answer (or
+        whose port now answers with another name) is shown as down."""
+        node = self.node
+        own = {f"{node.host}:{node.ha_port}", f"{node.host}:{node.port}"}
+        found: list[PeerStatus] = []
+        for other in known_nodes(node.data_dir, exclude=node.name):
+            if other.ha in own:
                 continue
-            seq, acked = _int(info, "amq-ha-seq"), _int(info, "amq-ha-acked")
-            found.append(PeerStatus(
-                address=f"{host}:{port}", reachable=True, name=info.get("amq-ha-name", ""),
-                role=info.get("amq-ha-role", "?"), epoch=_int(info, "amq-ha-epoch") or 0,
-                peer_state=info.get("amq-ha-peer-state", ""), client=info.get("amq-ha-client", ""),
-                http=info.get("amq-ha-http", ""), messages=_int(info, "amq-ha-messages"),
-                connections=_int(info, "amq-ha-connections"),
-                lag_records=(seq - acked) if seq is not None and acked is not None and
-                info.get("amq-ha-peer-state") == "in-sync" else None,
-            ))
-            break  # one answer describes the peer
-        if not found and first:
-            name = self.node.state.peer.get("name", "")
-            found.append(PeerStatus(address=first, reachable=False, name=name, role="down"))
-        self._peers = (time.monotonic(), found)
+            info = None
+            with contextlib.suppress(ConfigError):
+                info = await probe(*parse_address(other.ha), PEER_TIMEOUT)
+            if info is not None and info.get("amq-ha-name") == other.name:
+                found.append(_peer(other.ha, info))
+            else:
+                found.append(PeerStatus(address=other.ha, reachable=False, name=other.name, role="down",
+                                        client=other.client))
         return found

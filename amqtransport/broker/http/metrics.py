@@ -108,8 +108,9 @@ def render_metrics(stats: NodeStats) -> str:
                (({"role": r}, 1.0 if r == stats.role else 0.0) for r in ROLES))
     out.one("amq_ha_epoch", "gauge", "The store's epoch: raised each time a node of the pair becomes master.",
             stats.epoch)
-    out.one("amq_ha_takeovers_total", "counter", "Times this node took over as master after its master was lost.",
-            stats.takeovers)
+    out.one("amq_ha_takeovers_total", "counter",
+            "Times this node became master in another node's place (replicated: its master was lost; "
+            "shared store: it got the store lock another node held).", stats.takeovers)
     out.one("amq_ready", "gauge", "1 when the node serves clients (what /readyz answers 200 for).",
             1 if stats.ready else 0)
     out.one("amq_uptime_seconds", "gauge", "Seconds since the node process started.", stats.uptime)
@@ -157,6 +158,8 @@ def render_metrics(stats: NodeStats) -> str:
         out.one("amq_store_limit_bytes", "gauge", "store_limit (0: no limit).", journal.limit)
         out.one("amq_store_flow_control", "gauge", "1 while the store limit holds persistent producers.",
                 1 if journal.flow_control else 0)
+        out.one("amq_store_flow_control_seconds", "gauge", "How long the store limit has held without a break.",
+                journal.flow_control_seconds)
         out.one("amq_store_segments", "gauge", "Journal segment files.", journal.segments)
         out.one("amq_journal_healthy", "gauge", "0 once a journal write or fsync has failed.",
                 0 if journal.failed else 1)

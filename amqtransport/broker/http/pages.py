@@ -178,7 +178,8 @@ def overview_page(page: Page, nodes: Sequence[Mapping[str, Any]], destinations: 
         flow = f' <span class="warn">flow control for {duration(mem.get("flow_control_seconds"))}</span>'
     gauges = _gauge("memory", "memory", mem.get("usage"), mem.get("limit"), flow)
     gauges += _gauge("store", "store", store.get("size"), store.get("limit"),
-                     ' <span class="warn">store full</span>' if store.get("flow_control") else "")
+                     f' <span class="warn">store full for {duration(store.get("flow_control_seconds"))}</span>'
+                     if store.get("flow_control") else "")
     counters = n.get("counters") or {}
     facts = [
         ("connections", f'<span id="stat-connections">{num(n.get("connections"))}</span>'),

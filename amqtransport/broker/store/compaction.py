@@ -29,6 +29,7 @@ the store's state (declared below, set by the store).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -73,6 +74,7 @@ class Compaction:
     limit: int
     low_water: float
     full: bool
+    full_since: float | None
     on_space: Callable[[], None] | None
     relocated: int
     deleted_segments: int
@@ -97,6 +99,7 @@ class Compaction:
     def _check_limit(self) -> None:
         if self.journal.size >= self.limit:
             self.full = True
+            self.full_since = time.monotonic()
             log.warning(
                 "store %s: store limit reached (%d bytes of journal, store_limit=%d): "
                 "producer flow control engaged for persistent messages",
@@ -109,6 +112,7 @@ class Compaction:
         """After compaction: release flow control once usage is down to the low-water mark."""
         if self.full and self.journal.size <= self.limit * self.low_water:
             self.full = False
+            self.full_since = None
             log.warning(
                 "store %s: journal down to %d bytes: producer flow control released", self.directory, self.journal.size
             )

@@ -148,6 +148,7 @@ class MessageStore(PagedMessages, Compaction):
         self.limit = store_limit  # bytes of journal (0: no limit); see the module docstring
         self.low_water = store_low_water
         self.full = False
+        self.full_since: float | None = None  # time.monotonic() when ``full`` was set (readiness)
         self.on_space: Callable[[], None] | None = None  # called when ``full`` clears
         self.dedupe = DedupeWindow(dedupe_max_keys, dedupe_max_age, clock)
         self.resident: dict[str, Message] = {}
