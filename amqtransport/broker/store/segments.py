@@ -1,0 +1,266 @@
+"""Segment files: their format, scanning them, and reading records back at positions.
+
+Theory of operation
+-------------------
+A segment file ``seg-<id>.log`` starts with the 8-byte magic ``AMQJSEG1`` followed by
+framed records (``u32 length | u32 crc32(payload) | payload``); a record inside a
+transaction's record has a u32 length and no frame or CRC of its own (its position
+carries the ``INNER`` flag, see :mod:`.pages`). :func:`scan_segment` and :class:`Scan`
+walk a segment's frames and stop at the first bad one (what recovery truncates).
+
+Reading back (:class:`SegmentReads`, the part of :class:`~.journal.Journal` that reads
+while its writer thread appends): paged messages (:meth:`SegmentReads.read`) and a
+replica's full sync (:meth:`SegmentReads.read_span`) read records at their positions
+with ``pread`` on a few cached descriptors, CRC-checked; a position the writer has not
+written yet waits for it (briefly) under the journal's condition.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from amqtransport.errors import ServerError
+
+from .pages import INNER, pack, unpack
+from .records import Record, RecordError, decode
+
+__all__ = [
+    "FRAME", "MAGIC", "MAX_RECORD", "JournalError", "StoreLockedError", "Scan", "SegmentReads",
+    "scan_segment", "segment_id", "segment_name",
+]
+
+MAGIC = b"AMQJSEG1"
+FRAME = struct.Struct("<II")
+#: the largest record recovery reads back; :meth:`Journal.append` refuses larger ones
+MAX_RECORD = 1 << 30
+
+
+class JournalError(ServerError, OSError):
+    """The journal could not write or sync; the broker must not claim durability."""
+
+
+class StoreLockedError(JournalError):
+    """Another process holds the data directory."""
+
+
+def segment_name(seg_id: int) -> str:
+    return f"seg-{seg_id:010d}.log"
+
+
+def segment_id(path: Path) -> int | None:
+    name = path.name
+    if not (name.startswith("seg-") and name.endswith(".log")):
+        return None
+    try:
+        return int(name[4:-4])
+    except ValueError:
+        return None
+
+
+def scan_segment(
+    data: bytes | memoryview, max_record: int = MAX_RECORD
+) -> tuple[list[tuple[Record, int]], int, str | None]:
+    """Parse one segment's bytes (a frame longer than ``max_record`` counts as corruption).
+
+    Returns ``(records_with_sizes, good_end, problem)``: every intact record with its
+    framed size, the offset just after the last intact one, and a description of what
+    stopped the scan (``None`` when the data ended cleanly at a frame boundary).
+    """
+    view = memoryview(data)
+    if len(view) < len(MAGIC):
+        return [], 0, ("short segment header" if len(view) else None)
+    if bytes(view[: len(MAGIC)]) != MAGIC:
+        return [], 0, "bad segment magic"
+    out: list[tuple[Record, int]] = []
+    scan = Scan(view, len(MAGIC), max_record)
+    for _offset, payload, rec in scan:
+        out.append((rec, FRAME.size + len(payload)))
+    return out, scan.end, scan.problem
+
+
+class Scan:
+    """Iterate ``(offset, payload, record)`` over the frames of ``view`` from ``pos``;
+    afterwards ``end`` is the offset after the last intact frame and ``problem`` what
+    stopped the scan (None: the data ended at a frame boundary)."""
+
+    def __init__(self, view: memoryview, pos: int, max_record: int) -> None:
+        self.view = view
+        self.end = pos
+        self.max_record = max_record
+        self.problem: str | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, memoryview, Record]]:
+        view, pos, end, unpack, crc32 = self.view, self.end, len(self.view), FRAME.unpack_from, zlib.crc32
+        while pos < end:
+            if end - pos < FRAME.size:
+                self.problem = f"torn frame header at offset {pos}"
+                return
+            length, crc = unpack(view, pos)
+            if length > self.max_record:
+                self.problem = f"impossible record length {length} at offset {pos}"
+                return
+            start = pos + FRAME.size
+            stop = start + length
+            if stop > end:
+                self.problem = f"torn record at offset {pos} ({end - start} of {length} bytes)"
+                return
+            payload = view[start:stop]
+            if crc32(payload) != crc:
+                self.problem = f"checksum mismatch at offset {pos}"
+                return
+            try:
+                rec = decode(payload)
+            except RecordError as exc:
+                self.problem = f"undecodable record at offset {pos}: {exc}"
+                return
+            yield pos, payload, rec
+            pos = self.end = stop
+
+
+class SegmentReads:
+    """Reading records back from the segment files (see the module docstring)."""
+
+    # the journal's state (set by Journal.__init__)
+    directory: Path
+    max_record: int
+    _cond: threading.Condition
+    _written: tuple[int, int]
+    _read_waiting: bool
+    _read_fds: OrderedDict[int, int]
+    _sizes: dict[int, int]
+    _thread: threading.Thread | None
+    _failed: BaseException | None
+
+    def path_of(self, seg_id: int) -> Path:
+        return self.directory / segment_name(seg_id)
+
+    def read(self, positions: Sequence[int]) -> list[bytes]:
+        """The record payloads at ``positions`` (:func:`.pages.pack`), read back from the
+        segment files, CRC-checked (a record inside a transaction's record has no CRC of its
+        own: it was checked with its transaction's). Waits (briefly) for the writer when a
+        position is not written yet. :class:`JournalError` when a record cannot be read."""
+        out: list[bytes] = []
+        i, n = 0, len(positions)
+        while i < n:
+            seg, off, _flags = unpack(positions[i])
+            j = i + 1  # a run of positions close together in one segment: one pread
+            while j < n and j - i < 1024:
+                s2, o2, _f = unpack(positions[j])
+                if s2 != seg or o2 < off or o2 - off > (1 << 20):
+                    break
+                j += 1
+            last = unpack(positions[j - 1])[1]
+            window = self._pread(seg, off, last - off + 65536)
+            for p in positions[i:j]:
+                out.append(self._payload_at(window, off, p))
+            i = j
+        return out
+
+    def _payload_at(self, window: bytes, base: int, pos: int) -> bytes:
+        seg, off, flags = unpack(pos)
+        rel = off - base
+        if flags & INNER:
+            if rel + 4 > len(window):
+                window, rel = self._pread(seg, off, 65536), 0
+            (length,) = struct.unpack_from("<I", window, rel)
+            start = rel + 4
+        else:
+            if rel + FRAME.size > len(window):
+                window, rel = self._pread(seg, off, 65536), 0
+            length, crc = FRAME.unpack_from(window, rel)
+            start = rel + FRAME.size
+        if length > self.max_record:
+            raise JournalError(f"journal {self.directory}: no record at segment {seg} offset {off}")
+        if start + length > len(window):
+            head = FRAME.size if not flags & INNER else 4
+            window, start = self._pread(seg, off, head + length), head
+            if len(window) < head + length:
+                raise JournalError(f"journal {self.directory}: record at segment {seg} offset {off} is cut short")
+        payload = window[start : start + length]
+        if not flags & INNER and zlib.crc32(payload) != crc:
+            raise JournalError(f"journal {self.directory}: checksum mismatch at segment {seg} offset {off}")
+        return payload
+
+    def _pread(self, seg: int, off: int, size: int) -> bytes:
+        self._wait_written(seg, off + 8)
+        fd = self._read_fds.get(seg)
+        if fd is None:
+            try:
+                fd = os.open(self.path_of(seg), os.O_RDONLY)
+            except OSError as exc:
+                raise JournalError(f"journal {self.directory}: cannot read segment {seg}: {exc}") from exc
+            self._read_fds[seg] = fd
+            if len(self._read_fds) > 16:
+                os.close(self._read_fds.popitem(last=False)[1])
+        else:
+            self._read_fds.move_to_end(seg)
+        return os.pread(fd, size, off)
+
+    def read_span(self, seg: int, offset: int, max_bytes: int) -> tuple[list[bytes], int, int, bool]:
+        """The payloads of whole frames from ``(seg, offset)`` on, as far as the writer has
+        written, about ``max_bytes`` of them (at least one when one is written), crossing
+        into the next segment when this one is complete. Returns ``(payloads, segment,
+        offset, caught_up)``: where to read next, and whether the read stopped at what is
+        written (rather than at ``max_bytes``)."""
+        out: list[bytes] = []
+        used = 0
+        while used < max_bytes:
+            with self._cond:
+                wseg, woff = self._written
+            if seg > wseg:
+                return out, seg, offset, True
+            end = woff if seg == wseg else self._sizes.get(seg, 0)
+            if offset >= end:
+                if seg < wseg:
+                    seg, offset = seg + 1, len(MAGIC)
+                    continue
+                return out, seg, offset, True
+            data = self._pread(seg, offset, min(end - offset, max(max_bytes - used, 0) + 65536))
+            at = 0
+            while at + FRAME.size <= len(data):
+                length, crc = FRAME.unpack_from(data, at)
+                if at + FRAME.size + length > len(data):
+                    break
+                payload = data[at + FRAME.size : at + FRAME.size + length]
+                if zlib.crc32(payload) != crc:
+                    raise JournalError(f"journal {self.directory}: checksum mismatch at segment {seg} offset {offset + at}")
+                out.append(payload)
+                used += length
+                at += FRAME.size + length
+                if used >= max_bytes:
+                    break
+            if at == 0:  # one frame bigger than the read
+                (length,) = struct.unpack_from("<I", data, 0)
+                out.append(self._payload_at(self._pread(seg, offset, FRAME.size + length), offset,
+                                            pack(seg, offset)))
+                used += length
+                at = FRAME.size + length
+            offset += at
+        return out, seg, offset, False
+
+    def forget_reader(self, seg: int) -> None:
+        fd = self._read_fds.pop(seg, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _wait_written(self, seg: int, end: int) -> None:
+        if self._thread is None:
+            return
+        with self._cond:
+            if (seg, end) <= self._written:
+                return
+            self._read_waiting = True
+            try:
+                ok = self._cond.wait_for(
+                    lambda: (seg, end) <= self._written or seg < self._written[0] or self._failed is not None, 30.0
+                )
+            finally:
+                self._read_waiting = False
+            if not ok or self._failed is not None and not (seg < self._written[0] or (seg, end) <= self._written):
+                raise JournalError(f"journal {self.directory}: segment {seg} offset {end} was never written")
