@@ -23,8 +23,10 @@ right where the broker scopes its duplicate window by destination (ours, and Art
 per address). ``--id-prefix`` makes the output keys ``<prefix>-<key>``: use it when the
 output is the input destination itself, or on a broker whose window is global.
 
-``--until-idle`` stops once the input is drained (``processAllAvailable``); without it
-the relay runs until Ctrl-C (or SIGTERM), then stops the query cleanly.
+``--until-idle`` stops once the input is drained: no micro-batch has brought a row for
+``--idle-seconds`` (``amqtransport.spark.idle.run_until_idle``; a single
+``processAllAvailable()`` can return while a slow broker still holds messages); without
+it the relay runs until Ctrl-C (or SIGTERM), then stops the query cleanly.
 """
 
 from __future__ import annotations
@@ -47,10 +49,13 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=10_000, help="messages per micro-batch at most")
     ap.add_argument("--trigger", default="1 second", help="processing-time trigger")
     ap.add_argument("--until-idle", action="store_true", help="stop once the input queue is drained")
+    ap.add_argument("--idle-seconds", type=float, default=3.0,
+                    help="with --until-idle: drained means no row for this long [default: 3]")
     ap.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[2,3])")
     ap.add_argument("--remote", default=None, help="Spark Connect URL (the WAL and checkpoint are then the server's)")
     args = ap.parse_args()
 
+    from amqtransport.spark.idle import run_until_idle
     from amqtransport.spark.session import job_session
 
     spark = job_session("amq-spark-relay", master=args.master, remote=args.remote)
@@ -78,7 +83,7 @@ def main() -> None:
     started = time.monotonic()
     try:
         if args.until_idle:
-            query.processAllAvailable()
+            run_until_idle(query, args.idle_seconds)
         else:
             while not stop.wait(5.0):
                 if query.exception() is not None:

@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--remote", default=None, help="Spark Connect URL, e.g. sc://127.0.0.1:15002")
     args = ap.parse_args()
 
+    from amqtransport.spark.idle import run_until_idle
     from amqtransport.spark.session import job_session
 
     root = Path(args.checkpoint or tempfile.mkdtemp(prefix="amq-stream-"))
@@ -101,7 +102,7 @@ def main() -> None:
                     f"relayed batch {r and r['batchId']}: {r and r['numInputRows']} rows"
                 )
             produce.stop()
-            relay.processAllAvailable()  # relay what the producer wrote before it stopped
+            run_until_idle(relay)  # relay what the producer wrote before it stopped
             relay.stop()
             import amqtransport
 
