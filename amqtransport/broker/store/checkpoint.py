@@ -12,10 +12,12 @@ full replay would build. The file is ``<journal>/checkpoint``.
 
 Writing, crash-safe. The state is *captured* on the loop between two appends, so it
 is exactly the fold of the records before ``P`` (copies of arrays and dicts, no Python
-loop over paged messages); a thread serialises it into ``checkpoint.tmp``, fsyncs it,
-waits until every record before ``P`` is durable (a checkpoint must never claim a
-record that a crash can still take away), renames it over ``checkpoint`` and fsyncs
-the directory. A crash at any point leaves the previous checkpoint or the new one,
+loop over paged messages: resident messages, the queues' fronts and the newest, join
+the copied arrays at their ends); a thread writes it into ``checkpoint.tmp`` piece by
+piece (the arrays as they are; the header's CRC and length last), waits until every
+record before ``P`` is durable (a checkpoint must never claim a record that a crash
+can still take away), fsyncs it, renames it over ``checkpoint`` and fsyncs the
+directory. A crash at any point leaves the previous checkpoint or the new one,
 whole. Checkpoints are written every ``interval`` bytes of journal (at least the size
 of the last checkpoint, so they never cost more writing than the journal itself),
 when compaction has segments to delete, and on a clean close.
@@ -48,7 +50,7 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
@@ -131,10 +133,18 @@ def capture(store: MessageStore) -> Capture:
         mine = resident.get(dest)
         if mine:
             mine.sort(key=lambda e: e[0])
-            if ordered and (not len(ts) or mine[-1][0] <= _first_live_ts(pos, ts)):
-                pos = array("Q", [e[1] for e in mine]) + pos
-                ids = array("Q", [e[2] for e in mine]) + ids
-                ts = array("d", [e[0] for e in mine]) + ts
+            # resident messages are the queue's front (older than every paged one) and the
+            # newest (a message just added, not paged yet): both join the arrays whole
+            oldest = _first_live_ts(pos, ts)
+            newest = ts[-1] if len(ts) else float("-inf")
+            k = 0
+            while k < len(mine) and mine[k][0] <= oldest:
+                k += 1
+            if ordered and all(e[0] > newest for e in mine[k:]):
+                before, after = mine[:k], mine[k:]
+                pos = array("Q", [e[1] for e in before]) + pos + array("Q", [e[1] for e in after])
+                ids = array("Q", [e[2] for e in before]) + ids + array("Q", [e[2] for e in after])
+                ts = array("d", [e[0] for e in before]) + ts + array("d", [e[0] for e in after])
             else:
                 merged = sorted([*mine, *((t, p, h) for p, h, t in zip(pos, ids, ts, strict=True) if p)],
                                 key=lambda e: e[0])
@@ -167,8 +177,9 @@ def _raw(a: array[int] | array[float]) -> bytes:
     return a.tobytes()
 
 
-def serialize(cap: Capture) -> bytes:
-    """The checkpoint file's bytes."""
+def body_parts(cap: Capture) -> Iterator[bytes | array[int] | array[float]]:
+    """The checkpoint's body, piece by piece (the paged lists' arrays as they are: written
+    without a copy of a million-message list)."""
     header = {
         "version": VERSION,
         "segment": cap.segment,
@@ -201,10 +212,27 @@ def serialize(cap: Capture) -> bytes:
             flat.append(n)
         out.append(_raw(flat))
     out.append(_U32.pack(len(cap.lists)))
+    yield b"".join(out)
     for dest, (pos, ids, times, ordered) in cap.lists.items():
-        _s16(out, dest)
-        out += [_U64.pack(len(pos)), bytes((1 if ordered else 0,)), _raw(pos), _raw(ids), _raw(times)]
-    body = b"".join(out)
+        head: list[bytes] = []
+        _s16(head, dest)
+        head += [_U64.pack(len(pos)), bytes((1 if ordered else 0,))]
+        yield b"".join(head)
+        for a in (pos, ids, times):
+            yield _native(a)
+
+
+def _native(a: array[int] | array[float]) -> array[int] | array[float]:
+    """``a`` in the file's byte order (little endian): itself on this machine's usual order."""
+    if sys.byteorder != "little":  # pragma: no cover - the format is little endian
+        a = array(a.typecode, a)
+        a.byteswap()
+    return a
+
+
+def serialize(cap: Capture) -> bytes:
+    """The checkpoint file's bytes (in one piece; :func:`write_file` streams them)."""
+    body = b"".join(bytes(p) for p in body_parts(cap))
     return _HEAD.pack(_MAGIC, zlib.crc32(body), len(body)) + body
 
 
@@ -376,14 +404,26 @@ def restore(store: MessageStore, cap: Capture) -> None:
     store.count = cap.count
 
 
-def write_file(directory: Path, data: bytes, *, fsync: bool = True) -> None:
-    """Write ``checkpoint.tmp``, fsync, rename over ``checkpoint``, fsync the directory."""
+def write_file(directory: Path, cap: Capture, *, fsync: bool = True,
+               ready: Callable[[], None] | None = None) -> int:
+    """Write ``checkpoint.tmp`` (streamed: the header's CRC and length are written last,
+    over a placeholder), call ``ready`` (which may raise to give up: the records the
+    checkpoint covers must be durable first), fsync, rename over ``checkpoint``, fsync
+    the directory. Returns the file's size."""
     tmp = directory / (FILE + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, bytes(_HEAD.size))
+        crc = 0
+        size = 0
+        for part in body_parts(cap):
+            view = memoryview(part).cast("B")
+            crc = zlib.crc32(view, crc)
+            size += len(view)
+            _write_all(fd, view)
+        os.pwrite(fd, _HEAD.pack(_MAGIC, crc, size), 0)
+        if ready is not None:
+            ready()
         if fsync:
             os.fsync(fd)
     finally:
@@ -395,6 +435,13 @@ def write_file(directory: Path, data: bytes, *, fsync: bool = True) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+    return _HEAD.size + size
+
+
+def _write_all(fd: int, data: memoryview | bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 # ---------------------------------------------------------------------- the store's writer
@@ -501,13 +548,14 @@ class Checkpointer:
 
     def _run(self, cap: Capture, deletes: list[int]) -> None:
         size = 0
-        try:
-            data = serialize(cap)
-            size = len(data)
-            journal = self.store.journal
+        journal = self.store.journal
+
+        def ready() -> None:
             if not journal.wait_durable(cap.records, timeout=600):
                 raise JournalError("the records it covers did not become durable")
-            write_file(self.store.directory, data, fsync=journal.fsync)
+
+        try:
+            size = write_file(self.store.directory, cap, fsync=journal.fsync, ready=ready)
         except Exception as exc:  # noqa: BLE001 - a checkpoint is an optimisation
             log.warning("store %s: checkpoint not written: %s", self.store.directory, exc)
             self.store.journal.post(lambda: self._done(False, 0, []))
@@ -531,18 +579,20 @@ class Checkpointer:
         self.stop()
         cap = capture(self.store)
         deletes = sorted(self.pending_deletes)
-        data = serialize(cap)
         journal = self.store.journal
-        if not journal.wait_durable(cap.records, timeout=600):
-            raise JournalError("checkpoint not written: the records it covers are not durable")
-        write_file(self.store.directory, data, fsync=journal.fsync)
+
+        def ready() -> None:
+            if not journal.wait_durable(cap.records, timeout=600):
+                raise JournalError("checkpoint not written: the records it covers are not durable")
+
+        size = write_file(self.store.directory, cap, fsync=journal.fsync, ready=ready)
         self.written += 1
-        self.last_size = len(data)
+        self.last_size = size
         self._last_bytes = journal.appended_bytes
         if deletes and not self.holds:
             self.pending_deletes.difference_update(deletes)
             self.store.delete_now(deletes)
-        return len(data)
+        return size
 
     def at_close(self) -> None:
         if not self.enabled:
