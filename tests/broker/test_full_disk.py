@@ -118,7 +118,7 @@ def drain(port: int, at_least: int) -> list[int]:
     return got
 
 
-def check_errors(p: Producer) -> set[int]:
+def check_errors(p: Producer, cause: str = "No space left on device") -> set[int]:
     """Every ERROR answers one SEND, never a receipted one, names the cause, and says
     either that its outcome is unknown (``amq-in-doubt``: the record was queued when the
     journal failed; it may have been dispatched already) or that it was not applied (a
@@ -130,7 +130,7 @@ def check_errors(p: Producer) -> set[int]:
         rid = e.get("receipt-id")
         assert rid is not None and rid.startswith("r"), e.headers
         assert int(rid[1:]) not in p.receipted, f"{rid} got both a RECEIPT and an ERROR"
-        assert "No space left on device" in (e.get("message") or ""), e.headers
+        assert cause in (e.get("message") or ""), e.headers
         if e.get("amq-in-doubt") != "true":
             assert (e.get("message") or "").endswith("; not applied"), e.headers
             not_applied.add(int(rid[1:]))
@@ -259,11 +259,12 @@ def test_a_journal_io_error_other_than_enospc_fences_the_same_way(tmp_path: Path
         resource.prlimit(bp.pid, resource.RLIMIT_FSIZE, (2 * MIB, resource.RLIM_INFINITY))
         p = Producer(bp.port, 100)
         assert p.closed.wait(60), "the broker never closed the producer's connection"
-        assert p.errors and all(e.get("amq-in-doubt") == "true" for e in p.errors)
-        assert all("File too large" in (e.get("message") or "") for e in p.errors), p.errors[0].headers
-        assert {int((e.get("receipt-id") or "r-1")[1:]) for e in p.errors}.isdisjoint(p.receipted)
+        # the same rule as ENOSPC: in doubt, or "not applied" for a SEND that reached the
+        # broker after the failure (seen under load: a single "not applied" ERROR)
+        not_applied = check_errors(p, "File too large")
         assert bp.proc is not None and bp.proc.wait(30) == 3
         assert 15 <= len(p.receipted) <= 21, len(p.receipted)  # about 2 MiB's worth
         bp.start()  # a new process: no file-size limit
         got = drain(bp.port, len(p.receipted))
         assert p.receipted <= set(got) and len(got) == len(set(got))
+        assert not not_applied & set(got), "an ERROR said 'not applied' but the message is there"
