@@ -15,7 +15,8 @@ The scripted broker is deliberately dumb: it answers CONNECT with CONNECTED, eve
 frame carrying ``receipt`` with a RECEIPT (unless ``hold_receipts``), records every
 frame it received (per connection and in total), and lets the test ``drop()`` live
 connections (the client sees end of stream), ``stall()`` them (half-open: nothing is
-answered or delivered any more), and ``deliver()`` MESSAGE frames.
+answered or delivered any more), end the next ones right after CONNECTED
+(``dead_on_arrival``), and ``deliver()`` MESSAGE frames.
 """
 
 from __future__ import annotations
@@ -112,6 +113,9 @@ class ScriptedBroker:
         self.heart_beat = heart_beat
         self.hold_receipts = False
         self.auth_fail = False
+        #: this many next connections get CONNECTED and, with it, the end of the stream (a
+        #: master killed while its answer was still on its way)
+        self.dead_on_arrival = 0
         #: the CONNECTED frame's ``server`` header (the client detects its dialect from it)
         self.server = "scripted"
         self.received: list[Frame] = []
@@ -197,6 +201,10 @@ class ScriptedBroker:
                 return
             stream.push(serialize(Frame.make("CONNECTED", {"version": "1.2", "heart-beat": self.heart_beat,
                                                              "server": self.server}), "1.2"))
+            with self._lock:
+                dies, self.dead_on_arrival = self.dead_on_arrival > 0, max(0, self.dead_on_arrival - 1)
+            if dies:
+                stream.hang_up()
             return
         if frame.command == "DISCONNECT":
             receipt = frame.get("receipt")

@@ -393,8 +393,16 @@ class FailoverTransport(Transport):
                     log.info("failover: replayed %d frame(s) on %s (%d subscription(s))%s", len(plan.batch),
                              conn.address, len(self._subs),
                              f"; {len(plan.stepwise)} request(s) follow one at a time" if plan.stepwise else "")
+            # lost between its handshake and now (CONNECTED and the close arrived
+            # together): its reader reported it to _lost, which ignored a link that was not
+            # current yet. Handled below as a loss right after the install; otherwise the
+            # transport would stay "connected" with no reader left to notice.
+            dead_on_arrival = plan is not None and not conn.alive
         if plan is None:
             return None
+        if dead_on_arrival:
+            log.info("failover: %s was lost right after its handshake", conn.address)
+            self._lost(conn, ConnectionClosed(f"{conn.address}: connection lost right after the STOMP handshake"))
         for rec, err in plan.fail:
             rec.set_error(err)
         for rec in plan.complete:
