@@ -78,8 +78,7 @@ class FaultKind:
 FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("kill-master", "SIGKILL the master's process", "pair"),
     FaultKind("freeze-master", "SIGSTOP the master, SIGCONT after the hold (a GC pause, a VM freeze)", "pair",
-              hold=(0.5, 5.0),
-              pending="ha: a master frozen past the link timeout receipts after SIGCONT (issue 11 item 1)"),
+              hold=(0.5, 5.0)),
     FaultKind("kill-slave", "SIGKILL the slave's process", "pair"),
     FaultKind("restart-dead", "start the node that is down again (it must come back as the slave)", "pair"),
     FaultKind("cut-replication", "break the replication link (its proxy disabled, or half-open) for the hold",
@@ -87,7 +86,7 @@ FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("disk-full", "fill the master's data filesystem (a size-limited tmpfs) for the hold; the master "
               "fences and hands over (shared store: the whole pair waits for space)", "pair", hold=(1.0, 4.0)),
     FaultKind("delete-lock", "delete the shared store's lock file under the running pair", "pair",
-              modes=("shared-store",), pending="ha: the shared lock file deleted (issue 11 item 3)"),
+              modes=("shared-store",)),
     FaultKind("cut-client", "disable the master's client proxy (every client link closed, new ones "
               "refused) for the hold", "link", hold=(0.5, 3.0)),
     FaultKind("half-open-client", "timeout toxic on the master's client proxy: bytes vanish, nothing "

@@ -218,7 +218,7 @@ def test_cli_nemesis_options_belong_to_the_nemesis() -> None:
 def test_cli_list_shows_the_fault_kinds() -> None:
     code, out = _cli("--list")
     assert code == 0
-    assert "nemesis fault kinds" in out and "freeze-master" in out and "not in the default set" in out
+    assert "nemesis fault kinds" in out and "freeze-master" in out and "delete-lock" in out
 
 
 def test_cli_help_documents_the_nemesis() -> None:

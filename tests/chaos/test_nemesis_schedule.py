@@ -137,6 +137,10 @@ def test_default_kinds_leave_out_pending_ones() -> None:
         assert all(not FAULT_KINDS[n].pending for n in names)
         assert all(mode in FAULT_KINDS[n].modes for n in names)
     assert "kill-master" in default_kinds("replicated")
+    # the frozen master (issue 11 item 1) and the deleted lock file (item 3) are fixed:
+    # both are in the default set, delete-lock only where there is a lock file
+    assert "freeze-master" in default_kinds("replicated") and "freeze-master" in default_kinds("shared-store")
+    assert "delete-lock" in default_kinds("shared-store") and "delete-lock" not in default_kinds("replicated")
 
 
 def test_parse_kinds() -> None:
