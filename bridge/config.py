@@ -24,6 +24,8 @@ Example (every key of ``[[network_connector]]`` except ``name`` and ``uri`` is o
     heartbeat_ms = 5000                       # STOMP heart-beats both ways, both sides
     advisories = "auto"                       # "on" | "off" | "auto": see bridge.connector
     loop_pause_ms = 1000                      # see "Loops" in bridge.forwarder
+    receipt_timeout_ms = 30000                # a batch's receipts not all in by then: the bridge
+    #                                          # is rebuilt (0: wait for ever)
     ack_mode = "client-individual"            # or "client": one cumulative ACK per batch
     #                                          # (half the frames; see bridge.forwarder)
     probe_interval_ms = 100                   # during the static back-off, TCP-probe the remote
@@ -135,6 +137,7 @@ class NetworkConnectorConfig(BaseModel):
     ack_mode: Literal["client-individual", "client"] = "client-individual"
     probe_interval_ms: int = Field(default=100, ge=0, le=60_000)
     loop_pause_ms: int = Field(default=1000, ge=0, le=3_600_000)
+    receipt_timeout_ms: int = Field(default=30_000, ge=0, le=3_600_000)
     remote_name: str | None = None
     local_uri: str | None = None  # this connector's own local broker (default: the top-level one)
     broker_name: str | None = None  # its identity in the hop path (default: its addresses)

@@ -165,6 +165,7 @@ class _Direction:
                 on_failure=self.bridge.fail, loop_pause=cfg.loop_pause_ms / 1000.0,
                 label=f"{self.bridge.name} {self.label} {destination}", excluded=self.bridge.excluded,
                 ack_mode=cfg.ack_mode,
+                receipt_timeout=cfg.receipt_timeout_ms / 1000.0 if cfg.receipt_timeout_ms else None,
             )
             self.forwarders[destination] = fwd
             fwd.start()

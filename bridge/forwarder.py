@@ -15,7 +15,10 @@ A :class:`DestinationForwarder` owns one subscription on the *source* connection
 3. wait for every receipt of the batch (the producer's flush), and only then ACK each
    source message (``Connection.ack_many``: one ACK frame per message, all in one
    socket write). Up to four batches wait for their receipts while the next one is
-   sent (``prefetch`` bounds the total unacknowledged), in order.
+   sent (``prefetch`` bounds the total unacknowledged), in order. A receipt that has
+   not come within ``receipt_timeout`` (``receipt_timeout_ms``, 30 s by default) ends
+   the forwarder like any other failure: a far side that answers heart-beats but no
+   longer receipts (or a link nobody noticed was dead) costs a rebuild, not the bridge.
 
 With ``ack_mode = "client"`` the subscription uses STOMP's cumulative ``client`` mode
 and a batch is acknowledged with a single ACK of its last message (half the frames on
@@ -179,10 +182,12 @@ class DestinationForwarder:
         label: str = "",
         excluded: Callable[[str], bool] | None = None,
         ack_mode: str = "client-individual",
+        receipt_timeout: float | None = None,
     ) -> None:
         if ack_mode not in ("client-individual", "client"):
             raise ValueError(f"ack_mode must be 'client-individual' or 'client', got {ack_mode!r}")
         self._ack_mode = ack_mode
+        self._receipt_timeout = receipt_timeout  # seconds a receipt may take; None: for ever
         self.destination = destination
         self._src = src
         self._dst = dst
@@ -327,7 +332,7 @@ class DestinationForwarder:
         """Wait for the far broker's receipts, then acknowledge on the source."""
         if batch.producer is not None:
             try:
-                batch.producer.flush()
+                batch.producer.flush(self._receipt_timeout)
             except BaseException:
                 self._status.add_in_flight(-batch.forwarded)
                 self._status.add_failed(batch.forwarded)

@@ -127,3 +127,37 @@ def test_hub_master_killed_while_its_connected_is_in_flight_bridge_recovers(hub:
             missing = sorted(set(bodies) - got)
             assert not missing, (f"{len(missing)} of {len(bodies)} never reached the hub, e.g. {missing[:5]}; "
                                  f"bridge {st['state']} on {st['remote']} (new master behind {new_proxy})")
+
+
+def test_scripted_remote_that_stops_receipting_bridge_is_rebuilt() -> None:
+    # a far side that keeps its link up but answers no receipt (or a dead link nobody
+    # noticed): the forwarder gives up after receipt_timeout_ms and the bridge is rebuilt,
+    # instead of waiting for ever with the spoke's messages unacknowledged
+    backend = MemoryBackend()
+    spoke, hub_a, _hub_b = backend.add("s:1"), backend.add("a:1"), backend.add("b:2")
+    hub_a.hold_receipts = True
+    text = connector_toml("tcp://s:1", "masterslave:(tcp://a:1,tcp://b:2)?initialReconnectDelay=10", "nc",
+                          {"static_include": ["/queue/orders"], "probe_interval_ms": 0, "heartbeat_ms": 0,
+                           "receipt_timeout_ms": 300})
+
+    def connect(uri: str, **kwargs: Any) -> Any:
+        return amqtransport.connect(uri, backend=backend, **kwargs)
+
+    agent = BridgeAgent(parse_config(text), connect=connect).start()
+    try:
+        wait_for(lambda: any(f.get("destination") == "/queue/orders" for f in spoke.frames("SUBSCRIBE")), 10,
+                 "the forwarder's subscription on the spoke")
+        spoke.deliver("/queue/orders", "hello", {"amq-idempotency-key": "k1"})
+        wait_for(lambda: int(status(agent)["rebuilds"]) >= 1, 10, "a rebuild after the receipt timeout")
+        assert "SendTimeout" in str(status(agent)["last_error"])
+        assert not spoke.frames("ACK")  # never acknowledged without the far side's receipt
+        # the rebuilt bridge forwards the redelivery (the scripted spoke does not
+        # redeliver by itself: deliver it again) once the hub receipts again
+        hub_a.hold_receipts = False
+        wait_for(lambda: status(agent)["state"] == "up" and sum(
+            f.get("destination") == "/queue/orders" for f in spoke.frames("SUBSCRIBE")) >= 2, 10, "a new forwarder")
+        spoke.deliver("/queue/orders", "hello", {"amq-idempotency-key": "k1", "redelivered": "true"})
+        wait_for(lambda: len(spoke.frames("ACK")) == 1, 10, "the redelivery forwarded and acknowledged")
+        assert [f.get("amq-idempotency-key") for f in hub_a.frames("SEND")] == ["k1", "k1"]  # same key both times
+    finally:
+        agent.stop()
