@@ -141,10 +141,13 @@ def capture(store: MessageStore) -> Capture:
             while k < len(mine) and mine[k][0] <= oldest:
                 k += 1
             if ordered and all(e[0] > newest for e in mine[k:]):
-                before, after = mine[:k], mine[k:]
-                pos = array("Q", [e[1] for e in before]) + pos + array("Q", [e[1] for e in after])
-                ids = array("Q", [e[2] for e in before]) + ids + array("Q", [e[2] for e in after])
-                ts = array("d", [e[0] for e in before]) + ts + array("d", [e[0] for e in after])
+                before, after = mine[:k], mine[k:]  # in place: the copies are ours
+                pos[0:0] = array("Q", [e[1] for e in before])
+                ids[0:0] = array("Q", [e[2] for e in before])
+                ts[0:0] = array("d", [e[0] for e in before])
+                pos.extend(array("Q", [e[1] for e in after]))
+                ids.extend(array("Q", [e[2] for e in after]))
+                ts.extend(array("d", [e[0] for e in after]))
             else:
                 merged = sorted([*mine, *((t, p, h) for p, h, t in zip(pos, ids, ts, strict=True) if p)],
                                 key=lambda e: e[0])
