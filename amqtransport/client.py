@@ -46,6 +46,7 @@ from amqtransport.errors import (
     TransactionRolledBack,
 )
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.stomp.session import ack_frame
 from amqtransport.transports.factory import build_transport
 from amqtransport.transports.stomp import ConnectParams, Receipt, Transport
 
@@ -564,16 +565,7 @@ class Connection:
             self._transport.write_if_current(self._ack_frame("ACK", copy.frame), copy.generation)
 
     def _ack_frame(self, command: str, frame: Frame) -> Frame:
-        version = self._transport.version
-        if version == "1.2":
-            ack_id = frame.get("ack") or frame.get("message-id") or ""
-            return Frame.make(command, {"id": ack_id})
-        if version == "1.0" and command == "NACK":
-            raise LocalProtocolError("NACK needs STOMP 1.1 or later")
-        hdrs = {"message-id": frame.get("message-id") or ""}
-        if version == "1.1":
-            hdrs["subscription"] = frame.get("subscription") or ""
-        return Frame.make(command, hdrs)
+        return ack_frame(command, frame, self._transport.version)
 
     def _ack(self, msg: Message, command: str) -> None:
         d = msg._delivery

@@ -21,6 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from amqtransport.errors import AmqTransportError
+from amqtransport.stomp import Frame, serialize
+from amqtransport.stomp.session import ClientSession
+
 __all__ = ["KillAtExit", "kill_and_reap", "read_log", "spawn_logged", "stomp_handshake", "terminate_and_reap"]
 
 T = TypeVar("T")
@@ -56,27 +60,21 @@ class KillAtExit(Generic[T]):
 
 def stomp_handshake(host: str, port: int, timeout: float = 2.0, *, vhost: str = "localhost",
                     login: str | None = None, passcode: str | None = None) -> bool:
-    """True when a STOMP 1.2 CONNECT on host:port is answered by CONNECTED."""
-    creds = (f"login:{login}\n" if login is not None else "") + (f"passcode:{passcode}\n" if passcode is not None else "")
-    frame = f"CONNECT\naccept-version:1.2\nhost:{vhost}\n{creds}heart-beat:0,0\n\n\x00".encode()
+    """True when a STOMP 1.2 CONNECT on host:port is answered by CONNECTED (the
+    client session of :mod:`amqtransport.stomp.session`)."""
+    session = ClientSession(host=vhost, login=login, passcode=passcode, accept_version="1.2")
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             s.settimeout(timeout)
-            s.sendall(frame)
-            buf = b""
-            while b"\x00" not in buf and len(buf) < 65536:
-                chunk = s.recv(4096)
-                if not chunk:
-                    return False
-                buf += chunk
-            ok = buf.lstrip(b"\r\n").startswith(b"CONNECTED")
-            if ok:
-                try:
-                    s.sendall(b"DISCONNECT\n\n\x00")
-                except OSError:
-                    pass
-            return ok
-    except OSError:
+            s.sendall(session.connect_bytes())
+            while session.feed(s.recv(4096)) is None:
+                pass
+            try:
+                s.sendall(serialize(Frame.make("DISCONNECT"), "1.2"))
+            except OSError:
+                pass
+            return True
+    except (OSError, AmqTransportError):
         return False
 
 

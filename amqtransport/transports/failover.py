@@ -88,6 +88,7 @@ from amqtransport.errors import (
     TransportError,
 )
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.stomp.session import error_from_frame, error_text
 from amqtransport.transports.endpoints import endpoints, priority_leaves
 from amqtransport.transports.replay import (
     TRACK_IDLE_SECONDS,
@@ -105,8 +106,6 @@ from amqtransport.transports.stomp import (
     Receipt,
     StompConnection,
     Transport,
-    error_from_frame,
-    error_text,
     with_receipt,
 )
 

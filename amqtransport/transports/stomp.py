@@ -46,8 +46,6 @@ from typing import Any
 from amqtransport._backends.base import Backend, NetworkStream, leaf_address
 from amqtransport.errors import (
     AmqTransportError,
-    AuthenticationError,
-    BrokerError,
     ConnectError,
     ConnectionClosed,
     HeartbeatTimeout,
@@ -60,12 +58,10 @@ from amqtransport.stomp import (
     NEED_DATA,
     Frame,
     FrameParser,
-    Heartbeat,
-    negotiate_heartbeat,
-    negotiate_version,
     parse_heartbeat_header,
     serialize,
 )
+from amqtransport.stomp.session import ClientSession, Negotiated, error_from_frame
 from amqtransport.transports.coalesce import CoalescingWriter
 from amqtransport.transports.dialect import DEFAULT_VHOST, Dialect, detect, dialect_named
 
@@ -84,14 +80,6 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 #: seconds a link killed by a failed write waits for its reader to deliver what came before
 KILL_GRACE = 0.3
-# in the ERROR's message header (short, chosen by the broker for this purpose)
-_AUTH_WORDS = ("auth", "login", "password", "passcode", "credential", "security", "not authorized", "access denied",
-               "access refused")
-# in its body (free text: only unambiguous phrases)
-_AUTH_PHRASES = ("access refused", "access denied", "not authorized", "authentication failed", "bad credentials",
-                 "invalid credentials", "login failed")
-
-
 @dataclass(frozen=True)
 class ConnectParams:
     """What every CONNECT of a connection carries (the same on every reconnect)."""
@@ -129,30 +117,6 @@ def _leaf_connect_timeout(leaf: Any, params: ConnectParams) -> float:
     options = _leaf_options(leaf)
     ms = getattr(options, "connect_timeout", None) if options is not None else None
     return (ms if ms is not None else 10000) / 1000.0
-
-
-def error_text(frame: Frame) -> str:
-    """One line for an ERROR frame: its ``message`` header and its body (where brokers
-    such as RabbitMQ put the real reason: "Bad CONNECT: Virtual host '127.0.0.1' access
-    denied"), the body cut at 300 characters."""
-    message = (frame.get("message") or "").strip()
-    body = " ".join(frame.body.decode("utf-8", "replace").split())
-    if len(body) > 300:
-        body = body[:297] + "..."
-    if message and body and body != message and message not in body:
-        return f"{message}: {body}"
-    return body if body and message in body else (message or "ERROR frame")
-
-
-def error_from_frame(frame: Frame, context: str = "") -> BrokerError:
-    """A :class:`BrokerError` for an ERROR frame, or an :class:`AuthenticationError` when
-    the broker refused the credentials or access (its message or body says so)."""
-    text = error_text(frame)
-    message = (frame.get("message") or "").lower()
-    body = frame.body[:1000].decode("utf-8", "replace").lower()
-    if any(word in message for word in _AUTH_WORDS) or any(phrase in body for phrase in _AUTH_PHRASES):
-        return AuthenticationError(f"{context}{text}", frame=frame)
-    return BrokerError(f"{context}{text}", frame=frame)
 
 
 class StompConnection:
@@ -206,43 +170,31 @@ class StompConnection:
     # -- handshake ------------------------------------------------------------------
 
     def open(self) -> Frame:
-        """Connect and complete the STOMP handshake; return the CONNECTED frame."""
+        """Connect and complete the STOMP handshake (:class:`ClientSession`); return the
+        CONNECTED frame."""
         timeout = _leaf_connect_timeout(self.leaf, self._params)
         deadline = self._clock() + timeout
         options = _leaf_options(self.leaf)
         forced = getattr(options, "dialect", None)
         forced_dialect = dialect_named(forced) if forced else None
+        host = self._params.vhost or getattr(options, "host", None) or DEFAULT_VHOST
+        session = ClientSession(
+            host=str(host), login=self._params.login, passcode=self._params.passcode,
+            client_id=self._params.client_id, heartbeat=_leaf_heartbeat(self.leaf, self._params.heartbeat),
+            min_heartbeat_ms=forced_dialect.min_heartbeat_ms if forced_dialect is not None else 0,
+            extra_headers=self._params.extra_headers, context=f"{self.address}: ")
         stream = self._backend.connect(self.leaf, timeout)
         self._stream = stream
         try:
-            ours = _leaf_heartbeat(self.leaf, self._params.heartbeat)
-            if forced_dialect is not None and forced_dialect.min_heartbeat_ms:
-                least = forced_dialect.min_heartbeat_ms
-                ours = (ours[0] and max(ours[0], least), ours[1] and max(ours[1], least))
-            host = self._params.vhost or getattr(options, "host", None) or DEFAULT_VHOST
-            headers: list[tuple[str, str]] = [("accept-version", "1.0,1.1,1.2"), ("host", str(host))]
-            if self._params.login is not None:
-                headers.append(("login", self._params.login))
-            if self._params.passcode is not None:
-                headers.append(("passcode", self._params.passcode))
-            if self._params.client_id is not None:
-                headers.append(("client-id", self._params.client_id))
-            headers.append(("heart-beat", f"{int(ours[0])},{int(ours[1])}"))
-            headers.extend(self._params.extra_headers)
             try:
-                stream.write(serialize(Frame.make("CONNECT", headers), "1.2"))
+                stream.write(session.connect_bytes())
             except TransportError as exc:  # e.g. a TLS peer that rejected our certificate
                 raise ConnectError(f"{self.address}: handshake failed: {exc}") from exc
-            frame = self._read_handshake(stream, deadline)
-            if frame.command == "ERROR":
-                raise error_from_frame(frame, f"{self.address}: CONNECT refused: ")
-            if frame.command != "CONNECTED":
-                raise ConnectError(f"{self.address}: expected CONNECTED, got {frame.command}")
-            self.version = negotiate_version(frame.get("version"))
-            self._parser.version = self.version
-            self.send_every_ms, self.expect_every_ms = negotiate_heartbeat(
-                ours, parse_heartbeat_header(frame.get("heart-beat"))
-            )
+            terms = self._read_handshake(stream, session, deadline)
+            frame = terms.frame
+            self.version = terms.version
+            self._parser = session.parser
+            self.send_every_ms, self.expect_every_ms = terms.send_every_ms, terms.expect_every_ms
             self.connected_frame = frame
             self.dialect = forced_dialect or detect(frame.get("server"))
             text_mode = getattr(options, "text_mode", None)
@@ -250,9 +202,6 @@ class StompConnection:
             dup = getattr(options, "duplicate_id_header", None)
             self.duplicate_id_header = self.dialect.duplicate_id_header if dup is None else (
                 None if dup.lower() == "none" else dup)
-        except RemoteProtocolError as exc:
-            stream.close()
-            raise ConnectError(f"{self.address}: bad handshake: {exc}") from exc
         except BaseException:
             stream.close()
             raise
@@ -269,13 +218,8 @@ class StompConnection:
                   self.send_every_ms, self.expect_every_ms)
         return frame
 
-    def _read_handshake(self, stream: NetworkStream, deadline: float) -> Frame:
+    def _read_handshake(self, stream: NetworkStream, session: ClientSession, deadline: float) -> Negotiated:
         while True:
-            event = self._parser.next_event()
-            if isinstance(event, Frame):
-                return event
-            if isinstance(event, Heartbeat):
-                continue
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise ConnectError(f"{self.address}: no CONNECTED within the connect timeout")
@@ -285,9 +229,9 @@ class StompConnection:
                 raise ConnectError(f"{self.address}: handshake failed: {exc}") from exc
             if data is None:
                 continue
-            if data == b"":
-                raise ConnectError(f"{self.address}: connection closed during the STOMP handshake")
-            self._parser.feed(data)
+            terms = session.feed(data)
+            if terms is not None:
+                return terms
 
     # -- I/O ------------------------------------------------------------------------
 

@@ -18,9 +18,9 @@ import amqtransport
 from amqtransport._backends.memory import MemoryBackend, MemoryStream, ScriptedBroker
 from amqtransport.errors import AuthenticationError, BrokerError
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.stomp.session import error_from_frame
 from amqtransport.testing.broker_process import BrokerProcess
 from amqtransport.testing.wait import wait_for
-from amqtransport.transports.stomp import error_from_frame
 
 pytestmark = pytest.mark.timeout(60)
 

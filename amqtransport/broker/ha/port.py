@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from amqtransport.errors import ConfigError
-from amqtransport.stomp import Frame, FrameParser, Limits, NeedData, serialize
+from amqtransport.stomp import Frame, Limits, serialize
+from amqtransport.stomp.session import ServerSession
 
 from ..config import BrokerConfig, check_login
 from ..context import HookedConnection
@@ -442,8 +443,8 @@ class HaPortProtocol(asyncio.Protocol):
         self.requests = requests
         self.limits = limits
         self.waiting = waiting
-        self.parser = FrameParser(
-            "1.2", Limits(max_frame_size=limits.max_frame, max_headers=64, max_header_line=min(8192, limits.max_frame))
+        self.session = ServerSession(
+            Limits(max_frame_size=limits.max_frame, max_headers=64, max_header_line=min(8192, limits.max_frame))
         )
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -483,15 +484,13 @@ class HaPortProtocol(asyncio.Protocol):
         if self.transport is None or self not in self.waiting:
             return
         try:
-            self.parser.feed(data)
-            while not isinstance(event := self.parser.next_event(), Frame | NeedData):
-                pass  # a heart-beat EOL before the request
+            event = self.session.feed(data)
         except Exception as exc:  # noqa: BLE001 - garbage on the HA port: answer and close
             self.requests.refused(self.peer, "a frame", f"malformed: {exc}")
             self._done()
             answer_error(self.transport, f"malformed frame on the HA port: {exc}")
             return
-        if isinstance(event, NeedData):
+        if event is None:
             return
         self._done()
         self.transport.pause_reading()

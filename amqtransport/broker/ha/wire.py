@@ -34,8 +34,9 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from amqtransport.errors import RemoteProtocolError, ServerError
-from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
+from amqtransport.errors import BrokerError, ConnectError, RemoteProtocolError, ServerError
+from amqtransport.stomp import Frame
+from amqtransport.stomp.session import ClientSession
 
 from ..store import MAX_RECORD
 from .decide import PeerAnswer
@@ -225,10 +226,15 @@ class WireDecoder:
         return out
 
 
+def ha_session(headers: Mapping[str, str], context: str = "") -> ClientSession:
+    """The client session of one HA request: a STOMP 1.2 CONNECT to host ``amq-ha``
+    without heart-beats, carrying the request's ``headers``."""
+    return ClientSession(host="amq-ha", accept_version="1.2", extra_headers=headers.items(), context=context)
+
+
 def connect_frame(headers: Mapping[str, str]) -> bytes:
-    base = {"accept-version": "1.2", "host": "amq-ha", "heart-beat": "0,0"}
-    base.update(headers)
-    return serialize(Frame.make("CONNECT", list(base.items())))
+    """The CONNECT of an HA request on the wire (:func:`ha_session`)."""
+    return ha_session(headers).connect_bytes()
 
 
 # ---------------------------------------------------------------------- requests
@@ -250,33 +256,29 @@ async def _ha_request(
 ) -> tuple[Frame, asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
     try:
-        writer.write(connect_frame(headers))
-        parser = FrameParser("1.2")
+        session = ha_session(headers, f"{host}:{port}: ")
+        writer.write(session.connect_bytes())
         deadline = time.monotonic() + timeout
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NodeUnreachable(f"no answer from {host}:{port} within {timeout} s")
+            # up to the frame's NUL only: binary link data may follow in the same segment
             try:
-                event = parser.next_event()
-            except RemoteProtocolError as exc:
-                raise ReplicationError(f"{host}:{port} sent invalid STOMP: {exc}") from exc
-            if isinstance(event, Frame):
-                break
-            if isinstance(event, NeedData):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise NodeUnreachable(f"no answer from {host}:{port} within {timeout} s")
-                # up to the frame's NUL only: binary link data may follow in the same segment
-                try:
-                    data = await asyncio.wait_for(reader.readuntil(b"\x00"), left)
-                except asyncio.IncompleteReadError as exc:
-                    raise ReplicationError(f"{host}:{port} closed the connection before answering") from exc
-                except asyncio.LimitOverrunError as exc:
-                    raise ReplicationError(f"{host}:{port} sent an oversized answer") from exc
-                parser.feed(data)
-        if event.command == "ERROR":
-            raise ReplicaRefused(event.get("message") or event.body.decode("utf-8", "replace"))
-        if event.command != "CONNECTED":
-            raise ReplicationError(f"{host}:{port} answered {event.command}, expected CONNECTED")
-        return event, reader, writer
+                data = await asyncio.wait_for(reader.readuntil(b"\x00"), left)
+            except asyncio.IncompleteReadError as exc:
+                raise ReplicationError(f"{host}:{port} closed the connection before answering") from exc
+            except asyncio.LimitOverrunError as exc:
+                raise ReplicationError(f"{host}:{port} sent an oversized answer") from exc
+            try:
+                terms = session.feed(data)
+            except BrokerError as exc:
+                frame = exc.frame
+                raise ReplicaRefused(frame.get("message") or frame.body.decode("utf-8", "replace")) from None
+            except ConnectError as exc:
+                raise ReplicationError(str(exc)) from exc
+            if terms is not None:
+                return terms.frame, reader, writer
     except BaseException:
         writer.close()
         raise
@@ -350,17 +352,22 @@ def ha_request_sync(
     :class:`NodeUnreachable` when the node cannot be reached or does not answer."""
     hdrs = {STATUS_HEADER: "1"}
     hdrs.update(headers or {})
+    session = ha_session(hdrs, f"{host}:{port}: ")
     with _os_errors_mapped(), socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(connect_frame(hdrs))
-        parser = FrameParser("1.2")
+        sock.sendall(session.connect_bytes())
         deadline = time.monotonic() + timeout
         while True:
-            event = parser.next_event()
-            if isinstance(event, Frame):
-                return event
             if time.monotonic() > deadline:
                 raise NodeUnreachable(f"no answer from {host}:{port} within {timeout} s")
             data = sock.recv(65536)
             if not data:
                 raise NodeUnreachable(f"{host}:{port} closed the connection without answering")
-            parser.feed(data)
+            try:
+                terms = session.feed(data)
+            except BrokerError as exc:  # the refusal is the answer
+                frame: Frame = exc.frame
+                return frame
+            except ConnectError as exc:
+                raise ReplicationError(str(exc)) from exc
+            if terms is not None:
+                return terms.frame
