@@ -34,7 +34,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal
 
 from amqtransport._backends.base import Backend
 from amqtransport.audit import Delivery, DuplicateFilter, message_key
@@ -47,8 +47,9 @@ from amqtransport.errors import (
 )
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.stomp.session import ack_frame
+from amqtransport.transports.base import Receipt, Transport
 from amqtransport.transports.factory import build_transport
-from amqtransport.transports.stomp import ConnectParams, Receipt, Transport
+from amqtransport.transports.stomp import ConnectParams
 
 __all__ = ["connect", "Connection", "Producer", "Subscription", "Message", "Transaction", "AckMode"]
 
@@ -414,7 +415,7 @@ class Connection:
         frame = self._transport.connected_frame
         return frame.get("server") if frame is not None else None
 
-    def add_listener(self, listener: Any) -> None:
+    def add_listener(self, listener: object) -> None:
         """Listener with optional ``on_interrupted(error)``, ``on_resumed(address)``,
         ``on_failed(error)``; called from the transport's threads, exceptions logged."""
         self._transport.add_listener(listener)
@@ -669,11 +670,11 @@ def connect(
     client_id: str | None = None,
     heartbeat: tuple[int, int] = (10000, 10000),
     dedupe: bool = True,
-    listener: Any = None,
+    listener: object = None,
     connect_timeout: float | None = None,
     audit_size: int = DEFAULT_AUDIT_SIZE,
     backend: Backend | None = None,
-    sleep: Callable[[float], Any] | None = None,
+    sleep: Callable[[float], object] | None = None,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
 ) -> Connection:

@@ -34,12 +34,12 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from amqtransport.backoff import Attempt, failover_schedule, static_delay_ms
 from amqtransport.errors import UriError
-from amqtransport.options import StaticOptions
-from amqtransport.uri import CompositeUri, parse_uri
+from amqtransport.options import FailoverOptions, StaticOptions
+from amqtransport.uri import CompositeUri, LeafUri, parse_uri
 
 __all__ = ["DiscoveryListener", "StaticDiscoveryAgent", "services_of", "static_failover_schedule"]
 
@@ -79,9 +79,9 @@ class StaticDiscoveryAgent:
         self,
         services: Sequence[str],
         options: StaticOptions,
-        listener: Any,
+        listener: object,
         *,
-        sleep: Callable[[float], Any] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.options = options
@@ -99,7 +99,7 @@ class StaticDiscoveryAgent:
     def services(self) -> list[str]:
         return list(self._services)
 
-    def _call(self, method: str, *args: Any) -> None:
+    def _call(self, method: str, *args: object) -> None:
         fn = getattr(self.listener, method, None)
         if fn is None:
             return
@@ -184,13 +184,13 @@ class StaticDiscoveryAgent:
         self._spawn(readd, "amq-discovery-readd")
 
 
-def static_failover_schedule(static_options: StaticOptions) -> Callable[..., Iterator[Attempt[Any]]]:
+def static_failover_schedule(static_options: StaticOptions) -> Callable[..., Iterator[Attempt[LeafUri]]]:
     """A failover schedule for ``static:(failover:(...)?maxReconnectAttempts=0)`` used
     as one client connection: one pass without delay, then the static back-off
     before every further pass (forever when the static ``maxReconnectAttempts`` is 0)."""
 
-    def schedule(endpoints: Sequence[Any], options: Any, *, startup: bool,
-                 rng: random.Random | None = None) -> Iterator[Attempt[Any]]:
+    def schedule(endpoints: Sequence[LeafUri], options: FailoverOptions, *, startup: bool,
+                 rng: random.Random | None = None) -> Iterator[Attempt[LeafUri]]:
         one_pass = options.model_copy(update={"max_reconnect_attempts": 0, "startup_max_reconnect_attempts": -1})
         failures = 0
         pass_number = 1

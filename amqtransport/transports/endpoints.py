@@ -10,18 +10,19 @@ from __future__ import annotations
 import logging
 import urllib.request
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from amqtransport._backends.base import leaf_address
+from amqtransport.uri import LeafUri, UriNode, parse_uri
 
 __all__ = ["endpoints", "priority_leaves", "read_update_uris"]
 
 log = logging.getLogger("amqtransport.transports.failover")
 
-UriParser = Callable[[str], Any]
+#: parses one URI of the list (``parse_uri`` unless a test injects another)
+UriParser = Callable[[str], UriNode]
 
 
-def read_update_uris(url: str, parser: UriParser | None = None) -> list[Any]:
+def read_update_uris(url: str, parser: UriParser | None = None) -> list[LeafUri]:
     """``updateURIsURL``: a file path, ``file://`` or ``http(s)://`` URL holding a
     comma-separated list of leaf URIs, read before each reconnect. What cannot be
     read or parsed is logged and left out."""
@@ -36,10 +37,8 @@ def read_update_uris(url: str, parser: UriParser | None = None) -> list[Any]:
         log.warning("updateURIsURL %s: cannot read: %s", url, exc)
         return []
     if parser is None:
-        from amqtransport.uri import parse_uri
-
         parser = parse_uri
-    out = []
+    out: list[LeafUri] = []
     for part in text.replace("\n", ",").split(","):
         part = part.strip()
         if not part:
@@ -49,14 +48,14 @@ def read_update_uris(url: str, parser: UriParser | None = None) -> list[Any]:
         except ValueError as exc:
             log.warning("updateURIsURL %s: ignoring %r: %s", url, part, exc)
             continue
-        if hasattr(node, "components"):
+        if not isinstance(node, LeafUri):
             log.warning("updateURIsURL %s: ignoring composite %r", url, part)
             continue
         out.append(node)
     return out
 
 
-def endpoints(leaves: Sequence[Any], update_uris_url: str | None, parser: UriParser | None = None) -> list[Any]:
+def endpoints(leaves: Sequence[LeafUri], update_uris_url: str | None, parser: UriParser | None = None) -> list[LeafUri]:
     """The leaves to try: the URI's, then those of ``updateURIsURL`` not already listed."""
     out = list(leaves)
     if update_uris_url:
@@ -66,7 +65,7 @@ def endpoints(leaves: Sequence[Any], update_uris_url: str | None, parser: UriPar
     return out
 
 
-def priority_leaves(leaves: Sequence[Any], priority_uris: Sequence[str]) -> list[Any]:
+def priority_leaves(leaves: Sequence[LeafUri], priority_uris: Sequence[str]) -> list[LeafUri]:
     """``priorityBackup``'s endpoints: those of ``leaves`` named by ``priorityURIs``,
     else (or when none matches) the first leaf."""
     if not priority_uris:

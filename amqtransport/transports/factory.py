@@ -15,15 +15,15 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any
 
 from amqtransport._backends.base import Backend
 from amqtransport._backends.sockets import SocketBackend
 from amqtransport.errors import UriError
 from amqtransport.options import FailoverOptions, StaticOptions
+from amqtransport.transports.base import Transport
 from amqtransport.transports.discovery import static_failover_schedule
 from amqtransport.transports.failover import FailoverTransport
-from amqtransport.transports.stomp import ConnectParams, DirectTransport, Transport
+from amqtransport.transports.stomp import ConnectParams, DirectTransport
 from amqtransport.uri import CompositeUri, LeafUri, UriNode, parse_uri
 
 __all__ = ["build_transport"]
@@ -44,7 +44,7 @@ def build_transport(
     params: ConnectParams = ConnectParams(),  # noqa: B008 - frozen
     *,
     backend: Backend | None = None,
-    sleep: Callable[[float], Any] | None = None,
+    sleep: Callable[[float], object] | None = None,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
 ) -> Transport:

@@ -74,9 +74,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 from amqtransport._backends.base import Backend, leaf_address
+from amqtransport.backoff import Attempt
 from amqtransport.errors import (
     AmqTransportError,
     AuthenticationError,
@@ -87,9 +87,11 @@ from amqtransport.errors import (
     TransactionRolledBack,
     TransportError,
 )
+from amqtransport.options import FailoverOptions
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.stomp.session import error_from_frame, error_text
-from amqtransport.transports.endpoints import endpoints, priority_leaves
+from amqtransport.transports.base import Link, Receipt, Transport, with_receipt
+from amqtransport.transports.endpoints import UriParser, endpoints, priority_leaves
 from amqtransport.transports.replay import (
     TRACK_IDLE_SECONDS,
     TRACK_RECEIPT_EVERY,
@@ -100,21 +102,15 @@ from amqtransport.transports.replay import (
     plan_replay,
     refusal_error,
 )
-from amqtransport.transports.stomp import (
-    Clock,
-    ConnectParams,
-    Receipt,
-    StompConnection,
-    Transport,
-    with_receipt,
-)
+from amqtransport.transports.stomp import Clock, ConnectParams, StompConnection
+from amqtransport.uri import LeafUri
 
 __all__ = ["FailoverTransport"]
 
 log = logging.getLogger(__name__)
 
-Sleep = Callable[[float], Any]
-ScheduleFn = Callable[..., Iterator[Any]]
+Sleep = Callable[[float], object]
+ScheduleFn = Callable[..., Iterator[Attempt[LeafUri]]]
 
 
 #: after a refusal, how long a request replayed on its own may go unanswered before
@@ -143,8 +139,8 @@ class FailoverTransport(Transport):
 
     def __init__(
         self,
-        leaves: Sequence[Any],
-        options: Any,
+        leaves: Sequence[LeafUri],
+        options: FailoverOptions,
         params: ConnectParams = ConnectParams(),  # noqa: B008 - frozen
         *,
         backend: Backend,
@@ -152,12 +148,12 @@ class FailoverTransport(Transport):
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
         schedule: ScheduleFn | None = None,
-        uri_parser: Callable[[str], Any] | None = None,
+        uri_parser: UriParser | None = None,
     ) -> None:
         super().__init__()
         if not leaves:
             raise ValueError("failover needs at least one endpoint")
-        self.leaves: list[Any] = list(leaves)
+        self.leaves: list[LeafUri] = list(leaves)
         self.options = options
         self._params = params
         self._backend = backend
@@ -177,8 +173,8 @@ class FailoverTransport(Transport):
         self._error: AmqTransportError | None = None
         self._subs: OrderedDict[str, Frame] = OrderedDict()
         self._txs: dict[str, TxState] = {}
-        self._cache = SendCache(int(getattr(options, "max_cache_size", 131072)))
-        self._track = bool(getattr(options, "track_messages", False))
+        self._cache = SendCache(options.max_cache_size)
+        self._track = options.track_messages
         self._tracked_unreceipted = 0  # tracked sends since the last one asking for a receipt
         self._barriers: dict[str, int] = {}  # receipt id -> position, of idle barriers in flight
         self._idle_timer: threading.Timer | None = None
@@ -189,7 +185,7 @@ class FailoverTransport(Transport):
         self._probing = False
         self._backups: list[StompConnection] = []
         self._threads: list[threading.Thread] = []
-        self._timeout_ms = int(getattr(options, "timeout", -1))
+        self._timeout_ms = options.timeout
         self.failed_attempts = 0  # connect attempts that failed since the last success
         self.reconnects = 0
 
@@ -270,10 +266,10 @@ class FailoverTransport(Transport):
 
     # -- connecting -----------------------------------------------------------------------
 
-    def _endpoints(self) -> list[Any]:
-        return endpoints(self.leaves, getattr(self.options, "update_uris_url", None), self._uri_parser)
+    def _endpoints(self) -> list[LeafUri]:
+        return endpoints(self.leaves, self.options.update_uris_url, self._uri_parser)
 
-    def _open(self, leaf: Any) -> StompConnection:
+    def _open(self, leaf: LeafUri) -> StompConnection:
         conn = StompConnection(leaf, backend=self._backend, params=self._params, clock=self._clock,
                                on_frame=self._on_frame, on_lost=self._lost)
         conn.open()
@@ -294,7 +290,7 @@ class FailoverTransport(Transport):
             return backup
         endpoints = self._endpoints()
         attempts = 0
-        warn_every = int(getattr(self.options, "warn_after_reconnect_attempts", 10) or 0)
+        warn_every = self.options.warn_after_reconnect_attempts
         for attempt in self._schedule(endpoints, self.options, startup=startup, rng=self._rng):
             if self._closed:
                 raise ConnectionClosed("connection closed while reconnecting")
@@ -323,8 +319,8 @@ class FailoverTransport(Transport):
                      (conn.connected_frame.get("server") if conn.connected_frame is not None else None)
                      or "no server header", conn.dialect.name)
             return conn
-        which = "startupMaxReconnectAttempts" if startup and getattr(
-            self.options, "startup_max_reconnect_attempts", -1) != -1 else "maxReconnectAttempts"
+        which = "startupMaxReconnectAttempts" if startup and (
+            self.options.startup_max_reconnect_attempts != -1) else "maxReconnectAttempts"
         raise ReconnectExhausted(
             f"failover: gave up after {attempts} connect attempts over {len(endpoints)} endpoint(s) "
             f"({which} exhausted); last error: {last_error}",
@@ -482,9 +478,9 @@ class FailoverTransport(Transport):
         return True
 
     def _after_connect(self) -> None:
-        if getattr(self.options, "priority_backup", False) and not self._is_priority(self._conn):
+        if self.options.priority_backup and not self._is_priority(self._conn):
             self._start_probe()
-        if getattr(self.options, "backup", False):
+        if self.options.backup:
             self._spawn(self._fill_backups, "amq-failover-backup")
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
@@ -515,7 +511,7 @@ class FailoverTransport(Transport):
         log.warning("failover: link lost (%s); reconnecting", error)
         self._notify("on_interrupted", error)
         while True:
-            if int(getattr(self.options, "max_reconnect_attempts", -1)) == 0:
+            if self.options.max_reconnect_attempts == 0:
                 self._fail(ReconnectExhausted(
                     f"failover: link lost and maxReconnectAttempts=0, not reconnecting: {error}",
                     attempts=0, last_error=error))
@@ -575,8 +571,8 @@ class FailoverTransport(Transport):
 
     # -- priority backup and the backup pool ---------------------------------------------
 
-    def _priority_leaves(self) -> list[Any]:
-        return priority_leaves(self.leaves, tuple(getattr(self.options, "priority_uris", ()) or ()))
+    def _priority_leaves(self) -> list[LeafUri]:
+        return priority_leaves(self.leaves, tuple(self.options.priority_uris))
 
     def _is_priority(self, conn: StompConnection | None) -> bool:
         if conn is None:
@@ -619,7 +615,7 @@ class FailoverTransport(Transport):
                 self._probing = False
 
     def _fill_backups(self) -> None:
-        size = int(getattr(self.options, "backup_pool_size", 1))
+        size = self.options.backup_pool_size
         for leaf in self.leaves:
             with self._lock:
                 if self._closed or len(self._backups) >= size:
@@ -675,7 +671,7 @@ class FailoverTransport(Transport):
                 self._cache.on_receipt(gen, rseq)
                 self._cache.discard(key)
 
-    def _on_error(self, conn: StompConnection | None, frame: Frame) -> None:
+    def _on_error(self, conn: Link | None, frame: Frame) -> None:
         rid = frame.get("receipt-id")
         if rid is not None:
             with self._lock:
@@ -718,7 +714,7 @@ class FailoverTransport(Transport):
 
     def _wait_connected(self, started: float) -> StompConnection:
         """Block until connected (bounded by ``timeout``); return the link."""
-        timeout_ms = int(getattr(self.options, "timeout", -1))
+        timeout_ms = self.options.timeout
         with self._lock:
             while True:
                 self._check_usable()

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from amqtransport.errors import BrokerError, TransactionInDoubt, TransactionRolledBack
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.stomp.session import error_from_frame
-from amqtransport.transports.stomp import Receipt
+from amqtransport.transports.base import Receipt
 
 __all__ = [
     "TRACK_RECEIPT_EVERY",

@@ -25,8 +25,9 @@ write that carried its frame). Heart-beats are queued without waiting, so a big 
 in flight never blocks the heart-beat thread. A write failure raises to the writer;
 detecting the loss and reporting it is the reader's job.
 
-:class:`Transport` is the interface the client layer uses (requests with receipts,
-subscriptions, transactions, acks, listeners); :class:`DirectTransport` implements it
+:class:`~amqtransport.transports.base.Transport` (in ``base.py``) is the interface the
+client layer uses (requests with receipts, subscriptions, transactions, acks,
+listeners); :class:`DirectTransport` implements it
 over a single connection with no reconnect: when the link is lost every pending
 request fails with the ``TransportError`` that ended it. The failover transport
 (``failover.py``) implements the same interface over a sequence of connections.
@@ -34,14 +35,11 @@ request fails with the ``TransportError`` that ended it. The failover transport
 
 from __future__ import annotations
 
-import _thread
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from amqtransport._backends.base import Backend, NetworkStream, leaf_address
 from amqtransport.errors import (
@@ -62,15 +60,18 @@ from amqtransport.stomp import (
     serialize,
 )
 from amqtransport.stomp.session import ClientSession, Negotiated, error_from_frame
+from amqtransport.transports.base import Receipt, Transport, call_listeners, with_receipt
 from amqtransport.transports.coalesce import CoalescingWriter
 from amqtransport.transports.dialect import DEFAULT_VHOST, Dialect, detect, dialect_named
+from amqtransport.uri import LeafUri
 
 __all__ = [
     "ConnectParams",
     "StompConnection",
+    "DirectTransport",
+    # re-exported from .base (their home since the split)
     "Receipt",
     "Transport",
-    "DirectTransport",
     "call_listeners",
     "with_receipt",
 ]
@@ -94,29 +95,18 @@ class ConnectParams:
     extra_headers: tuple[tuple[str, str], ...] = field(default=())
 
 
-def _leaf_options(leaf: Any) -> Any:
-    return getattr(leaf, "options", None)
-
-
-def _leaf_heartbeat(leaf: Any, default: tuple[int, int]) -> tuple[int, int]:
-    options = _leaf_options(leaf)
-    if options is None:
-        return default
-    fields_set: set[str] = getattr(options, "model_fields_set", set())
-    value = getattr(options, "heart_beat", None)
-    if "heart_beat" in fields_set and value:
-        if isinstance(value, tuple):
-            return (int(value[0]), int(value[1]))
-        return parse_heartbeat_header(str(value))
+def _leaf_heartbeat(leaf: LeafUri, default: tuple[int, int]) -> tuple[int, int]:
+    """The leaf's ``heartBeat`` when the URI gives one, else the connection's."""
+    options = leaf.options
+    if "heart_beat" in options.model_fields_set and options.heart_beat:
+        return parse_heartbeat_header(options.heart_beat)
     return default
 
 
-def _leaf_connect_timeout(leaf: Any, params: ConnectParams) -> float:
+def _leaf_connect_timeout(leaf: LeafUri, params: ConnectParams) -> float:
     if params.connect_timeout is not None:
         return float(params.connect_timeout)
-    options = _leaf_options(leaf)
-    ms = getattr(options, "connect_timeout", None) if options is not None else None
-    return (ms if ms is not None else 10000) / 1000.0
+    return leaf.options.connect_timeout / 1000.0
 
 
 class StompConnection:
@@ -124,7 +114,7 @@ class StompConnection:
 
     def __init__(
         self,
-        leaf: Any,
+        leaf: LeafUri,
         *,
         backend: Backend,
         params: ConnectParams = ConnectParams(),  # noqa: B008 - frozen
@@ -174,10 +164,9 @@ class StompConnection:
         CONNECTED frame."""
         timeout = _leaf_connect_timeout(self.leaf, self._params)
         deadline = self._clock() + timeout
-        options = _leaf_options(self.leaf)
-        forced = getattr(options, "dialect", None)
-        forced_dialect = dialect_named(forced) if forced else None
-        host = self._params.vhost or getattr(options, "host", None) or DEFAULT_VHOST
+        options = self.leaf.options
+        forced_dialect = dialect_named(options.dialect) if options.dialect else None
+        host = self._params.vhost or options.host or DEFAULT_VHOST
         session = ClientSession(
             host=str(host), login=self._params.login, passcode=self._params.passcode,
             client_id=self._params.client_id, heartbeat=_leaf_heartbeat(self.leaf, self._params.heartbeat),
@@ -197,9 +186,9 @@ class StompConnection:
             self.send_every_ms, self.expect_every_ms = terms.send_every_ms, terms.expect_every_ms
             self.connected_frame = frame
             self.dialect = forced_dialect or detect(frame.get("server"))
-            text_mode = getattr(options, "text_mode", None)
+            text_mode = options.text_mode
             self.text_mode = self.dialect.text_mode if text_mode is None else bool(text_mode)
-            dup = getattr(options, "duplicate_id_header", None)
+            dup = options.duplicate_id_header
             self.duplicate_id_header = self.dialect.duplicate_id_header if dup is None else (
                 None if dup.lower() == "none" else dup)
         except BaseException:
@@ -391,228 +380,10 @@ class StompConnection:
             reader.join(timeout=5)
 
 
-class Receipt:
-    """A request waiting for the broker's RECEIPT (a tiny future on a raw lock,
-    cheaper than ``threading.Event`` on the per-message path)."""
-
-    __slots__ = ("receipt_id", "frame", "_gate", "_done", "error", "result", "tracked", "generation", "tx", "rseq")
-
-    def __init__(self, receipt_id: str, frame: Frame, *, tracked: bool = True, tx: str | None = None) -> None:
-        self.receipt_id = receipt_id
-        self.frame = frame
-        self._gate = _thread.allocate_lock()
-        self._gate.acquire()
-        self._done = False
-        self.error: BaseException | None = None
-        self.result: Frame | None = None
-        self.tracked = tracked
-        self.generation = 0
-        self.tx = tx
-        #: position of its latest write among the link's writes (the failover transport's)
-        self.rseq: int | None = None
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def _finish(self) -> None:
-        if not self._done:
-            self._done = True
-            self._gate.release()
-
-    def set_result(self, frame: Frame) -> None:
-        if not self._done:
-            self.result = frame
-            self._finish()
-
-    def set_error(self, error: BaseException) -> None:
-        if not self._done:
-            self.error = error
-            self._finish()
-
-    def wait_event(self, timeout: float | None) -> bool:
-        if self._done:
-            return True
-        if self._gate.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
-            self._gate.release()  # let any other waiter through too
-        return self._done
-
-
-def with_receipt(frame: Frame, receipt_id: str) -> Frame:
-    """``frame`` with a ``receipt`` header (fast path when it has none)."""
-    if "receipt" in frame:
-        return frame.with_headers(receipt=receipt_id)
-    return Frame(frame.command, frame.headers + (("receipt", receipt_id),), frame.body)
-
-
-def call_listeners(listeners: list[Any], method: str, *args: Any) -> None:
-    """Call ``method`` on every listener that has it, in order; a raising listener is
-    logged and skipped so user bugs cannot break the caller's loop."""
-    for listener in list(listeners):
-        fn = getattr(listener, method, None)
-        if fn is None:
-            continue
-        try:
-            fn(*args)
-        except Exception:
-            log.exception("listener %r.%s raised; ignored", listener, method)
-
-
-MessageHandler = Callable[[Frame, int], None]
-
-
-class Transport:
-    """Common base: receipts, dispatch, listeners. Subclasses own the link(s)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._pending: dict[str, Receipt] = {}
-        self._ids = itertools.count(1)
-        self._listeners: list[Any] = []
-        self.on_message: MessageHandler | None = None
-        self.on_broker_error: Callable[[Frame], None] | None = None
-        self.generation = 0
-        self._closed = False
-        self._last_dialect = dialect_named("generic")
-
-    # -- to implement ---------------------------------------------------------------
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    @property
-    def connected_address(self) -> str | None:
-        raise NotImplementedError
-
-    @property
-    def is_connected(self) -> bool:
-        raise NotImplementedError
-
-    @property
-    def version(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def link(self) -> StompConnection | None:
-        """The current link (None before the first one and while reconnecting)."""
-        raise NotImplementedError
-
-    @property
-    def connected_frame(self) -> Frame | None:
-        """The CONNECTED frame of the current link (None while disconnected)."""
-        conn = self.link
-        return conn.connected_frame if conn is not None and conn.alive else None
-
-    @property
-    def dialect(self) -> Dialect:
-        """The dialect of the current link, else of the last one (``generic`` before any)."""
-        conn = self.link
-        if conn is not None and conn.connected_frame is not None:
-            self._last_dialect = conn.dialect
-        return self._last_dialect
-
-    @property
-    def duplicate_id_header(self) -> str | None:
-        """The header that also carries the idempotency key on the current link."""
-        conn = self.link
-        return conn.duplicate_id_header if conn is not None else None
-
-    def request(self, frame: Frame, *, receipt: bool = True) -> Receipt | None:
-        raise NotImplementedError
-
-    def wait(self, receipt: Receipt, timeout: float | None = None) -> Frame:
-        raise NotImplementedError
-
-    def write_if_current(self, frame: Frame, generation: int) -> bool:
-        """Write ``frame`` only on link ``generation`` (ACK/NACK); False when stale."""
-        raise NotImplementedError
-
-    def write_many_if_current(self, frames: list[Frame], generation: int) -> bool:
-        """Write ``frames`` in order, in one socket write, only on link ``generation``
-        (batched ACKs); False when stale or the write failed (then none may have gone)."""
-        return all(self.write_if_current(frame, generation) for frame in frames)
-
-    def subscribe(self, sub_id: str, frame: Frame) -> Receipt:
-        raise NotImplementedError
-
-    def unsubscribe(self, sub_id: str, frame: Frame) -> Receipt | None:
-        raise NotImplementedError
-
-    def begin(self, tx_id: str) -> Receipt:
-        raise NotImplementedError
-
-    def commit(self, tx_id: str) -> Receipt:
-        raise NotImplementedError
-
-    def abort(self, tx_id: str) -> None:
-        raise NotImplementedError
-
-    def tx_done(self, tx_id: str) -> None:
-        """Forget a finished transaction."""
-
-    # -- shared -------------------------------------------------------------------------
-    def add_listener(self, listener: Any) -> None:
-        self._listeners.append(listener)
-
-    def remove_listener(self, listener: Any) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
-
-    def _notify(self, method: str, *args: Any) -> None:
-        call_listeners(self._listeners, method, *args)
-
-    def next_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids)}"
-
-    def _dispatch(self, frame: Frame, generation: int, conn: StompConnection | None = None) -> None:
-        """Handle one frame from link ``conn`` of ``generation`` (reader thread)."""
-        command = frame.command
-        if command == "MESSAGE":
-            handler = self.on_message
-            if handler is not None:
-                handler(frame, generation)
-        elif command == "RECEIPT":
-            rid = frame.get("receipt-id")
-            with self._lock:
-                rec = self._pending.pop(rid, None) if rid is not None else None
-            if rec is not None:
-                rec.set_result(frame)
-        elif command == "ERROR":
-            self._on_error(conn, frame)
-
-    def _on_error(self, conn: StompConnection | None, frame: Frame) -> None:
-        """An ERROR frame: it fails the request whose ``receipt-id`` it carries; one that
-        names no request ends the link (:meth:`StompConnection.end_with_error`)."""
-        rid = frame.get("receipt-id")
-        with self._lock:
-            rec = self._pending.pop(rid, None) if rid is not None else None
-        if rec is not None:
-            self._request_refused(rec)
-            rec.set_error(error_from_frame(frame))
-            return
-        log.warning("broker ERROR (not tied to a request; ending the link): %s", error_from_frame(frame))
-        self._on_unmatched_error(frame)
-        if self.on_broker_error is not None:
-            try:
-                self.on_broker_error(frame)
-            except Exception:
-                log.exception("broker-error handler failed")
-        if conn is not None:
-            conn.end_with_error(frame)
-
-    def _request_refused(self, rec: Receipt) -> None:
-        """``rec`` failed with a broker ERROR (hook; the lock is not held)."""
-
-    def _on_unmatched_error(self, frame: Frame) -> None:
-        """An ERROR frame not tied to a request (the link is ended right after)."""
-
-
 class DirectTransport(Transport):
     """One endpoint, no reconnect: a lost link fails every pending request."""
 
-    def __init__(self, leaf: Any, params: ConnectParams, *, backend: Backend, clock: Clock = time.monotonic) -> None:
+    def __init__(self, leaf: LeafUri, params: ConnectParams, *, backend: Backend, clock: Clock = time.monotonic) -> None:
         super().__init__()
         self.leaf = leaf
         self._params = params
