@@ -223,6 +223,9 @@ def describe_failover(options: FailoverOptions, *, count: int = 5) -> str:
     text += "; attempts: " + _passes(limit)
     if startup != limit:
         text += f" (before the first connection: {_passes(startup)})"
+    if limit != 1:
+        text += (f"; a TCP probe every {options.probe_interval} ms cuts a wait short (probeInterval)"
+                 if options.probe_interval else "; no probe while waiting (probeInterval=0)")
     return text
 
 

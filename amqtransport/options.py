@@ -218,6 +218,8 @@ class FailoverOptions(_Options):
     warn_after_reconnect_attempts: Int = _opt(10, "warnAfterReconnectAttempts", ge=0)
     update_uris_url: Text | None = _opt(None, "updateURIsURL")
     reconnect_jitter: Float = _opt(0.0, "reconnectJitter", ge=0.0, le=1.0)
+    #: ms between bare TCP probes of the endpoints while the back-off sleeps (0: off)
+    probe_interval: Int = _opt(100, "probeInterval", ge=0)
 
 
 class StaticOptions(_Options):

@@ -23,6 +23,7 @@ from amqtransport.options import FailoverOptions, StaticOptions
 from amqtransport.transports.base import Transport
 from amqtransport.transports.discovery import static_failover_schedule
 from amqtransport.transports.failover import FailoverTransport
+from amqtransport.transports.probe import tcp_probe
 from amqtransport.transports.stomp import ConnectParams, DirectTransport
 from amqtransport.uri import CompositeUri, LeafUri, UriNode, parse_uri
 
@@ -51,13 +52,15 @@ def build_transport(
     """The (not yet started) transport for ``uri``."""
     text = uri if isinstance(uri, str) else str(uri)
     node = parse_uri(uri) if isinstance(uri, str) else uri
+    # the TCP probe of the back-off (probe.py) only on real sockets
+    probe = tcp_probe if backend is None or isinstance(backend, SocketBackend) else None
     backend = backend if backend is not None else SocketBackend()
     if isinstance(node, LeafUri):
         return DirectTransport(node, params, backend=backend, clock=clock)
     if node.scheme == "failover":
         assert isinstance(node.options, FailoverOptions)
         return FailoverTransport(_leaves_of_failover(node, text), node.options, params, backend=backend,
-                                 sleep=sleep, clock=clock, rng=rng)
+                                 sleep=sleep, clock=clock, rng=rng, probe=probe)
     if node.scheme == "static":
         assert isinstance(node.options, StaticOptions)
         if len(node.components) != 1:
@@ -76,5 +79,5 @@ def build_transport(
         # the static agent re-adds the service forever (or N times): reconnect is the agent's job
         fopts = fopts.model_copy(update={"max_reconnect_attempts": -1, "startup_max_reconnect_attempts": -1})
         return FailoverTransport(leaves, fopts, params, backend=backend, sleep=sleep, clock=clock, rng=rng,
-                                 schedule=static_failover_schedule(node.options))
+                                 schedule=static_failover_schedule(node.options), probe=probe)
     raise UriError(f"unsupported URI scheme {node.scheme!r}", uri=text)

@@ -92,6 +92,7 @@ from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.stomp.session import error_from_frame, error_text
 from amqtransport.transports.base import Link, Receipt, Transport, with_receipt
 from amqtransport.transports.endpoints import UriParser, endpoints, priority_leaves
+from amqtransport.transports.probe import Probe, wait_probing
 from amqtransport.transports.replay import (
     TRACK_IDLE_SECONDS,
     TRACK_RECEIPT_EVERY,
@@ -149,6 +150,7 @@ class FailoverTransport(Transport):
         rng: random.Random | None = None,
         schedule: ScheduleFn | None = None,
         uri_parser: UriParser | None = None,
+        probe: Probe | None = None,
     ) -> None:
         super().__init__()
         if not leaves:
@@ -167,6 +169,8 @@ class FailoverTransport(Transport):
             schedule = failover_schedule
         self._schedule = schedule
         self._uri_parser = uri_parser
+        #: the bare TCP probe run while a back-off sleeps (None: never; probe.py)
+        self._tcp_probe = probe
         self._cond = threading.Condition(self._lock)
         self._state = "new"
         self._conn: StompConnection | None = None
@@ -291,22 +295,32 @@ class FailoverTransport(Transport):
         endpoints = self._endpoints()
         attempts = 0
         warn_every = self.options.warn_after_reconnect_attempts
+        probing = True  # off for the wait after a probe-cut attempt that failed (probe.py)
         for attempt in self._schedule(endpoints, self.options, startup=startup, rng=self._rng):
             if self._closed:
                 raise ConnectionClosed("connection closed while reconnecting")
+            endpoint, probed = attempt.endpoint, None
             if attempt.delay > 0:
                 log.debug("failover: sleeping %.3fs before pass %d", attempt.delay, attempt.pass_number)
-                self._sleep(attempt.delay)
+                probed = wait_probing(attempt.delay, endpoints, self._tcp_probe if probing else None,
+                                      every=self.options.probe_interval / 1000.0, sleep=self._sleep,
+                                      clock=self._clock, stop=lambda: self._closed)
+                probing = True
                 if self._closed:
                     raise ConnectionClosed("connection closed while reconnecting")
+                if probed is not None:
+                    log.info("failover: %s accepts connections: connecting now", leaf_address(probed))
+                    endpoint = probed
             attempts += 1
-            address = leaf_address(attempt.endpoint)
+            address = leaf_address(endpoint)
             try:
-                conn = self._open(attempt.endpoint)
+                conn = self._open(endpoint)
             except AuthenticationError:
                 raise
             except (TransportError, BrokerError) as exc:
                 last_error = exc
+                if probed is not None:
+                    probing = False
                 self.failed_attempts += 1
                 if warn_every > 0 and self.failed_attempts % warn_every == 0:
                     log.warning("failover: %d failed connect attempts so far (last: %s: %s)",

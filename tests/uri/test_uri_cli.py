@@ -28,6 +28,7 @@ FAILOVER_DEFAULTS = {
     "randomize": True, "timeout": -1, "priorityBackup": False, "priorityURIs": [], "backup": False,
     "backupPoolSize": 1, "trackMessages": False, "maxCacheSize": 131072,
     "warnAfterReconnectAttempts": 10, "updateURIsURL": None, "reconnectJitter": 0.0,
+    "probeInterval": 100,
 }
 STATIC_DEFAULTS = {
     "initialReconnectDelay": 1000, "maxReconnectDelay": 30000, "useExponentialBackOff": True,

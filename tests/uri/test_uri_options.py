@@ -140,4 +140,4 @@ def test_given_effective_non_default() -> None:
     assert f.given() == {"randomize": True, "timeout": 5, "priorityURIs": ("tcp://a:1",)}
     assert f.non_default() == {"timeout", "priorityURIs"}  # randomize=true is the default
     eff = f.effective()
-    assert eff["priorityURIs"] == ["tcp://a:1"] and eff["timeout"] == 5 and len(eff) == 17
+    assert eff["priorityURIs"] == ["tcp://a:1"] and eff["timeout"] == 5 and len(eff) == 18

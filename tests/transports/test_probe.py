@@ -1,0 +1,157 @@
+"""The TCP probe of the back-off (transports/probe.py): a wait is cut short by the first
+endpoint that accepts; a probe-cut attempt that fails leaves the next wait whole; the
+option turns it off; the failover transport connects about one probe after a broker
+starts listening, long before its back-off ends (real broker process)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+import amqtransport
+from amqtransport._backends.memory import MemoryBackend
+from amqtransport.options import FailoverOptions
+from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.transports.failover import FailoverTransport
+from amqtransport.transports.probe import tcp_probe, wait_probing
+from amqtransport.uri import LeafUri, parse_uri
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_wait_is_cut_by_the_first_endpoint_that_accepts() -> None:
+    t = FakeTime()
+    up_at = {"a": 99.0, "b": 0.35}
+    got = wait_probing(5.0, ["a", "b"], lambda e, _timeout: t.now >= up_at[e], every=0.1,
+                       sleep=t.sleep, clock=t.clock)
+    assert got == "b"
+    assert t.now == pytest.approx(0.4)
+
+
+def test_wait_runs_whole_without_probe_or_interval_and_stops_on_request() -> None:
+    t = FakeTime()
+    assert wait_probing(2.0, ["a"], lambda e, _t: False, every=0.1, sleep=t.sleep, clock=t.clock) is None
+    assert t.now == pytest.approx(2.0)
+    t = FakeTime()
+    assert wait_probing(2.0, ["a"], None, every=0.1, sleep=t.sleep, clock=t.clock) is None
+    assert t.sleeps == [2.0]
+    t = FakeTime()
+    assert wait_probing(2.0, ["a"], lambda e, _t: True, every=0, sleep=t.sleep, clock=t.clock) is None
+    assert t.sleeps == [2.0]
+    t = FakeTime()
+    assert wait_probing(2.0, ["a"], lambda e, _t: True, every=0.1, sleep=t.sleep, clock=t.clock,
+                        stop=lambda: True) is None
+    assert t.now == 0.0
+
+
+def test_an_instant_sleep_on_a_real_clock_ends_when_the_sleeps_add_up() -> None:
+    calls: list[float] = []
+    assert wait_probing(30.0, ["a"], lambda e, _t: False, every=0.1, sleep=calls.append,
+                        clock=time.monotonic) is None
+    assert sum(calls) == pytest.approx(30.0)
+
+
+def test_tcp_probe_sees_a_listening_port_and_not_a_closed_one() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        assert tcp_probe(LeafUri("tcp", "127.0.0.1", port), 0.5)
+    assert not tcp_probe(LeafUri("tcp", "127.0.0.1", port), 0.5)
+    assert not tcp_probe(LeafUri("vm", "", 0, name="x"), 0.5)
+
+
+def _transport(backend: MemoryBackend, t: FakeTime, probe: object, **options: object) -> FailoverTransport:
+    leaves = list(parse_uri("failover:(tcp://a:1,tcp://b:1)").leaves())
+    opts = FailoverOptions.model_validate({"randomize": False, "initialReconnectDelay": 1000,
+                                           "useExponentialBackOff": False, "maxReconnectAttempts": 4, **options})
+    return FailoverTransport(leaves, opts, backend=backend, sleep=t.sleep, clock=t.clock,
+                             probe=probe)  # type: ignore[arg-type]
+
+
+def test_failover_connects_to_the_probed_endpoint_before_the_backoff_ends() -> None:
+    backend = MemoryBackend()
+    t = FakeTime()
+
+    def probe(leaf: LeafUri, _timeout: float) -> bool:
+        if leaf.host == "b" and t.now >= 0.3:  # b starts listening 0.3 s into the wait
+            if "b:1" not in backend.brokers:
+                backend.add("tcp://b:1")
+            return True
+        return False
+
+    transport = _transport(backend, t, probe)
+    transport.start()
+    try:
+        assert transport.connected_address == "tcp://b:1"
+        assert t.now == pytest.approx(0.3)
+        assert backend.connect_log == ["a:1", "b:1", "b:1"]
+    finally:
+        transport.close()
+
+
+def test_a_probe_cut_attempt_that_fails_leaves_the_next_wait_whole() -> None:
+    backend = MemoryBackend()  # nothing ever answers the handshake
+    t = FakeTime()
+    transport = _transport(backend, t, lambda leaf, _timeout: leaf.host == "b")
+    with pytest.raises(amqtransport.errors.ReconnectExhausted):
+        transport.start()
+    transport.close()
+    # pass 2's wait is cut by the probe (0.1 s), its attempt fails: pass 3 waits whole
+    assert t.sleeps[:3] == [pytest.approx(0.1), 1.0, pytest.approx(0.1)]
+
+
+def test_probe_interval_zero_turns_the_probe_off() -> None:
+    backend = MemoryBackend()
+    t = FakeTime()
+    transport = _transport(backend, t, lambda leaf, _timeout: True, probeInterval=0)
+    with pytest.raises(amqtransport.errors.ReconnectExhausted):
+        transport.start()
+    transport.close()
+    assert t.sleeps and all(s == 1.0 for s in t.sleeps)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_real_broker_starting_late_is_reached_about_one_probe_after_it_listens(tmp_path) -> None:  # noqa: ANN001
+    """A client waits for a broker that is not there yet with a 20 s back-off; the broker
+    process starts: the client is connected long before the back-off would have ended."""
+    port = _free_port()
+    uri = f"failover:(tcp://127.0.0.1:{port})?initialReconnectDelay=20000&useExponentialBackOff=false"
+    result: dict[str, object] = {}
+
+    def connect() -> None:
+        started = time.monotonic()
+        try:
+            conn = amqtransport.connect(uri)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            result["error"] = exc
+            return
+        result["seconds"] = time.monotonic() - started
+        conn.close()
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    time.sleep(0.5)  # the first attempt failed: the client is in its 20 s wait
+    with BrokerProcess(tmp_path, port=port):
+        thread.join(15)
+        assert "error" not in result, result
+        assert "seconds" in result, "the client was still waiting for its back-off"
