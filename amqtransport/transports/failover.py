@@ -93,6 +93,7 @@ from amqtransport.stomp.session import error_from_frame, error_text
 from amqtransport.transports.base import Link, Receipt, Transport, with_receipt
 from amqtransport.transports.endpoints import UriParser, endpoints, priority_leaves
 from amqtransport.transports.probe import Probe, wait_probing
+from amqtransport.transports.reconnect import ReconnectPlan
 from amqtransport.transports.replay import (
     TRACK_IDLE_SECONDS,
     TRACK_RECEIPT_EVERY,
@@ -293,25 +294,22 @@ class FailoverTransport(Transport):
             log.info("failover: using pre-connected backup %s", backup.address)
             return backup
         endpoints = self._endpoints()
-        attempts = 0
         warn_every = self.options.warn_after_reconnect_attempts
-        probing = True  # off for the wait after a probe-cut attempt that failed (probe.py)
-        for attempt in self._schedule(endpoints, self.options, startup=startup, rng=self._rng):
+        plan = ReconnectPlan(self._schedule(endpoints, self.options, startup=startup, rng=self._rng))
+        while (step := plan.next_step()) is not None:
             if self._closed:
                 raise ConnectionClosed("connection closed while reconnecting")
-            endpoint, probed = attempt.endpoint, None
-            if attempt.delay > 0:
-                log.debug("failover: sleeping %.3fs before pass %d", attempt.delay, attempt.pass_number)
-                probed = wait_probing(attempt.delay, endpoints, self._tcp_probe if probing else None,
+            endpoint = step.endpoint
+            if step.delay > 0:
+                log.debug("failover: sleeping %.3fs before pass %d", step.delay, step.pass_number)
+                probed = wait_probing(step.delay, endpoints, self._tcp_probe if step.probe else None,
                                       every=self.options.probe_interval / 1000.0, sleep=self._sleep,
                                       clock=self._clock, stop=lambda: self._closed)
-                probing = True
                 if self._closed:
                     raise ConnectionClosed("connection closed while reconnecting")
                 if probed is not None:
                     log.info("failover: %s accepts connections: connecting now", leaf_address(probed))
-                    endpoint = probed
-            attempts += 1
+                    endpoint = plan.cut_short(probed)
             address = leaf_address(endpoint)
             try:
                 conn = self._open(endpoint)
@@ -319,14 +317,13 @@ class FailoverTransport(Transport):
                 raise
             except (TransportError, BrokerError) as exc:
                 last_error = exc
-                if probed is not None:
-                    probing = False
+                plan.failed()
                 self.failed_attempts += 1
                 if warn_every > 0 and self.failed_attempts % warn_every == 0:
                     log.warning("failover: %d failed connect attempts so far (last: %s: %s)",
                                 self.failed_attempts, address, exc)
                 else:
-                    log.debug("failover: attempt %d to %s failed: %s", attempts, address, exc)
+                    log.debug("failover: attempt %d to %s failed: %s", plan.attempts, address, exc)
                 continue
             self.failed_attempts = 0
             log.info("failover: connected to %s (%s, dialect %s)", conn.address,
@@ -336,9 +333,9 @@ class FailoverTransport(Transport):
         which = "startupMaxReconnectAttempts" if startup and (
             self.options.startup_max_reconnect_attempts != -1) else "maxReconnectAttempts"
         raise ReconnectExhausted(
-            f"failover: gave up after {attempts} connect attempts over {len(endpoints)} endpoint(s) "
+            f"failover: gave up after {plan.attempts} connect attempts over {len(endpoints)} endpoint(s) "
             f"({which} exhausted); last error: {last_error}",
-            attempts=attempts, last_error=last_error,
+            attempts=plan.attempts, last_error=last_error,
         )
 
     def _install(self, conn: StompConnection, *, expect_gen: int | None = None) -> ReplayPlan | None:
