@@ -481,6 +481,12 @@ class MasterLink(asyncio.Protocol):
                 self._go_live()
                 return
             payloads = self._tail.next(SYNC_STEP_BYTES)
+            if self._buffer_from is not None and len(payloads) > self._buffer_from - self._next_seq:
+                # the reader went past where live pushes start (the writer wrote on since it
+                # caught up): those records wait in _pending already; sending them here too
+                # made the slave apply them twice (an Enq twice, one ACK: the message came
+                # back after a takeover)
+                payloads = payloads[: self._buffer_from - self._next_seq]
             if payloads:
                 for frame in record_frames(RECORDS, self._next_seq, payloads):
                     self.transport.write(frame)

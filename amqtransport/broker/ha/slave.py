@@ -166,6 +166,7 @@ class SlaveLink:
 
             return done
 
+        applied: int | None = None  # the last record applied (numbered from SYNC_END's base)
         stop_wait = asyncio.ensure_future(stop.wait())
         last_ping = loop.time()
         last_compact = loop.time()
@@ -206,12 +207,25 @@ class SlaveLink:
                 for kind, payload in decoder.feed(data):
                     if kind == RECORDS:
                         first, payloads = unpack_records(payload)
+                        if applied is not None:
+                            # each record once, in order: a record numbered at or below
+                            # what is applied is a copy (applying an Enq twice would bring
+                            # the message back after its ACK); a gap is a lost record
+                            if first > applied + 1:
+                                raise ReplicationError(f"records {applied + 1} to {first - 1} are missing "
+                                                       f"from the stream (got {first})")
+                            payloads = payloads[applied + 1 - first :]
+                            first = applied + 1
+                            if not payloads:
+                                continue
+                            applied = first + len(payloads) - 1
                         store.import_payloads(payloads, durable_up_to(first + len(payloads) - 1))
                     elif kind == SNAP:
                         _first, payloads = unpack_records(payload)
                         store.import_payloads(payloads)
                     elif kind == SYNC_END:
-                        store.journal.on_durable(sync_done(unpack_seq(payload)))
+                        applied = unpack_seq(payload)
+                        store.journal.on_durable(sync_done(applied))
                     elif kind != PING:
                         raise ReplicationError(f"unexpected frame kind {kind} from the master")
         except ReplicationError as exc:
