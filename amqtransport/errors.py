@@ -135,11 +135,24 @@ class HeartbeatTimeout(TransportError):
 
 
 class BrokerError(AmqTransportError):
-    """The broker sent an ERROR frame. ``frame`` carries it (headers and body)."""
+    """The broker sent an ERROR frame. ``frame`` carries it (headers and body).
 
-    def __init__(self, message: str, *, frame: Any = None) -> None:
+    For an ERROR that answers a SEND, ``idempotency_key`` is the key the send went with
+    (the caller's or the one the client generated); :attr:`in_doubt` says whether the
+    broker could not tell if it took effect."""
+
+    def __init__(self, message: str, *, frame: Any = None, idempotency_key: str | None = None) -> None:
         super().__init__(message)
         self.frame = frame
+        self.idempotency_key = idempotency_key
+
+    @property
+    def in_doubt(self) -> bool:
+        """The broker could not say whether the request took effect (``amq-in-doubt:true``:
+        its record was queued when the journal failed, e.g. on a full disk). Resend a SEND
+        with the same ``idempotency_key`` once the broker is back: its dedupe drops the
+        copy if the first one was stored. Otherwise the ERROR means "not applied"."""
+        return self.frame is not None and self.frame.get("amq-in-doubt") == "true"
 
 
 class AuthenticationError(BrokerError):

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from amqtransport.stomp import Frame
+from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.stomp.session import error_from_frame
 from amqtransport.transports.dialect import Dialect, dialect_named
 
@@ -279,7 +279,9 @@ class Transport:
             rec = self._pending.pop(rid, None) if rid is not None else None
         if rec is not None:
             self._request_refused(rec)
-            rec.set_error(error_from_frame(frame))
+            err = error_from_frame(frame)
+            err.idempotency_key = rec.frame.get(IDEMPOTENCY_HEADER)  # the key to resend it with
+            rec.set_error(err)
             return
         log.warning("broker ERROR (not tied to a request; ending the link): %s", error_from_frame(frame))
         self._on_unmatched_error(frame)

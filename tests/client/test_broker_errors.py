@@ -300,3 +300,33 @@ def test_our_broker_refusing_a_destination_fails_that_send_only(broker: BrokerPr
             conn.send("/queue/a.>", "nowhere")
         conn.send("/queue/ok", "after", idempotency_key="ok-after")
         assert conn.transport.reconnects <= 1  # type: ignore[attr-defined]
+
+
+def test_an_in_doubt_error_says_so_and_names_the_key_to_resend_with() -> None:
+    """A broker whose journal failed answers the SENDs it had queued with
+    ``amq-in-doubt:true`` (it cannot tell whether they are stored) and later ones with
+    "not applied". The caller learns which, and the idempotency key to resend with --
+    also the one the client generated when the caller gave none."""
+    backend = MemoryBackend()
+    a = backend.add("a:1")
+    answers = iter(["true", ""])
+
+    def hook(stream: MemoryStream, frame: Frame) -> bool:
+        if frame.command != "SEND":
+            return False
+        headers = {"message": "could not persist SEND: journal write failed", "receipt-id": frame.get("receipt") or ""}
+        if doubt := next(answers):
+            headers["amq-in-doubt"] = doubt
+        stream.push_frame(Frame.make("ERROR", headers))
+        return True
+
+    a.on_frame = hook
+    with amqtransport.connect("failover:(tcp://a:1)?initialReconnectDelay=1", backend=backend,
+                              sleep=lambda s: None) as conn:
+        with pytest.raises(BrokerError) as first:
+            conn.send("/queue/x", "one")  # no key given: the client made one
+        with pytest.raises(BrokerError) as second:
+            conn.send("/queue/x", "two", idempotency_key="k-2")
+    sent = [f.get(IDEMPOTENCY_HEADER) for f in a.frames("SEND")]
+    assert first.value.in_doubt and first.value.idempotency_key == sent[0] and sent[0]
+    assert not second.value.in_doubt and second.value.idempotency_key == "k-2"
