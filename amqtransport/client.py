@@ -40,6 +40,7 @@ from amqtransport._backends.base import Backend
 from amqtransport.audit import Delivery, DuplicateFilter, message_key
 from amqtransport.errors import (
     AmqTransportError,
+    BrokerError,
     ConnectionClosed,
     LocalProtocolError,
     TransactionInDoubt,
@@ -330,6 +331,15 @@ class Transaction:
                     f"transaction {self.id}: the COMMIT was accepted but the link was lost before every "
                     f"send was confirmed: send its messages again with the same keys (exception.keys)",
                     transaction=self.id, keys=exc.keys) from exc
+            raise
+        except BrokerError as exc:
+            conn._forget_acks(self._acks + self._after_commit)
+            if exc.in_doubt:  # e.g. the journal failed with the COMMIT's record queued
+                raise TransactionInDoubt(
+                    f"transaction {self.id}: the broker could not tell whether its COMMIT took effect "
+                    f"({exc}): send its messages again with the same keys (exception.keys)",
+                    transaction=self.id, keys=[r.frame.get(IDEMPOTENCY_HEADER) or "" for r in self._sends],
+                ) from exc
             raise
         except BaseException:
             conn._forget_acks(self._acks + self._after_commit)

@@ -16,7 +16,7 @@ import pytest
 
 import amqtransport
 from amqtransport._backends.memory import MemoryBackend, MemoryStream, ScriptedBroker
-from amqtransport.errors import AuthenticationError, BrokerError
+from amqtransport.errors import AuthenticationError, BrokerError, TransactionInDoubt
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.stomp.session import error_from_frame
 from amqtransport.testing.broker_process import BrokerProcess
@@ -330,3 +330,29 @@ def test_an_in_doubt_error_says_so_and_names_the_key_to_resend_with() -> None:
     sent = [f.get(IDEMPOTENCY_HEADER) for f in a.frames("SEND")]
     assert first.value.in_doubt and first.value.idempotency_key == sent[0] and sent[0]
     assert not second.value.in_doubt and second.value.idempotency_key == "k-2"
+
+
+def test_a_commit_answered_in_doubt_is_a_transaction_in_doubt_with_the_keys() -> None:
+    """The broker's journal failed with the COMMIT's record queued: it answers the COMMIT
+    with ``amq-in-doubt:true``. The caller gets TransactionInDoubt with the keys of the
+    transaction's sends (to send them again in a new transaction; the broker's dedupe
+    drops those it stored), as for a COMMIT lost in flight -- not a bare BrokerError."""
+    backend = MemoryBackend()
+    a = backend.add("a:1")
+
+    def hook(stream: MemoryStream, frame: Frame) -> bool:
+        if frame.command != "COMMIT":
+            return False
+        stream.push_frame(Frame.make("ERROR", {"message": "could not persist COMMIT: journal write failed",
+                                               "receipt-id": frame.get("receipt") or "", "amq-in-doubt": "true"}))
+        return True
+
+    a.on_frame = hook
+    with amqtransport.connect("failover:(tcp://a:1)?initialReconnectDelay=1", backend=backend,
+                              sleep=lambda s: None) as conn:
+        with pytest.raises(TransactionInDoubt) as info, conn.transaction() as tx:
+            tx.send("/queue/x", "one", idempotency_key="t-1")
+            tx.send("/queue/x", "two")
+    sent = [f.get(IDEMPOTENCY_HEADER) for f in a.frames("SEND")]
+    assert info.value.keys == tuple(sent) and sent[0] == "t-1" and len(sent) == 2
+    assert isinstance(info.value.__cause__, BrokerError) and info.value.__cause__.in_doubt
