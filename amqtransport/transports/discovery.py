@@ -39,6 +39,7 @@ from typing import Protocol
 from amqtransport.backoff import Attempt, failover_schedule, static_delay_ms
 from amqtransport.errors import UriError
 from amqtransport.options import FailoverOptions, StaticOptions
+from amqtransport.transports.threads import ThreadSet
 from amqtransport.uri import CompositeUri, LeafUri, parse_uri
 
 __all__ = ["DiscoveryListener", "StaticDiscoveryAgent", "services_of", "static_failover_schedule"]
@@ -91,7 +92,7 @@ class StaticDiscoveryAgent:
         self._services = {uri: _Service(uri) for uri in services}
         self._lock = threading.Lock()
         self._running = False
-        self._threads: list[threading.Thread] = []
+        self._threads = ThreadSet()
         #: (service, delay seconds) of every scheduled re-add, for tests and status
         self.delays: list[tuple[str, float]] = []
 
@@ -108,13 +109,6 @@ class StaticDiscoveryAgent:
         except Exception:
             log.exception("discovery listener %s(%s) raised; ignored", method, args[0] if args else "")
 
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
-        t = threading.Thread(target=target, name=name, daemon=True)
-        with self._lock:
-            self._threads = [x for x in self._threads if x.is_alive()]
-            self._threads.append(t)
-        t.start()
-
     def start(self) -> None:
         with self._lock:
             if self._running:
@@ -128,16 +122,12 @@ class StaticDiscoveryAgent:
                 svc.added_at = self._clock()
                 self._call("on_service_added", svc.uri)
 
-        self._spawn(announce, "amq-discovery-start")
+        self._threads.spawn(announce, "amq-discovery-start")
 
     def stop(self) -> None:
         with self._lock:
             self._running = False
-            threads = list(self._threads)
-        me = threading.current_thread()
-        for t in threads:
-            if t is not me:
-                t.join(timeout=5)
+        self._threads.join_all()
 
     def next_delay(self, service: str) -> float | None:
         """Account one failure of ``service`` now; the seconds to wait before
@@ -181,7 +171,7 @@ class StaticDiscoveryAgent:
             svc.failed = False
             self._call("on_service_added", service)
 
-        self._spawn(readd, "amq-discovery-readd")
+        self._threads.spawn(readd, "amq-discovery-readd")
 
 
 def static_failover_schedule(static_options: StaticOptions) -> Callable[..., Iterator[Attempt[LeafUri]]]:
