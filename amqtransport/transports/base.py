@@ -159,9 +159,14 @@ class Transport:
         self._listeners: list[object] = []
         self.on_message: MessageHandler | None = None
         self.on_broker_error: Callable[[Frame], None] | None = None
-        self.generation = 0
+        self._generation = 0
         self._closed = False
         self._last_dialect = dialect_named("generic")
+
+    @property
+    def generation(self) -> int:
+        """The number of the current link (raised by each new link; ACKs carry it)."""
+        return self._generation
 
     # -- to implement ---------------------------------------------------------------
     def start(self) -> None:

@@ -399,7 +399,7 @@ class DirectTransport(Transport):
         conn.open()
         with self._lock:
             self._conn = conn
-            self.generation = 1
+            self._generation = 1
 
     @property
     def link(self) -> StompConnection | None:

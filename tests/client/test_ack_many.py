@@ -31,7 +31,7 @@ def test_ack_many_acks_each_message_in_one_write(broker: EmbeddedBroker) -> None
         assert all(m is not None for m in got)
         msgs = [m for m in got if m is not None]
         acked = [m for m in msgs if int(m.text[1:]) % 2 == 0]
-        writer = conn.transport._conn.writer  # type: ignore[attr-defined]
+        writer = conn.transport.link.writer  # type: ignore[attr-defined]
         before = writer.flushes
         sub.ack_many(acked)
         assert writer.flushes == before + 1  # 20 ACK frames, one socket write

@@ -195,7 +195,7 @@ def test_heartbeat_detects_a_half_open_broker(tmp_path: Path) -> None:
         # a stopped process still accepts TCP (the kernel does): the 1 s connect timeout
         # (for the CONNECTED answer) moves the reconnect on to b
         with amqtransport.connect(uri, listener=events, heartbeat=(200, 200), connect_timeout=1.0) as conn:
-            assert conn.transport._conn.expect_every_ms == 200  # type: ignore[attr-defined]
+            assert conn.transport.link.expect_every_ms == 200  # type: ignore[attr-defined]
             os.kill(a.pid, signal.SIGSTOP)  # the socket stays open but nothing answers
             try:
                 t0 = time.monotonic()

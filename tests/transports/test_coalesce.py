@@ -267,7 +267,7 @@ def broker() -> Iterator[EmbeddedBroker]:
 
 def test_writes_after_the_link_died_raise_a_transport_error(broker: EmbeddedBroker) -> None:
     conn = amqtransport.connect(broker.uri, heartbeat=(0, 0))
-    link = conn.transport._conn  # type: ignore[attr-defined]
+    link = conn.transport.link  # type: ignore[attr-defined]
     link.kill(ConnectionClosed("test: link killed"))
     from amqtransport.errors import TransportError
 
@@ -290,7 +290,7 @@ def test_concurrent_producers_on_one_connection_keep_each_threads_order(broker: 
             w.start()
         for w in workers:
             w.join(30)
-        writer = conn.transport._conn.writer  # type: ignore[attr-defined]
+        writer = conn.transport.link.writer  # type: ignore[attr-defined]
         assert writer.writes >= threads * per_thread
         sub = conn.subscribe(dest, ack="client-individual")
         seen: dict[int, int] = {}

@@ -234,7 +234,7 @@ def test_backup_pool_is_used_first(backend: MemoryBackend) -> None:
     rec = Recorder()
     conn = amqtransport.connect(URI2 + "&backup=true", backend=backend, sleep=lambda s: None, listener=rec)
     try:
-        wait_for(lambda: len(conn.transport._backups) == 1)  # type: ignore[attr-defined]
+        wait_for(lambda: conn.transport.backup_links == 1)  # type: ignore[attr-defined]
         a.up = False
         a.drop()
         assert rec.event.wait(5)

@@ -1,0 +1,619 @@
+"""The failover core: every rule of ``failover:``, with no I/O, no thread and no clock.
+
+Theory of operation
+-------------------
+h11 keeps HTTP's rules in an object that never touches a socket; this module does the
+same for ActiveMQ's failover. :class:`FailoverCore` holds the whole state of a failover
+connection and decides; a *driver* owns the sockets, the threads or the event loop,
+the clock and the waiting. The thread driver is
+:class:`~amqtransport.transports.failover.FailoverTransport` (it calls the core under
+its one lock); an asyncio driver calls the same methods from its loop.
+
+*Inputs* are method calls, one per event: a user request (:meth:`request`,
+:meth:`subscribe`, :meth:`begin`, ...), a link up (:meth:`link_up`, then
+:meth:`replay_written` once the replay is on the wire), a link lost
+(:meth:`link_lost`), a frame received (:meth:`on_receipt`, :meth:`on_error`,
+:meth:`message_is_current`), a timer fired (:meth:`barrier` for the trackMessages idle
+timer) and the reconnect's steps (:meth:`begin_connect`, :meth:`next_connect`,
+:meth:`connect_failed`, :meth:`connect_cut_short`). *Outputs* are the return values
+(``core_actions.py``):
+:class:`Write` (these frames, on link generation G, in this order), :class:`Settle`
+(complete or fail a request), :class:`Notify` (a listener event), :class:`Close` (a link
+to close), :class:`Reconnect` (start the reconnect; the core asks for one at a time)
+and :class:`ArmIdleTimer`; the connect steps are
+:class:`~amqtransport.transports.reconnect.ConnectStep` ("connect to X after D
+seconds, probing or not"). A driver executes the actions in the order given.
+
+*States*::
+
+    new --start--> connecting --link_up--> connected --link_lost--> reconnecting --link_up--> connected
+                        |                  (replaying, while a stepwise           |
+                        +--gave up--> failed <---------------------------------------+
+    any --close--> closed
+
+*The rules kept here* (each once):
+
+- every request asking for a receipt is in :attr:`pending` from before its write until
+  its receipt, its ERROR, a give-up or a close; a new link replays it
+  (:func:`~amqtransport.transports.replay.plan_replay`: subscriptions first, then the
+  pending requests in send order, then the trackMessages cache);
+- the trackMessages cache (:class:`~amqtransport.transports.replay.SendCache`): a
+  receipt on link G proves every earlier write on G; one tracked send in
+  :data:`~amqtransport.transports.replay.TRACK_RECEIPT_EVERY` asks for a receipt, and an
+  idle barrier (BEGIN + receipted ABORT) is asked for when tracked sends pause;
+- transactions: one the broker acknowledged on a dead link is rolled back; a COMMIT in
+  flight on a dead link is in doubt;
+- refusals: an ERROR naming no request makes the next link replay stepwise; the same
+  refusal :data:`GIVE_UP_REFUSALS` times with only subscriptions left gives up;
+- a link found dead right after its install is a loss (it died together with its
+  CONNECTED frame: its reader reported the loss before the link was current). The
+  driver passes ``alive`` to :meth:`replay_written`; a dead link then goes through
+  :meth:`link_lost` like any other, so the reconnect runs (or, with
+  ``maxReconnectAttempts=0``, the transport fails) instead of staying "connected" to a
+  link nobody reads;
+- ``maxReconnectAttempts=0``: a loss gives up at once; an exhausted schedule gives up
+  with :class:`~amqtransport.errors.ReconnectExhausted`.
+
+Links are opaque to the core (type parameter ``L``): it compares them, stores them and
+hands them back in actions; whatever it must know of one (alive, its address, the
+ERROR that ended it) the driver passes in.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, Literal, TypeVar
+
+from amqtransport.backoff import Attempt
+from amqtransport.errors import (
+    AmqTransportError,
+    BrokerError,
+    ConnectionClosed,
+    ReconnectExhausted,
+    TransactionRolledBack,
+)
+from amqtransport.options import FailoverOptions
+from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.stomp.session import error_from_frame, error_text
+from amqtransport.transports.base import Receipt, with_receipt
+from amqtransport.transports.core_actions import (
+    Action,
+    ArmIdleTimer,
+    Close,
+    Install,
+    Notify,
+    Reconnect,
+    Settle,
+    Write,
+)
+from amqtransport.transports.reconnect import ConnectStep, ReconnectPlan
+from amqtransport.transports.replay import (
+    TRACK_RECEIPT_EVERY,
+    ReplayPlan,
+    SendCache,
+    TxState,
+    deletes_durable,
+    plan_replay,
+    refusal_error,
+)
+from amqtransport.uri import LeafUri
+
+__all__ = [
+    "GIVE_UP_REFUSALS",
+    "Action",
+    "ArmIdleTimer",
+    "Close",
+    "FailoverCore",
+    "Install",
+    "Notify",
+    "Reconnect",
+    "Settle",
+    "State",
+    "Write",
+]
+
+log = logging.getLogger("amqtransport.transports.failover")
+
+L = TypeVar("L")
+
+State = Literal["new", "connecting", "connected", "replaying", "reconnecting", "failed", "closed"]
+
+#: refusals in a row, with nothing but subscriptions to blame, before giving up
+GIVE_UP_REFUSALS = 3
+
+
+def _error_text(frame: Frame | None) -> str:
+    return error_text(frame) if frame is not None else ""
+
+
+class FailoverCore(Generic[L]):
+    """See the module docstring. Not thread-safe: the driver serializes the calls."""
+
+    def __init__(self, options: FailoverOptions, next_id: Callable[[str], str]) -> None:
+        self.options = options
+        self._next_id = next_id
+        self.state: State = "new"
+        self.generation = 0
+        #: the current link (None while down)
+        self.link: L | None = None
+        #: why the transport failed (or the last connect error)
+        self.error: AmqTransportError | None = None
+        #: requests waiting for their receipt, in send order
+        self.pending: dict[str, Receipt] = {}
+        self.subs: OrderedDict[str, Frame] = OrderedDict()
+        self.txs: dict[str, TxState] = {}
+        self.cache = SendCache(options.max_cache_size)
+        self.backups: list[L] = []
+        self._track = options.track_messages
+        self._tracked_unreceipted = 0  # tracked sends since the last one asking for a receipt
+        self._barriers: dict[str, int] = {}  # receipt id -> position, of idle barriers in flight
+        self._wseq = itertools.count(1)  # positions of writes, see replay.SendCache
+        self.refusal: Frame | None = None  # the unmatched ERROR that ended the last link(s)
+        self.refusal_streak = 0
+        #: a reconnect is running (the driver runs one at a time)
+        self.reconnecting = False
+        self._plan: ReconnectPlan[LeafUri] | None = None
+        self._plan_startup = False
+        self._plan_endpoints = 0
+        self.failed_attempts = 0  # connect attempts that failed since the last success
+        self.reconnects = 0
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.state == "closed"
+
+    def current(self) -> tuple[L, int] | None:
+        """The link to write ordinary requests on, and its generation (None while down)."""
+        if self.state == "connected" and self.link is not None:
+            return self.link, self.generation
+        return None
+
+    def link_of(self, generation: int) -> L | None:
+        """The current link if it is link ``generation`` and may carry ACKs."""
+        if generation != self.generation or self.state not in ("connected", "replaying"):
+            return None
+        return self.link
+
+    def check_usable(self) -> None:
+        """Raise why a request cannot be made now (closed, failed, not started)."""
+        if self.state == "closed":
+            raise ConnectionClosed("connection is closed")
+        if self.state == "failed":
+            assert self.error is not None
+            raise self.error
+        if self.state == "new":
+            raise RuntimeError("transport not started")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.state != "new":
+            raise RuntimeError(f"start() in state {self.state}")
+        self.state = "connecting"
+
+    def close(self) -> list[Action[L]]:
+        """The user closes: close every link, fail every request."""
+        if self.state == "closed":
+            return []
+        self.state = "closed"
+        actions: list[Action[L]] = []
+        if self.link is not None:
+            actions.append(Close(self.link))
+        self.link = None
+        actions.extend(Close(b, disconnect=False) for b in self.backups)
+        self.backups = []
+        err = ConnectionClosed("connection closed locally")
+        actions.extend(Settle(rec, error=err) for rec in self.pending.values())
+        self.pending.clear()
+        return actions
+
+    def fail(self, error: AmqTransportError) -> list[Action[L]]:
+        """Give up with ``error``: every request fails, listeners hear ``on_failed``."""
+        self.reconnecting = False
+        if self.state == "closed":
+            return []
+        self.state = "failed"
+        self.error = error
+        actions: list[Action[L]] = [Settle(rec, error=error) for rec in self.pending.values()]
+        self.pending.clear()
+        actions.append(Notify("on_failed", error))
+        return actions
+
+    # -- connecting -----------------------------------------------------------------------
+
+    def begin_connect(self, endpoints: Sequence[LeafUri], attempts: Iterator[Attempt[LeafUri]], *,
+                      startup: bool) -> None:
+        """A connect (startup) or reconnect starts over ``endpoints`` with this schedule."""
+        self._plan = ReconnectPlan(attempts)
+        self._plan_startup = startup
+        self._plan_endpoints = len(endpoints)
+
+    def next_connect(self) -> ConnectStep[LeafUri] | None:
+        """The next connect step, or None when the schedule is exhausted (then
+        :meth:`exhausted` is the error to give up with)."""
+        assert self._plan is not None, "begin_connect first"
+        return self._plan.next_step()
+
+    def connect_cut_short(self, endpoint: LeafUri) -> LeafUri:
+        """A probe saw ``endpoint`` accept during the step's wait: connect there now."""
+        assert self._plan is not None
+        return self._plan.cut_short(endpoint)
+
+    def connect_failed(self) -> bool:
+        """The step's connect failed; True when it is time to warn
+        (``warnAfterReconnectAttempts``)."""
+        assert self._plan is not None
+        self._plan.failed()
+        self.failed_attempts += 1
+        every = self.options.warn_after_reconnect_attempts
+        return every > 0 and self.failed_attempts % every == 0
+
+    @property
+    def connect_attempts(self) -> int:
+        return self._plan.attempts if self._plan is not None else 0
+
+    def connect_succeeded(self) -> None:
+        self.failed_attempts = 0
+
+    def exhausted(self, last_error: BaseException | None) -> ReconnectExhausted:
+        """The error for a schedule that ran out."""
+        which = "startupMaxReconnectAttempts" if self._plan_startup and (
+            self.options.startup_max_reconnect_attempts != -1) else "maxReconnectAttempts"
+        attempts = self.connect_attempts
+        return ReconnectExhausted(
+            f"failover: gave up after {attempts} connect attempts over {self._plan_endpoints} endpoint(s) "
+            f"({which} exhausted); last error: {last_error}",
+            attempts=attempts, last_error=last_error,
+        )
+
+    def startup_failed(self, error: AmqTransportError) -> list[Action[L]]:
+        self.state = "failed"
+        self.error = error
+        return [Notify("on_failed", error)]
+
+    def take_backup(self, alive: Callable[[L], bool]) -> L | None:
+        """A pre-connected backup link that is still alive (``backup=true``)."""
+        while self.backups:
+            link = self.backups.pop(0)
+            if alive(link):
+                return link
+        return None
+
+    def give_up_now(self, error: BaseException) -> AmqTransportError | None:
+        """Before each reconnect: the error to give up with instead, if any
+        (``maxReconnectAttempts=0``, or a refusal that keeps coming back)."""
+        if self.options.max_reconnect_attempts == 0:
+            return ReconnectExhausted(
+                f"failover: link lost and maxReconnectAttempts=0, not reconnecting: {error}",
+                attempts=0, last_error=error)
+        frame = self.refusal
+        if frame is None or self.refusal_streak < GIVE_UP_REFUSALS or self.pending or len(self.cache):
+            return None
+        err = error_from_frame(frame)
+        return type(err)(f"failover: the broker refused the replay of {len(self.subs)} subscription(s) "
+                         f"{self.refusal_streak} times in a row: {err}", frame=frame)
+
+    def reconnect_stopped(self) -> None:
+        """The reconnect ended without a link (closed meanwhile)."""
+        self.reconnecting = False
+
+    def resumed(self) -> bool:
+        """The reconnect installed a link and told the listeners: True when it is done,
+        False when the link was lost again meanwhile (reconnect once more)."""
+        if self.state == "reconnecting":
+            return False
+        self.reconnecting = False
+        return True
+
+    # -- links ----------------------------------------------------------------------------------
+
+    def link_up(self, link: L, *, expect_gen: int | None = None) -> Install[L] | None:
+        """A link completed its handshake: make it current and plan its replay. None when
+        it is not installed (closed meanwhile, or a priority switch, ``expect_gen``, whose
+        link changed): the returned install then only closes it."""
+        if self.state == "closed":
+            return Install(link, self.generation, ReplayPlan(), None, [Close(link)])
+        if expect_gen is not None and (expect_gen != self.generation or self.state != "connected"):
+            return None
+        self.generation += 1
+        gen = self.generation
+        previous, self.link = self.link, link
+        self._barriers.clear()
+        stepwise = self.refusal is not None and expect_gen is None
+        if stepwise and self.refusal_streak >= 2 and not self.pending and len(self.cache):
+            dropped = self.cache.clear()
+            log.error("failover: the broker refuses the replay again (%s): dropping %d cached "
+                      "fire-and-forget send(s) of trackMessages", _error_text(self.refusal), dropped)
+        plan = plan_replay(subs=self.subs, pending=self.pending.values(), txs=self.txs,
+                           cache_frames=self.cache.frames(), gen=gen, stepwise=stepwise,
+                           durable_unsubscribe=deletes_durable)
+        for tx_id in plan.rolled_back:
+            tx = self.txs.get(tx_id)
+            if tx is not None:
+                tx.rolled_back = True
+        for rec, _ in plan.fail:
+            self.pending.pop(rec.receipt_id, None)
+        for rec in plan.complete:
+            self.pending.pop(rec.receipt_id, None)
+        for rec in plan.batch_requests:
+            rec.generation = gen
+        first = next(self._wseq)
+        positions = [next(self._wseq) for _ in plan.batch]
+        for rec in plan.batch_requests:
+            rec.rseq = first  # after the subscriptions, before any cached send
+        n_cached = 0 if plan.stepwise else len(self.cache)
+        self.cache.replayed(gen, positions[len(positions) - n_cached:])
+        install = Install(link, gen, plan, previous)
+        if n_cached:
+            install.actions.append(ArmIdleTimer())
+        return install
+
+    def replay_written(self, install: Install[L], *, ok: bool, alive: bool,
+                       previous_alive: bool = False) -> list[Action[L]] | None:
+        """The replay batch of ``install`` was written (``ok``) or its write failed; ``alive``:
+        the link is still alive now. None when the link is not installed after all (its
+        write failed: the previous link stays current if ``previous_alive``)."""
+        link, plan = install.link, install.plan
+        if not ok:
+            self.link = install.previous if install.previous is not None and previous_alive else None
+            return None
+        actions = list(install.actions)
+        self.state = "replaying" if plan.stepwise else "connected"
+        self.error = None
+        if not alive:
+            # lost between its handshake and now (CONNECTED and the close arrived together):
+            # its reader reported the loss while it was not current yet, and that report was
+            # ignored. A loss right after the install; else "connected" with no reader left.
+            log.info("failover: a link was lost right after its handshake (generation %d)", install.generation)
+            actions += self.link_lost(link, ConnectionClosed("connection lost right after the STOMP handshake"))
+        actions.extend(Settle(rec, error=err) for rec, err in plan.fail)
+        actions.extend(Settle(rec, result=Frame.make("RECEIPT", {"receipt-id": rec.receipt_id}))
+                       for rec in plan.complete)
+        if install.previous is not None and install.previous is not link:
+            actions.append(Close(install.previous))  # a priority switch: retire the previous link
+        return actions
+
+    def link_lost(self, link: L, error: BaseException) -> list[Action[L]]:
+        """``link`` is gone (its reader saw the end, a write failed, heart-beats stopped)."""
+        if link in self.backups:
+            self.backups.remove(link)
+            return []
+        if link is not self.link or self.state in ("closed", "failed"):
+            return []
+        self.link = None
+        self.state = "reconnecting"
+        self.reconnects += 1
+        if self.reconnecting:
+            return []
+        self.reconnecting = True
+        return [Reconnect(error)]
+
+    def add_backup(self, link: L) -> bool:
+        """A pre-connected backup; False when closed (the driver closes it)."""
+        if self.state == "closed":
+            return False
+        self.backups.append(link)
+        return True
+
+    # -- stepwise replay (after a refusal) ------------------------------------------------------
+
+    def stepwise_next(self, link: L, rec: Receipt, generation: int) -> Write[L] | None | Literal[False]:
+        """Write ``rec`` alone next: the write, None when it was settled meanwhile (skip
+        it), False when the link is no longer the one replaying (stop)."""
+        if not self.still_replaying(link):
+            return False
+        if self.pending.get(rec.receipt_id) is not rec:
+            return None
+        rec.generation = generation
+        rec.rseq = next(self._wseq)
+        return Write(link, [rec.frame], generation)
+
+    def still_replaying(self, link: L) -> bool:
+        return self.link is link and self.state == "replaying"
+
+    def stepwise_blame(self, link: L, rec: Receipt, refusal: Frame | None) -> BrokerError | None | Literal[False]:
+        """``rec``, written alone, is unanswered: if ``link`` is no longer replaying and
+        ended with ``refusal`` (an ERROR naming no request), ``rec`` is the refused one:
+        the error to fail it with (it is withdrawn). False: lost for another reason (stop;
+        replay on the next link). None: nothing to decide."""
+        if rec.done or self.still_replaying(link):
+            return None
+        if refusal is None or self.pending.get(rec.receipt_id) is not rec:
+            return False
+        del self.pending[rec.receipt_id]
+        if rec.frame.command == "SUBSCRIBE":
+            self.subs.pop(rec.frame.get("id") or "", None)
+        self.refusal, self.refusal_streak = None, 0
+        return refusal_error(refusal, rec.frame.command)
+
+    def stepwise_done(self, link: L, install: Install[L]) -> Write[L] | None:
+        """The stepwise requests are settled (or one went unanswered): write everything
+        else at once and become ``connected`` (call :meth:`stepwise_connected` once
+        written). None when the link is no longer the one replaying."""
+        if not self.still_replaying(link):
+            return None
+        gen = install.generation
+        frames: list[Frame] = []
+        first = next(self._wseq)
+        for rec in self.pending.values():
+            if rec.generation != gen:  # sent while we replayed, or left after a silence
+                rec.generation, rec.rseq = gen, first
+                frames.append(rec.frame)
+        positions = [next(self._wseq) for _ in install.plan.tail]
+        self.cache.replayed(gen, positions)
+        return Write(link, frames + install.plan.tail, gen)
+
+    def stepwise_connected(self) -> None:
+        self.refusal, self.refusal_streak = None, 0
+        self.state = "connected"
+
+    # -- frames from links -------------------------------------------------------------------
+
+    def on_receipt(self, rid: str | None, generation: int) -> Receipt | None:
+        """A RECEIPT on link ``generation``: the request it completes, if any (trims the cache)."""
+        rec = self.pending.pop(rid, None) if rid is not None else None
+        if rec is not None:
+            if rec.tx is not None:
+                tx = self.txs.get(rec.tx)
+                if tx is not None and tx.acked_gen is None:
+                    tx.acked_gen = generation
+            if rec.generation == generation:
+                self.cache.on_receipt(generation, rec.rseq)
+        elif rid is not None:
+            self._own_receipt(rid, generation)
+        return rec
+
+    def _own_receipt(self, rid: str, gen: int) -> None:
+        """A receipt the transport asked for itself (trackMessages)."""
+        if rid in self._barriers:
+            self.cache.on_receipt(gen, self._barriers.pop(rid))
+            return
+        found = self.cache.own_receipt(rid)
+        if found is not None:
+            key, entry_gen, rseq = found
+            if entry_gen == gen:
+                self.cache.on_receipt(gen, rseq)
+                self.cache.discard(key)
+
+    def message_is_current(self, link: L) -> bool:
+        """A MESSAGE from a retired link is dropped: the broker redelivers on the current one."""
+        return link is self.link
+
+    def on_error(self, frame: Frame, *, link_error_frame: Frame | None, has_link: bool) -> bool:
+        """An ERROR frame. True when it answered a receipt the transport asked for itself
+        (a tracked send or a barrier: handled here). Otherwise an ERROR naming no pending
+        request, on a link not yet ended by one (``link_error_frame`` None), is noted as a
+        *refusal*: the next link replays stepwise."""
+        rid = frame.get("receipt-id")
+        if rid is not None and (rid in self._barriers or self.cache.own_receipt(rid) is not None):
+            self._barriers.pop(rid, None)
+            found = self.cache.own_receipt(rid)
+            if found is not None:
+                self.cache.discard(found[0])
+                log.error("failover: the broker refused a fire-and-forget send (%s): dropped from "
+                          "the trackMessages cache", _error_text(frame))
+            return True
+        unmatched = rid is None or rid not in self.pending
+        if unmatched and has_link and link_error_frame is None:
+            same = self.refusal is not None and _error_text(self.refusal) == _error_text(frame)
+            self.refusal_streak = self.refusal_streak + 1 if same else 1
+            self.refusal = frame
+        return False
+
+    def request_refused(self, rec: Receipt) -> None:
+        """``rec`` failed with its broker ERROR."""
+        if rec.frame.command == "SUBSCRIBE":
+            self.subs.pop(rec.frame.get("id") or "", None)
+
+    # -- user requests ---------------------------------------------------------------------------
+
+    def request(self, rec: Receipt) -> Write[L] | None:
+        """A request asking for a receipt: pending from now on; the write when connected
+        (else the next link's replay writes it)."""
+        self.check_usable()
+        tx_id = rec.tx
+        if tx_id is not None:
+            tx = self.txs.get(tx_id)
+            if tx is not None and tx.rolled_back:
+                raise TransactionRolledBack(f"transaction {tx_id} was rolled back by a failover",
+                                            transaction=tx_id, keys=tx.keys)
+            if tx is not None and rec.frame.command == "SEND":
+                tx.keys.append(rec.frame.get(IDEMPOTENCY_HEADER) or "")
+        self.pending[rec.receipt_id] = rec
+        target = self.current()
+        if target is None:
+            return None
+        link, gen = target
+        rec.generation = gen
+        rec.rseq = next(self._wseq)
+        return Write(link, [rec.frame], gen)
+
+    def withdraw(self, rid: str) -> bool:
+        """The caller stopped waiting for ``rid`` (a timeout): no longer replayed."""
+        return self.pending.pop(rid, None) is not None
+
+    def track(self, frame: Frame) -> tuple[Frame, str | None]:
+        """A fire-and-forget frame about to be written: with ``trackMessages`` a SEND is
+        cached (the key; None when not tracked) and now and then asks for a receipt."""
+        if not (self._track and frame.command == "SEND"):
+            return frame, None
+        key = SendCache.key_of(frame)
+        self._tracked_unreceipted += 1
+        if self._tracked_unreceipted >= TRACK_RECEIPT_EVERY:
+            # a receipt now and then proves (and trims) everything written before
+            self._tracked_unreceipted = 0
+            frame = with_receipt(frame, self._next_id("t"))
+        if not self.cache.put(key, frame):
+            return frame, None  # the same key is already cached: this copy is not tracked
+        return frame, key
+
+    def oneway_position(self, frame: Frame) -> int | None:
+        """Position taken before writing a fire-and-forget ``frame`` (one asking for a receipt)."""
+        return next(self._wseq) if "receipt" in frame else None
+
+    def tracked_written(self, key: str, generation: int, rseq: int | None) -> list[Action[L]]:
+        """The tracked send ``key`` went out on link ``generation``."""
+        self.cache.written(key, generation, next(self._wseq), rseq)
+        return self.arm_idle()
+
+    def arm_idle(self) -> list[Action[L]]:
+        """Ask for the idle timer while the cache holds sends."""
+        return [ArmIdleTimer()] if self.state != "closed" and len(self.cache) else []
+
+    def barrier(self) -> tuple[Write[L], str] | None:
+        """The idle timer fired: the barrier to write (an empty transaction whose ABORT asks
+        for a receipt that trims the cache) and its receipt id, or None when not needed."""
+        if self.state != "connected" or self.link is None or not len(self.cache):
+            return None
+        tx_id, rid = self._next_id("amq-barrier"), self._next_id("t")
+        self._barriers[rid] = next(self._wseq)
+        self._tracked_unreceipted = 0
+        frames = [Frame.make("BEGIN", {"transaction": tx_id}),
+                  Frame.make("ABORT", {"transaction": tx_id, "receipt": rid})]
+        return Write(self.link, frames, self.generation), rid
+
+    def barrier_written(self, rid: str, generation: int) -> None:
+        if generation != self.generation:
+            self._barriers.pop(rid, None)
+
+    def subscribe(self, sub_id: str, frame: Frame) -> None:
+        self.check_usable()
+        self.subs[sub_id] = frame.without_headers("receipt")
+
+    def unsubscribe(self, sub_id: str) -> bool:
+        """Forget ``sub_id``; False when the transport is over (nothing to write)."""
+        self.subs.pop(sub_id, None)
+        return self.state not in ("failed", "closed")
+
+    def begin(self, tx_id: str) -> None:
+        self.check_usable()
+        self.txs[tx_id] = TxState()
+
+    def _stale(self, tx: TxState | None) -> bool:
+        return tx is not None and (tx.rolled_back or (tx.acked_gen is not None and tx.acked_gen != self.generation))
+
+    def commit(self, tx_id: str) -> None:
+        """Raise :class:`TransactionRolledBack` when the broker lost the transaction."""
+        tx = self.txs.get(tx_id)
+        if tx is not None and self._stale(tx):
+            self.txs.pop(tx_id, None)
+            raise TransactionRolledBack(
+                f"transaction {tx_id} was open across a failover: the broker rolled it back",
+                transaction=tx_id, keys=tx.keys)
+
+    def tx_done(self, tx_id: str) -> None:
+        self.txs.pop(tx_id, None)
+
+    def abort(self, tx_id: str) -> Write[L] | None:
+        """The ABORT to write, or None when the broker already dropped it with a dead link."""
+        tx = self.txs.pop(tx_id, None)
+        target = self.current()
+        if self._stale(tx) or target is None:
+            return None
+        link, gen = target
+        return Write(link, [Frame.make("ABORT", {"transaction": tx_id})], gen)
