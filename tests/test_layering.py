@@ -46,6 +46,12 @@ PURE = (
     "amqtransport.backoff",
     "amqtransport.destinations",
     "amqtransport.broker.ha.decide",  # the HA decision table: pure, though its layer is the broker's
+    # the failover core and its pure pieces: one set of rules for the thread and asyncio drivers
+    "amqtransport.transports.core",
+    "amqtransport.transports.core_actions",
+    "amqtransport.transports.reconnect",
+    "amqtransport.transports.replay",
+    "amqtransport.transports.waiting",
 )
 FORBIDDEN_IN_PURE = {"socket", "ssl", "threading", "asyncio", "time", "select", "selectors", "concurrent", "subprocess", "multiprocessing"}
 

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from amqtransport.errors import BrokerError
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.stomp.session import error_from_frame
 from amqtransport.transports.dialect import Dialect, dialect_named
@@ -39,6 +40,7 @@ __all__ = [
     "Transport",
     "TransportListener",
     "call_listeners",
+    "request_error",
     "with_receipt",
 ]
 
@@ -90,6 +92,14 @@ class Receipt:
         if self._gate.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             self._gate.release()  # let any other waiter through too
         return self._done
+
+
+def request_error(rec: Receipt, frame: Frame) -> BrokerError:
+    """The error for request ``rec``, refused by the broker with ERROR ``frame``: it
+    carries the request's idempotency key (the key to resend it with)."""
+    err = error_from_frame(frame)
+    err.idempotency_key = rec.frame.get(IDEMPOTENCY_HEADER)
+    return err
 
 
 def with_receipt(frame: Frame, receipt_id: str) -> Frame:
@@ -284,9 +294,7 @@ class Transport:
             rec = self._pending.pop(rid, None) if rid is not None else None
         if rec is not None:
             self._request_refused(rec)
-            err = error_from_frame(frame)
-            err.idempotency_key = rec.frame.get(IDEMPOTENCY_HEADER)  # the key to resend it with
-            rec.set_error(err)
+            rec.set_error(request_error(rec, frame))
             return
         log.warning("broker ERROR (not tied to a request; ending the link): %s", error_from_frame(frame))
         self._on_unmatched_error(frame)

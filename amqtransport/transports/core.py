@@ -103,6 +103,7 @@ from amqtransport.uri import LeafUri
 
 __all__ = [
     "GIVE_UP_REFUSALS",
+    "STEPWISE_WAIT",
     "Action",
     "ArmIdleTimer",
     "Close",
@@ -123,6 +124,9 @@ State = Literal["new", "connecting", "connected", "replaying", "reconnecting", "
 
 #: refusals in a row, with nothing but subscriptions to blame, before giving up
 GIVE_UP_REFUSALS = 3
+#: after a refusal, how long a request replayed on its own may go unanswered before
+#: the rest is written anyway
+STEPWISE_WAIT = 10.0
 
 
 def _error_text(frame: Frame | None) -> str:
@@ -504,6 +508,13 @@ class FailoverCore(Generic[L]):
             self.refusal_streak = self.refusal_streak + 1 if same else 1
             self.refusal = frame
         return False
+
+    def refused(self, rid: str) -> Receipt | None:
+        """An ERROR names request ``rid``: the request it fails (withdrawn), if pending."""
+        rec = self.pending.pop(rid, None)
+        if rec is not None:
+            self.request_refused(rec)
+        return rec
 
     def request_refused(self, rec: Receipt) -> None:
         """``rec`` failed with its broker ERROR."""

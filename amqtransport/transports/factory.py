@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from amqtransport._backends.base import Backend
 from amqtransport._backends.sockets import SocketBackend
@@ -22,12 +23,12 @@ from amqtransport.errors import UriError
 from amqtransport.options import FailoverOptions, StaticOptions
 from amqtransport.transports.base import Transport
 from amqtransport.transports.discovery import static_failover_schedule
-from amqtransport.transports.failover import FailoverTransport
+from amqtransport.transports.failover import FailoverTransport, ScheduleFn
 from amqtransport.transports.probe import tcp_probe
 from amqtransport.transports.stomp import ConnectParams, DirectTransport
 from amqtransport.uri import CompositeUri, LeafUri, UriNode, parse_uri
 
-__all__ = ["build_transport"]
+__all__ = ["FailoverSpec", "build_transport", "failover_spec"]
 
 
 def _leaves_of_failover(node: CompositeUri, uri: str) -> list[LeafUri]:
@@ -40,27 +41,29 @@ def _leaves_of_failover(node: CompositeUri, uri: str) -> list[LeafUri]:
     return leaves
 
 
-def build_transport(
-    uri: str | UriNode,
-    params: ConnectParams = ConnectParams(),  # noqa: B008 - frozen
-    *,
-    backend: Backend | None = None,
-    sleep: Callable[[float], object] | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    rng: random.Random | None = None,
-) -> Transport:
-    """The (not yet started) transport for ``uri``."""
+@dataclass(frozen=True)
+class FailoverSpec:
+    """What a failover driver (thread or asyncio) needs of a URI."""
+
+    leaves: list[LeafUri]
+    options: FailoverOptions
+    #: the connect schedule (None: ``backoff.failover_schedule``)
+    schedule: ScheduleFn | None = None
+
+
+def failover_spec(uri: str | UriNode) -> FailoverSpec:
+    """``failover:(...)`` and ``static:(X)`` as a failover's leaves, options and schedule
+    (see the module docstring). A leaf URI is a failover over that one endpoint that
+    never reconnects (one connect attempt; a loss fails the connection)."""
     text = uri if isinstance(uri, str) else str(uri)
     node = parse_uri(uri) if isinstance(uri, str) else uri
-    # the TCP probe of the back-off (probe.py) only on real sockets
-    probe = tcp_probe if backend is None or isinstance(backend, SocketBackend) else None
-    backend = backend if backend is not None else SocketBackend()
     if isinstance(node, LeafUri):
-        return DirectTransport(node, params, backend=backend, clock=clock)
+        once = FailoverOptions.model_validate({"randomize": False, "maxReconnectAttempts": 0,
+                                               "startupMaxReconnectAttempts": 0})
+        return FailoverSpec([node], once)
     if node.scheme == "failover":
         assert isinstance(node.options, FailoverOptions)
-        return FailoverTransport(_leaves_of_failover(node, text), node.options, params, backend=backend,
-                                 sleep=sleep, clock=clock, rng=rng, probe=probe)
+        return FailoverSpec(_leaves_of_failover(node, text), node.options)
     if node.scheme == "static":
         assert isinstance(node.options, StaticOptions)
         if len(node.components) != 1:
@@ -78,6 +81,26 @@ def build_transport(
             leaves, fopts = _leaves_of_failover(inner, text), inner.options
         # the static agent re-adds the service forever (or N times): reconnect is the agent's job
         fopts = fopts.model_copy(update={"max_reconnect_attempts": -1, "startup_max_reconnect_attempts": -1})
-        return FailoverTransport(leaves, fopts, params, backend=backend, sleep=sleep, clock=clock, rng=rng,
-                                 schedule=static_failover_schedule(node.options), probe=probe)
+        return FailoverSpec(leaves, fopts, static_failover_schedule(node.options))
     raise UriError(f"unsupported URI scheme {node.scheme!r}", uri=text)
+
+
+def build_transport(
+    uri: str | UriNode,
+    params: ConnectParams = ConnectParams(),  # noqa: B008 - frozen
+    *,
+    backend: Backend | None = None,
+    sleep: Callable[[float], object] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> Transport:
+    """The (not yet started) transport for ``uri``."""
+    node = parse_uri(uri) if isinstance(uri, str) else uri
+    # the TCP probe of the back-off (probe.py) only on real sockets
+    probe = tcp_probe if backend is None or isinstance(backend, SocketBackend) else None
+    backend = backend if backend is not None else SocketBackend()
+    if isinstance(node, LeafUri):
+        return DirectTransport(node, params, backend=backend, clock=clock)
+    spec = failover_spec(uri)
+    return FailoverTransport(spec.leaves, spec.options, params, backend=backend, sleep=sleep, clock=clock, rng=rng,
+                             schedule=spec.schedule, probe=probe)

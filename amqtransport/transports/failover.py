@@ -63,9 +63,10 @@ from amqtransport.errors import (
     TransportError,
 )
 from amqtransport.options import FailoverOptions
-from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.stomp import Frame
 from amqtransport.transports.base import Link, Receipt, Transport, with_receipt
 from amqtransport.transports.core import (
+    STEPWISE_WAIT,
     Action,
     ArmIdleTimer,
     Close,
@@ -76,11 +77,13 @@ from amqtransport.transports.core import (
     Settle,
     Write,
 )
+from amqtransport.transports.core_view import CoreStatus
 from amqtransport.transports.endpoints import UriParser, endpoints, priority_leaves
 from amqtransport.transports.probe import Probe, wait_probing
 from amqtransport.transports.replay import TRACK_IDLE_SECONDS
 from amqtransport.transports.stomp import Clock, ConnectParams, StompConnection
 from amqtransport.transports.threads import ThreadSet
+from amqtransport.transports.waiting import ReceiptWait, send_timeout
 from amqtransport.uri import LeafUri
 
 __all__ = ["FailoverTransport"]
@@ -91,22 +94,11 @@ Sleep = Callable[[float], object]
 ScheduleFn = Callable[..., Iterator[Attempt[LeafUri]]]
 Conn = StompConnection
 
-#: after a refusal, how long a request replayed on its own may go unanswered before
-#: the rest is written anyway
-STEPWISE_WAIT = 10.0
-#: ... and how long a link that died under it may take to deliver the broker's last words
+#: how long a link that died under it may take to deliver the broker's last words
 STEPWISE_READER_WAIT = 2.0
 
 
-def _timeout(message: str, rec: Receipt | None = None, frame: Frame | None = None) -> SendTimeout:
-    frame = frame if frame is not None else (rec.frame if rec is not None else None)
-    key = frame.get(IDEMPOTENCY_HEADER) if frame is not None else None
-    if key is not None:
-        message += f" (idempotency key {key}: send it again with that key)"
-    return SendTimeout(message, idempotency_key=key, receipt_id=rec.receipt_id if rec is not None else None)
-
-
-class FailoverTransport(Transport):
+class FailoverTransport(CoreStatus[StompConnection], Transport):
     """``failover:(u1,u2,...)?options`` — see the module docstring."""
 
     def __init__(
@@ -151,57 +143,10 @@ class FailoverTransport(Transport):
         self._threads = threads if threads is not None else ThreadSet()
         self._timeout_ms = options.timeout
 
-    # -- properties ------------------------------------------------------------------
-
-    @property
-    def state(self) -> str:
-        return self._core.state
-
-    @property
-    def generation(self) -> int:
-        return self._core.generation
-
-    @property
-    def link(self) -> StompConnection | None:
-        return self._core.link
-
-    @property
-    def connected_address(self) -> str | None:
-        conn = self._core.link
-        return conn.address if conn is not None and self._core.state == "connected" else None
-
-    @property
-    def is_connected(self) -> bool:
-        return self._core.state == "connected"
-
-    @property
-    def version(self) -> str:
-        conn = self._core.link
-        return conn.version if conn is not None else "1.2"
-
-    @property
-    def last_error(self) -> AmqTransportError | None:
-        return self._core.error
-
-    @property
-    def reconnects(self) -> int:
-        """Links lost (each starts a reconnect)."""
-        return self._core.reconnects
-
-    @property
-    def failed_attempts(self) -> int:
-        """Connect attempts that failed since the last success."""
-        return self._core.failed_attempts
-
     @property
     def backup_links(self) -> int:
         """Pre-connected backup links held now (``backup=true``)."""
         return len(self._core.backups)
-
-    @property
-    def cached_sends(self) -> int:
-        """How many fire-and-forget sends ``trackMessages`` would replay on a new link."""
-        return len(self._core.cache)
 
     # -- running the core's actions ---------------------------------------------------------
 
@@ -599,7 +544,7 @@ class FailoverTransport(Transport):
                 if timeout_ms >= 0:
                     remaining = timeout_ms / 1000.0 - (self._clock() - started)
                     if remaining <= 0:
-                        raise _timeout(f"failover: not connected within timeout={timeout_ms} ms")
+                        raise send_timeout(f"failover: not connected within timeout={timeout_ms} ms")
                     self._cond.wait(min(remaining, 0.1))
                 else:
                     self._cond.wait(0.5)
@@ -624,7 +569,7 @@ class FailoverTransport(Transport):
             try:
                 conn = self._wait_connected(started)
             except SendTimeout as exc:
-                raise _timeout(str(exc), frame=frame) from None
+                raise send_timeout(str(exc), frame=frame) from None
             with self._lock:
                 gen = self._core.generation
                 rseq = self._core.oneway_position(frame)
@@ -653,29 +598,15 @@ class FailoverTransport(Transport):
         return receipt.result
 
     def _wait_bounded(self, receipt: Receipt, timeout: float | None) -> None:
-        timeout_ms = self._timeout_ms
-        start = self._clock()
-        deadline = None if timeout is None else start + timeout
-        down_since: float | None = None
-        while True:
-            slice_ = None if (timeout_ms < 0 and deadline is None) else 0.05
-            if receipt.wait_event(slice_):
-                break
-            now = self._clock()
-            if deadline is not None and now >= deadline:
+        rule = ReceiptWait(self._timeout_ms, timeout, self._clock())
+        while not receipt.wait_event(rule.slice):
+            verdict = rule.verdict(self._clock(), self.is_connected)
+            if verdict == "deadline":
                 self._withdraw(receipt)
-                raise _timeout(f"no receipt for {receipt.receipt_id} within {timeout}s", receipt)
-            if timeout_ms >= 0:
-                if self.state != "connected":
-                    if down_since is None:
-                        down_since = now
-                    if (now - down_since) * 1000 >= timeout_ms:
-                        if self._withdraw(receipt):
-                            raise _timeout(
-                                f"failover: disconnected for longer than timeout={timeout_ms} ms while "
-                                f"waiting for receipt {receipt.receipt_id}", receipt)
-                else:
-                    down_since = None
+                raise send_timeout(f"no receipt for {receipt.receipt_id} within {timeout}s", receipt)
+            if verdict == "disconnected" and self._withdraw(receipt):
+                raise send_timeout(f"failover: disconnected for longer than timeout={self._timeout_ms} ms "
+                                   f"while waiting for receipt {receipt.receipt_id}", receipt)
 
     def _withdraw(self, receipt: Receipt) -> bool:
         with self._lock:

@@ -67,6 +67,10 @@ from amqtransport.uri import LeafUri
 
 __all__ = [
     "ConnectParams",
+    "LinkTerms",
+    "connect_timeout_for",
+    "handshake_session",
+    "link_terms",
     "StompConnection",
     "DirectTransport",
     # re-exported from .base (their home since the split)
@@ -103,10 +107,50 @@ def _leaf_heartbeat(leaf: LeafUri, default: tuple[int, int]) -> tuple[int, int]:
     return default
 
 
-def _leaf_connect_timeout(leaf: LeafUri, params: ConnectParams) -> float:
+def connect_timeout_for(leaf: LeafUri, params: ConnectParams) -> float:
     if params.connect_timeout is not None:
         return float(params.connect_timeout)
     return leaf.options.connect_timeout / 1000.0
+
+
+def handshake_session(leaf: LeafUri, params: ConnectParams, address: str) -> tuple[ClientSession, Dialect | None]:
+    """The STOMP session for a link to ``leaf`` (CONNECT built from ``params`` and the
+    leaf's options) and the dialect the URI forces, if any (any link: thread or asyncio)."""
+    options = leaf.options
+    forced_dialect = dialect_named(options.dialect) if options.dialect else None
+    host = params.vhost or options.host or DEFAULT_VHOST
+    session = ClientSession(
+        host=str(host), login=params.login, passcode=params.passcode,
+        client_id=params.client_id, heartbeat=_leaf_heartbeat(leaf, params.heartbeat),
+        min_heartbeat_ms=forced_dialect.min_heartbeat_ms if forced_dialect is not None else 0,
+        extra_headers=params.extra_headers, context=f"{address}: ")
+    return session, forced_dialect
+
+
+@dataclass(frozen=True)
+class LinkTerms:
+    """What a link runs with once its handshake is done."""
+
+    connected_frame: Frame
+    version: str
+    send_every_ms: int
+    expect_every_ms: int
+    dialect: Dialect
+    #: text bodies go without content-length (``textMode``; default per dialect)
+    text_mode: bool
+    #: a header that also carries the idempotency key (``duplicateIdHeader``)
+    duplicate_id_header: str | None
+
+
+def link_terms(leaf: LeafUri, terms: Negotiated, forced_dialect: Dialect | None) -> LinkTerms:
+    """The negotiated terms with the dialect's choices and the leaf's overrides applied."""
+    options = leaf.options
+    dialect = forced_dialect or detect(terms.frame.get("server"))
+    text_mode = dialect.text_mode if options.text_mode is None else bool(options.text_mode)
+    dup = options.duplicate_id_header
+    duplicate_id_header = dialect.duplicate_id_header if dup is None else (None if dup.lower() == "none" else dup)
+    return LinkTerms(terms.frame, terms.version, terms.send_every_ms, terms.expect_every_ms, dialect,
+                     text_mode, duplicate_id_header)
 
 
 class StompConnection:
@@ -162,16 +206,9 @@ class StompConnection:
     def open(self) -> Frame:
         """Connect and complete the STOMP handshake (:class:`ClientSession`); return the
         CONNECTED frame."""
-        timeout = _leaf_connect_timeout(self.leaf, self._params)
+        timeout = connect_timeout_for(self.leaf, self._params)
         deadline = self._clock() + timeout
-        options = self.leaf.options
-        forced_dialect = dialect_named(options.dialect) if options.dialect else None
-        host = self._params.vhost or options.host or DEFAULT_VHOST
-        session = ClientSession(
-            host=str(host), login=self._params.login, passcode=self._params.passcode,
-            client_id=self._params.client_id, heartbeat=_leaf_heartbeat(self.leaf, self._params.heartbeat),
-            min_heartbeat_ms=forced_dialect.min_heartbeat_ms if forced_dialect is not None else 0,
-            extra_headers=self._params.extra_headers, context=f"{self.address}: ")
+        session, forced_dialect = handshake_session(self.leaf, self._params, self.address)
         stream = self._backend.connect(self.leaf, timeout)
         self._stream = stream
         try:
@@ -179,18 +216,15 @@ class StompConnection:
                 stream.write(session.connect_bytes())
             except TransportError as exc:  # e.g. a TLS peer that rejected our certificate
                 raise ConnectError(f"{self.address}: handshake failed: {exc}") from exc
-            terms = self._read_handshake(stream, session, deadline)
-            frame = terms.frame
+            terms = link_terms(self.leaf, self._read_handshake(stream, session, deadline), forced_dialect)
+            frame = terms.connected_frame
             self.version = terms.version
             self._parser = session.parser
             self.send_every_ms, self.expect_every_ms = terms.send_every_ms, terms.expect_every_ms
             self.connected_frame = frame
-            self.dialect = forced_dialect or detect(frame.get("server"))
-            text_mode = options.text_mode
-            self.text_mode = self.dialect.text_mode if text_mode is None else bool(text_mode)
-            dup = options.duplicate_id_header
-            self.duplicate_id_header = self.dialect.duplicate_id_header if dup is None else (
-                None if dup.lower() == "none" else dup)
+            self.dialect = terms.dialect
+            self.text_mode = terms.text_mode
+            self.duplicate_id_header = terms.duplicate_id_header
         except BaseException:
             stream.close()
             raise

@@ -362,3 +362,18 @@ def test_a_dead_backup_is_skipped_and_a_lost_backup_is_forgotten() -> None:
     assert core.link_lost(other, ConnectionClosed("gone")) == []
     assert core.take_backup(lambda link: link is not dead) is live
     assert core.backups == []
+
+
+def test_a_waiting_caller_gives_up_at_its_deadline_or_after_a_disconnected_stretch() -> None:
+    from amqtransport.transports.waiting import ReceiptWait
+
+    assert ReceiptWait(-1, None, 0.0).slice is None  # nothing to check: wait for the outcome
+    mine = ReceiptWait(-1, 2.0, 10.0)
+    assert mine.verdict(11.9, connected=False) is None
+    assert mine.verdict(12.0, connected=True) == "deadline"
+    uri = ReceiptWait(500, None, 0.0)
+    assert uri.verdict(1.0, connected=False) is None  # the stretch starts now
+    assert uri.verdict(1.3, connected=True) is None  # ... and ends: reconnected
+    assert uri.verdict(1.4, connected=False) is None
+    assert uri.verdict(1.8, connected=False) is None
+    assert uri.verdict(1.9, connected=False) == "disconnected"

@@ -1,0 +1,74 @@
+"""What a failover driver shows of its core: the read-only status both drivers expose
+(state, generation, the current link and its address and version, the last error,
+counters), in one place."""
+
+from __future__ import annotations
+
+from typing import Generic, Protocol, TypeVar
+
+from amqtransport.errors import AmqTransportError
+from amqtransport.transports.core import FailoverCore
+
+__all__ = ["CoreStatus"]
+
+
+class _Link(Protocol):
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+L = TypeVar("L", bound=_Link)
+
+
+class CoreStatus(Generic[L]):
+    """Mixed into a driver that keeps its core in ``_core``."""
+
+    _core: FailoverCore[L]
+
+    @property
+    def state(self) -> str:
+        return self._core.state
+
+    @property
+    def generation(self) -> int:
+        return self._core.generation
+
+    @property
+    def link(self) -> L | None:
+        return self._core.link
+
+    @property
+    def is_connected(self) -> bool:
+        return self._core.state == "connected"
+
+    @property
+    def connected_address(self) -> str | None:
+        link = self._core.link
+        return link.address if link is not None and self._core.state == "connected" else None
+
+    @property
+    def version(self) -> str:
+        link = self._core.link
+        return link.version if link is not None else "1.2"
+
+    @property
+    def last_error(self) -> AmqTransportError | None:
+        return self._core.error
+
+    @property
+    def reconnects(self) -> int:
+        """Links lost (each starts a reconnect)."""
+        return self._core.reconnects
+
+    @property
+    def failed_attempts(self) -> int:
+        """Connect attempts that failed since the last success."""
+        return self._core.failed_attempts
+
+    @property
+    def cached_sends(self) -> int:
+        """How many fire-and-forget sends ``trackMessages`` would replay on a new link."""
+        return len(self._core.cache)
