@@ -1,0 +1,178 @@
+"""The asyncio failover driver (amqtransport/aio/failover.py) over the sans-IO core:
+against the embedded broker, then a real broker pair whose master is SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from amqtransport.aio.failover import AsyncFailoverTransport
+from amqtransport.broker import EmbeddedBroker
+from amqtransport.errors import ReconnectExhausted
+from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.stomp.session import ack_frame
+from amqtransport.testing.broker_pair import BrokerPair
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(port=0) as b:
+        yield b
+
+
+def send_frame(queue: str, key: str) -> Frame:
+    return Frame.make("SEND", {"destination": queue, IDEMPOTENCY_HEADER: key, "persistent": "true"},
+                      key.encode())
+
+
+class Consumer:
+    """Acks each MESSAGE on the link it came on (client-individual) and records bodies."""
+
+    def __init__(self, transport: AsyncFailoverTransport) -> None:
+        self.transport = transport
+        self.bodies: list[str] = []
+        self.got = asyncio.Event()
+        transport.on_message = self.on_message
+
+    def on_message(self, frame: Frame, generation: int) -> None:
+        self.bodies.append(frame.body.decode())
+        self.transport.write_if_current(ack_frame("ACK", frame, self.transport.version), generation)
+        self.got.set()
+
+
+class Events:
+    """A listener with one plain and two async methods."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def on_interrupted(self, error: BaseException) -> None:
+        self.seen.append("interrupted")
+
+    async def on_resumed(self, address: str) -> None:
+        await asyncio.sleep(0)
+        self.seen.append("resumed")
+
+    def on_failed(self, error: BaseException) -> None:
+        self.seen.append("failed")
+
+
+async def drain(consumer: Consumer, expected: set[str], timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not expected <= set(consumer.bodies) and loop.time() < deadline:
+        consumer.got.clear()
+        try:
+            async with asyncio.timeout(0.2):
+                await consumer.got.wait()
+        except TimeoutError:
+            pass
+
+
+def test_send_subscribe_and_receive_on_one_link(broker: EmbeddedBroker) -> None:
+    async def main() -> None:
+        t = AsyncFailoverTransport.from_uri(f"failover:({broker.uri})")
+        await t.start()
+        consumer = Consumer(t)
+        sub = Frame.make("SUBSCRIBE", {"id": "s1", "destination": "/queue/aio.one", "ack": "client-individual"})
+        await t.wait(await t.subscribe("s1", sub), timeout=5)
+        keys = [f"m-{i}" for i in range(20)]
+        receipts = [await t.request(send_frame("/queue/aio.one", k)) for k in keys]
+        for rec in receipts:
+            assert rec is not None
+            assert (await t.wait(rec, timeout=5)).command == "RECEIPT"
+        await drain(consumer, set(keys), 10)
+        assert sorted(consumer.bodies) == sorted(keys)
+        assert t.is_connected and t.generation == 1
+        await t.close()
+        assert t.state == "closed"
+
+    asyncio.run(main())
+
+
+def test_cancelled_waits_leave_the_connection_usable(broker: EmbeddedBroker) -> None:
+    async def main() -> None:
+        t = AsyncFailoverTransport.from_uri(f"failover:({broker.uri})")
+        await t.start()
+        consumer = Consumer(t)
+        sub = Frame.make("SUBSCRIBE", {"id": "s1", "destination": "/queue/aio.cancel", "ack": "client-individual"})
+        await t.wait(await t.subscribe("s1", sub), timeout=5)
+
+        async def one(key: str) -> None:
+            rec = await t.request(send_frame("/queue/aio.cancel", key))
+            assert rec is not None
+            await t.wait(rec)
+
+        tasks = [asyncio.create_task(one(f"c-{i}")) for i in range(200)]
+        await asyncio.sleep(0)
+        for task in tasks[::2]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await one("after")
+        await drain(consumer, {"after"}, 10)
+        # every frame that went out was whole: the broker parsed each one (no ERROR, link up)
+        assert "after" in consumer.bodies and t.is_connected and t.reconnects == 0
+        await t.close()
+
+    asyncio.run(main())
+
+
+def test_a_refused_first_connect_gives_up_with_the_option_named() -> None:
+    async def main() -> None:
+        t = AsyncFailoverTransport.from_uri(
+            "failover:(tcp://127.0.0.1:1)?startupMaxReconnectAttempts=1&initialReconnectDelay=1")
+        events = Events()
+        t.add_listener(events)
+        with pytest.raises(ReconnectExhausted, match="startupMaxReconnectAttempts"):
+            await t.start()
+        assert t.state == "failed" and events.seen == ["failed"]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", ["replicated", "shared-store"])
+def test_sigkill_of_the_master_loses_nothing_receipted(mode: str, tmp_path: Path) -> None:
+    """Receipted sends across a master SIGKILL: the subscription is replayed on the new
+    master, requests in flight are replayed there, every receipted message is consumed."""
+    with BrokerPair(mode, tmp_path, lock_interval=0.05) as bp:
+        bp.wait_master()
+
+        async def main() -> tuple[set[str], Consumer, Events, AsyncFailoverTransport]:
+            t = AsyncFailoverTransport.from_uri(bp.uri + "&initialReconnectDelay=10&maxReconnectDelay=200")
+            events = Events()
+            t.add_listener(events)
+            await t.start()
+            consumer = Consumer(t)
+            sub = Frame.make("SUBSCRIBE", {"id": "s1", "destination": "/queue/aio.kill", "ack": "client-individual"})
+            await t.wait(await t.subscribe("s1", sub), timeout=10)
+            receipted: set[str] = set()
+            killed = False
+
+            async def producer(worker: int) -> None:
+                nonlocal killed
+                for i in range(60):
+                    key = f"w{worker}-{i}"
+                    rec = await t.request(send_frame("/queue/aio.kill", key))
+                    assert rec is not None
+                    await t.wait(rec, timeout=60)
+                    receipted.add(key)
+                    if len(receipted) >= 100 and not killed:
+                        killed = True
+                        await asyncio.to_thread(bp.kill_master)
+
+            await asyncio.gather(*(producer(w) for w in range(5)))
+            await drain(consumer, receipted, 30)
+            await t.close()
+            return receipted, consumer, events, t
+
+        receipted, consumer, events, t = asyncio.run(main())
+    assert len(receipted) == 300
+    missing = receipted - set(consumer.bodies)
+    assert not missing, f"{len(missing)} receipted message(s) never consumed: {sorted(missing)[:10]}"
+    assert t.reconnects >= 1 and t.generation >= 2
+    assert events.seen[:2] == ["interrupted", "resumed"]
