@@ -17,10 +17,8 @@ the link's loss (:meth:`_lost`). When the core answers a loss with ``Reconnect``
 ``on_interrupted(error)``, walks the core's connect steps (waiting each step's delay
 through :func:`~amqtransport.transports.probe.wait_probing` with the injected
 ``sleep``), installs the first link that completes the STOMP handshake, then calls
-``on_resumed(address)``. With ``priorityBackup`` a **priority** thread keeps trying
-the priority endpoints (first URI, or ``priorityURIs``) while connected elsewhere, and
-switches back when one answers. With ``backup`` a thread fills a pool of
-``backupPoolSize`` pre-connected links, tried first on a loss. A ``threading.Timer``
+``on_resumed(address)``. The ``priorityBackup`` thread and the ``backup`` pool's
+thread are in ``failover_backup.py``. A ``threading.Timer``
 runs the trackMessages idle barrier. Listeners are called from these threads, wrapped:
 a raising listener is logged and cannot stop the reconnect loop. Threads are started
 and joined through one :class:`~amqtransport.transports.threads.ThreadSet`.
@@ -78,7 +76,8 @@ from amqtransport.transports.core import (
     Write,
 )
 from amqtransport.transports.core_view import CoreStatus
-from amqtransport.transports.endpoints import UriParser, endpoints, priority_leaves
+from amqtransport.transports.endpoints import UriParser, endpoints
+from amqtransport.transports.failover_backup import BackupLinks
 from amqtransport.transports.probe import Probe, wait_probing
 from amqtransport.transports.replay import TRACK_IDLE_SECONDS
 from amqtransport.transports.stomp import Clock, ConnectParams, StompConnection
@@ -98,7 +97,7 @@ Conn = StompConnection
 STEPWISE_READER_WAIT = 2.0
 
 
-class FailoverTransport(CoreStatus[StompConnection], Transport):
+class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
     """``failover:(u1,u2,...)?options`` — see the module docstring."""
 
     def __init__(
@@ -389,12 +388,6 @@ class FailoverTransport(CoreStatus[StompConnection], Transport):
             self._cond.notify_all()
         return True
 
-    def _after_connect(self) -> None:
-        if self.options.priority_backup and not self._is_priority(self._core.link):
-            self._start_probe()
-        if self.options.backup:
-            self._threads.spawn(self._fill_backups, "amq-failover-backup")
-
     # -- losing a link --------------------------------------------------------------------
 
     def _lost(self, conn: StompConnection, error: TransportError) -> None:
@@ -439,71 +432,6 @@ class FailoverTransport(CoreStatus[StompConnection], Transport):
         if actions:
             log.error("failover: giving up: %s", error)
         self._run(actions)
-
-    # -- priority backup and the backup pool ---------------------------------------------
-
-    def _priority_leaves(self) -> list[LeafUri]:
-        return priority_leaves(self.leaves, tuple(self.options.priority_uris))
-
-    def _is_priority(self, conn: StompConnection | None) -> bool:
-        if conn is None:
-            return False
-        return conn.address in {leaf_address(x) for x in self._priority_leaves()}
-
-    def _start_probe(self) -> None:
-        with self._lock:
-            if self._probing:
-                return
-            self._probing = True
-        self._threads.spawn(self._probe, "amq-failover-priority")
-
-    def _probe(self) -> None:
-        opts = self.options.model_copy(update={"max_reconnect_attempts": -1, "startup_max_reconnect_attempts": -1,
-                                               "randomize": False})
-        gen = self.generation
-        try:
-            for attempt in self._schedule(self._priority_leaves(), opts, startup=False, rng=self._rng):
-                if self._closed or self.state != "connected" or self._is_priority(self._core.link):
-                    return
-                if gen != self.generation:
-                    return  # the link changed under us; _after_connect starts a new probe
-                if attempt.delay > 0:
-                    self._sleep(attempt.delay)
-                if self._closed or self.state != "connected":
-                    return
-                try:
-                    conn = self._open(attempt.endpoint)
-                except (TransportError, BrokerError) as exc:
-                    log.debug("failover: priority endpoint %s still down: %s", leaf_address(attempt.endpoint), exc)
-                    continue
-                if self._install(conn, expect_gen=gen) is not None:
-                    log.info("failover: back on priority endpoint %s", conn.address)
-                    self._notify("on_resumed", conn.address)
-                    return
-        finally:
-            with self._lock:
-                self._probing = False
-
-    def _fill_backups(self) -> None:
-        size = self.options.backup_pool_size
-        for leaf in self.leaves:
-            with self._lock:
-                if self._closed or len(self._core.backups) >= size:
-                    return
-                taken = {c.address for c in self._core.backups}
-                if self._core.link is not None:
-                    taken.add(self._core.link.address)
-            if leaf_address(leaf) in taken:
-                continue
-            try:
-                conn = self._open(leaf)
-            except (TransportError, BrokerError):
-                continue
-            with self._lock:
-                added = self._core.add_backup(conn)
-            if not added:
-                conn.close()
-                return
 
     # -- frames from links -----------------------------------------------------------------
 
