@@ -27,8 +27,10 @@ thread driver; ``wait`` awaits a future the driver resolves when the core settle
 request. ``timeout`` (ms) bounds the time a caller waits while disconnected, as in the
 thread driver. Listeners may be plain or ``async`` callables.
 
-Not here yet: ``priorityBackup`` and ``backup`` (the pre-connected pool) raise a clear
-error at construction; ``vm://`` leaves are for the thread driver.
+``priorityBackup`` runs as a task that probes the priority endpoints while connected
+elsewhere, and ``backup`` as a task that fills the pre-connected pool, with the same
+rules as the thread driver (the core's ``priority_wanted``/``backup_room``,
+``endpoints.priority_attempts``). ``vm://`` leaves are for the thread driver.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 
+from amqtransport._backends.base import leaf_address
 from amqtransport.backoff import Attempt, failover_schedule
 from amqtransport.errors import (
     AmqTransportError,
@@ -72,7 +75,7 @@ from amqtransport.transports.core import (
     Write,
 )
 from amqtransport.transports.core_view import CoreStatus
-from amqtransport.transports.endpoints import endpoints
+from amqtransport.transports.endpoints import endpoints, is_priority, priority_attempts
 from amqtransport.transports.factory import failover_spec
 from amqtransport.transports.probe import ProbingWait
 from amqtransport.transports.stomp import ConnectParams
@@ -109,9 +112,6 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
     ) -> None:
         if not leaves:
             raise ValueError("failover needs at least one endpoint")
-        if options.priority_backup or options.backup:
-            raise ValueError("failover: priorityBackup and backup are not supported by the asyncio driver yet; "
-                             "use the thread client (amqtransport.connect) for them")
         self.leaves = list(leaves)
         self.options = options
         self._params = params
@@ -127,6 +127,7 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: asyncio.TimerHandle | None = None
+        self._probing = False
         #: ``on_message(frame, generation)`` for every MESSAGE of the current link
         self.on_message: Callable[[Frame, int], None] | None = None
         #: called with each ERROR that names no request (before the link ends)
@@ -233,6 +234,7 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
                 self._run(self._core.startup_failed(exc))
                 raise
             if self._install(link) is not None:
+                self._after_connect()
                 return
 
     async def close(self) -> None:
@@ -252,7 +254,13 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
     # -- connecting ---------------------------------------------------------------------
 
     async def _connect_loop(self, *, startup: bool, last_error: BaseException | None) -> AsyncLink:
-        leaves = endpoints(self.leaves, self.options.update_uris_url)
+        backup = self._core.take_backup(lambda link: link.alive)
+        if backup is not None:
+            log.info("failover: using pre-connected backup %s", backup.address)
+            return backup
+        leaves = self.leaves
+        if self.options.update_uris_url:  # may read a URL: off the loop
+            leaves = await asyncio.to_thread(endpoints, self.leaves, self.options.update_uris_url)
         self._core.begin_connect(leaves, self._schedule(leaves, self.options, startup=startup, rng=self._rng),
                                  startup=startup)
         every = self.options.probe_interval / 1000.0
@@ -291,9 +299,10 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
                     return endpoint
         return None
 
-    def _install(self, link: AsyncLink) -> Install[AsyncLink] | None:
-        """Make ``link`` current and write its replay before anything else (no await)."""
-        install = self._core.link_up(link)
+    def _install(self, link: AsyncLink, *, expect_gen: int | None = None) -> Install[AsyncLink] | None:
+        """Make ``link`` current and write its replay before anything else (no await);
+        ``expect_gen`` (priority switch): only if the current link is still that one."""
+        install = self._core.link_up(link, expect_gen=expect_gen)
         if install is None:
             link.close()
             return None
@@ -307,7 +316,9 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         except TransportError as exc:
             log.info("failover: %s died during replay: %s", link.address, exc)
             ok = False
-        actions = self._core.replay_written(install, ok=ok, alive=link.alive)
+        previous = install.previous
+        actions = self._core.replay_written(install, ok=ok, alive=link.alive,
+                                            previous_alive=previous is not None and previous.alive)
         if actions is None:
             link.close(disconnect=False)
             return None
@@ -342,6 +353,57 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
                 continue
             self._notify("on_resumed", link.address)
             if self._core.resumed():
+                self._after_connect()
+                return
+
+    # -- priorityBackup and the backup pool (the rules: core, endpoints.py) -------------------
+
+    def _after_connect(self) -> None:
+        if self.options.priority_backup and not self._is_priority(self._core.link) and not self._probing:
+            self._probing = True
+            self._spawn(self._priority_probe(), "amq-aio-failover-priority")
+        if self.options.backup:
+            self._spawn(self._fill_backups(), "amq-aio-failover-backup")
+
+    def _is_priority(self, link: AsyncLink | None) -> bool:
+        return link is not None and is_priority(link.address, self.leaves, self.options)
+
+    async def _priority_probe(self) -> None:
+        gen = self._core.generation
+        try:
+            for attempt in priority_attempts(self.leaves, self.options, self._schedule, self._rng):
+                if not self._core.priority_wanted(gen, self._is_priority(self._core.link)):
+                    return
+                if attempt.delay > 0:
+                    await self._sleep(attempt.delay)
+                if not self._core.priority_wanted(gen, self._is_priority(self._core.link)):
+                    return
+                try:
+                    link = await self._open_link(attempt.endpoint, self._params, self._on_frame, self._lost)
+                except (TransportError, BrokerError) as exc:
+                    log.debug("failover: priority endpoint %s still down: %s", attempt.endpoint.host, exc)
+                    continue
+                if self._install(link, expect_gen=gen) is not None:
+                    log.info("failover: back on priority endpoint %s", link.address)
+                    self._notify("on_resumed", link.address)
+                    return
+        finally:
+            self._probing = False
+
+    async def _fill_backups(self) -> None:
+        for leaf in self.leaves:
+            if not self._core.backup_room(self.options.backup_pool_size):
+                return
+            current = self._core.link
+            taken = {b.address for b in self._core.backups} | ({current.address} if current is not None else set())
+            if leaf_address(leaf) in taken:
+                continue
+            try:
+                link = await self._open_link(leaf, self._params, self._on_frame, self._lost)
+            except (TransportError, BrokerError):
+                continue
+            if not self._core.add_backup(link):
+                link.close()
                 return
 
     def _fail(self, error: AmqTransportError) -> None:

@@ -21,6 +21,7 @@ import logging
 import ssl
 from collections.abc import Callable, Sequence
 
+from amqtransport._backends.base import leaf_address
 from amqtransport.errors import (
     ConnectError,
     ConnectionClosed,
@@ -52,7 +53,7 @@ class AsyncLink:
 
     def __init__(self, leaf: LeafUri, params: ConnectParams, on_frame: FrameHandler, on_lost: LostHandler) -> None:
         self.leaf = leaf
-        self.address = f"{leaf.scheme}://{leaf.host}:{leaf.port}"
+        self.address = leaf_address(leaf)
         self._params = params
         self._on_frame = on_frame
         self._on_lost = on_lost

@@ -397,6 +397,15 @@ class FailoverCore(Generic[L]):
         self.reconnecting = True
         return [Reconnect(error)]
 
+    def priority_wanted(self, generation: int, on_priority: bool) -> bool:
+        """Should the priority probe started on link ``generation`` go on? Not once the
+        transport is closed, not connected, on another link, or on a priority endpoint."""
+        return (self.state == "connected" and self.generation == generation and not on_priority)
+
+    def backup_room(self, size: int) -> bool:
+        """Is there room for one more pre-connected backup (``backupPoolSize``)?"""
+        return self.state != "closed" and len(self.backups) < size
+
     def add_backup(self, link: L) -> bool:
         """A pre-connected backup; False when closed (the driver closes it)."""
         if self.state == "closed":

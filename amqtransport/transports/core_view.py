@@ -72,3 +72,8 @@ class CoreStatus(Generic[L]):
     def cached_sends(self) -> int:
         """How many fire-and-forget sends ``trackMessages`` would replay on a new link."""
         return len(self._core.cache)
+
+    @property
+    def backup_links(self) -> int:
+        """Pre-connected backup links held now (``backup=true``)."""
+        return len(self._core.backups)

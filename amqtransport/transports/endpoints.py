@@ -8,13 +8,16 @@ each reconnect and while it probes for a priority endpoint.
 from __future__ import annotations
 
 import logging
+import random
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from amqtransport._backends.base import leaf_address
+from amqtransport.backoff import Attempt
+from amqtransport.options import FailoverOptions
 from amqtransport.uri import LeafUri, UriNode, parse_uri
 
-__all__ = ["endpoints", "priority_leaves", "read_update_uris"]
+__all__ = ["endpoints", "is_priority", "priority_attempts", "priority_leaves", "read_update_uris"]
 
 log = logging.getLogger("amqtransport.transports.failover")
 
@@ -77,3 +80,18 @@ def priority_leaves(leaves: Sequence[LeafUri], priority_uris: Sequence[str]) -> 
         wanted.add(addr)
     found = [leaf for leaf in leaves if leaf_address(leaf) in wanted]
     return found or [leaves[0]]
+
+
+def is_priority(address: str, leaves: Sequence[LeafUri], options: FailoverOptions) -> bool:
+    """Is ``address`` one of ``priorityBackup``'s endpoints?"""
+    return address in {leaf_address(x) for x in priority_leaves(leaves, tuple(options.priority_uris))}
+
+
+def priority_attempts(leaves: Sequence[LeafUri], options: FailoverOptions,
+                      schedule: Callable[..., Iterator[Attempt[LeafUri]]],
+                      rng: random.Random | None) -> Iterator[Attempt[LeafUri]]:
+    """The priority probe's attempts: the priority endpoints in order, on the failover
+    back-off, without end (it stops when the transport is back on one, or moves)."""
+    opts = options.model_copy(update={"max_reconnect_attempts": -1, "startup_max_reconnect_attempts": -1,
+                                      "randomize": False})
+    return schedule(priority_leaves(leaves, tuple(options.priority_uris)), opts, startup=False, rng=rng)

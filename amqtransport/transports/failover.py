@@ -142,11 +142,6 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
         self._threads = threads if threads is not None else ThreadSet()
         self._timeout_ms = options.timeout
 
-    @property
-    def backup_links(self) -> int:
-        """Pre-connected backup links held now (``backup=true``)."""
-        return len(self._core.backups)
-
     # -- running the core's actions ---------------------------------------------------------
 
     def _run(self, actions: Sequence[Action[Conn]]) -> None:

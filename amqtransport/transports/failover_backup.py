@@ -28,7 +28,7 @@ from amqtransport.backoff import Attempt
 from amqtransport.errors import BrokerError, TransportError
 from amqtransport.options import FailoverOptions
 from amqtransport.transports.core import FailoverCore, Install
-from amqtransport.transports.endpoints import priority_leaves
+from amqtransport.transports.endpoints import is_priority, priority_attempts
 from amqtransport.transports.stomp import StompConnection
 from amqtransport.transports.threads import ThreadSet
 from amqtransport.uri import LeafUri
@@ -66,13 +66,8 @@ class BackupLinks:
         if self.options.backup:
             self._threads.spawn(self._fill_backups, "amq-failover-backup")
 
-    def _priority_leaves(self) -> list[LeafUri]:
-        return priority_leaves(self.leaves, tuple(self.options.priority_uris))
-
     def _is_priority(self, conn: StompConnection | None) -> bool:
-        if conn is None:
-            return False
-        return conn.address in {leaf_address(x) for x in self._priority_leaves()}
+        return conn is not None and is_priority(conn.address, self.leaves, self.options)
 
     def _start_probe(self) -> None:
         with self._lock:
@@ -81,19 +76,19 @@ class BackupLinks:
             self._probing = True
         self._threads.spawn(self._probe, "amq-failover-priority")
 
+    def _wanted(self, gen: int) -> bool:
+        with self._lock:
+            return not self._closed and self._core.priority_wanted(gen, self._is_priority(self._core.link))
+
     def _probe(self) -> None:
-        opts = self.options.model_copy(update={"max_reconnect_attempts": -1, "startup_max_reconnect_attempts": -1,
-                                               "randomize": False})
         gen = self._core.generation
         try:
-            for attempt in self._schedule(self._priority_leaves(), opts, startup=False, rng=self._rng):
-                if self._closed or self._core.state != "connected" or self._is_priority(self._core.link):
-                    return
-                if gen != self._core.generation:
-                    return  # the link changed under us; _after_connect starts a new probe
+            for attempt in priority_attempts(self.leaves, self.options, self._schedule, self._rng):
+                if not self._wanted(gen):
+                    return  # closed, moved (_after_connect starts a new probe) or back on priority
                 if attempt.delay > 0:
                     self._sleep(attempt.delay)
-                if self._closed or self._core.state != "connected":
+                if not self._wanted(gen):
                     return
                 try:
                     conn = self._open(attempt.endpoint)
@@ -112,7 +107,7 @@ class BackupLinks:
         size = self.options.backup_pool_size
         for leaf in self.leaves:
             with self._lock:
-                if self._closed or len(self._core.backups) >= size:
+                if self._closed or not self._core.backup_room(size):
                     return
                 taken = {c.address for c in self._core.backups}
                 if self._core.link is not None:

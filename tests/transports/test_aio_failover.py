@@ -15,6 +15,10 @@ from amqtransport.errors import ReconnectExhausted
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 from amqtransport.stomp.session import ack_frame
 from amqtransport.testing.broker_pair import BrokerPair
+from amqtransport.transports.aio_link import AsyncLink, FrameHandler, LostHandler, open_stream_link
+from amqtransport.transports.factory import failover_spec
+from amqtransport.transports.stomp import ConnectParams
+from amqtransport.uri import LeafUri
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -176,3 +180,104 @@ def test_sigkill_of_the_master_loses_nothing_receipted(mode: str, tmp_path: Path
     assert not missing, f"{len(missing)} receipted message(s) never consumed: {sorted(missing)[:10]}"
     assert t.reconnects >= 1 and t.generation >= 2
     assert events.seen[:2] == ["interrupted", "resumed"]
+
+
+def test_a_silent_broker_is_detected_by_heart_beats_and_the_transport_fails_over() -> None:
+    """Half-open link: the peer completes the handshake (heart-beats every 100 ms), then
+    sends nothing. The link is declared lost after two intervals and, with
+    maxReconnectAttempts=0, every waiting request fails instead of waiting forever."""
+    from amqtransport.errors import HeartbeatTimeout
+
+    async def main() -> None:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\0")
+            writer.write(b"CONNECTED\nversion:1.2\nheart-beat:100,100\n\n\0")
+            await asyncio.sleep(30)  # then silence: no heart-beats, no receipts
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        t = AsyncFailoverTransport.from_uri(f"failover:(tcp://127.0.0.1:{port})?maxReconnectAttempts=0",
+                                            ConnectParams(heartbeat=(100, 100)))
+        events = Events()
+        t.add_listener(events)
+        await t.start()
+        rec = await t.request(send_frame("/queue/q", "k-1"))
+        assert rec is not None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(ReconnectExhausted) as info:
+            await t.wait(rec, timeout=10)
+        assert loop.time() - started < 2.0
+        assert isinstance(info.value.last_error, HeartbeatTimeout)
+        assert t.state == "failed" and "failed" in events.seen
+        await t.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_priority_backup_switches_back_once_the_first_broker_is_up() -> None:
+    from amqtransport.testing.ports import free_port
+
+    async def main() -> None:
+        port_a = free_port()
+        with EmbeddedBroker(port=0) as b:
+            uri = f"failover:(tcp://127.0.0.1:{port_a},{b.uri})?randomize=false&priorityBackup=true"
+            t = AsyncFailoverTransport.from_uri(uri + "&initialReconnectDelay=10&maxReconnectDelay=50")
+            events = Events()
+            t.add_listener(events)
+            await t.start()
+            assert t.connected_address == b.uri
+            consumer = Consumer(t)
+            sub = Frame.make("SUBSCRIBE", {"id": "s1", "destination": "/queue/aio.prio", "ack": "client-individual"})
+            await t.wait(await t.subscribe("s1", sub), timeout=5)
+            with EmbeddedBroker(port=port_a) as a:
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 10
+                while t.connected_address != a.uri and loop.time() < deadline:
+                    await asyncio.sleep(0.02)
+                assert t.connected_address == a.uri and t.generation == 2
+                assert events.seen == ["resumed"]  # a switch, not a loss
+                rec = await t.request(send_frame("/queue/aio.prio", "on-a"))
+                assert rec is not None
+                await t.wait(rec, timeout=5)
+                await drain(consumer, {"on-a"}, 10)  # the subscription moved with the link
+                assert consumer.bodies == ["on-a"]
+                await t.close()
+
+    asyncio.run(main())
+
+
+def test_a_pre_connected_backup_is_taken_first_on_a_loss() -> None:
+    async def main() -> None:
+        with EmbeddedBroker(port=0) as b:
+            a = EmbeddedBroker(port=0).start()
+            opened: list[str] = []
+
+            async def counting(leaf: LeafUri, params: ConnectParams, on_frame: FrameHandler,
+                               on_lost: LostHandler) -> AsyncLink:
+                link = await open_stream_link(leaf, params, on_frame, on_lost)
+                opened.append(link.address)
+                return link
+
+            spec = failover_spec(f"failover:({a.uri},{b.uri})?randomize=false&backup=true")
+            t = AsyncFailoverTransport(spec.leaves, spec.options, open_link=counting)
+            await t.start()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while t.backup_links < 1 and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            assert t.backup_links == 1 and t.connected_address == a.uri
+            await asyncio.to_thread(a.stop)
+            deadline = loop.time() + 10
+            while t.connected_address != b.uri and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            # on the link opened in advance: no new connect to b
+            assert t.connected_address == b.uri and opened == [a.uri, b.uri]
+            assert t.backup_links == 0
+            rec = await t.request(send_frame("/queue/aio.backup", "on-b"))
+            assert rec is not None
+            await t.wait(rec, timeout=5)
+            await t.close()
+
+    asyncio.run(main())
