@@ -154,7 +154,10 @@ class AsyncLink:
                 self._parser.feed(data)
                 while (event := self._parser.next_event()) is not NEED_DATA:
                     if isinstance(event, Frame):
-                        self._on_frame(self, event)
+                        try:
+                            self._on_frame(self, event)
+                        except Exception:  # the handler's bug: logged, the link goes on
+                            log.exception("%s: frame handler failed on %s", self.address, event.command)
                 if self._lost or self._closing:
                     return
         except TransportError as exc:

@@ -281,3 +281,30 @@ def test_a_pre_connected_backup_is_taken_first_on_a_loss() -> None:
             await t.close()
 
     asyncio.run(main())
+
+
+def test_a_raising_message_handler_does_not_end_the_link(broker: EmbeddedBroker) -> None:
+    async def main() -> None:
+        t = AsyncFailoverTransport.from_uri(f"failover:({broker.uri})")
+        await t.start()
+        seen: list[str] = []
+
+        def handler(frame: Frame, generation: int) -> None:
+            seen.append(frame.body.decode())
+            raise RuntimeError("a bug in the application's handler")
+
+        t.on_message = handler
+        sub = Frame.make("SUBSCRIBE", {"id": "s1", "destination": "/queue/aio.raise"})
+        await t.wait(await t.subscribe("s1", sub), timeout=5)
+        for key in ("one", "two"):
+            rec = await t.request(send_frame("/queue/aio.raise", key))
+            assert rec is not None
+            await t.wait(rec, timeout=5)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while len(seen) < 2 and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        assert seen == ["one", "two"] and t.reconnects == 0 and t.is_connected
+        await t.close()
+
+    asyncio.run(main())
