@@ -520,6 +520,10 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
                 link, gen = await self._wait_connected(started)
             except SendTimeout as exc:
                 raise send_timeout(str(exc), frame=frame) from None
+            except asyncio.CancelledError:
+                if key is not None:
+                    self._core.untrack(key)  # cancelled before any write: not sent at all, not replayed
+                raise
             rseq = self._core.oneway_position(frame)
             if not self._write(Write(link, [frame], gen)):
                 if key is not None:

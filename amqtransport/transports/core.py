@@ -572,6 +572,10 @@ class FailoverCore(Generic[L]):
             return frame, None  # the same key is already cached: this copy is not tracked
         return frame, key
 
+    def untrack(self, key: str) -> None:
+        """The tracked send ``key`` was called off before any write (a cancelled caller)."""
+        self.cache.discard(key)
+
     def oneway_position(self, frame: Frame) -> int | None:
         """Position taken before writing a fire-and-forget ``frame`` (one asking for a receipt)."""
         return next(self._wseq) if "receipt" in frame else None

@@ -308,3 +308,35 @@ def test_a_raising_message_handler_does_not_end_the_link(broker: EmbeddedBroker)
         await t.close()
 
     asyncio.run(main())
+
+
+def test_a_tracked_send_cancelled_while_disconnected_is_not_replayed_later() -> None:
+    """trackMessages caches fire-and-forget sends for the next link; one whose caller was
+    cancelled before it was written must not go out later (written whole or not at all)."""
+    from amqtransport.testing.ports import free_port
+
+    async def main() -> None:
+        port = free_port()
+        with EmbeddedBroker(port=port) as b:
+            t = AsyncFailoverTransport.from_uri(
+                f"failover:({b.uri})?trackMessages=true&initialReconnectDelay=10&maxReconnectDelay=50")
+            await t.start()
+            await asyncio.to_thread(b.stop)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while t.is_connected and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            kept = asyncio.create_task(t.request(send_frame("/queue/aio.track", "kept"), receipt=False))
+            dropped = asyncio.create_task(t.request(send_frame("/queue/aio.track", "dropped"), receipt=False))
+            await asyncio.sleep(0.05)
+            assert t.cached_sends == 2
+            dropped.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await dropped
+            assert t.cached_sends == 1
+            kept.cancel()
+            await asyncio.gather(kept, return_exceptions=True)
+            assert t.cached_sends == 0
+            await t.close()
+
+    asyncio.run(main())
