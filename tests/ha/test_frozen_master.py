@@ -11,9 +11,11 @@ and stepped down (wiping that disk) a moment later: a receipted message lost.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +49,11 @@ def _read_frames(sock: socket.socket, until: float) -> tuple[list[bytes], bool]:
         buf += chunk
     frames = [f.lstrip(b"\r\n") for f in buf.split(b"\x00")]
     return [f for f in frames if f], closed
+
+
+def _state(pid: int) -> str:
+    """The process state letter of ``pid`` (``T``: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def _raw_connect(port: int) -> socket.socket:
@@ -119,6 +126,69 @@ def test_thawed_master_never_receipts_what_the_new_master_lacks(tmp_path: Path) 
             assert not answer.startswith(b"CONNECTED"), f"round {n}: the thawed master accepted a new client"
         log = bp.a.log_text()
         assert "demoting to slave" in log or "step down" in log, log[-3000:]
+
+
+def _flood(port: int, stop: threading.Event) -> None:
+    """Keep a broker's event loop busy with short turns: small batches of SENDs to a topic
+    nobody subscribes to (a long turn would often run the stall timer before a freeze
+    that lands in it ends: the test would then pass without the fix)."""
+    chunk = b"SEND\ndestination:/topic/thaw.noise\n\nx\x00" * 100
+    with contextlib.suppress(OSError):
+        sock = _raw_connect(port)
+        with sock:
+            sock.settimeout(1)
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    sock.sendall(chunk)
+                time.sleep(0.001)
+
+
+def _freeze_mid_turn(pid: int, tries: int = 200) -> None:
+    """SIGSTOP ``pid`` at a moment its main (event loop) thread runs Python code, not
+    waiting in a system call such as epoll_wait (``/proc/PID/syscall`` reads ``-1``):
+    only then does the thawed loop read its sockets before it runs its overdue timers.
+    A freeze that lands in a system call is undone at once (a few ms) and tried again."""
+    for _ in range(tries):
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: _state(pid) == "T", 5, "the master to stop")
+        if Path(f"/proc/{pid}/syscall").read_text().split()[0] == "-1":
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    pytest.fail(f"the busy master was never caught outside a system call in {tries} freezes")
+
+
+def test_thawed_master_checks_its_stall_before_answering_a_connect(tmp_path: Path) -> None:
+    """The nemesis case (replicated round 147): a client's TCP connection was accepted
+    before the freeze and its CONNECT sits in that socket's buffer. A master frozen in
+    the middle of a loop turn (busy, not waiting in epoll) reads that CONNECT on SIGCONT
+    before it runs its overdue timers, i.e. before the timer that notices the stall:
+    before the fix it answered CONNECTED after the slave had taken over (two masters
+    for a moment). It must answer ERROR or close instead."""
+    with BrokerPair("replicated", tmp_path, link_timeout=0.5) as bp:
+        old = bp.wait_master(30)
+        new = bp.other(old)
+        wait_for(lambda: old.status().get("amq-ha-peer-state") == "in-sync", 30, "the slave to sync")
+        early = socket.create_connection(("127.0.0.1", old.port), timeout=5)
+        stop = threading.Event()
+        flood = threading.Thread(target=_flood, args=(old.port, stop), daemon=True)
+        flood.start()
+        try:
+            time.sleep(0.5)  # the master accepts the connection (no CONNECT yet) and gets busy
+            _freeze_mid_turn(old.pid)
+            try:
+                early.sendall(b"CONNECT\naccept-version:1.2\nhost:x\nheart-beat:0,0\n\n\x00")
+                assert bp.wait_master(30, exclude=old) is new
+            finally:
+                stop.set()
+                os.kill(old.pid, signal.SIGCONT)
+            frames, _closed = _read_frames(early, time.monotonic() + 3)
+        finally:
+            stop.set()
+            early.close()
+            flood.join(10)
+        assert not any(f.startswith(b"CONNECTED") for f in frames), (
+            f"the thawed master accepted a client after the slave took over: {frames[:1]}")
 
 
 @pytest.mark.soak

@@ -244,8 +244,12 @@ class HaRequests:
         """The master's :class:`~..context.ConnectHook`, called by the client-port STOMP
         handler for every CONNECT frame: HA requests are handed to :meth:`handle`; while
         the master is suspect (it may have been replaced while frozen) a client's CONNECT
-        is refused, so no client starts a session on a node that may be about to step down."""
+        is refused, so no client starts a session on a node that may be about to step down.
+        A stall is checked first: a CONNECT read right after a freeze must not be answered
+        before the node notices that it was frozen."""
         repl = self.node.repl
+        if repl is not None:
+            repl.check_stall()
         is_request = frame.get(STATUS_HEADER) is not None or any(frame.get(h) is not None for h in ROLE_REQUESTS)
         if not is_request and (repl is None or repl.serving):
             return False

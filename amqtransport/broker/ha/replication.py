@@ -52,7 +52,9 @@ that slave may be taking over without those records. Every client connection is 
 first (:meth:`BrokerServer.abort_connections`: the clients replay to whichever node is
 master, and idempotency keys drop the copies), then they run with an error nobody
 sees. The master is then *suspect* (:attr:`ReplicationMaster.suspect`, also set when
-its own loop stalled for longer than ``link_timeout``): no completion runs unless a
+its own loop stalled for longer than ``link_timeout``; :meth:`~ReplicationMaster.check_stall`
+runs on a timer and also before a client CONNECT or a completion is acted on, since a
+loop thawed in mid-turn reads its sockets before its overdue timers): no completion runs unless a
 slave ack covers it, until the node has asked its peer to stand by
 (:mod:`.decide`, phase ``master``) and calls :meth:`clear_suspect` -- or steps down. With
 ``--shutdown-on-slave-failure`` the node stops instead. A slave lost during its full
@@ -220,6 +222,7 @@ class ReplicationMaster:
         if self._fatal is not None:
             self._refuse([items], self._fatal)
             return
+        self.check_stall()
         if not self._held and self._may_run(target):
             run_completions(items)
             return
@@ -263,6 +266,17 @@ class ReplicationMaster:
             log.warning("replication: receipts without a slave ack are held: %s", reason)
             _safe(self.on_suspect, reason)
 
+    def check_stall(self) -> None:
+        """Become suspect if the loop stalled: the stall timer is overdue by more than
+        ``link_timeout`` (frozen by SIGSTOP, a pause: the slave may have taken over
+        meanwhile). Called by that timer, and before input read after a gap is acted on
+        (a client CONNECT, a completion about to become a receipt): a thawed loop reads
+        its sockets before it runs its overdue timers when it was frozen in mid-turn."""
+        lag = self.loop.time() - self._tick_due
+        if lag > self.link_timeout:
+            self.suspect_now(f"the event loop stalled for {lag:.1f} s, longer than --link-timeout "
+                             f"{self.link_timeout:g} s")
+
     def clear_suspect(self, reason: str) -> None:
         if self.suspect is None:
             return
@@ -273,14 +287,9 @@ class ReplicationMaster:
     def _tick(self) -> None:
         """Notice a stalled loop; drop an in-sync slave that leaves a batch unacknowledged
         for ``link_timeout``."""
-        now = self.loop.time()
-        lag = now - self._tick_due
-        self._tick_due = now + self._tick_every
+        self.check_stall()
+        self._tick_due = self.loop.time() + self._tick_every
         self._timer = self.loop.call_at(self._tick_due, self._tick)
-        if lag > self.link_timeout:
-            # frozen (SIGSTOP, a pause) for longer than the slave waits: it may have taken over
-            self.suspect_now(f"the event loop stalled for {lag:.1f} s, longer than --link-timeout "
-                             f"{self.link_timeout:g} s")
         link = self._gated
         if link is None or not link.synced or not self._held:
             return
