@@ -30,37 +30,32 @@ import logging
 import queue
 import random
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Literal
 
 from amqtransport._backends.base import Backend
-from amqtransport.audit import Delivery, DuplicateFilter, message_key
-from amqtransport.errors import (
-    AmqTransportError,
-    BrokerError,
-    ConnectionClosed,
-    LocalProtocolError,
-    TransactionInDoubt,
-    TransactionRolledBack,
+from amqtransport.audit import Delivery
+from amqtransport.errors import AmqTransportError, ConnectionClosed, LocalProtocolError
+from amqtransport.outbound import (
+    DEFAULT_AUDIT_SIZE,
+    DEFAULT_PREFETCH,
+    AckMode,
+    commit_failure,
+    send_frame,
+    subscribe_frame,
+    unsubscribe_frames,
 )
-from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
-from amqtransport.stomp.session import ack_frame
+from amqtransport.received import Inbound, ReceivedMessage
+from amqtransport.stomp import Frame
 from amqtransport.transports.base import Receipt, Transport
 from amqtransport.transports.factory import build_transport
 from amqtransport.transports.stomp import ConnectParams
 
-__all__ = ["connect", "Connection", "Producer", "Subscription", "Message", "Transaction", "AckMode"]
+__all__ = ["connect", "Connection", "Producer", "Subscription", "Message", "Transaction", "AckMode",
+           "DEFAULT_AUDIT_SIZE", "DEFAULT_PREFETCH"]
 
 log = logging.getLogger(__name__)
-
-AckMode = Literal["auto", "client", "client-individual"]
-_ACK_MODES = ("auto", "client", "client-individual")
-DEFAULT_AUDIT_SIZE = 100_000
-#: prefetch asked for when none is given, where the broker has no limit of its own (RabbitMQ)
-DEFAULT_PREFETCH = 1000
 
 
 class _Closed:
@@ -68,53 +63,23 @@ class _Closed:
         self.error = error
 
 
-class Message:
-    """A received message. ``ack()``/``nack()`` matter in the client ack modes."""
+class Message(ReceivedMessage):
+    """A received message (``body``, ``text``, ``headers``, ...). ``ack()``/``nack()``
+    matter in the client ack modes."""
 
-    __slots__ = ("frame", "_conn", "_sub", "generation", "key", "_delivery")
+    __slots__ = ("_conn", "_sub")
 
     def __init__(self, frame: Frame, conn: Connection, sub: Subscription, generation: int, key: str,
                  delivery: Delivery | None) -> None:
-        self.frame = frame
+        super().__init__(frame, sub.id, sub.ack_mode, generation, key, delivery)
         self._conn = conn
         self._sub = sub
-        self.generation = generation
-        self.key = key
-        self._delivery = delivery
-
-    @property
-    def body(self) -> bytes:
-        return self.frame.body
-
-    @property
-    def text(self) -> str:
-        return self.frame.body.decode("utf-8")
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return self.frame.header_map
-
-    @property
-    def destination(self) -> str | None:
-        return self.frame.get("destination")
-
-    @property
-    def message_id(self) -> str | None:
-        return self.frame.get("message-id")
-
-    @property
-    def idempotency_key(self) -> str | None:
-        return self.frame.get(IDEMPOTENCY_HEADER) or self.frame.get("_AMQ_DUPL_ID")
-
-    @property
-    def redelivered(self) -> bool:
-        return (self.frame.get("redelivered") or "").lower() == "true"
 
     def ack(self) -> None:
         """Acknowledge (no-op with ``ack="auto"``)."""
         if self._sub.ack_mode == "auto":
             return
-        self._conn._ack(self, "ACK")
+        self._conn._inbound.ack(self, "ACK")
 
     def nack(self) -> None:
         """Reject: the broker redelivers (or dead-letters) it; the duplicate filter
@@ -123,10 +88,7 @@ class Message:
         message of the subscription (acking one of those afterwards raises)."""
         if self._sub.ack_mode == "auto":
             raise LocalProtocolError("nack() needs ack='client' or 'client-individual'")
-        self._conn._ack(self, "NACK")
-
-    def __repr__(self) -> str:
-        return f"Message(destination={self.destination!r}, message_id={self.message_id!r}, body={self.body[:40]!r})"
+        self._conn._inbound.ack(self, "NACK")
 
 
 class Subscription:
@@ -305,7 +267,7 @@ class Transaction:
         if self._conn._transport.dialect.tx_acks_ignored:
             self._after_commit.append(msg)
             return
-        self._conn._tx_ack(msg, self.id)
+        self._conn._inbound.tx_ack(msg, self.id)
         self._acks.append(msg)
 
     def commit(self) -> None:
@@ -324,29 +286,15 @@ class Transaction:
             committed = True
             for rec in self._sends:  # already in (ActiveMQ, ours), or following the COMMIT's (RabbitMQ)
                 t.wait(rec)
-        except TransactionRolledBack as exc:
-            conn._forget_acks(self._acks + self._after_commit)
-            if committed and not isinstance(exc, TransactionInDoubt):
-                raise TransactionInDoubt(
-                    f"transaction {self.id}: the COMMIT was accepted but the link was lost before every "
-                    f"send was confirmed: send its messages again with the same keys (exception.keys)",
-                    transaction=self.id, keys=exc.keys) from exc
-            raise
-        except BrokerError as exc:
-            conn._forget_acks(self._acks + self._after_commit)
-            if exc.in_doubt:  # e.g. the journal failed with the COMMIT's record queued
-                raise TransactionInDoubt(
-                    f"transaction {self.id}: the broker could not tell whether its COMMIT took effect "
-                    f"({exc}): send its messages again with the same keys (exception.keys)",
-                    transaction=self.id, keys=[r.frame.get(IDEMPOTENCY_HEADER) or "" for r in self._sends],
-                ) from exc
-            raise
-        except BaseException:
-            conn._forget_acks(self._acks + self._after_commit)
+        except BaseException as exc:
+            conn._inbound.forget_acks(self._acks + self._after_commit)
+            mapped = commit_failure(exc, self.id, [r.frame for r in self._sends], committed=committed)
+            if mapped is not None:
+                raise mapped from exc
             raise
         finally:
             t.tx_done(self.id)
-        conn._tx_acked(self._acks)
+        conn._inbound.tx_acked(self._acks)
         if self._after_commit:
             conn.ack_many(self._after_commit)
 
@@ -360,7 +308,7 @@ class Transaction:
         self._conn._transport.abort(self.id)
         self._conn._transport.tx_done(self.id)
         # the broker redelivers what this transaction acked: let those copies through
-        self._conn._forget_acks(self._acks)
+        self._conn._inbound.forget_acks(self._acks)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -386,8 +334,7 @@ class Connection:
         self.uri = uri
         self._client_id = client_id
         self._transport = transport
-        self._dedupe = dedupe
-        self._filter = DuplicateFilter(audit_size)
+        self._inbound = Inbound(transport, dedupe=dedupe, audit_size=audit_size)
         self._subs: dict[str, Subscription] = {}
         self._closed = False
         transport.on_message = self._on_message
@@ -410,7 +357,7 @@ class Connection:
     @property
     def duplicates(self) -> int:
         """Redelivered copies the duplicate filter dropped so far."""
-        return self._filter.duplicates
+        return self._inbound.duplicates
 
     @property
     def dialect(self) -> str:
@@ -435,20 +382,9 @@ class Connection:
                     persistent: bool, idempotency_key: str | None) -> Frame:
         if self._closed:
             raise ConnectionClosed("connection is closed")
-        data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-        hdrs: dict[str, str] = {"destination": destination}
-        if isinstance(body, str):
-            hdrs["content-type"] = "text/plain;charset=utf-8"
-        if headers:
-            hdrs.update({str(k): str(v) for k, v in headers.items()})
-        hdrs["persistent"] = "true" if persistent else "false"
-        key = hdrs[IDEMPOTENCY_HEADER] = idempotency_key or hdrs.get(IDEMPOTENCY_HEADER) or uuid.uuid4().hex
-        dup = self._transport.duplicate_id_header
-        if dup is not None and dup not in hdrs:
-            hdrs[dup] = key
-        for name, value in self._transport.dialect.routing_headers(destination, "SEND").items():
-            hdrs.setdefault(name, value)
-        return Frame.make("SEND", hdrs, data)
+        t = self._transport
+        return send_frame(destination, body, headers, persistent, idempotency_key, dialect=t.dialect,
+                          duplicate_id_header=t.duplicate_id_header)
 
     def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
              persistent: bool = True, idempotency_key: str | None = None, receipt: bool = True) -> None:
@@ -475,48 +411,15 @@ class Connection:
         collecting messages while nobody is subscribed (and after ``close()``), until
         ``unsubscribe(durable=True)``; ActiveMQ, Artemis and our broker file it under the
         connection's ``connect(..., client_id=...)``."""
-        if ack not in _ACK_MODES:
-            raise ValueError(f"ack must be one of {', '.join(_ACK_MODES)}, got {ack!r}")
         if self._closed:
             raise ConnectionClosed("connection is closed")
-        dialect = self._transport.dialect
-        sub_id: str | None = None
-        hdrs: dict[str, str] = {}
-        if durable_name is not None:
-            if not durable_name or any(c in durable_name for c in "\r\n\x00"):
-                raise ValueError(f"durable_name must be a non-empty name without CR, LF or NUL, got {durable_name!r}")
-            if destination.startswith(("/queue/", "/amq/queue/")):
-                raise ValueError(f"durable_name is for topic subscriptions; {destination} is a queue, "
-                                 "which keeps its messages anyway")
-            if dialect.needs_client_id() and self._client_id is None:
-                raise LocalProtocolError(
-                    f"a durable subscription on {dialect.label} is filed under the connection's client id: "
-                    "connect(..., client_id=...)")
-            sub_id = dialect.durable_id(destination, durable_name)
-            hdrs.update(dialect.durable_headers(durable_name, self._client_id))
-        given_id = (headers or {}).get("id")
-        if given_id is not None:  # the caller's own id: messages and UNSUBSCRIBE must use it
-            if sub_id is not None and str(given_id) != sub_id:
-                raise ValueError(f"a durable subscription on {dialect.label} must use id {sub_id!r}, not {given_id!r}")
-            sub_id = str(given_id)
-        if sub_id is None:
-            sub_id = self._transport.next_id("sub")
-        hdrs.update({"id": sub_id, "destination": destination, "ack": ack,
-                     **dialect.routing_headers(destination, "SUBSCRIBE")})
-        if prefetch is None and dialect.name == "rabbitmq":
-            prefetch = DEFAULT_PREFETCH
-        if prefetch is not None:
-            if prefetch < 1:
-                raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-            hdrs.update(dialect.prefetch_headers(prefetch))
-        if headers:
-            hdrs.update({str(k): str(v) for k, v in headers.items() if k != "id"})
-        if sub_id in self._subs:
-            raise LocalProtocolError(f"subscription id {sub_id!r} is already in use on this connection")
+        frame = subscribe_frame(destination, ack, headers, prefetch, durable_name, dialect=self._transport.dialect,
+                                client_id=self._client_id, next_id=self._transport.next_id, in_use=self._subs)
+        sub_id = frame.get("id") or ""
         sub = Subscription(self, sub_id, destination, ack, durable_name)
         self._subs[sub_id] = sub
         try:
-            self._transport.wait(self._transport.subscribe(sub_id, Frame.make("SUBSCRIBE", hdrs)))
+            self._transport.wait(self._transport.subscribe(sub_id, frame))
         except BaseException:
             self._subs.pop(sub_id, None)
             raise
@@ -524,17 +427,9 @@ class Connection:
 
     def _unsubscribe(self, sub: Subscription, *, durable: bool = False) -> None:
         self._subs.pop(sub.id, None)
-        self._filter.forget(sub.id)
+        self._inbound.forget(sub.id)
         t = self._transport
-        dialect = t.dialect
-        frames = [Frame.make("UNSUBSCRIBE", {"id": sub.id})]
-        if durable:
-            assert sub.durable_name is not None
-            extra = {"id": sub.id, **dialect.durable_unsubscribe_headers(sub.durable_name, self._client_id)}
-            if dialect.name == "rabbitmq":
-                frames = [Frame.make("UNSUBSCRIBE", extra)]  # one frame, while subscribed
-            else:
-                frames.append(Frame.make("UNSUBSCRIBE", extra))  # after the consumer is gone
+        frames = unsubscribe_frames(sub.id, sub.durable_name, durable, dialect=t.dialect, client_id=self._client_id)
         for frame in frames:
             rec = t.unsubscribe(sub.id, frame)
             if rec is not None:
@@ -559,72 +454,9 @@ class Connection:
         if sub is None:
             log.debug("message for unknown subscription %r dropped", sub_id)
             return
-        if not self._dedupe:
-            sub._queue.put(Message(frame, self, sub, generation, message_key(frame), None))
-            return
-        delivery, owed = self._filter.arrived(sub_id, sub.ack_mode, frame, generation)
-        self._ack_copies(owed)
-        if delivery is None:
-            log.debug("duplicate %s on %s dropped", message_key(frame), sub_id)
-            return
-        sub._queue.put(Message(frame, self, sub, generation, delivery.key, delivery))
-
-    def _ack_copies(self, copies: list[Delivery]) -> None:
-        """ACK dropped copies the broker still waits for, each on its own link (a
-        stale link's copy needs nothing: the broker forgot that delivery)."""
-        for copy in copies:
-            self._transport.write_if_current(self._ack_frame("ACK", copy.frame), copy.generation)
-
-    def _ack_frame(self, command: str, frame: Frame) -> Frame:
-        return ack_frame(command, frame, self._transport.version)
-
-    def _ack(self, msg: Message, command: str) -> None:
-        d = msg._delivery
-        if d is not None and d.settled:
-            if d.nacked:
-                raise LocalProtocolError(
-                    f"{command} of message {msg.message_id}: a later nack() on this ack='client' subscription "
-                    "already rejected it (a NACK is cumulative in client mode); the broker redelivers it")
-            return  # covered by a later cumulative ACK already
-        frame = self._ack_frame(command, msg.frame)
-        if command == "NACK":
-            frames = [frame]
-            if d is not None:  # forget before the NACK: the redeliveries must get through
-                covered = self._filter.nacked(msg._sub.id, d)
-                if msg._sub.ack_mode == "client" and not self._transport.dialect.cumulative_nack:
-                    # this broker rejects only the one named: reject each, as a cumulative NACK would
-                    frames = [self._ack_frame("NACK", x.frame) for x in covered]
-            self._transport.write_many_if_current(frames, msg.generation)
-            return  # a dead link's delivery needs no NACK: the broker redelivers it anyway
-        sent = self._transport.write_if_current(frame, msg.generation)
-        if d is not None:
-            self._ack_copies(self._filter.acked(msg._sub.id, d, sent=sent))
-
-    def _tx_ack(self, msg: Message, tx_id: str) -> None:
-        """ACK ``msg`` inside transaction ``tx_id`` (settled for the filter at commit)."""
-        d = msg._delivery
-        if d is not None and d.nacked:
-            raise LocalProtocolError(f"ACK of message {msg.message_id}: a later cumulative nack() rejected it")
-        frame = self._ack_frame("ACK", msg.frame).with_headers(transaction=tx_id)
-        if not self._transport.write_if_current(frame, msg.generation):
-            self._forget_acks([msg])
-            raise TransactionRolledBack(
-                f"transaction {tx_id}: message {msg.message_id} came on a link that has failed since; the broker "
-                "redelivers it on the new one (receive it again and ack that copy in a new transaction)",
-                transaction=tx_id)
-
-    def _tx_acked(self, messages: list[Message]) -> None:
-        """The transaction that acked ``messages`` committed."""
-        for msg in messages:
-            if msg._delivery is not None:
-                self._ack_copies(self._filter.acked(msg._sub.id, msg._delivery, sent=True))
-
-    def _forget_acks(self, messages: list[Message]) -> None:
-        """Those transactional ACKs did not happen: the broker redelivers the messages,
-        which must reach the application again."""
-        for msg in messages:
-            if msg._delivery is not None and not msg._delivery.settled:
-                self._filter.forget_one(msg._sub.id, msg._delivery)
+        got = self._inbound.arrived(sub_id, sub.ack_mode, frame, generation)
+        if got is not None:
+            sub._queue.put(Message(frame, self, sub, generation, *got))
 
     def ack_many(self, messages: Iterable[Message]) -> None:
         """Acknowledge several messages at once: the same as ``msg.ack()`` for each,
@@ -633,18 +465,7 @@ class Connection:
         ``ack="auto"`` subscriptions are skipped. A message delivered on a link that
         has since failed is handled as ``ack()`` handles it (the broker redelivers it;
         the duplicate filter acks the copy)."""
-        groups: dict[int, list[Message]] = {}
-        for msg in messages:
-            if msg._sub.ack_mode != "auto" and not (msg._delivery is not None and msg._delivery.settled):
-                groups.setdefault(msg.generation, []).append(msg)
-        for generation, batch in groups.items():
-            frames = [self._ack_frame("ACK", msg.frame) for msg in batch]
-            sent = self._transport.write_many_if_current(frames, generation)
-            owed: list[Delivery] = []
-            for msg in batch:
-                if msg._delivery is not None:
-                    owed.extend(self._filter.acked(msg._sub.id, msg._delivery, sent=sent))
-            self._ack_copies(owed)
+        self._inbound.ack_many(messages)
 
     def _on_failed(self, error: BaseException) -> None:
         for sub in list(self._subs.values()):
