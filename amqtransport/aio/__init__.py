@@ -1,0 +1,24 @@
+"""``amqtransport.aio``: the asyncio client, with the sync client's URIs, options,
+exceptions, duplicate filter and failover guarantees (docs/client-async.md)::
+
+    import amqtransport.aio as aio
+
+    async with aio.connect("failover:(tcp://a:61613,tcp://b:61613)") as conn:
+        await conn.send("/queue/orders", b"...")          # returns once receipted
+        sub = await conn.subscribe("/queue/orders", ack="client-individual")
+        async for msg in sub:
+            await msg.ack()
+"""
+
+from amqtransport.aio.connection import (
+    AsyncConnection,
+    AsyncMessage,
+    AsyncProducer,
+    AsyncSubscription,
+    AsyncTransaction,
+    connect,
+)
+from amqtransport.aio.failover import AsyncFailoverTransport
+
+__all__ = ["AsyncConnection", "AsyncFailoverTransport", "AsyncMessage", "AsyncProducer", "AsyncSubscription",
+           "AsyncTransaction", "connect"]

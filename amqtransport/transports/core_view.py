@@ -1,13 +1,15 @@
 """What a failover driver shows of its core: the read-only status both drivers expose
-(state, generation, the current link and its address and version, the last error,
-counters), in one place."""
+(state, generation, the current link and its address, version and dialect, the last
+error, counters), in one place."""
 
 from __future__ import annotations
 
 from typing import Generic, Protocol, TypeVar
 
 from amqtransport.errors import AmqTransportError
+from amqtransport.stomp import Frame
 from amqtransport.transports.core import FailoverCore
+from amqtransport.transports.dialect import Dialect, dialect_named
 
 __all__ = ["CoreStatus"]
 
@@ -19,6 +21,18 @@ class _Link(Protocol):
     @property
     def version(self) -> str: ...
 
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def dialect(self) -> Dialect: ...
+
+    @property
+    def connected_frame(self) -> Frame | None: ...
+
+    @property
+    def duplicate_id_header(self) -> str | None: ...
+
 
 L = TypeVar("L", bound=_Link)
 
@@ -27,6 +41,7 @@ class CoreStatus(Generic[L]):
     """Mixed into a driver that keeps its core in ``_core``."""
 
     _core: FailoverCore[L]
+    _last_dialect: Dialect = dialect_named("generic")
 
     @property
     def state(self) -> str:
@@ -53,6 +68,26 @@ class CoreStatus(Generic[L]):
     def version(self) -> str:
         link = self._core.link
         return link.version if link is not None else "1.2"
+
+    @property
+    def dialect(self) -> Dialect:
+        """The dialect of the current link, else of the last one (``generic`` before any)."""
+        link = self._core.link
+        if link is not None and link.connected_frame is not None:
+            self._last_dialect = link.dialect
+        return self._last_dialect
+
+    @property
+    def connected_frame(self) -> Frame | None:
+        """The CONNECTED frame of the current link (None while disconnected)."""
+        link = self._core.link
+        return link.connected_frame if link is not None and link.alive else None
+
+    @property
+    def duplicate_id_header(self) -> str | None:
+        """The header that also carries the idempotency key on the current link."""
+        link = self._core.link
+        return link.duplicate_id_header if link is not None else None
 
     @property
     def last_error(self) -> AmqTransportError | None:
