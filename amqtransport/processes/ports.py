@@ -8,25 +8,41 @@ port that is free *now* and, to make a later collision unlikely:
 - it picks ports **below** the kernel's ephemeral range (``ip_local_port_range``), so
   neither outgoing connections nor other servers' port-0 binds can take it meanwhile;
 - it never hands out the same port twice in one process;
+- it never hands out a port that another *live* process of this user got from it
+  (:func:`reserve_port`: an ``flock`` on ``<tmp>/amqtransport-ports-<uid>/<port>``, held
+  until the process exits). A port chosen once and bound again and again -- a node
+  killed and restarted by the nemesis, a shared-store slave that binds on takeover --
+  therefore stays out of the hands of every other suite, benchmark or nemesis running
+  on the machine meanwhile (their port-0 binds cannot take it either: it is below
+  the ephemeral range);
 - it checks the port binds on the host and nothing listens there.
 
-There is still a window between the check and the real bind (another process could
-pick the same number), so callers that own the bind should retry on "address in use".
+There is still a window between the check and the real bind (a program that does not
+use this module could pick the same number), so callers that own the bind should retry
+on "address in use". A process keeps at most :data:`MAX_RESERVED` reservations (one
+open file each); beyond that its oldest ones are given back.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import os
 import random
 import socket
+import tempfile
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
-__all__ = ["free_port", "ephemeral_range"]
+__all__ = ["free_port", "ephemeral_range", "reserve_port", "MAX_RESERVED"]
 
 _lock = threading.Lock()
 _handed_out: set[int] = set()
 _rng = random.SystemRandom()
+#: reservations one process holds at most (one open file each); the oldest go first
+MAX_RESERVED = 256
+_reserved: OrderedDict[int, int] = OrderedDict()  # port -> fd of its locked reservation file
 
 _LOW = 20000  # start of the range we pick from (below the usual 32768 ephemeral start)
 
@@ -39,6 +55,34 @@ def ephemeral_range() -> tuple[int, int]:
         return lo, hi
     except (OSError, ValueError):
         return 49152, 65535
+
+
+def _reservations() -> Path:
+    path = Path(tempfile.gettempdir()) / f"amqtransport-ports-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def reserve_port(port: int) -> bool:
+    """Reserve ``port`` for this process, machine-wide among the processes of this user
+    that use this module: False if another live process holds it. The reservation (an
+    exclusive ``flock`` on a file named after the port) lasts until this process exits,
+    or until it holds more than :data:`MAX_RESERVED` and this one is the oldest."""
+    with _lock:
+        if port in _reserved:
+            return True
+        fd = os.open(_reservations() / str(port), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        _reserved[port] = fd
+        while len(_reserved) > MAX_RESERVED:
+            os.close(_reserved.popitem(last=False)[1])  # closing the file releases its lock
+        return True
 
 
 def _bindable(port: int, host: str) -> bool:
@@ -61,7 +105,8 @@ def _bindable(port: int, host: str) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port on ``host`` that is free now and not in the ephemeral range.
+    """Return a TCP port on ``host`` that is free now and not in the ephemeral range,
+    reserved for this process (:func:`reserve_port`).
 
     Thread-safe; never returns the same port twice within one process.
     """
@@ -74,12 +119,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             return int(s.getsockname()[1])
-    with _lock:
-        for _ in range(200):
-            port = _rng.randrange(bottom, top)
+    for _ in range(200):
+        port = _rng.randrange(bottom, top)
+        with _lock:
             if port in _handed_out:
                 continue
-            if _bindable(port, host):
-                _handed_out.add(port)
-                return port
+            _handed_out.add(port)  # tried once: taken, or never handed out twice
+        if reserve_port(port) and _bindable(port, host):
+            return port
     raise RuntimeError(f"free_port: no free port found in {bottom}..{top - 1} on {host}")

@@ -363,8 +363,11 @@ class Stage:
         try:
             self.toxi = Toxiproxy()
             self.toxi.update_api_consumer("127.0.0.1", self.server.port)
+            # a cut (disable) closes a proxy's listener and the heal binds the same port
+            # again: a port-0 (ephemeral) port could meanwhile be taken by any connection
+            # or server on the machine; free_port is below that range and reserved for us
             self.proxies: list[Proxy] = [
-                self.toxi.create(upstream=upstream, name=f"{prefix}-{name}")
+                self.toxi.create(upstream=upstream, name=f"{prefix}-{name}", listen=f"127.0.0.1:{free_port()}")
                 for name, upstream in zip(cluster.names, cluster.upstreams(), strict=True)
             ]
             attach = getattr(cluster, "attach", None)
