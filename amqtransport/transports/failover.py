@@ -484,6 +484,25 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
             self._write(write)  # a failed write leaves it pending: replayed on the next link
         return rec
 
+    def request_many(self, frames: Sequence[Frame]) -> list[Receipt]:
+        """Receipted requests for ``frames``, in order, written in one system call when
+        connected (a producer's window); each is pending like one from :meth:`request`."""
+        recs = []
+        for frame in frames:
+            rid = self.next_id("r")
+            recs.append(Receipt(rid, with_receipt(frame, rid), tx=frame.get("transaction")))
+        writes: list[Write[Conn]] = []
+        try:
+            with self._lock:
+                for rec in recs:  # a request the core refuses (a rolled-back transaction) raises here
+                    write = self._core.request(rec)
+                    if write is not None:
+                        writes.append(write)
+        finally:
+            if writes:  # all on the same link: made under one holding of the lock
+                self._write(Write(writes[0].link, [f for w in writes for f in w.frames], writes[0].generation))
+        return recs
+
     def _oneway(self, frame: Frame) -> None:
         started = self._clock()
         with self._lock:

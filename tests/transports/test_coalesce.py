@@ -302,3 +302,23 @@ def test_concurrent_producers_on_one_connection_keep_each_threads_order(broker: 
             seen[t] = i
             m.ack()
         assert seen == {t: per_thread - 1 for t in range(threads)}
+
+
+def test_request_many_writes_a_window_in_one_system_call(broker: EmbeddedBroker) -> None:
+    from amqtransport.stomp import Frame
+
+    conn = amqtransport.connect(f"failover:({broker.uri})", heartbeat=(0, 0))
+    try:
+        transport = conn.transport
+        writer = transport.link.writer  # type: ignore[union-attr]
+        before = writer.flushes
+        frames = [Frame.make("SEND", {"destination": "/queue/many", "persistent": "true"}, f"m-{i}".encode())
+                  for i in range(50)]
+        receipts = transport.request_many(frames)  # type: ignore[attr-defined]
+        assert writer.flushes == before + 1
+        assert [transport.wait(rec, timeout=10).command for rec in receipts] == ["RECEIPT"] * 50
+        sub = conn.subscribe("/queue/many")
+        got = [sub.receive(timeout=5) for _ in range(50)]
+        assert [m.text for m in got if m is not None] == [f"m-{i}" for i in range(50)]
+    finally:
+        conn.close()
