@@ -26,7 +26,7 @@ from typing import Any
 from amqtransport._backends.base import leaf_address
 from amqtransport.errors import ConnectError, ConnectionClosed, ReadError, WriteError
 
-__all__ = ["SocketStream", "SocketBackend", "build_ssl_context", "DEFAULT_WRITE_TIMEOUT"]
+__all__ = ["SocketStream", "SocketBackend", "build_ssl_context", "DEFAULT_WRITE_TIMEOUT", "vm_endpoint", "vm_name"]
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class SocketBackend:
     def connect(self, leaf: Any, timeout: float) -> SocketStream:
         scheme = getattr(leaf, "scheme", "tcp")
         if scheme == "vm":
-            host, port = _vm_endpoint(getattr(leaf, "name", None) or getattr(leaf, "host", "") or "localhost")
+            host, port = vm_endpoint(vm_name(leaf))
         else:
             host, port = leaf.host, int(leaf.port)
         peer = leaf_address(leaf)
@@ -165,7 +165,12 @@ _vm_lock = threading.Lock()
 _vm_brokers: dict[str, Any] = {}
 
 
-def _vm_endpoint(name: str) -> tuple[str, int]:
+def vm_name(leaf: object) -> str:
+    """The embedded broker's name in a ``vm://NAME`` leaf."""
+    return str(getattr(leaf, "name", None) or getattr(leaf, "host", "") or "localhost")
+
+
+def vm_endpoint(name: str) -> tuple[str, int]:
     """The (host, port) of the in-process embedded broker ``name``, started on first use."""
     with _vm_lock:
         broker = _vm_brokers.get(name)

@@ -136,6 +136,8 @@ class AsyncSubscription:
         if durable and self.durable_name is None:
             raise ValueError(f"subscription {self.id!r} to {self.destination} is not durable")
         if not self.active:
+            if durable:
+                await self._conn._delete_durable(self)
             return
         self.active = False
         await self._conn._unsubscribe(self, durable=durable)
@@ -402,6 +404,22 @@ class AsyncConnection:
             rec = await t.unsubscribe(sub.id, frame)
             if rec is not None:
                 await t.wait(rec)
+
+    async def _delete_durable(self, sub: AsyncSubscription) -> None:
+        """Delete a durable subscription nobody is subscribed to on this connection
+        (RabbitMQ deletes one only from a live subscription: subscribe, then delete)."""
+        assert sub.durable_name is not None
+        t = self._transport
+        if t.dialect.name == "rabbitmq":
+            again = await self.subscribe(sub.destination, ack=sub.ack_mode,  # type: ignore[arg-type]
+                                         durable_name=sub.durable_name)
+            await again.unsubscribe(durable=True)
+            return
+        frame = Frame.make("UNSUBSCRIBE", {
+            "id": sub.id, **t.dialect.durable_unsubscribe_headers(sub.durable_name, self._client_id)})
+        rec = await t.unsubscribe(sub.id, frame)
+        if rec is not None:
+            await t.wait(rec)
 
     def _on_message(self, frame: Frame, generation: int) -> None:
         sub_id = frame.get("subscription") or ""

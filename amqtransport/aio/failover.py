@@ -30,7 +30,8 @@ thread driver. Listeners may be plain or ``async`` callables.
 ``priorityBackup`` runs as a task that probes the priority endpoints while connected
 elsewhere, and ``backup`` as a task that fills the pre-connected pool, with the same
 rules as the thread driver (the core's ``priority_wanted``/``backup_room``,
-``endpoints.priority_attempts``). ``vm://`` leaves are for the thread driver.
+``endpoints.priority_attempts``). ``vm://`` leaves start the in-process broker, as in
+the thread driver.
 """
 
 from __future__ import annotations

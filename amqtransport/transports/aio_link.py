@@ -22,6 +22,7 @@ import ssl
 from collections.abc import Callable, Sequence
 
 from amqtransport._backends.base import leaf_address
+from amqtransport._backends.sockets import vm_endpoint, vm_name
 from amqtransport.errors import (
     ConnectError,
     ConnectionClosed,
@@ -82,14 +83,18 @@ class AsyncLink:
     async def open(self) -> Frame:
         """Connect and complete the STOMP handshake; return CONNECTED."""
         leaf = self.leaf
-        if leaf.scheme not in ("tcp", "ssl"):
-            raise ConnectError(f"{self.address}: the asyncio driver connects to tcp:// and ssl:// leaves only")
+        if leaf.scheme not in ("tcp", "ssl", "vm"):
+            raise ConnectError(f"{self.address}: the asyncio driver connects to tcp://, ssl:// and vm:// leaves only")
         timeout = connect_timeout_for(leaf, self._params)
         session, forced = handshake_session(leaf, self._params, self.address)
         context = _ssl_context(leaf) if leaf.scheme == "ssl" else None
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(leaf.host, leaf.port, ssl=context)
+                if leaf.scheme == "vm":  # the in-process broker, started on first use (as the sync client does)
+                    host, port = await asyncio.to_thread(vm_endpoint, vm_name(leaf))
+                else:
+                    host, port = leaf.host, leaf.port
+                reader, writer = await asyncio.open_connection(host, port, ssl=context)
         except (OSError, TimeoutError) as exc:
             raise ConnectError(f"{self.address}: connect failed: {exc or 'timed out'}") from exc
         try:

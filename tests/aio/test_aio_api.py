@@ -151,6 +151,19 @@ def test_a_timeout_around_any_call_works(broker: EmbeddedBroker) -> None:
     asyncio.run(main())
 
 
+def test_a_vm_leaf_starts_the_in_process_broker_as_in_the_sync_client() -> None:
+    import amqtransport
+
+    async def main() -> str | None:
+        async with aio.connect("vm://aio-test") as conn:
+            await conn.send("/queue/vm", "via vm")
+        with amqtransport.connect("vm://aio-test") as sync:  # the same in-process broker
+            msg = sync.subscribe("/queue/vm").receive(timeout=5)
+            return msg.text if msg else None
+
+    assert asyncio.run(main()) == "via vm"
+
+
 def test_a_refused_connect_raises_the_failover_error() -> None:
     from amqtransport.processes.ports import free_port
 
