@@ -12,9 +12,10 @@ master sends such an overlap, and a gap, to a real SlaveLink over a loopback soc
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
-from amqtransport.broker.ha.slave import SlaveLink
+from amqtransport.broker.ha.slave import JOURNAL_BACKLOG_LIMIT, SlaveLink
 from amqtransport.broker.ha.wire import RECORDS, SNAP, SYNC_END, pack, pack_seq, record_frames
 from amqtransport.broker.message import Message
 from amqtransport.broker.store import Ack, Enq, MessageStore
@@ -85,5 +86,55 @@ def test_a_gap_in_the_records_drops_the_link(tmp_path: Path) -> None:
     try:
         assert outcome == "lost"
         assert sorted(m.id for m in store.iter_messages()) == ["m1"]  # nothing after the gap
+    finally:
+        store.close()
+
+
+def test_a_slave_with_a_slow_disk_holds_a_bounded_backlog_during_a_full_sync(tmp_path: Path) -> None:
+    """A full sync arrives as fast as loopback carries it; this slave's journal takes 30
+    ms per batch (a batch hook: a slow disk, or a busy host). The slave must stop
+    reading while its journal backlog is over JOURNAL_BACKLOG_LIMIT, so what waits in
+    its memory stays bounded; before the fix the whole stream piled up in the journal's
+    queue (the default suite saw a slave at 166 MB RSS for a 200 MB store under load)."""
+    body = b"y" * 2500
+    snapshot = [encode(Enq(Message(id=f"m{i}", destination="/queue/a", headers=(), body=body, key="",
+                                   timestamp=1_700_000_000.0 + i, persistent=True)))
+                for i in range(16_000)]  # 40 MB
+    frames = [*record_frames(SNAP, 0, snapshot), pack(SYNC_END, pack_seq(len(snapshot)))]
+    store = MessageStore(tmp_path / "replica")
+    store.open()
+    backlog: list[int] = []
+
+    def slow_disk(payloads: list[bytes]) -> None:
+        backlog.append(store.journal.backlog_bytes)
+        time.sleep(0.03)
+
+    store.journal.add_batch_hook(slow_disk)
+
+    async def main() -> str:
+        async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for f in frames:  # as the real master: only while the socket takes it
+                writer.write(f)
+                await writer.drain()
+            await asyncio.sleep(1.0)
+            writer.close()
+
+        server = await asyncio.start_server(master, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        link = SlaveLink(store, reader, writer, link_timeout=5.0, on_synced=lambda: None)
+        try:
+            return await asyncio.wait_for(link.run(asyncio.Event()), 120)
+        finally:
+            writer.close()
+            server.close()
+            await server.wait_closed()
+
+    try:
+        assert asyncio.run(main()) == "lost"  # the scripted master closed the link after the sync
+        store.flush()
+        assert store.count == len(snapshot)  # everything arrived
+        limit = JOURNAL_BACKLOG_LIMIT + (2 << 20)  # plus at most one read and one frame
+        assert max(backlog) <= limit, f"journal backlog reached {max(backlog)} bytes (bound {limit})"
     finally:
         store.close()

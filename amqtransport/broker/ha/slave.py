@@ -102,8 +102,19 @@ def fresh_replica_store(data_dir: Path, config: BrokerConfig, loop: asyncio.Abst
     return store
 
 
+#: bytes the slave lets wait for its disk before it reads more of the stream (a full
+#: sync arrives as fast as the network; without this bound a slave whose disk or CPU is
+#: slower held the difference in memory, up to the size of the master's store)
+JOURNAL_BACKLOG_LIMIT = 8 << 20
+
+
 class SlaveLink:
-    """One replication link, slave side: apply what the master sends, ack what is durable."""
+    """One replication link, slave side: apply what the master sends, ack what is durable.
+
+    Back-pressure: after each read, a journal backlog over :data:`JOURNAL_BACKLOG_LIMIT`
+    stops the reading until the journal has caught up (PINGs go on meanwhile), so the
+    socket's window, and then the master's ``pause_writing``, hold the rest of the
+    stream back: the slave's memory stays bounded whatever the store's size."""
 
     def __init__(
         self,
@@ -228,12 +239,35 @@ class SlaveLink:
                         store.journal.on_durable(sync_done(applied))
                     elif kind != PING:
                         raise ReplicationError(f"unexpected frame kind {kind} from the master")
+                if store.journal.backlog_bytes > JOURNAL_BACKLOG_LIMIT:
+                    await self._journal_caught_up(stop_wait.done)
         except ReplicationError as exc:
             log.error("replication stream error: %s", exc)
             return "lost"
         finally:
             self.up = False
             stop_wait.cancel()
+
+
+    async def _journal_caught_up(self, stopping: Callable[[], bool]) -> None:
+        """Wait until everything appended is durable, pinging the master meanwhile (or
+        until a stop is asked for: the read loop handles it)."""
+        loop = asyncio.get_running_loop()
+        durable: asyncio.Future[None] = loop.create_future()
+
+        def resolve() -> None:
+            if not durable.done():
+                durable.set_result(None)
+
+        def on_durable(_err: BaseException | None) -> None:
+            loop.call_soon_threadsafe(resolve)
+
+        self.store.journal.on_durable(on_durable)
+        while not durable.done() and not stopping():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(durable), self.link_timeout / 4)
+            if not durable.done() and not self.writer.is_closing():
+                self.writer.write(pack(PING))
 
 
 class SlaveHost(RoleHost, Protocol):

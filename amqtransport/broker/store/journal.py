@@ -126,6 +126,7 @@ class Journal(SegmentReads):
         self._hooks: list[BatchHook] = []
         self._appended = 0  # records queued so far
         self.appended_bytes = 0  # bytes queued so far (framing included)
+        self._durable_bytes = 0  # of those, the bytes written and synced
         self.last_frame: tuple[int, int, int] | None = None  # (segment, offset, crc) of the newest frame
         self._durable = 0  # records durable so far
         self._closing = False
@@ -333,6 +334,13 @@ class Journal(SegmentReads):
                 self._cond.notify_all()  # flush() waiters share the condition
             return self._head, offset
 
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes appended and not yet durable: what waits in memory for the disk. A
+        caller that appends faster than the disk takes (a slave applying a full sync)
+        waits for :meth:`on_durable` once this passes its bound."""
+        return self.appended_bytes - self._durable_bytes
+
     def on_durable(self, callback: Callback) -> None:
         """Run ``callback`` once everything appended so far is durable."""
         with self._cond:
@@ -449,6 +457,7 @@ class Journal(SegmentReads):
                 callbacks, self._callbacks = self._callbacks, []
                 payloads, self._payloads = self._payloads, []
                 target = self._appended
+                target_bytes = self.appended_bytes
                 self._busy = True
             error: JournalError | None = None
             try:
@@ -481,6 +490,7 @@ class Journal(SegmentReads):
                     log.exception("journal: delivering completions failed")
             with self._cond:
                 self._durable = target
+                self._durable_bytes = target_bytes
                 self._busy = False
                 self._cond.notify_all()
             if error is not None:
