@@ -173,18 +173,27 @@ class AsyncProducer:
     async def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
                    persistent: bool = True, idempotency_key: str | None = None) -> None:
         frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key)
-        t = self._conn._transport
         while len(self._outstanding) >= self.window:
-            await t.wait(self._outstanding[0])
-            self._outstanding.popleft()
-            self.receipted += 1
-        rec = await t.request(frame)
+            await self._reap(None)
+        rec = await self._conn._transport.request(frame)
         assert rec is not None
         self._outstanding.append(rec)
         self.sent += 1
         while self._outstanding and self._outstanding[0].done:
-            await t.wait(self._outstanding.popleft())
-            self.receipted += 1
+            await self._reap(None)
+
+    async def _reap(self, timeout: float | None) -> None:
+        """Wait for the oldest receipt. Its error is raised once (the request is done
+        with); a cancelled wait leaves it outstanding."""
+        try:
+            await self._conn._transport.wait(self._outstanding[0], timeout)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._outstanding.popleft()
+            raise
+        self._outstanding.popleft()
+        self.receipted += 1
 
     @property
     def outstanding(self) -> int:
@@ -192,11 +201,8 @@ class AsyncProducer:
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait for every outstanding receipt (raises the first error)."""
-        t = self._conn._transport
         while self._outstanding:
-            await t.wait(self._outstanding[0], timeout)
-            self._outstanding.popleft()
-            self.receipted += 1
+            await self._reap(timeout)
 
     async def __aenter__(self) -> AsyncProducer:
         return self

@@ -126,6 +126,32 @@ def test_cancelled_sends_leave_whole_frames_and_a_usable_connection(broker: Embe
     assert all(len(b) == 4 for b in bodies)
 
 
+def test_a_refused_send_in_a_producer_raises_once_and_the_producer_goes_on(broker: EmbeddedBroker) -> None:
+    """The broker refuses one send of a pipelined producer (a bad destination): that
+    error is raised once, by the producer call that reaps it (as in the sync
+    producer, that call's own message is then not sent), and the producer keeps
+    working. Before, the refused receipt stayed at the head of the window and every
+    later send and the flush raised it again."""
+    from amqtransport.errors import BrokerError
+
+    async def main() -> tuple[list[int], list[str]]:
+        async with aio.connect(f"failover:({uri_of(broker)})?initialReconnectDelay=10") as conn:
+            raised: list[int] = []
+            async with conn.producer(window=5) as p:
+                await p.send("bad-destination", "refused")
+                for i in range(20):
+                    try:
+                        await p.send("/queue/prod", str(i))
+                    except BrokerError:
+                        raised.append(i)
+            sub = await conn.subscribe("/queue/prod")
+            return raised, [m.text for m in await drain(sub)]
+
+    raised, bodies = asyncio.run(main())
+    assert len(raised) == 1
+    assert sorted(bodies, key=int) == [str(i) for i in range(20) if i not in raised]
+
+
 def test_a_thousand_tasks_share_one_connection(broker: EmbeddedBroker) -> None:
     async def main() -> list[str]:
         async with aio.connect(uri_of(broker)) as conn:
