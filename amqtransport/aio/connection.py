@@ -35,7 +35,12 @@ from types import TracebackType
 
 from amqtransport.aio.failover import AsyncFailoverTransport
 from amqtransport.audit import Delivery
-from amqtransport.errors import AmqTransportError, ConnectionClosed, LocalProtocolError
+from amqtransport.errors import (
+    AmqTransportError,
+    ConnectionClosed,
+    LocalProtocolError,
+    ReconnectExhausted,
+)
 from amqtransport.outbound import (
     DEFAULT_AUDIT_SIZE,
     AckMode,
@@ -48,6 +53,7 @@ from amqtransport.received import Inbound, ReceivedMessage
 from amqtransport.stomp import Frame
 from amqtransport.transports.base import Receipt
 from amqtransport.transports.stomp import ConnectParams
+from amqtransport.uri import LeafUri, parse_uri
 
 __all__ = ["AsyncConnection", "AsyncMessage", "AsyncProducer", "AsyncSubscription", "AsyncTransaction", "connect"]
 
@@ -487,6 +493,12 @@ class _Connecting:
             transport.add_listener(self._listener)
         try:
             await transport.start()
+        except ReconnectExhausted as exc:
+            await transport.close()
+            if isinstance(parse_uri(self._uri), LeafUri) and isinstance(exc.last_error, AmqTransportError):
+                # one broker, no reconnect: the connect error itself, as the sync client raises it
+                raise exc.last_error from exc
+            raise
         except BaseException:
             await transport.close()
             raise

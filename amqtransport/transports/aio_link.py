@@ -94,7 +94,12 @@ class AsyncLink:
                     host, port = await asyncio.to_thread(vm_endpoint, vm_name(leaf))
                 else:
                     host, port = leaf.host, leaf.port
-                reader, writer = await asyncio.open_connection(host, port, ssl=context)
+                # TLS checks the certificate against serverHostname when given (as the sync client does)
+                server_hostname = (leaf.options.server_hostname or host) if context is not None else None
+                reader, writer = await asyncio.open_connection(host, port, ssl=context,
+                                                               server_hostname=server_hostname)
+        except ssl.SSLError as exc:
+            raise ConnectError(f"{self.address}: TLS handshake failed: {exc}") from exc
         except (OSError, TimeoutError) as exc:
             raise ConnectError(f"{self.address}: connect failed: {exc or 'timed out'}") from exc
         try:

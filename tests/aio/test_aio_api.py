@@ -190,6 +190,23 @@ def test_a_vm_leaf_starts_the_in_process_broker_as_in_the_sync_client() -> None:
     assert asyncio.run(main()) == "via vm"
 
 
+def test_a_refused_connect_to_one_broker_raises_the_connect_error_as_the_sync_client() -> None:
+    import amqtransport
+    from amqtransport.errors import ConnectError
+    from amqtransport.processes.ports import free_port
+
+    uri = f"tcp://127.0.0.1:{free_port()}"
+    with pytest.raises(ConnectError) as sync_err:
+        amqtransport.connect(uri)
+
+    async def main() -> None:
+        await aio.connect(uri)
+
+    with pytest.raises(ConnectError) as async_err:
+        asyncio.run(main())
+    assert type(async_err.value) is type(sync_err.value)
+
+
 def test_a_refused_connect_raises_the_failover_error() -> None:
     from amqtransport.processes.ports import free_port
 

@@ -176,6 +176,34 @@ def test_tls_verifies_the_server_against_ca_file(pki: Path) -> None:
         peer.close()
 
 
+def test_tls_on_the_asyncio_client_verifies_as_the_sync_one(pki: Path) -> None:
+    """The asyncio client builds its TLS context from the same URI options (caFile,
+    serverHostname, verify) and fails a bad certificate with the same error (before,
+    it ignored serverHostname: the first connect failed on the certificate's name)."""
+    import asyncio
+
+    import amqtransport.aio as aio
+
+    peer = ScriptedPeer(_server_context(pki))
+
+    async def send(uri: str, body: str) -> str | None:
+        async with aio.connect(uri) as conn:
+            await conn.send("/queue/tls", body)
+            return conn.connected_uri
+
+    try:
+        base = f"ssl://127.0.0.1:{peer.port}?caFile={pki / 'ca.pem'}"
+        assert asyncio.run(send(base + "&serverHostname=localhost", "async secret")) == f"ssl://127.0.0.1:{peer.port}"
+        assert b"async secret" in [f.body for f in peer.frames if f.command == "SEND"]
+        with pytest.raises(ConnectError, match="TLS handshake failed"):
+            asyncio.run(send(base, "x"))  # the certificate names localhost, not 127.0.0.1
+        with pytest.raises(ConnectError, match="TLS handshake failed"):
+            asyncio.run(send(f"ssl://127.0.0.1:{peer.port}?caFile={pki / 'other.pem'}&serverHostname=localhost", "x"))
+        asyncio.run(send(f"ssl://127.0.0.1:{peer.port}?verify=false", "unverified"))
+    finally:
+        peer.close()
+
+
 def test_tls_client_certificate(pki: Path) -> None:
     peer = ScriptedPeer(_server_context(pki, require_client_cert=True))
     try:
