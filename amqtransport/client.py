@@ -36,6 +36,7 @@ from types import TracebackType
 
 from amqtransport._backends.base import Backend
 from amqtransport.audit import Delivery
+from amqtransport.connection_info import ConnectionInfo
 from amqtransport.errors import AmqTransportError, ConnectionClosed, LocalProtocolError
 from amqtransport.outbound import (
     DEFAULT_AUDIT_SIZE,
@@ -326,7 +327,7 @@ class _InternalListener:
         self._conn._on_failed(error)
 
 
-class Connection:
+class Connection(ConnectionInfo):
     """A connection through a URI. Use :func:`connect`."""
 
     def __init__(self, transport: Transport, *, dedupe: bool = True, audit_size: int = DEFAULT_AUDIT_SIZE,
@@ -345,32 +346,8 @@ class Connection:
     def transport(self) -> Transport:
         return self._transport
 
-    @property
-    def connected_uri(self) -> str | None:
-        """Address of the broker connected now (``tcp://127.0.0.1:61613``), or None."""
-        return self._transport.connected_address
-
-    @property
-    def is_connected(self) -> bool:
-        return self._transport.is_connected
-
-    @property
-    def duplicates(self) -> int:
-        """Redelivered copies the duplicate filter dropped so far."""
-        return self._inbound.duplicates
-
-    @property
-    def dialect(self) -> str:
-        """The broker dialect in use (``amq``, ``activemq``, ``artemis``, ``rabbitmq``, or
-        ``generic`` for a broker we do not recognise): the URI's ``dialect`` option, else
-        detected from the ``server`` header of CONNECTED."""
-        return self._transport.dialect.name
-
-    @property
-    def server(self) -> str | None:
-        """The broker's ``server`` header on the current link (``ActiveMQ/5.17.2``), or None."""
-        frame = self._transport.connected_frame
-        return frame.get("server") if frame is not None else None
+    def _status(self) -> Transport:
+        return self._transport
 
     def add_listener(self, listener: object) -> None:
         """Listener with optional ``on_interrupted(error)``, ``on_resumed(address)``,

@@ -28,6 +28,10 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport._backends", 4),
     ("amqtransport.transports", 5),
     ("amqtransport.client", 6),
+    ("amqtransport.aio", 6),  # the asyncio client API over the asyncio failover driver
+    ("amqtransport.outbound", 6),  # frames both clients build
+    ("amqtransport.received", 6),  # the duplicate filter and ack rules both clients apply
+    ("amqtransport.connection_info", 6),  # the status both clients' connections show
     ("amqtransport", 6),  # the package __init__ (lazy re-exports of the public API)
     ("amqtransport.spark", 7),
     ("amqtransport.processes", 7),  # our broker as child processes (amq broker pair, amq demo, chaos, the harnesses)

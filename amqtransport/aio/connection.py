@@ -35,6 +35,7 @@ from types import TracebackType
 
 from amqtransport.aio.failover import AsyncFailoverTransport
 from amqtransport.audit import Delivery
+from amqtransport.connection_info import ConnectionInfo
 from amqtransport.errors import (
     AmqTransportError,
     ConnectionClosed,
@@ -318,7 +319,7 @@ class _FailedListener:
         self._conn._on_failed(error)
 
 
-class AsyncConnection:
+class AsyncConnection(ConnectionInfo):
     """A connection through a URI on the running event loop. Use :func:`connect`."""
 
     def __init__(self, transport: AsyncFailoverTransport, *, dedupe: bool = True,
@@ -336,28 +337,8 @@ class AsyncConnection:
     def transport(self) -> AsyncFailoverTransport:
         return self._transport
 
-    @property
-    def connected_uri(self) -> str | None:
-        """Address of the broker connected now, or None."""
-        return self._transport.connected_address
-
-    @property
-    def is_connected(self) -> bool:
-        return self._transport.is_connected
-
-    @property
-    def duplicates(self) -> int:
-        """Redelivered copies the duplicate filter dropped so far."""
-        return self._inbound.duplicates
-
-    @property
-    def dialect(self) -> str:
-        return self._transport.dialect.name
-
-    @property
-    def server(self) -> str | None:
-        frame = self._transport.connected_frame
-        return frame.get("server") if frame is not None else None
+    def _status(self) -> AsyncFailoverTransport:
+        return self._transport
 
     def add_listener(self, listener: object) -> None:
         """Listener with optional ``on_interrupted(error)``, ``on_resumed(address)``,
