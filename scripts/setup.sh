@@ -49,3 +49,14 @@ if [ "${AMQ_SKIP_RABBITMQ:-0}" != "1" ] && [ ! -x /usr/lib/rabbitmq/bin/rabbitmq
         echo "setup: not root, RabbitMQ interop tests will be skipped (apt-get install -y rabbitmq-server)" >&2
     fi
 fi
+
+# Debian's faketime (libfaketime) for the clock-skew test of a replicated pair (tests/ha/test_clock_skew.py)
+if [ "${AMQ_SKIP_FAKETIME:-0}" != "1" ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+    if [ "$(id -u)" = "0" ]; then
+        echo "setup: installing Debian's faketime for the clock-skew test" >&2
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+    else
+        echo "setup: not root, the clock-skew test will be skipped (apt-get install -y faketime)" >&2
+    fi
+fi

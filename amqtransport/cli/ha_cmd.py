@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 if TYPE_CHECKING:
+    from amqtransport.broker.ha.auth import HaRequest
     from amqtransport.stomp import Frame
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -231,7 +232,7 @@ def status(port: int, host: str, as_json: bool, timeout: float, user: str | None
         click.echo(line)
 
 
-def _ask(host: str, port: int, timeout: float, headers: Mapping[str, str]) -> Frame:
+def _ask(host: str, port: int, timeout: float, headers: Mapping[str, str] | HaRequest) -> Frame:
     """One HA request (status + ``headers``); its CONNECTED answer, or exit 1 saying why not."""
     from amqtransport.broker.ha.wire import ha_request_sync
 
@@ -268,7 +269,7 @@ def release(port: int, host: str, cluster_password_file: str | None, cluster_pas
     lost when they meet. A peer whose process is merely stopped needs no release (its
     refused port is an answer).
     """
-    from amqtransport.broker.ha.auth import AUTH_HEADER, RequestSigner, load_secret
+    from amqtransport.broker.ha.auth import HaRequest, RequestSigner, load_secret
     from amqtransport.broker.ha.wire import RELEASE_HEADER
     from amqtransport.errors import ConfigError
 
@@ -281,8 +282,7 @@ def release(port: int, host: str, cluster_password_file: str | None, cluster_pas
         click.confirm(f"Release the receipts held by the master at {host}:{port}, declaring its peer gone?",
                       abort=True)
     headers = {RELEASE_HEADER: "operator", "amq-ha-epoch": "0", "amq-ha-client": "", "amq-ha-port": ""}
-    headers[AUTH_HEADER] = RequestSigner(secret).sign(RELEASE_HEADER, headers, time.time())
-    frame = _ask(host, port, timeout, headers)
+    frame = _ask(host, port, timeout, HaRequest(RELEASE_HEADER, headers, RequestSigner(secret)))
     click.echo(f"released: node {frame.get('amq-ha-name')} (epoch {frame.get('amq-ha-epoch')}) receipts alone again")
 
 

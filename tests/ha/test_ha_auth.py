@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 import amqtransport
 from amqtransport.broker.ha.auth import (
     AUTH_HEADER,
-    MAX_SKEW,
+    CHALLENGE_HEADER,
+    CHALLENGE_TTL,
+    HaRequest,
     RequestSigner,
     RequestVerifier,
     generate_secret,
@@ -44,33 +46,62 @@ def _headers(kind: str, name: str, epoch: int, ha: str = "127.0.0.1:1") -> dict[
 
 # ---------------------------------------------------------------------- the signature (pure)
 def test_signed_request_is_accepted_once() -> None:
-    now = 1_700_000_000.0
-    h = _headers(DEMOTE, "b", 5)
-    h[AUTH_HEADER] = RequestSigner(SECRET).sign(DEMOTE, h, now)
+    now = 1_000.0  # the receiver's monotonic clock; the sender's clock plays no part
     verifier = RequestVerifier(SECRET)
+    h = _headers(DEMOTE, "b", 5)
+    h[AUTH_HEADER] = RequestSigner(SECRET).sign(DEMOTE, h, verifier.challenge(now))
     assert verifier.check(DEMOTE, h, now + 1) is None
-    assert verifier.check(DEMOTE, h, now + 2) == "replayed request (nonce already used)"
+    again = verifier.check(DEMOTE, h, now + 2)
+    assert again is not None and "stale or replayed" in again
+
+
+def test_ha_request_is_signed_against_the_receivers_challenge() -> None:
+    verifier = RequestVerifier(SECRET)
+    req = HaRequest(DEMOTE, _headers(DEMOTE, "b", 5), RequestSigner(SECRET))
+    assert verifier.check(DEMOTE, req.signed(verifier.challenge(5.0)), 6.0) is None
+    assert AUTH_HEADER not in req.signed(None), "no challenge offered: sent unsigned, refused with a reason"
+    assert AUTH_HEADER not in HaRequest(DEMOTE, _headers(DEMOTE, "b", 5)).signed("c" * 32)
 
 
 def test_every_alteration_is_refused() -> None:
-    now = 1_700_000_000.0
+    now = 1_000.0
     good = _headers(DEMOTE, "b", 5)
-    good[AUTH_HEADER] = RequestSigner(SECRET).sign(DEMOTE, good, now)
+    issuer = RequestVerifier(SECRET)
+    challenge = issuer.challenge(now)
+    good[AUTH_HEADER] = RequestSigner(SECRET).sign(DEMOTE, good, challenge)
+
+    def fresh(secret: bytes = SECRET) -> RequestVerifier:  # a verifier that issued ``challenge``
+        v = RequestVerifier(secret)
+        v._issued[challenge] = now + CHALLENGE_TTL
+        return v
+
     for key, value in (("amq-ha-epoch", "6"), ("amq-ha-port", "10.0.0.9:1"), ("amq-ha-client", "x:1"),
                        (DEMOTE, "c")):
         forged = dict(good, **{key: value})
-        reason = RequestVerifier(SECRET).check(DEMOTE, forged, now)
+        reason = fresh().check(DEMOTE, forged, now)
         assert reason is not None and "bad cluster secret" in reason, (key, reason)
     # the same headers signed as another request kind
-    assert "bad cluster secret" in (RequestVerifier(SECRET).check(REPLICA, {**good, REPLICA: "b"}, now) or "")
-    assert "bad cluster secret" in (RequestVerifier(b"another-secret-xx").check(DEMOTE, good, now) or "")
-    assert "missing" in (RequestVerifier(SECRET).check(DEMOTE, _headers(DEMOTE, "b", 5), now) or "")
-    late = RequestVerifier(SECRET).check(DEMOTE, good, now + MAX_SKEW + 5)
-    assert late is not None and "off this node's clock" in late
-    early = RequestVerifier(SECRET).check(DEMOTE, good, now - MAX_SKEW - 5)
-    assert early is not None and "off this node's clock" in early
-    for bad in ("v1:1:2", "v2:1:abcdefgh:" + "0" * 64, "v1:x:abcdefgh:" + "0" * 64, "v1:1:abc:" + "0" * 64):
-        assert RequestVerifier(SECRET).check(DEMOTE, {**good, AUTH_HEADER: bad}, now) == "malformed amq-ha-auth header"
+    assert "bad cluster secret" in (fresh().check(REPLICA, {**good, REPLICA: "b"}, now) or "")
+    assert "bad cluster secret" in (fresh(b"another-secret-xx").check(DEMOTE, good, now) or "")
+    assert "missing" in (fresh().check(DEMOTE, _headers(DEMOTE, "b", 5), now) or "")
+    # a challenge this verifier never issued (another node's, or invented), and one answered too late
+    assert "stale or replayed" in (RequestVerifier(SECRET).check(DEMOTE, good, now) or "")
+    late = fresh().check(DEMOTE, good, now + CHALLENGE_TTL + 1)
+    assert late is not None and "stale or replayed" in late
+    assert fresh().check(DEMOTE, good, now + CHALLENGE_TTL - 1) is None
+    for bad in ("v2:1:2", "v1:" + "c" * 32 + ":abcdefgh:" + "0" * 64, "v2:short:abcdefgh:" + "0" * 64,
+                "v2:" + "c" * 32 + ":abc:" + "0" * 64):
+        reason = fresh().check(DEMOTE, {**good, AUTH_HEADER: bad}, now)
+        assert reason is not None and reason.startswith("malformed amq-ha-auth header"), (bad, reason)
+
+
+def test_challenges_are_bounded_and_expire() -> None:
+    v = RequestVerifier(SECRET, ttl=10.0, max_challenges=3)
+    first = v.challenge(0.0)
+    later = [v.challenge(1.0) for _ in range(3)]  # the fourth pushes the oldest out
+    assert first not in v._issued and all(c in v._issued for c in later)
+    v.challenge(20.0)  # the earlier ones have expired by now
+    assert len(v._issued) == 1
 
 
 @given(st.dictionaries(st.sampled_from([AUTH_HEADER, DEMOTE, "amq-ha-epoch", "amq-ha-port", "amq-ha-client"]),
@@ -117,11 +148,18 @@ def _request(port: int, headers: dict[str, str], raw: bytes | None = None, timeo
     return data
 
 
-def _signed(bp: BrokerPair, kind: str, name: str, epoch: int, ha: str) -> dict[str, str]:
+def _challenge(port: int) -> str:
+    """The challenge in the node's answer to a status request (what a signed request answers)."""
+    answer = _request(port, {"amq-ha-status": "1"}).decode()
+    return next(line.split(":", 1)[1] for line in answer.splitlines() if line.startswith(CHALLENGE_HEADER + ":"))
+
+
+def _signed(bp: BrokerPair, kind: str, name: str, epoch: int, ha: str, to: int) -> dict[str, str]:
+    """A request signed with the pair's secret against a challenge of the node at HA port ``to``."""
     assert bp.cluster_password_file is not None
     secret = bp.cluster_password_file.read_text().strip().encode()
     h = _headers(kind, name, epoch, ha)
-    h[AUTH_HEADER] = RequestSigner(secret).sign(kind, h, time.time())
+    h[AUTH_HEADER] = RequestSigner(secret).sign(kind, h, _challenge(to))
     return h
 
 
@@ -141,18 +179,21 @@ def test_forged_and_stale_role_requests_are_refused(tmp_path: Path) -> None:
                                          "amq-ha-port": evil})
         assert answer.startswith(b"ERROR"), answer
         # 3. signed with the right secret but a stale epoch, or claiming an epoch its HA port denies
-        answer = _request(bp.a.ha_port, _signed(bp, DEMOTE, "b", 1, f"127.0.0.1:{bp.b.ha_port}"))
+        answer = _request(bp.a.ha_port, _signed(bp, DEMOTE, "b", 1, f"127.0.0.1:{bp.b.ha_port}", bp.a.ha_port))
         assert b"not newer than ours" in answer, answer
-        answer = _request(bp.a.ha_port, _signed(bp, DEMOTE, "b", 7, f"127.0.0.1:{bp.b.ha_port}"))
+        answer = _request(bp.a.ha_port, _signed(bp, DEMOTE, "b", 7, f"127.0.0.1:{bp.b.ha_port}", bp.a.ha_port))
         assert answer.startswith(b"ERROR") and b"not master at 7" in answer, answer
         # 4. a captured request played again
-        replay = _signed(bp, REPLICA, "a", 1, f"127.0.0.1:{bp.a.ha_port}")
-        first = _request(bp.b.ha_port, replay)  # b is a slave: refuses, but has seen the nonce
+        replay = _signed(bp, REPLICA, "a", 1, f"127.0.0.1:{bp.a.ha_port}", bp.b.ha_port)
+        first = _request(bp.b.ha_port, replay)  # b is a slave: refuses, but its challenge is spent
         assert first.startswith(b"ERROR") and b"not the master" in first, first
         again = _request(bp.b.ha_port, replay)
-        assert b"replayed request" in again, again
+        assert b"stale or replayed request" in again, again
+        # a request signed against the other node's challenge is no good here
+        answer = _request(bp.a.ha_port, _signed(bp, DEMOTE, "b", 9, f"127.0.0.1:{bp.b.ha_port}", bp.b.ha_port))
+        assert b"stale or replayed request" in answer, answer
         # 5. a request naming the receiver itself
-        answer = _request(bp.a.ha_port, _signed(bp, DEMOTE, "a", 9, f"127.0.0.1:{bp.a.ha_port}"))
+        answer = _request(bp.a.ha_port, _signed(bp, DEMOTE, "a", 9, f"127.0.0.1:{bp.a.ha_port}", bp.a.ha_port))
         assert b"which is this node" in answer, answer
         # nothing moved: a is still master at epoch 1 with b in sync, its state file unchanged
         st_a = bp.a.status()

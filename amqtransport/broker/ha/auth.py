@@ -8,20 +8,31 @@ FILE``, ``--cluster-password``, or the ``[ha]`` keys ``cluster_password_file`` /
 pair), as Artemis gives a cluster its ``cluster-user``/``cluster-password``. Every
 request that changes a node's role or state -- a replication link
 (``amq-ha-replica``), a demote request (``amq-ha-demote``), a stand-by request
-(``amq-ha-standby``) -- carries one header::
+(``amq-ha-standby``), an operator's release (``amq-ha-release``) -- carries one header::
 
-    amq-ha-auth: v1:<unix time>:<nonce>:<hex HMAC-SHA256(secret, canonical request)>
+    amq-ha-auth: v2:<challenge>:<nonce>:<hex HMAC-SHA256(secret, canonical request)>
 
-The canonical request is the version, the time, the nonce, the request header's name
-and value and every header the receiver acts on (:data:`SIGNED_HEADERS`: the
+Freshness comes from the receiver, not from a clock. The requester first asks the
+receiver's HA port for its status; the answer carries ``amq-ha-challenge``, a random
+value the receiver's :class:`RequestVerifier` issued and remembers for
+:data:`CHALLENGE_TTL` seconds of its own monotonic clock. The signed request names
+that challenge, and the verifier accepts it once: a challenge it never issued, one
+already used or one too old is refused. So a captured request cannot be replayed
+(its challenge is spent) or held back and played later (its challenge expires), and
+the nodes' wall clocks may disagree by any amount, or jump, at no cost: nothing
+compares them. (The first version signed the sender's wall-clock time and refused
+a request more than 120 s off the receiver's clock; a clock step on one node then
+stopped every signed request between the two.)
+
+The canonical request is the version, the challenge, the nonce, the request header's
+name and value and every header the receiver acts on (:data:`SIGNED_HEADERS`: the
 sender's epoch and its client and HA addresses), one per line. So the secret never
-crosses the wire, a captured request cannot be altered (a forged epoch or address
-breaks the MAC), and :class:`RequestVerifier` refuses one that is replayed: the time
-must be within :data:`MAX_SKEW` seconds of the receiver's clock and the nonce unseen
-within that window (the nodes' clocks must agree to within that; NTP does). Status
-requests need no secret: they change nothing.
+crosses the wire and a captured request cannot be altered (a forged epoch or address
+breaks the MAC). Status requests need no secret: they change nothing.
 
-Signing and checking take the clock as a parameter (tests never wait).
+:class:`HaRequest` is a request waiting for its challenge: the transport
+(:func:`.wire.ha_request`) fetches one from the receiver and signs just before it
+sends. Checking takes the monotonic time as a parameter (tests never wait).
 """
 
 from __future__ import annotations
@@ -34,14 +45,17 @@ import secrets
 import stat
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from amqtransport.errors import ConfigError
 
 __all__ = [
     "AUTH_HEADER",
-    "MAX_SKEW",
+    "CHALLENGE_HEADER",
+    "CHALLENGE_TTL",
     "SIGNED_HEADERS",
+    "HaRequest",
     "RequestSigner",
     "RequestVerifier",
     "generate_secret",
@@ -53,11 +67,14 @@ log = logging.getLogger(__name__)
 AUTH_HEADER = "amq-ha-auth"
 #: headers covered by the MAC besides the request header itself
 SIGNED_HEADERS = ("amq-ha-epoch", "amq-ha-client", "amq-ha-port")
-#: seconds a signed request stays valid (either way: the nodes' clocks may differ)
-MAX_SKEW = 120.0
+#: the status answer's header that carries a fresh challenge
+CHALLENGE_HEADER = "amq-ha-challenge"
+#: seconds (of the receiver's monotonic clock) a challenge may be answered
+CHALLENGE_TTL = 30.0
 MIN_SECRET_LENGTH = 16
-_VERSION = "v1"
-_MAX_NONCES = 100_000
+_VERSION = "v2"
+#: challenges remembered at once; the oldest is forgotten first
+_MAX_CHALLENGES = 10_000
 
 
 def generate_secret() -> str:
@@ -102,8 +119,8 @@ def load_secret(password: str | None, password_file: str | None) -> bytes:
     return secret.encode("utf-8")
 
 
-def _canonical(request: str, headers: Mapping[str, str], stamp: str, nonce: str) -> bytes:
-    lines = [_VERSION, stamp, nonce, f"{request}={headers.get(request, '')}"]
+def _canonical(request: str, headers: Mapping[str, str], challenge: str, nonce: str) -> bytes:
+    lines = [_VERSION, challenge, nonce, f"{request}={headers.get(request, '')}"]
     lines += [f"{h}={headers.get(h, '')}" for h in SIGNED_HEADERS]
     return "\n".join(lines).encode("utf-8")
 
@@ -113,51 +130,78 @@ def _mac(secret: bytes, data: bytes) -> str:
 
 
 class RequestSigner:
-    """Signs the requests this node sends to its peer."""
+    """Signs the requests this node (or an operator's command) sends to a node."""
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
 
-    def sign(self, request: str, headers: Mapping[str, str], now: float, nonce: str | None = None) -> str:
+    def sign(self, request: str, headers: Mapping[str, str], challenge: str, nonce: str | None = None) -> str:
         """The value of :data:`AUTH_HEADER` for a request whose ``request`` header and
-        :data:`SIGNED_HEADERS` are in ``headers``."""
-        stamp = str(int(now))
+        :data:`SIGNED_HEADERS` are in ``headers``, answering the receiver's ``challenge``."""
         nonce = nonce if nonce is not None else os.urandom(12).hex()
-        return f"{_VERSION}:{stamp}:{nonce}:{_mac(self._secret, _canonical(request, headers, stamp, nonce))}"
+        return f"{_VERSION}:{challenge}:{nonce}:{_mac(self._secret, _canonical(request, headers, challenge, nonce))}"
+
+
+@dataclass(frozen=True)
+class HaRequest:
+    """A role-changing request before its signature: ``request`` is its header's name,
+    ``headers`` everything it carries but :data:`AUTH_HEADER`. With a ``signer``, the
+    transport signs it against the receiver's challenge (:meth:`signed`); without one
+    (a node with no cluster secret) it goes unsigned and the receiver says why it refuses."""
+
+    request: str
+    headers: Mapping[str, str]
+    signer: RequestSigner | None = None
+
+    def signed(self, challenge: str | None) -> dict[str, str]:
+        """The headers to send, signed against ``challenge`` (unsigned when there is no
+        signer or the receiver offered no challenge)."""
+        out = dict(self.headers)
+        if self.signer is not None and challenge:
+            out[AUTH_HEADER] = self.signer.sign(self.request, self.headers, challenge)
+        return out
 
 
 class RequestVerifier:
-    """Checks the requests this node receives; remembers nonces to refuse replays."""
+    """Issues challenges and checks the signed requests that answer them."""
 
-    def __init__(self, secret: bytes, max_skew: float = MAX_SKEW) -> None:
+    def __init__(self, secret: bytes, ttl: float = CHALLENGE_TTL, max_challenges: int = _MAX_CHALLENGES) -> None:
         self._secret = secret
-        self.max_skew = max_skew
-        self._seen: OrderedDict[str, float] = OrderedDict()  # nonce -> time it expires
+        self.ttl = ttl
+        self._max = max_challenges
+        self._issued: OrderedDict[str, float] = OrderedDict()  # challenge -> monotonic time it expires
+
+    def challenge(self, now: float) -> str:
+        """A fresh challenge for a status answer (``now``: this node's monotonic clock)."""
+        self._forget(now)
+        value = secrets.token_hex(16)
+        self._issued[value] = now + self.ttl
+        while len(self._issued) > self._max:
+            self._issued.popitem(last=False)
+        return value
 
     def check(self, request: str, headers: Mapping[str, str], now: float) -> str | None:
-        """None when the request is authentic and fresh, else why it is not."""
+        """None when the request is authentic and answers a live challenge of ours (which
+        it then spends), else why it is refused. ``now``: this node's monotonic clock."""
         value = headers.get(AUTH_HEADER)
         if not value:
             return "no cluster authentication (amq-ha-auth header missing)"
         parts = value.split(":")
         if len(parts) != 4 or parts[0] != _VERSION:
+            return "malformed amq-ha-auth header (a node of another version?)"
+        _v, challenge, nonce, mac = parts
+        if len(challenge) != 32 or not 8 <= len(nonce) <= 64 or len(mac) != 64:
             return "malformed amq-ha-auth header"
-        _v, stamp, nonce, mac = parts
-        if not stamp.isdigit() or not 8 <= len(nonce) <= 64 or len(mac) != 64:
-            return "malformed amq-ha-auth header"
-        expected = _mac(self._secret, _canonical(request, headers, stamp, nonce))
+        expected = _mac(self._secret, _canonical(request, headers, challenge, nonce))
         if not hmac.compare_digest(expected, mac.lower()):
             return "bad cluster secret (the MAC does not match: the nodes have different secrets)"
-        skew = now - int(stamp)
-        if abs(skew) > self.max_skew:
-            return f"request time is {skew:+.0f} s off this node's clock (limit {self.max_skew:.0f} s): a replay, or clocks apart"
         self._forget(now)
-        if nonce in self._seen:
-            return "replayed request (nonce already used)"
-        self._seen[nonce] = now + 2 * self.max_skew
+        if self._issued.pop(challenge, None) is None:
+            return ("stale or replayed request (its challenge was not issued by this node, is spent, "
+                    f"or is older than {self.ttl:.0f} s)")
         return None
 
     def _forget(self, now: float) -> None:
-        seen = self._seen
-        while seen and (len(seen) >= _MAX_NONCES or next(iter(seen.values())) < now):
-            seen.popitem(last=False)
+        issued = self._issued
+        while issued and next(iter(issued.values())) < now:
+            issued.popitem(last=False)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..config import BrokerConfig
+from .auth import HaRequest
 from .config import HaOptions
 from .decide import Decision, NodeState, PeerAnswer
 from .epoch import HaState
@@ -41,8 +42,8 @@ class RoleHost(Protocol):
     def set_role(self, role: str, detail: str = "") -> None:
         """Take ``role`` and say so."""
 
-    def request_headers(self, request_header: str) -> dict[str, str]:
-        """The signed headers of a request to another node."""
+    def request_headers(self, request_header: str) -> HaRequest:
+        """A request to another node, signed when it is sent (:class:`.auth.HaRequest`)."""
         ...
 
     def peer_addresses(self) -> list[tuple[str, int]]:

@@ -58,7 +58,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -69,7 +68,7 @@ from amqtransport.errors import ConfigError
 from ..config import BrokerConfig
 from ..server import BrokerServer
 from ..store import MessageStore
-from .auth import AUTH_HEADER, RequestSigner, RequestVerifier, load_secret
+from .auth import HaRequest, RequestSigner, RequestVerifier, load_secret
 from .config import HaOptions, parse_address
 from .decide import (
     ASK,
@@ -354,22 +353,21 @@ class HaNode:
         self.set_waiting(d.reason)
         return "wait", None
 
-    def request_headers(self, request_header: str) -> dict[str, str]:
-        """Headers of a request to another node (``request_header``: replica or demote):
-        our name, epoch and addresses, signed with the cluster secret, and the
-        replication credentials (``--master-user``) when configured."""
+    def request_headers(self, request_header: str) -> HaRequest:
+        """A request to another node (``request_header``: replica, demote or stand-by):
+        our name, epoch and addresses, to be signed with the cluster secret against the
+        receiver's challenge (:func:`.wire.ha_request` does), and the replication
+        credentials (``--master-user``) when configured."""
         headers = {
             request_header: self.name,
             "amq-ha-epoch": str(self.state.epoch),
             "amq-ha-client": f"{self.host}:{self.port}",
             "amq-ha-port": f"{self.host}:{self.ha_port}",
         }
-        if self.signer is not None:
-            headers[AUTH_HEADER] = self.signer.sign(request_header, headers, time.time())
         if self.opts.master_user is not None and request_header == REPLICA_HEADER:
             headers["login"] = self.opts.master_user
             headers["passcode"] = self.opts.master_password or ""
-        return headers
+        return HaRequest(request_header, headers, self.signer)
 
     def close_slave_store(self) -> None:
         store, self.slave_store = self.slave_store, None

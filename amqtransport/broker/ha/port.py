@@ -19,7 +19,8 @@ request, ``max_frame`` bytes for it. Refusals are logged with the remote address
 The requests. A status request (``amq-ha-status``) needs no secret: it changes
 nothing, and the ``CONNECTED`` answer carries the node's ``amq-ha-*`` status headers
 (:func:`status_headers`). Every request that changes a role or a store is signed
-with the pair's cluster secret (:mod:`.auth`), must not claim to come from this node,
+with the pair's cluster secret against a challenge this port issued in an earlier
+status answer (:mod:`.auth`), must not claim to come from this node,
 and carries a numeric epoch; a demote or stand-by request must come from the known
 peer. Then:
 
@@ -57,7 +58,7 @@ from amqtransport.stomp.session import ServerSession
 
 from ..config import BrokerConfig, check_login
 from ..context import HookedConnection
-from .auth import AUTH_HEADER, SIGNED_HEADERS, RequestVerifier
+from .auth import AUTH_HEADER, CHALLENGE_HEADER, SIGNED_HEADERS, RequestVerifier
 from .config import HaOptions, HaPortLimits, parse_address
 from .decide import OK, OK_UNSYNCED, STAND_BY, DecideOptions, NodeState, standby
 from .epoch import HaState
@@ -289,7 +290,10 @@ class HaRequests:
                 self._release(transport, frame, peer)
             return
         if frame.get(STATUS_HEADER) is not None:
-            answer = Frame.make("CONNECTED", [("version", "1.2"), *status_headers(self.node).items()])
+            headers = status_headers(self.node)
+            if self.node.verifier is not None:  # what a signed request must answer next (auth.py)
+                headers[CHALLENGE_HEADER] = self.node.verifier.challenge(time.monotonic())
+            answer = Frame.make("CONNECTED", [("version", "1.2"), *headers.items()])
             transport.write(serialize(answer))
             transport.close()
             return
@@ -300,7 +304,7 @@ class HaRequests:
         if self.node.verifier is None:
             return f"node {self.node.name} is in a {self.node.opts.mode} pair (no replication requests)"
         signed = {h: v for h in (request, AUTH_HEADER, *SIGNED_HEADERS) if (v := frame.get(h)) is not None}
-        reason = self.node.verifier.check(request, signed, time.time())
+        reason = self.node.verifier.check(request, signed, time.monotonic())
         if reason is not None:
             return reason
         who = frame.get(request) or ""

@@ -39,6 +39,7 @@ from amqtransport.stomp import Frame
 from amqtransport.stomp.session import ClientSession
 
 from ..store import MAX_RECORD
+from .auth import CHALLENGE_HEADER, HaRequest
 from .decide import PeerAnswer
 
 __all__ = [
@@ -239,15 +240,24 @@ def connect_frame(headers: Mapping[str, str]) -> bytes:
 
 # ---------------------------------------------------------------------- requests
 async def ha_request(
-    host: str, port: int, headers: Mapping[str, str], timeout: float
+    host: str, port: int, headers: Mapping[str, str] | HaRequest, timeout: float
 ) -> tuple[Frame, asyncio.StreamReader, asyncio.StreamWriter]:
     """Open a connection, send an HA CONNECT, return the answer and the open streams.
 
-    Raises :class:`ReplicaRefused` for an ERROR answer, :class:`NodeUnreachable` when
-    the node cannot be reached or does not answer in time, :class:`ReplicationError`
-    for nonsense.
+    A :class:`~.auth.HaRequest` is signed first against a challenge the node gives in
+    the answer to a status request (one more round trip, see :mod:`.auth`). Raises
+    :class:`ReplicaRefused` for an ERROR answer, :class:`NodeUnreachable` when the
+    node cannot be reached or does not answer in time, :class:`ReplicationError` for
+    nonsense.
     """
     with _os_errors_mapped():
+        if isinstance(headers, HaRequest):
+            challenge = None
+            if headers.signer is not None:
+                status, _r, writer = await _ha_request(host, port, {STATUS_HEADER: "1"}, timeout)
+                writer.close()
+                challenge = status.get(CHALLENGE_HEADER)
+            headers = headers.signed(challenge)
         return await _ha_request(host, port, headers, timeout)
 
 
@@ -310,7 +320,7 @@ def _answered(answer: PeerAnswer) -> bool:
 
 async def ask_peer(
     addresses: Sequence[tuple[str, int]],
-    headers: Callable[[], Mapping[str, str]] | None,
+    headers: Callable[[], HaRequest] | None,
     timeout: float,
     *,
     until: Callable[[PeerAnswer], bool] = _answered,
@@ -346,11 +356,16 @@ async def ask_peer(
 
 
 def ha_request_sync(
-    host: str, port: int, timeout: float = 3.0, headers: Mapping[str, str] | None = None
+    host: str, port: int, timeout: float = 3.0, headers: Mapping[str, str] | HaRequest | None = None
 ) -> Frame:
-    """Blocking status request (for ``amq broker status``): the CONNECTED/ERROR frame;
+    """Blocking status request (for ``amq broker status``), or an operator's signed
+    request (``amq broker release``: an :class:`~.auth.HaRequest`, signed against the
+    node's challenge as :func:`ha_request` does): the CONNECTED/ERROR frame;
     :class:`NodeUnreachable` when the node cannot be reached or does not answer."""
     hdrs = {STATUS_HEADER: "1"}
+    if isinstance(headers, HaRequest):
+        challenge = ha_request_sync(host, port, timeout).get(CHALLENGE_HEADER) if headers.signer else None
+        headers = headers.signed(challenge)
     hdrs.update(headers or {})
     session = ha_session(hdrs, f"{host}:{port}: ")
     with _os_errors_mapped(), socket.create_connection((host, port), timeout=timeout) as sock:
