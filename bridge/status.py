@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from amqtransport.broker.stats import LATENCY_BUCKETS, Histogram, HistogramSnapshot
+from amqtransport.broker.ops.stats import LATENCY_BUCKETS, Histogram, HistogramSnapshot
 
 __all__ = ["UP", "DOWN", "CONNECTING", "BridgeStatus", "StatusRegistry", "StatusServer", "render_table"]
 

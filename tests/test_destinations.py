@@ -1,7 +1,7 @@
 """The destination grammar (amqtransport/destinations.py), which the broker and the bridge share.
 
 The table tests say what the grammar means. The property tests pin the unification:
-the broker and the bridge each had their own copy of the grammar (``broker/core.py``'s
+the broker and the bridge each had their own copy of the grammar (``broker/dispatch/core.py``'s
 ``split_destination``, ``_pattern`` and ``_matches``; ``bridge/destinations.py``);
 those copies are kept below, verbatim but for names, as oracles, and on generated
 names the one grammar must give the answers each of them gave.
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from amqtransport.broker.errors import CoreError
-from amqtransport.broker.names import check_send_destination, split_destination
+from amqtransport.broker.dispatch.errors import CoreError
+from amqtransport.broker.dispatch.names import check_send_destination, split_destination
 from amqtransport.destinations import (
     Destination,
     Pattern,
@@ -199,7 +199,7 @@ def test_parsers_raise_only_destination_error(text: str) -> None:
             pass
 
 
-# The two copies the grammar replaces, as they were (broker/core.py and
+# The two copies the grammar replaces, as they were (broker/dispatch/core.py and
 # bridge/destinations.py before the unification), for the agreement properties.
 
 def old_broker_split(destination: str) -> tuple[str, str]:

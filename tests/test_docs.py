@@ -5,7 +5,7 @@ Checked for README.md and every page under docs/:
 - every relative link (``[text](target)``, ``[text]: target``) names a file or directory
   that exists, and a ``#fragment`` names a heading of the target page (GitHub's
   anchors: lower case, punctuation dropped, spaces to hyphens, ``-1`` for repeats);
-- every repository path written in code style (```amqtransport/broker/core.py```,
+- every repository path written in code style (```amqtransport/broker/dispatch/core.py```,
   ```tests/ha```, globs such as ```tests/chaos/test_proxy_*.py```) exists, so a page
   cannot keep naming a module after it moved;
 - every test named in code style as ```tests/FILE.py::test_name``` (a promise's proof,

@@ -23,7 +23,7 @@ PACKAGES = ("amqtransport", "bridge", "chaos")
 
 #: exceptions used as signals inside one piece of code, never raised to a caller
 SIGNALS = {
-    "amqtransport.broker.stream.ErrorSent": "stops the handling of a frame once its ERROR is written",
+    "amqtransport.broker.connection.stream.ErrorSent": "stops the handling of a frame once its ERROR is written",
     "amqtransport.broker.ha.node._Stop": "ends a node's role loop on a signal",
     "chaos.toxics.EndOfStream": "a toxic ends its direction of a proxied connection",
 }
@@ -78,11 +78,11 @@ def test_the_walk_can_fail() -> None:
 @pytest.mark.parametrize(
     ("path", "also"),
     [
-        ("amqtransport.broker.errors.CoreError", ()),
+        ("amqtransport.broker.dispatch.errors.CoreError", ()),
         ("amqtransport.broker.store.journal.JournalError", (OSError,)),
         ("amqtransport.broker.store.records.RecordError", (ValueError,)),
         ("amqtransport.broker.ha.wire.ReplicationError", ()),
-        ("amqtransport.broker.admin.AdminError", ()),
+        ("amqtransport.broker.ops.admin.AdminError", ()),
     ],
 )
 def test_the_broker_errors_are_server_errors(path: str, also: tuple[type[BaseException], ...]) -> None:

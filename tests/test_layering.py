@@ -24,7 +24,10 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.backoff", 2),
     ("amqtransport.destinations", 2),  # the destination grammar (broker and bridge)
     ("amqtransport._loop_thread", 3),  # an asyncio service on a daemon thread (embedded broker, chaos proxy)
-    ("amqtransport.broker", 3),
+    ("amqtransport.broker", 3),  # the root: config, the server that wires the parts, the embedded broker
+    ("amqtransport.broker.dispatch", 3),  # where an accepted message goes (no I/O of its own; see BROKER_PARTS)
+    ("amqtransport.broker.connection", 3),  # one client connection: stream, flow control, frame handlers
+    ("amqtransport.broker.ops", 3),  # the operator's side: view, admin actions, histograms
     ("amqtransport._backends", 4),
     ("amqtransport.transports", 5),
     ("amqtransport.client", 6),
@@ -50,6 +53,19 @@ PURE = (
     "amqtransport.backoff",
     "amqtransport.destinations",
     "amqtransport.broker.ha.decide",  # the HA decision table: pure, though its layer is the broker's
+    # the broker's dispatch core; core, registry and memory still default their clock to
+    # the time module, so they are not listed yet
+    "amqtransport.broker.dispatch.acks",
+    "amqtransport.broker.dispatch.advisories",
+    "amqtransport.broker.dispatch.backlog",
+    "amqtransport.broker.dispatch.errors",
+    "amqtransport.broker.dispatch.message",
+    "amqtransport.broker.dispatch.model",
+    "amqtransport.broker.dispatch.names",
+    "amqtransport.broker.dispatch.queues",
+    "amqtransport.broker.dispatch.topics",
+    "amqtransport.broker.dispatch.transactions",
+    "amqtransport.broker.dispatch.wildcards",
     # the failover core and its pure pieces: one set of rules for the thread and asyncio drivers
     "amqtransport.transports.core",
     "amqtransport.transports.core_actions",
@@ -147,6 +163,41 @@ def test_pure_layers_do_no_io(path: Path) -> None:
     assert bad == [], f"{module_name(path)} must stay sans-IO:\n" + "\n".join(bad)
 
 
+#: Inside the broker (one layer): the parts a part must not import. The dispatch core
+#: sees neither its connections nor the operator's side nor the server that wires it;
+#: a connection sees the core through ``BrokerContext``, never the server or the ops.
+BROKER_PARTS: dict[str, tuple[str, ...]] = {
+    "amqtransport.broker.dispatch": (
+        "amqtransport.broker.connection",
+        "amqtransport.broker.ops",
+        "amqtransport.broker.http",
+        "amqtransport.broker.ha",
+        "amqtransport.broker.server",
+        "amqtransport.broker.embedded",
+    ),
+    "amqtransport.broker.connection": (
+        "amqtransport.broker.ops",
+        "amqtransport.broker.http",
+        "amqtransport.broker.ha",
+        "amqtransport.broker.server",
+        "amqtransport.broker.embedded",
+    ),
+}
+
+
+@pytest.mark.parametrize("part", sorted(BROKER_PARTS))
+def test_broker_parts_import_downward(part: str) -> None:
+    forbidden = BROKER_PARTS[part]
+    bad = [
+        f"{module_name(p)} line {line}: imports {target}"
+        for p in project_modules()
+        if module_name(p) == part or module_name(p).startswith(part + ".")
+        for target, line in imports_of(p)
+        if any(target == f or target.startswith(f + ".") for f in forbidden)
+    ]
+    assert bad == []
+
+
 def test_layer_checker_catches_an_upward_import(tmp_path: Path) -> None:
     """The checker itself must be able to fail."""
     fake = tmp_path / "probe.py"
@@ -172,7 +223,7 @@ def test_the_product_imports_no_test_harness() -> None:
 
 # -- import cycles -----------------------------------------------------------------------
 #: cycles left to their owners' work in progress (each must go: a context object or a
-#: Protocol breaks it, as broker/context.py does for the connection and the server)
+#: Protocol breaks it, as broker/connection/context.py does for the connection and the server)
 KNOWN_CYCLES: set[frozenset[str]] = set()
 
 

@@ -61,7 +61,7 @@ class BrokerConfig(BaseModel):
     max_transaction_size: int = Field(default=64 * MiB, ge=1024, le=512 * MiB)
     connect_timeout_ms: int = Field(default=10000, ge=1)
 
-    # memory limits / producer flow control (see amqtransport.broker.memory)
+    # memory limits / producer flow control (see amqtransport.broker.dispatch.memory)
     memory_limit: int = Field(default=256 * MiB, ge=4096)
     destination_memory_limit: int = Field(default=0, ge=0)  # 0: only the global limit
     memory_low_water: float = Field(default=0.7, gt=0.0, lt=1.0)

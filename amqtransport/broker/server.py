@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .config import BrokerConfig, check_login
-from .context import BrokerContext, ConnectHook
-from .core import BrokerCore
-from .protocol import BrokerConnection
+from .connection.context import BrokerContext, ConnectHook
+from .connection.protocol import BrokerConnection
+from .dispatch.core import BrokerCore
 from .store import Callback, JournalError, MessageStore, run_completions
 
 __all__ = ["BrokerServer"]

@@ -203,7 +203,7 @@ async def _serve(cfg: object, users: dict[str, str] | None) -> int:
     http = None
     if cfg.http:
         from amqtransport.broker.http import start_side_port
-        from amqtransport.broker.view import ServerView
+        from amqtransport.broker.ops.view import ServerView
 
         try:
             http = await start_side_port(ServerView(server), cfg.http, users)

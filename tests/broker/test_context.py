@@ -1,4 +1,4 @@
-"""The seam between the broker and its client connections (broker/context.py).
+"""The seam between the broker and its client connections (broker/connection/context.py).
 
 A connection gets a BrokerContext, not the server; a ConnectHook declared on the
 server sees every CONNECT first, and one that takes a frame takes the socket with
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from amqtransport.broker import BrokerConfig, BrokerServer
 from amqtransport.broker.config import check_login, hash_password
-from amqtransport.broker.context import HookedConnection
+from amqtransport.broker.connection.context import HookedConnection
 from amqtransport.stomp import Frame, FrameParser, NeedData, serialize
 
 

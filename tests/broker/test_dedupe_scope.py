@@ -12,7 +12,7 @@ from pathlib import Path
 from broker_helpers import StompPy
 
 from amqtransport.broker import EmbeddedBroker
-from amqtransport.broker.message import Message
+from amqtransport.broker.dispatch.message import Message
 from amqtransport.broker.store import Keys, MessageStore, Record
 from amqtransport.testing.broker_process import BrokerProcess
 

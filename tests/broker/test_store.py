@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amqtransport.broker.message import Message
+from amqtransport.broker.dispatch.message import Message
 from amqtransport.broker.store import (
     Ack,
     DedupeWindow,

@@ -14,10 +14,10 @@ import pytest
 from broker_helpers import Raw, StompPy
 
 from amqtransport.broker import BrokerConfig, EmbeddedBroker
-from amqtransport.broker.core import BrokerCore
-from amqtransport.broker.errors import CoreError
-from amqtransport.broker.message import Message
-from amqtransport.broker.model import Subscription, TxState
+from amqtransport.broker.dispatch.core import BrokerCore
+from amqtransport.broker.dispatch.errors import CoreError
+from amqtransport.broker.dispatch.message import Message
+from amqtransport.broker.dispatch.model import Subscription, TxState
 from amqtransport.broker.store import MessageStore
 from amqtransport.stomp import Frame, serialize
 from amqtransport.testing.broker_pair import BrokerPair

@@ -15,9 +15,9 @@ import asyncio
 import time
 from pathlib import Path
 
+from amqtransport.broker.dispatch.message import Message
 from amqtransport.broker.ha.slave import JOURNAL_BACKLOG_LIMIT, SlaveLink
 from amqtransport.broker.ha.wire import RECORDS, SNAP, SYNC_END, pack, pack_seq, record_frames
-from amqtransport.broker.message import Message
 from amqtransport.broker.store import Ack, Enq, MessageStore
 from amqtransport.broker.store.records import encode
 

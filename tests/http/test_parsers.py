@@ -14,7 +14,7 @@ from amqtransport.broker.config import parse_http_address
 from amqtransport.broker.http.api import BadRequest, parse_body, parse_headers
 from amqtransport.broker.http.security import Identity, Security, _basic, _host_only
 from amqtransport.broker.http.wire import HttpLimits, HttpServer, Request, Response
-from amqtransport.broker.stats import Histogram
+from amqtransport.broker.ops.stats import Histogram
 
 
 # ---------------------------------------------------------------------- addresses

@@ -7,7 +7,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from amqtransport.broker.message import Message
+from amqtransport.broker.dispatch.message import Message
 from amqtransport.broker.store import MessageStore, run_completions
 from amqtransport.broker.store.journal import Callback
 

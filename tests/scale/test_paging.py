@@ -1,4 +1,4 @@
-"""Paged queues (broker/queues.py, registry.py, store/pages.py) at small scale: with a
+"""Paged queues (broker/dispatch/queues.py, registry.py, store/pages.py) at small scale: with a
 window of a few messages, everything a consumer sees behaves as without paging across
 the in-memory / on-disk boundary -- order, prefetch, redelivery, DLQ, expiry, NACK,
 transactions, durable topic subscriptions, wildcard consumers -- and persistent
@@ -249,7 +249,7 @@ def test_admin_takes_reach_every_kind_of_paged_message(tmp_path: Path) -> None:
     non-persistent ones queued among them (in memory, in their place): an operator's
     take by id finds both, leaves the rest in order, and only the persistent ones are
     live in the store."""
-    from amqtransport.broker.message import Message
+    from amqtransport.broker.dispatch.message import Message
     from amqtransport.broker.store import MessageStore
 
     s = MessageStore(tmp_path / "j", fsync=False)

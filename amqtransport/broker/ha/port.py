@@ -57,7 +57,7 @@ from amqtransport.stomp import Frame, Limits, serialize
 from amqtransport.stomp.session import ServerSession
 
 from ..config import BrokerConfig, check_login
-from ..context import HookedConnection
+from ..connection.context import HookedConnection
 from .auth import AUTH_HEADER, CHALLENGE_HEADER, SIGNED_HEADERS, RequestVerifier
 from .config import HaOptions, HaPortLimits, parse_address
 from .decide import OK, OK_UNSYNCED, STAND_BY, DecideOptions, NodeState, standby

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from amqtransport.errors import ConfigError
 
-from ..admin import BrokerAdmin, ServerAdmin
-from ..view import NodeStats, PeerStatus, ReplicationStats, journal_stats, serving_stats
+from ..ops.admin import BrokerAdmin, ServerAdmin
+from ..ops.view import NodeStats, PeerStatus, ReplicationStats, journal_stats, serving_stats
 from .config import parse_address
 from .port import NodeReadout
 from .shared import known_nodes

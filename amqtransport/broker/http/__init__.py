@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 
 from ..config import parse_http_address
-from ..view import NodeView
+from ..ops.view import NodeView
 from .app import ConsoleApp
 from .security import Security
 from .wire import HttpLimits, HttpServer

@@ -21,9 +21,9 @@ from urllib.parse import parse_qsl
 
 from amqtransport.errors import ServerError
 
-from ..admin import BrowsedMessage, BrowsePage, ConnectionInfo
-from ..stats import HistogramSnapshot
-from ..view import DestinationStats, NodeStats, PeerStatus
+from ..ops.admin import BrowsedMessage, BrowsePage, ConnectionInfo
+from ..ops.stats import HistogramSnapshot
+from ..ops.view import DestinationStats, NodeStats, PeerStatus
 
 __all__ = [
     "BadRequest",

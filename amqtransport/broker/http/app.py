@@ -28,8 +28,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote
 
-from ..admin import AdminError, BrokerAdmin
-from ..view import NodeView
+from ..ops.admin import AdminError, BrokerAdmin
+from ..ops.view import NodeView
 from . import api, pages
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import render_metrics

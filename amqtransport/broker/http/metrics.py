@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..stats import HistogramSnapshot
-from ..view import ROLES, DestinationStats, NodeStats
+from ..ops.stats import HistogramSnapshot
+from ..ops.view import ROLES, DestinationStats, NodeStats
 
 __all__ = ["render_metrics", "CONTENT_TYPE"]
 

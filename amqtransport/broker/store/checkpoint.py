@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from ..message import Message
+from ..dispatch.message import Message
 from .checkpoint_file import (
     FILE,
     Capture,

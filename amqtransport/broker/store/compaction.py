@@ -34,7 +34,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from ..message import Message
+from ..dispatch.message import Message
 from .dedupe import DedupeWindow
 from .journal import Journal
 from .pages import PageList, segment_of

@@ -66,7 +66,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ..stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
+from ..ops.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 from .records import Record, RecordTooLarge
 from .segments import FRAME as _FRAME
 from .segments import (

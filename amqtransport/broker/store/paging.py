@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
-from ..message import Message
+from ..dispatch.message import Message
 from .journal import Journal, JournalError
 from .pages import MOVED, SEG_SHIFT, PageList, id_hash, pack, segment_of, unpack
 from .records import Enq, RecordError, decode

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from amqtransport.errors import ServerError
 
-from ..message import Message
+from ..dispatch.message import Message
 
 __all__ = [
     "Enq",

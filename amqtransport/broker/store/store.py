@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..message import Message
+from ..dispatch.message import Message
 from . import checkpoint as ckpt
 from .compaction import KEYS_PER_RECORD as _KEYS_PER_RECORD
 from .compaction import Compaction

@@ -35,10 +35,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from ..store.journal import Callback
 from .memory import MemoryGauge
 from .message import Message
 from .model import AUTO, Subscription
-from .store.journal import Callback
 
 __all__ = ["Queue", "QueueOwner"]
 

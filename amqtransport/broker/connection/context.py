@@ -29,8 +29,8 @@ from typing import Generic, Protocol, TypeVar
 
 from amqtransport.stomp import Frame
 
-from .config import BrokerConfig
-from .core import BrokerCore
+from ..config import BrokerConfig
+from ..dispatch.core import BrokerCore
 
 __all__ = ["BrokerContext", "ConnectHook", "HookedConnection"]
 

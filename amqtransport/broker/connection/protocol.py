@@ -42,13 +42,13 @@ from amqtransport.stomp.encoders import (
     message_start,
 )
 
+from ..dispatch.errors import CoreError
+from ..dispatch.message import TRANSPORT_HEADERS, Message
+from ..dispatch.model import AUTO, Subscription, TxState
+from ..dispatch.names import DURABLE_PREFIX
+from ..store import JournalError
 from .context import BrokerContext
-from .errors import CoreError
 from .flow import FlowControlled
-from .message import TRANSPORT_HEADERS, Message
-from .model import AUTO, Subscription, TxState
-from .names import DURABLE_PREFIX
-from .store import JournalError
 from .stream import ErrorSent
 
 __all__ = ["BrokerConnection"]

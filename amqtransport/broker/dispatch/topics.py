@@ -20,10 +20,10 @@ from collections.abc import Sequence
 
 from amqtransport.destinations import match
 
+from ..store.journal import Callback
 from .message import Message
 from .model import AUTO, Subscription
 from .registry import Registry
-from .store.journal import Callback
 
 __all__ = ["FanOut"]
 

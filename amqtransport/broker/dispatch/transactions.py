@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from ..store import Ack, Enq, JournalError, Keys, RecordError
+from ..store.journal import Callback
+from ..store.records import TxPart
 from .acks import Acks
 from .errors import CoreError
 from .memory import send_size
@@ -9,9 +12,6 @@ from .message import Message
 from .model import Subscription, TxSend, TxState
 from .names import check_send_destination
 from .registry import Registry
-from .store import Ack, Enq, JournalError, Keys, RecordError
-from .store.journal import Callback
-from .store.records import TxPart
 from .topics import FanOut
 
 __all__ = ["Transactions"]

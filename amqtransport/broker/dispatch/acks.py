@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 
 from amqtransport.destinations import QUEUE_PREFIX
 
+from ..store.journal import Callback
 from .message import Message
 from .model import AUTO, CLIENT, Subscription, TxState
 from .names import dead_letter_name
 from .registry import Registry
-from .store.journal import Callback
 from .topics import FanOut
 from .wildcards import WildcardQueues
 

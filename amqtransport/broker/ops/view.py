@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from amqtransport.destinations import QUEUE_PREFIX, TOPIC_PREFIX
 
-from .names import DURABLE_PREFIX, dead_letter_name
+from ..dispatch.names import DURABLE_PREFIX, dead_letter_name
 from .stats import HistogramSnapshot
 
 if TYPE_CHECKING:
+    from ..server import BrokerServer
+    from ..store import MessageStore
     from .admin import BrokerAdmin
-    from .server import BrokerServer
-    from .store import MessageStore
 
 __all__ = [
     "DestinationStats",

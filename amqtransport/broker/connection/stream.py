@@ -48,7 +48,7 @@ from amqtransport.stomp import CLIENT_COMMANDS, FrameParser, Limits, NeedData
 from amqtransport.stomp import Frame as StompFrame
 from amqtransport.stomp.encoders import error_frame, receipt_frame
 
-from .config import BrokerConfig
+from ..config import BrokerConfig
 
 __all__ = ["ErrorSent", "IN_DOUBT_HEADER", "StompStream"]
 

@@ -30,8 +30,8 @@ from collections import deque
 
 from amqtransport.stomp import Frame as StompFrame
 
-from .config import BrokerConfig
-from .core import BrokerCore
+from ..config import BrokerConfig
+from ..dispatch.core import BrokerCore
 from .stream import ErrorSent, StompStream
 
 __all__ = ["FlowControlled"]

@@ -30,15 +30,15 @@ from collections.abc import Callable
 
 from amqtransport.destinations import QUEUE, advisory_name, wildcard_segments
 
+from ..config import BrokerConfig
+from ..store import MessageStore, RecordError, Sub
+from ..store.journal import Callback
 from .acks import Acks
 from .advisories import Advisories
-from .config import BrokerConfig
 from .errors import CoreError
 from .model import ACK_MODES, AUTO, Sink, Subscription
 from .names import DURABLE_PREFIX, check_send_destination, split_destination
 from .registry import Registry
-from .store import MessageStore, RecordError, Sub
-from .store.journal import Callback
 from .topics import FanOut
 from .transactions import Transactions
 from .wildcards import WildcardQueues

@@ -40,15 +40,15 @@ from typing import TYPE_CHECKING, Protocol
 from amqtransport.destinations import QUEUE_PREFIX
 from amqtransport.errors import ServerError
 
-from .core import BrokerCore
-from .errors import CoreError
-from .message import TRANSPORT_HEADERS, Message
-from .names import DURABLE_PREFIX, check_send_destination, destination_key
-from .queues import Queue
-from .store import ORIGINAL_DESTINATION
+from ..dispatch.core import BrokerCore
+from ..dispatch.errors import CoreError
+from ..dispatch.message import TRANSPORT_HEADERS, Message
+from ..dispatch.names import DURABLE_PREFIX, check_send_destination, destination_key
+from ..dispatch.queues import Queue
+from ..store import ORIGINAL_DESTINATION
 
 if TYPE_CHECKING:
-    from .server import BrokerServer
+    from ..server import BrokerServer
 
 __all__ = [
     "AdminError",

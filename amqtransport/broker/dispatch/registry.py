@@ -15,14 +15,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from .config import BrokerConfig
+from ..config import BrokerConfig
+from ..store import MessageStore, Sub
+from ..store.journal import Callback
 from .errors import CoreError
 from .memory import MemoryGauge
 from .message import Message
 from .model import Subscription, Topic
 from .queues import Queue
-from .store import MessageStore, Sub
-from .store.journal import Callback
 
 __all__ = ["Registry", "EXPIRY_SWEEP_S"]
 
