@@ -60,3 +60,21 @@ if [ "${AMQ_SKIP_FAKETIME:-0}" != "1" ] && ! ls /usr/lib/*/faketime/libfaketime.
         echo "setup: not root, the clock-skew test will be skipped (apt-get install -y faketime)" >&2
     fi
 fi
+
+# The real @stomp/stompjs from npm for the browser test of the WebSocket port
+# (tests/http/test_websocket_browser.py); kept in .venv, never in the repository
+STOMPJS_VERSION=7.5.0
+if [ "${AMQ_SKIP_STOMPJS:-0}" != "1" ] && [ ! -f ".venv/npm/node_modules/@stomp/stompjs/bundles/stomp.umd.min.js" ]; then
+    if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+        echo "setup: installing Debian's npm for the WebSocket browser test" >&2
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null
+    fi
+    if command -v npm >/dev/null 2>&1; then
+        echo "setup: installing @stomp/stompjs@$STOMPJS_VERSION from npm into .venv/npm" >&2
+        npm install --silent --prefix .venv/npm --no-save --no-audit --no-fund "@stomp/stompjs@$STOMPJS_VERSION" >/dev/null \
+            || echo "setup: npm install of @stomp/stompjs failed: the WebSocket browser test will be skipped" >&2
+    else
+        echo "setup: no npm: the WebSocket browser test will be skipped (apt-get install -y npm)" >&2
+    fi
+fi

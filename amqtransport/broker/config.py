@@ -115,6 +115,14 @@ class BrokerConfig(BaseModel):
     # /readyz answers 503 once producer flow control has held this long without a break
     http_ready_flow_control_seconds: float = Field(default=30.0, gt=0)
 
+    # STOMP over WebSocket (connection/websocket.py, docs/websocket.md): "HOST:PORT" or
+    # "PORT"; off when unset. Opened and closed with the client port (an HA slave's stays
+    # closed until it takes over)
+    ws: str | None = None
+    # the browser Origins allowed to open a WebSocket ("*": any, as ActiveMQ's default);
+    # a client that sends no Origin is not a browser and is always let through
+    ws_allowed_origins: list[str] = Field(default_factory=lambda: ["*"])
+
     @field_validator("http")
     @classmethod
     def _http_address(cls, value: str | None) -> str | None:
@@ -122,19 +130,27 @@ class BrokerConfig(BaseModel):
             parse_http_address(value)
         return value
 
+    @field_validator("ws")
+    @classmethod
+    def _ws_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_http_address(value, "the WebSocket port")
+        return value
 
-def parse_http_address(text: str) -> tuple[str, int]:
+
+def parse_http_address(text: str, what: str = "the HTTP side port") -> tuple[str, int]:
     """``HOST:PORT``, ``[V6]:PORT`` or ``PORT`` (host 127.0.0.1) -> (host, port); port 0
-    means any free port. ValueError naming the problem otherwise."""
+    means any free port. ValueError naming the problem (and ``what`` it is for) otherwise."""
     raw = str(text).strip()
     host, sep, port = raw.rpartition(":")
     if not sep:
         host, port = "127.0.0.1", raw
     host = host.strip("[]")
     if not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:  # '²'.isdigit() is True
-        raise ValueError(f"expected HOST:PORT or PORT (0-65535) for the HTTP side port, got {text!r}")
+        raise ValueError(f"expected HOST:PORT or PORT (0-65535) for {what}, got {text!r}")
     if sep and not host:
-        raise ValueError(f"empty host in HTTP address {text!r} (write 127.0.0.1:PORT, or 0.0.0.0:PORT deliberately)")
+        raise ValueError(f"empty host in the address of {what} {text!r} (write 127.0.0.1:PORT, or 0.0.0.0:PORT "
+                         "deliberately)")
     return host, int(port)
 
 

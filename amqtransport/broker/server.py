@@ -28,9 +28,10 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .config import BrokerConfig, check_login
+from .config import BrokerConfig, check_login, parse_http_address
 from .connection.context import BrokerContext, ConnectHook
 from .connection.protocol import BrokerConnection
+from .connection.websocket import WebSocketProtocol
 from .dispatch.core import BrokerCore
 from .store import Callback, JournalError, MessageStore, run_completions
 
@@ -62,6 +63,9 @@ class BrokerServer:
         self.core: BrokerCore = None  # type: ignore[assignment]
         self.connections: set[BrokerConnection] = set()
         self._server: asyncio.Server | None = None
+        self._ws_server: asyncio.Server | None = None
+        #: (host, port) of the WebSocket port while it listens (config ``ws``)
+        self.ws_address: tuple[str, int] | None = None
         self._compact_handle: asyncio.TimerHandle | None = None
         self._sessions = itertools.count(1)
         self._session_prefix = secrets.token_hex(3)
@@ -126,6 +130,31 @@ class BrokerServer:
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
         log.info("broker %s listening on stomp://%s:%d", self.config.name, self.host, self.port)
+        if self.config.ws is not None:
+            await self._listen_ws(ctx)
+
+    async def _listen_ws(self, ctx: BrokerContext[BrokerConnection]) -> None:
+        """The WebSocket port (``ws``): the same connections, in WebSocket messages."""
+        cfg = self.config
+        assert cfg.ws is not None
+        host, port = parse_http_address(cfg.ws, "the WebSocket port")
+        try:
+            self._ws_server = await self.loop.create_server(
+                lambda: WebSocketProtocol(lambda: BrokerConnection(ctx), allowed_origins=cfg.ws_allowed_origins,
+                                          handshake_timeout=cfg.connect_timeout_ms / 1000.0),
+                host, port, reuse_address=True, backlog=512,
+            )
+        except BaseException:
+            self._close_listeners()
+            raise
+        self.ws_address = self._ws_server.sockets[0].getsockname()[:2]
+        log.info("broker %s listening on ws://%s:%d", cfg.name, *self.ws_address)
+
+    def _close_listeners(self) -> None:
+        """Stop accepting on the client port and the WebSocket port."""
+        for server in (self._server, self._ws_server):
+            if server is not None:
+                server.close()
 
     async def start(self) -> None:
         await self.open()
@@ -142,8 +171,7 @@ class BrokerServer:
             self._compact_handle = None
         if self.core is not None:
             self.core.shutting_down = True
-        if self._server is not None:
-            self._server.close()
+        self._close_listeners()
         self.abort_connections()
         self.connections.clear()
         if self._server is not None:
@@ -152,6 +180,7 @@ class BrokerServer:
             except TimeoutError:
                 pass
             self._server = None
+        self._ws_server = self.ws_address = None
         await asyncio.sleep(0)  # let connection_lost callbacks run
         self._close_store()
         if self._temp_dir is not None:
@@ -206,8 +235,7 @@ class BrokerServer:
         if self._compact_handle is not None:
             self._compact_handle.cancel()
             self._compact_handle = None
-        if self._server is not None:
-            self._server.close()
+        self._close_listeners()
         for conn in list(self.connections):
             conn.fence(reason)
         if self.on_fenced is not None:

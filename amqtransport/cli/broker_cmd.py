@@ -123,6 +123,10 @@ def fit_open_files(max_connections: int) -> None:
 @click.option("--http", "http", default=None, metavar="HOST:PORT",
               help="Serve /metrics, /healthz, /readyz and the web console on this HTTP address "
                    "(PORT alone binds 127.0.0.1) [default: off; config key http].")
+@click.option("--ws", "ws", default=None, metavar="HOST:PORT",
+              help="Also serve STOMP over WebSocket (browsers: stompjs) on this address, any path "
+                   "(PORT alone binds 127.0.0.1); open only while the client port is "
+                   "[default: off; config key ws; allowed browser origins: ws_allowed_origins].")
 @ha_options
 def run(
     port: int | None,
@@ -134,12 +138,14 @@ def run(
     log_level: str | None,
     store_limit: int | None,
     http: str | None,
+    ws: str | None,
     **ha: object,
 ) -> None:
     """Run one broker in the foreground until SIGTERM or Ctrl-C.
 
     Prints `listening on stomp://HOST:PORT` on stdout once it accepts clients (and
-    `http console http://HOST:PORT/` with --http); logs go to stderr. Stopping flushes
+    `http console http://HOST:PORT/` with --http, `listening on ws://HOST:PORT` with
+    --ws); logs go to stderr. Stopping flushes
     the journal. Exit codes: 0 stopped, 1 cannot start, 2 bad configuration, 3 fenced
     (the journal failed, e.g. a full disk: every receipted message is on disk; restart
     once the cause is fixed).
@@ -158,6 +164,7 @@ def run(
                 "log_level": log_level,
                 "store_limit": store_limit,
                 "http": http,
+                "ws": ws,
             },
         )
         assert isinstance(cfg, BrokerConfig)
@@ -197,7 +204,8 @@ async def _serve(cfg: object, users: dict[str, str] | None) -> int:
     try:
         await server.listen()
     except OSError as exc:
-        click.echo(f"error: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", err=True)
+        where = f"{cfg.host}:{cfg.port}" + (f" or ws {cfg.ws}" if cfg.ws else "")
+        click.echo(f"error: cannot listen on {where}: {exc.strerror or exc}", err=True)
         await server.stop()
         return 1
     http = None
@@ -217,6 +225,8 @@ async def _serve(cfg: object, users: dict[str, str] | None) -> int:
         loop.add_signal_handler(sig, stop.set)
     server.on_fenced = lambda _reason: stop.set()
     click.echo(f"listening on stomp://{server.host}:{server.port}")
+    if server.ws_address is not None:
+        click.echo("listening on ws://{}:{}".format(*server.ws_address))
     if http is not None:
         click.echo(f"http console {http.url}/")
     sys.stdout.flush()

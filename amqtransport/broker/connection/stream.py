@@ -106,6 +106,8 @@ class StompStream(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.frames_in = 0
         self.opened_at = 0.0  # loop.time() of connection_made
+        #: the client came through the WebSocket port (connection/websocket.py), not plain TCP
+        self.over_websocket = False
 
     # ------------------------------------------------------------------ what a subclass adds
     def _opened(self) -> bool:
@@ -133,6 +135,7 @@ class StompStream(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.over_websocket = transport.get_extra_info("websocket") is not None
         transport.set_write_buffer_limits(high=self.config.write_buffer_high)
         now = self.loop.time()
         self.last_read = self.last_write = now

@@ -138,6 +138,8 @@ class MasterRole:
         await node.server.listen(node.host, node.port)
         node.listening = True
         node.say(f"listening on stomp://{node.server.host}:{node.server.port}")
+        if node.server.ws_address is not None:
+            node.say("listening on ws://{}:{}".format(*node.server.ws_address))
 
     async def stop(self) -> None:
         """Close the replication links, the client port and the store."""

@@ -130,6 +130,8 @@ def render_metrics(stats: NodeStats) -> str:
     if stats.serving or stats.memory is not None:
         out.one("amq_connections", "gauge", "Open client connections.", stats.connections)
         out.one("amq_connections_opened_total", "counter", "Client connections accepted.", stats.connections_opened)
+        out.one("amq_websocket_connections", "gauge", "Open client connections on the WebSocket port.",
+                stats.websocket_connections)
         out.one("amq_messages_sent_total", "counter", "Messages accepted from producers.", stats.sent)
         out.one("amq_messages_duplicate_total", "counter",
                 "Sends dropped as duplicates (idempotency key seen in the window).", stats.duplicates)

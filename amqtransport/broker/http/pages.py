@@ -348,6 +348,7 @@ def connections_page(page: Page, conns: Sequence[Mapping[str, Any]], serving: bo
         subs = "<br>".join(e(s) for s in c.get("subscriptions", [])) or "–"
         rows.append(f'<tr data-id="{e(c["id"])}"><td class="mono">{e(c["id"])}</td><td>{e(c["peer"])}</td>'
                     f'<td>{e(c.get("user") or "–")}</td><td>{e(c.get("client_id") or "–")}</td>'
+                    f'<td>{e(c.get("transport") or "tcp")}</td>'
                     f'<td>{e(c.get("version"))}</td><td>{duration(c.get("age"))}</td><td>{subs}</td>'
                     f'<td class="num">{num(c.get("unacked"))}</td><td class="num">{num(c.get("frames_in"))}</td>'
                     f'<td class="num">{num(c.get("messages_out"))}</td><td>{close}</td></tr>')
@@ -357,7 +358,7 @@ def connections_page(page: Page, conns: Sequence[Mapping[str, Any]], serving: bo
         body = '<p class="empty">No client connections.</p>'
     else:
         body = ('<table class="grid" id="connections"><thead><tr><th>id</th><th>peer</th><th>user</th>'
-                "<th>client-id</th><th>STOMP</th><th>open for</th><th>subscriptions</th><th>unacked</th>"
+                "<th>client-id</th><th>transport</th><th>STOMP</th><th>open for</th><th>subscriptions</th><th>unacked</th>"
                 f"<th>frames in</th><th>messages out</th><th></th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
     return page.render("Connections", "connections", f"<h2>Connections</h2>{body}")
 

@@ -122,6 +122,7 @@ class ConnectionInfo:
     transactions: int
     frames_in: int
     messages_out: int
+    transport: str = "tcp"  # or "ws": the broker's WebSocket port
 
 
 class BrokerAdmin(Protocol):
@@ -357,6 +358,7 @@ class ServerAdmin:
                 subscriptions=tuple(sorted(sub.destination for sub in conn.subs.values())),
                 unacked=sum(len(sub.unacked) for sub in conn.subs.values()), transactions=len(conn.txs),
                 frames_in=conn.frames_in, messages_out=conn.messages_out,
+                transport="ws" if conn.over_websocket else "tcp",
             ))
         out.sort(key=lambda c: -c.age)
         return out

@@ -152,6 +152,7 @@ class NodeStats:
     ready_reason: str
     connections: int = 0
     connections_opened: int = 0
+    websocket_connections: int = 0  # of ``connections``, those on the WebSocket port
     memory: MemoryStats | None = None
     journal: JournalStats | None = None
     replication: ReplicationStats | None = None
@@ -300,6 +301,7 @@ def serving_stats(server: BrokerServer, grace: float) -> dict[str, object]:
         "client": f"{server.host}:{server.port}",
         "connections": len(server.connections),
         "connections_opened": server.connections_opened,
+        "websocket_connections": sum(1 for c in server.connections if c.over_websocket),
         "memory": MemoryStats(
             usage=mem.usage, limit=mem.limit, peak=mem.peak, transactions=mem.reserved, flow_control=mem.full,
             flow_control_seconds=(now - mem.full_since) if mem.full and mem.full_since is not None else 0.0,
