@@ -43,6 +43,14 @@ writer fails that batch's completions *and everything queued meanwhile* with a
 broker fences itself (see ``server.py``). A record that was partly written is a torn
 tail for the next recovery; one that was wholly written but not fsynced may survive.
 
+The disk under it. A data directory deleted, replaced or made read-only under a running
+broker leaves every write and fsync on the open files succeeding, into files no path
+names any more (:mod:`.guard`). So after each fsync, before the batch's completions run,
+the writer checks that the head segment still has a name and the directory is the one
+it opened (and every :data:`~.guard.CHECK_INTERVAL` seconds, idle or not, the whole
+check: the lock file too, and that the directory is writable); a problem fails the
+journal exactly as a failed write does: no receipt for a record in a deleted file.
+
 Size. :attr:`Journal.size` is the bytes of all segments (head included) as appended,
 minus the segments handed to :meth:`delete_segments`: what ``store_limit`` measures.
 
@@ -67,6 +75,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..ops.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
+from .guard import CHECK_INTERVAL, StorageGuard
 from .records import Record, RecordTooLarge
 from .segments import FRAME as _FRAME
 from .segments import (
@@ -141,6 +150,9 @@ class Journal(SegmentReads):
         self._sizes: dict[int, int] = {}  # segment id -> bytes (as appended; loop thread)
         self.size = 0  # bytes of every segment on disk, head included (store_limit)
         self._lock_fd: int | None = None
+        self._guard: StorageGuard | None = None  # taken at start(); the writer checks it
+        self._check_due = False  # check_soon() asked for a whole check (under _cond)
+        self._full_checked = 0.0  # time.monotonic() of the writer's last whole check
         self._fd: int | None = None  # writer thread only
         self._fd_seg = -1
         self._fd_off = 0  # bytes in the file self._fd writes (writer thread)
@@ -253,6 +265,8 @@ class Journal(SegmentReads):
         if self._head == 0:
             self._head = 1
         self._open_head_sync(self._head)
+        self._guard = StorageGuard(self.directory, self._lock_fd)
+        self._full_checked = time.monotonic()
         self.segments.append(self._head)
         self._head_size = len(MAGIC)
         self._sizes[self._head] = len(MAGIC)
@@ -269,6 +283,13 @@ class Journal(SegmentReads):
     @property
     def failed(self) -> BaseException | None:
         return self._failed
+
+    def check_soon(self) -> None:
+        """Have the writer check the disk under the journal now (:mod:`.guard`), e.g.
+        after a background storage task failed; a problem fails the journal."""
+        with self._cond:
+            self._check_due = True
+            self._cond.notify_all()
 
     def add_batch_hook(self, hook: BatchHook) -> None:
         self._hooks.append(hook)
@@ -446,42 +467,65 @@ class Journal(SegmentReads):
 
     def _run(self) -> None:
         while True:
+            error: JournalError | None = None
             with self._cond:
+                idle_check = False
                 while not self._queue and not self._closing:
+                    if self._check_due or time.monotonic() - self._full_checked >= CHECK_INTERVAL:
+                        idle_check = True
+                        break
                     self._waiting = True
-                    self._cond.wait()
+                    self._cond.wait(CHECK_INTERVAL)
                     self._waiting = False
                 if not self._queue and self._closing:
                     return
-                items, self._queue = self._queue, []
-                callbacks, self._callbacks = self._callbacks, []
-                payloads, self._payloads = self._payloads, []
-                target = self._appended
-                target_bytes = self.appended_bytes
-                self._busy = True
-            error: JournalError | None = None
-            try:
-                started = time.perf_counter()
-                self._write_batch(items)
-                self.fsync_seconds.observe(time.perf_counter() - started)
-                if payloads:
-                    self.batch_records.observe(len(payloads))
-                for hook in list(self._hooks):
-                    fut = hook(payloads)
-                    if fut is not None:
-                        fut.result()
-            except BaseException as exc:  # noqa: BLE001 - reported to every waiter
-                log.error(
-                    "journal %s: write failed: %s; the broker can no longer persist", self.directory, exc
-                )
-                error = exc if isinstance(exc, JournalError) else JournalError(f"journal write failed: {exc}")
-                if error is not exc:
-                    error.__cause__ = exc
+                if idle_check:
+                    self._check_due = False
+                else:
+                    items, self._queue = self._queue, []
+                    callbacks, self._callbacks = self._callbacks, []
+                    payloads, self._payloads = self._payloads, []
+                    target = self._appended
+                    target_bytes = self.appended_bytes
+                    self._busy = True
+            if idle_check:  # nothing to write: is the disk under us still there?
+                problem = self._storage_problem(full=True)
+                if problem is None:
+                    continue
+                with self._cond:
+                    self._busy = True
+                    target, target_bytes = self._durable, self._durable_bytes
+                callbacks = []
+                error = _storage_error(problem)
+                log.error("journal %s: %s; the broker can no longer persist", self.directory, error)
+            else:
+                try:
+                    started = time.perf_counter()
+                    self._write_batch(items)
+                    problem = self._storage_problem(full=False)
+                    if problem is not None:  # before any completion: no receipt into a deleted file
+                        raise _storage_error(problem)
+                    self.fsync_seconds.observe(time.perf_counter() - started)
+                    if payloads:
+                        self.batch_records.observe(len(payloads))
+                    for hook in list(self._hooks):
+                        fut = hook(payloads)
+                        if fut is not None:
+                            fut.result()
+                except BaseException as exc:  # noqa: BLE001 - reported to every waiter
+                    log.error(
+                        "journal %s: write failed: %s; the broker can no longer persist", self.directory, exc
+                    )
+                    error = exc if isinstance(exc, JournalError) else JournalError(f"journal write failed: {exc}")
+                    if error is not exc:
+                        error.__cause__ = exc
+            if error is not None:
                 with self._cond:  # appends from now on raise; what was queued meanwhile fails too
                     self._failed = error
                     callbacks += self._callbacks
                     self._callbacks, self._queue, self._payloads = [], [], []
-            self.batches += 1
+            if not idle_check:
+                self.batches += 1
             self.records_written = target  # every record appended before this batch, plus it
             if callbacks:
                 try:
@@ -502,6 +546,19 @@ class Journal(SegmentReads):
                     except Exception:  # noqa: BLE001 - e.g. the loop is closed
                         log.exception("journal: reporting the failure failed")
                 return
+
+    def _storage_problem(self, *, full: bool) -> str | None:
+        """The guard's finding (writer thread): the quick check after each batch, the whole
+        one when ``full`` or every :data:`CHECK_INTERVAL` seconds."""
+        guard = self._guard
+        if guard is None:
+            return None
+        name = f"segment {self.path_of(self._fd_seg).name}"
+        now = time.monotonic()
+        if full or now - self._full_checked >= CHECK_INTERVAL:
+            self._full_checked = now
+            return guard.problem(self._fd, name)
+        return guard.quick(self._fd, name)
 
     def _write_batch(self, items: list[bytes | tuple[str, object]]) -> None:
         chunk: list[bytes] = []
@@ -539,6 +596,10 @@ class Journal(SegmentReads):
         self.bytes_written += len(data)
         self._fd_off += len(data)
         self._mark_written()
+
+
+def _storage_error(problem: str) -> JournalError:
+    return JournalError(f"journal storage lost: {problem}")
 
 
 def _write_all(fd: int, data: bytes) -> None:
