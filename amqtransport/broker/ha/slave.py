@@ -21,9 +21,13 @@ sans-IO :class:`~.wire.WireDecoder`:
 The slave pings every quarter of ``--link-timeout`` and treats a link silent for
 ``--link-timeout`` as lost, like a broken or closed one, or a malformed frame. When
 the node stops it says goodbye (``BYE``), so the master does not count it as a slave
-that may be taking over, and flushes its journal. A journal failure drops the link
-(the master then counts this slave as lost). :meth:`SlaveLink.run` returns ``"stop"``
-or ``"lost"``.
+that may be taking over, and flushes its journal. A journal failure -- a write error, or
+a data directory deleted or replaced under it (:mod:`..store.guard`) -- drops the link
+(the master then counts this slave as lost) and returns ``"failed"``: the copy is no
+longer complete, so the node marks itself not synced (in memory too: the state file may
+be gone with the directory), closes the store and, a second later, joins the master
+again with a fresh store (a full sync) -- it never takes over with it.
+:meth:`SlaveLink.run` returns ``"stop"``, ``"lost"`` or ``"failed"``.
 
 The node's slave side
 ---------------------
@@ -184,6 +188,9 @@ class SlaveLink:
         self.up = True
         try:
             while True:
+                if store.journal.failed is not None:
+                    log.error("slave journal failed: %s; dropping the link", store.journal.failed)
+                    return "failed"
                 now = loop.time()
                 if now - last_ping >= self.link_timeout / 4:
                     writer.write(pack(PING))
@@ -342,6 +349,11 @@ async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
     link = node.slave_link = SlaveLink(store, reader, writer, link_timeout=node.opts.link_timeout,
                                        on_synced=synced)
     outcome = await link.run(node.stop_event)
+    if store.journal.failed is not None:
+        outcome = "failed"
+    if outcome == "failed":
+        writer.close()
+        return await _after_store_failure(node, store)
     if outcome == "stop" and node.state.synced:
         # the master goes on without us after a goodbye: this copy is stale from
         # its next receipt on, so it must resync before it could serve
@@ -351,6 +363,20 @@ async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
     if outcome == "stop":
         return "stop"
     return await _after_master_loss(node, addr, where)
+
+
+async def _after_store_failure(node: SlaveHost, store: MessageStore) -> str:
+    """The replica's journal failed: never a complete copy again; resync in a second."""
+    node.state.synced = False
+    try:
+        node.state.save(node.data_dir)
+    except OSError as exc:
+        log.error("node %s: cannot record that its store is not a copy any more: %s", node.name, exc)
+    node.slave_link = None
+    node.close_slave_store()
+    node.set_waiting(f"its store failed ({store.journal.failed}); resyncing from the master")
+    await node.sleep(1.0)
+    return "decide"
 
 
 async def _after_master_loss(node: SlaveHost, addr: tuple[str, int], where: str) -> str:
