@@ -273,7 +273,9 @@ class BrokerServer:
             self.store.compact(relocate=self.config.compact_relocate_max)
         except Exception:  # noqa: BLE001 - compaction problems must not stop the broker
             log.exception("compaction failed")
-        self._schedule_compaction()
+            self.store.compaction_failures += 1
+            self.store.journal.check_soon()  # the disk under it gone? that fences (store/guard.py)
+        self._schedule_compaction()  # the next run waits compact_interval_ms: never a loop
 
     def register(self, conn: BrokerConnection) -> bool:
         if len(self.connections) >= self.config.max_connections:

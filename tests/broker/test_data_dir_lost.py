@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import threading
@@ -19,11 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 from broker_helpers import Raw, StompPy
 
 from amqtransport.stomp import Frame, serialize
 from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -154,6 +157,21 @@ def test_a_replicated_master_whose_data_directory_is_deleted_hands_over_within_2
         assert pair.wait_in_sync(timeout=30) is master
 
 
+def test_a_shared_store_master_whose_store_is_deleted_releases_it_within_2_s(tmp_path: Path) -> None:
+    """Before: it went on receipting into the deleted journal and kept the store lock."""
+    with BrokerPair("shared-store", tmp_path / "pair") as pair:
+        master = pair.wait_master()
+        p = Stream(master.port)
+        p.wait_receipts(200)
+        shutil.rmtree(master.data_dir)
+        gone = time.monotonic()
+        assert p.closed.wait(2.0), "the master still served 2 s after its store was deleted"
+        assert not p.receipted_after(gone)
+        assert master.proc is not None and master.proc.wait(10) == 3
+        assert "releasing the store lock to the standby" in master.log_text()
+        assert pair.wait_master(timeout=10, exclude=master) is pair.other(master)
+
+
 def _checkpoint_config(tmp_path: Path) -> Path:
     cfg = tmp_path / "broker.toml"
     cfg.write_text("segment_size = 65536\ncheckpoint_interval = 65536\n")
@@ -175,7 +193,9 @@ def test_a_checkpoint_that_cannot_be_written_backs_off_and_sigterm_stops_the_bro
     ``checkpoint.tmp`` is made a directory, so writing the checkpoint fails (EISDIR)
     while the journal itself is fine: the broker keeps serving."""
     data = tmp_path / "data"
-    with BrokerProcess(data, args=["--config", str(_checkpoint_config(tmp_path))], log_dir=tmp_path) as bp:
+    http = free_port()
+    args = ["--config", str(_checkpoint_config(tmp_path)), "--http", f"127.0.0.1:{http}"]
+    with BrokerProcess(data, args=args, log_dir=tmp_path) as bp:
         (data / "journal" / "checkpoint.tmp").mkdir()
         _churn(bp.port)
         time.sleep(1.0)
@@ -184,6 +204,12 @@ def test_a_checkpoint_that_cannot_be_written_backs_off_and_sigterm_stops_the_bro
         used = cpu_seconds(bp.pid) - before
         assert used < 0.05 * 4.0, f"{used:.2f} s of CPU in 4 s with a failing checkpoint"
         assert "checkpoint not written" in bp.log_text() and "retrying in" in bp.log_text()
+        metrics = requests.get(f"http://127.0.0.1:{http}/metrics", timeout=10).text
+        assert "\namq_store_failing 1\n" in metrics
+        failed = re.search(r'^amq_store_background_failures_total\{task="checkpoint"\} (\d+)$', metrics, re.M)
+        assert failed is not None and 1 <= int(failed.group(1)) <= 10, metrics  # backs off: a few, not thousands
+        page = requests.get(f"http://127.0.0.1:{http}/", timeout=10).text
+        assert "Store failing: " in page and "checkpoint.tmp" in page
         c = StompPy(bp.port)  # still serving: a checkpoint is an optimisation
         c.wait_receipts([c.send("/queue/after", "y")])
         c.close()
