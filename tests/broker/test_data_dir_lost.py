@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -23,9 +24,11 @@ import pytest
 import requests
 from broker_helpers import Raw, StompPy
 
+from amqtransport.broker.store import Journal, JournalError
 from amqtransport.stomp import Frame, serialize
 from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.testing.disk import TmpfsUnavailable, tmpfs
 from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -170,6 +173,98 @@ def test_a_shared_store_master_whose_store_is_deleted_releases_it_within_2_s(tmp
         assert master.proc is not None and master.proc.wait(10) == 3
         assert "releasing the store lock to the standby" in master.log_text()
         assert pair.wait_master(timeout=10, exclude=master) is pair.other(master)
+
+
+def test_a_volume_unmounted_under_a_broker_is_a_replaced_directory_and_fences(tmp_path: Path) -> None:
+    """The data directory is a tmpfs that is lazily unmounted (a detached volume, a bind
+    mount gone): the files stay open and writable, the path now leads to the empty
+    directory underneath. Before: the broker went on receipting into the detached volume."""
+    mount = tmp_path / "volume"
+    try:
+        ctx = tmpfs(mount, 64 << 20)
+        ctx.__enter__()
+    except TmpfsUnavailable as exc:
+        pytest.skip(f"needs a tmpfs: {exc}")
+    try:
+        with BrokerProcess(mount / "data", log_dir=tmp_path) as bp:
+            p = Stream(bp.port)
+            p.wait_receipts(200)
+            assert subprocess.run(["umount", "-l", str(mount)], check=False).returncode == 0
+            gone = time.monotonic()
+            assert p.closed.wait(2.0), "the broker still served 2 s after its volume went away"
+            assert not p.receipted_after(gone)
+            assert bp.proc is not None and bp.proc.wait(10) == 3
+            assert "was replaced (device/inode changed" in bp.log_text() or "is gone" in bp.log_text()
+    finally:
+        with contextlib.suppress(Exception):
+            ctx.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------------- the guard, in process
+def _journal(path: Path, failures: list[JournalError]) -> Journal:
+    j = Journal(path, fsync=False, on_failure=failures.append)
+    for _ in j.recover_from():  # an empty journal: nothing to read
+        pass
+    j.start()
+    return j
+
+
+def _append(j: Journal) -> BaseException | None:
+    done = threading.Event()
+    got: list[BaseException | None] = []
+
+    def cb(err: BaseException | None) -> None:
+        got.append(err)
+        done.set()
+
+    try:
+        j.append([b"payload"], cb)
+    except JournalError as exc:
+        return exc
+    assert done.wait(10)
+    return got[0]
+
+
+def test_the_journal_fails_an_append_into_a_replaced_directory_before_its_completion(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    failures: list[JournalError] = []
+    j = _journal(tmp_path / "journal", failures)
+    try:
+        assert _append(j) is None
+        (tmp_path / "journal").rename(tmp_path / "moved")
+        (tmp_path / "journal").mkdir()
+        err = _append(j)
+        assert isinstance(err, JournalError) and "was replaced" in str(err)
+        assert failures and j.failed is not None
+        with pytest.raises(JournalError, match="failed earlier"):
+            j.append([b"more"])
+        assert "journal storage lost" in caplog.text
+        caplog.clear()  # the ERROR it must log
+    finally:
+        j.close()
+
+
+@pytest.mark.parametrize("what", ["directory", "lock file"])
+def test_an_idle_journal_notices_within_a_second_that_its_files_are_gone(
+    tmp_path: Path, what: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    failures: list[JournalError] = []
+    j = _journal(tmp_path / "journal", failures)
+    try:
+        assert _append(j) is None
+        if what == "directory":
+            shutil.rmtree(tmp_path / "journal")
+        else:
+            (tmp_path / "journal" / "LOCK").unlink()
+        deadline = time.monotonic() + 5
+        while not failures and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert failures, f"the journal did not notice its {what} was deleted"
+        assert "lock file" in str(failures[0]) if what == "lock file" else "deleted" in str(failures[0])
+        caplog.clear()  # the ERROR it must log
+    finally:
+        j.close()
 
 
 def _checkpoint_config(tmp_path: Path) -> Path:
