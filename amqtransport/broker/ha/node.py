@@ -150,6 +150,7 @@ class HaNode:
         self.waiting_reason = ""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.takeovers = 0
+        self.store_failures = 0  # slave: its replica store failed this many times in a row
         self.became_master_at = 0.0
         self.http: HttpServer | None = None  # the HTTP side port (--http), in every role
         self._ha_waiting: set[HaPortProtocol] = set()

@@ -25,8 +25,9 @@ that may be taking over, and flushes its journal. A journal failure -- a write e
 a data directory deleted or replaced under it (:mod:`..store.guard`) -- drops the link
 (the master then counts this slave as lost) and returns ``"failed"``: the copy is no
 longer complete, so the node marks itself not synced (in memory too: the state file may
-be gone with the directory), closes the store and, a second later, joins the master
-again with a fresh store (a full sync) -- it never takes over with it.
+be gone with the directory), closes the store and, a second later (doubling to 30 s
+while it keeps failing), joins the master again with a fresh store (a full sync) -- it
+never takes over with it.
 :meth:`SlaveLink.run` returns ``"stop"``, ``"lost"`` or ``"failed"``.
 
 The node's slave side
@@ -285,6 +286,7 @@ class SlaveHost(RoleHost, Protocol):
     slave_store: MessageStore | None
     waiting_reason: str
     takeovers: int
+    store_failures: int  # the replica's store failed this many times in a row (back-off)
 
     @property
     def stop_event(self) -> asyncio.Event: ...
@@ -344,6 +346,7 @@ async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
         node.state.synced = True
         node.state.role = "slave"
         node.state.save(node.data_dir)
+        node.store_failures = 0
         node.say(f"synced {len(store.live)} messages at epoch {master_epoch}")
 
     link = node.slave_link = SlaveLink(store, reader, writer, link_timeout=node.opts.link_timeout,
@@ -366,7 +369,8 @@ async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
 
 
 async def _after_store_failure(node: SlaveHost, store: MessageStore) -> str:
-    """The replica's journal failed: never a complete copy again; resync in a second."""
+    """The replica's journal failed: never a complete copy again; resync after a back-off
+    (1 s, doubling up to 30 s while it fails again before a sync completes)."""
     node.state.synced = False
     try:
         node.state.save(node.data_dir)
@@ -375,7 +379,8 @@ async def _after_store_failure(node: SlaveHost, store: MessageStore) -> str:
     node.slave_link = None
     node.close_slave_store()
     node.set_waiting(f"its store failed ({store.journal.failed}); resyncing from the master")
-    await node.sleep(1.0)
+    node.store_failures += 1
+    await node.sleep(min(30.0, 2.0 ** (node.store_failures - 1)))
     return "decide"
 
 
