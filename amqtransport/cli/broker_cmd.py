@@ -250,3 +250,13 @@ def _register_ha() -> None:
 
 
 _register_ha()
+
+
+def _register_journal() -> None:
+    from amqtransport.cli.journal_cmd import repair, verify
+
+    broker.add_command(verify)
+    broker.add_command(repair)
+
+
+_register_journal()

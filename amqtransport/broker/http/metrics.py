@@ -168,6 +168,9 @@ def render_metrics(stats: NodeStats) -> str:
                 "data directory deleted, replaced or read-only: the node fences) or a background storage "
                 "task's last attempt failed (a checkpoint that cannot be written; it backs off and retries).",
                 1 if journal.failed or journal.failing else 0)
+        out.one("amq_journal_damaged_regions", "gauge",
+                "Damaged journal regions the last recovery skipped: their records are lost (the log names "
+                "them; `amq broker verify` reports, `amq broker repair` salvages).", journal.damaged_regions)
         out.family("amq_store_background_failures_total", "counter",
                    "Background storage tasks that failed, by task (checkpoint, compaction).",
                    (({"task": task}, n) for task, n in journal.task_failures))

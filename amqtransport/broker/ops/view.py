@@ -110,6 +110,7 @@ class JournalStats:
     flow_control_seconds: float = 0.0  # how long the store limit has held (0 when off)
     failing: str | None = None  # why a background storage task's last attempt failed (a checkpoint)
     task_failures: tuple[tuple[str, int], ...] = ()  # (task, failed attempts): checkpoint, compaction
+    damaged_regions: int = 0  # damaged journal regions the last recovery skipped (store/salvage.py)
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,7 @@ def journal_stats(store: MessageStore) -> JournalStats:
         else 0.0,
         failing=store.checkpoints.failing or None,
         task_failures=(("checkpoint", store.checkpoints.failures), ("compaction", store.compaction_failures)),
+        damaged_regions=len(journal.damage),
     )
 
 

@@ -25,12 +25,12 @@ cost one fsync, not N. A receipt for a persistent SEND is sent from such a callb
 i.e. only once its record is on disk.
 
 Recovery. :meth:`Journal.recover` reads the segments in id order and yields every
-record whose frame is complete and whose CRC matches. At the first bad frame
-(short header, impossible length, CRC mismatch, undecodable payload) it stops reading
-that segment and truncates the file there: a torn tail from a crash mid-write is cut
-off cleanly and the next run appends after good data. (A bad frame in a segment that
-is not the last is reported as corruption in the log; later segments are still read.)
-Recovery always starts a fresh head segment.
+record whose frame is complete and whose CRC matches. A bad frame (short header,
+impossible length, CRC mismatch, undecodable payload) with nothing intact after it at
+the end of the last segment is a torn tail from a crash mid-write: it is cut off. Any
+other bad frame is damage, and recovery never destroys what it could read: it skips
+just the damaged bytes, reads on from the next intact frame and reports what was lost
+(:mod:`.salvage`, :attr:`Journal.damage`). Recovery always starts a fresh head segment.
 
 Compaction. The store decides which segments hold nothing needed any more and calls
 :meth:`Journal.delete_segments`; the writer deletes them only after the batch that was
@@ -77,6 +77,7 @@ from pathlib import Path
 from ..ops.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 from .guard import CHECK_INTERVAL, StorageGuard
 from .records import Record, RecordTooLarge
+from .salvage import Damage, TornTail, scan_with_damage
 from .segments import FRAME as _FRAME
 from .segments import (
     MAGIC,
@@ -86,7 +87,6 @@ from .segments import (
     StoreLockedError,
     scan_segment,
 )
-from .segments import Scan as _Scan
 from .segments import segment_id as _segment_id
 
 __all__ = [
@@ -164,6 +164,7 @@ class Journal(SegmentReads):
         self.records_written = 0
         # metrics (observed by the writer thread): write + fdatasync time of each group
         # commit, and how many records it carried
+        self.damage: list[Damage] = []  # damaged regions recovery skipped (salvage.py)
         self.fsync_seconds = Histogram(LATENCY_BUCKETS)
         self.batch_records = Histogram(SIZE_BUCKETS)
 
@@ -180,6 +181,11 @@ class Journal(SegmentReads):
                 f"journal {self.directory} is in use by another broker process"
             ) from exc
         self._lock_fd = fd
+
+    def _damaged(self, damage: Damage) -> None:
+        self.damage.append(damage)
+        log.error("journal %s: %s (recovery skips it and reads on: `amq broker verify` reports, `amq broker "
+                  "repair` salvages)", self.directory, damage)
 
     def segment_sizes(self) -> dict[int, int]:
         """Segment id -> bytes (as appended), for the segments not handed to :meth:`delete_segments`."""
@@ -218,35 +224,32 @@ class Journal(SegmentReads):
             if start is not None and seg_id == start[0]:
                 first = max(first, start[1])
             view = memoryview(data)
+            last = n == len(ids) - 1
+            torn: TornTail | None = None
             if len(view) < len(MAGIC) or bytes(view[: len(MAGIC)]) != MAGIC:
-                scan = _Scan(view, len(view), self.max_record)
-                scan.end = 0
-                scan.problem = "short segment header" if len(view) < len(MAGIC) else "bad segment magic"
-                if not data:
-                    scan.problem = None
+                problem = "short segment header" if len(view) < len(MAGIC) else "bad segment magic"
+                if last and len(view) < len(MAGIC):
+                    torn = TornTail(seg_id, 0, problem)  # a crash while the head was created
+                elif data:
+                    self._damaged(Damage(seg_id, 0, len(view), problem, ""))
             else:
-                scan = _Scan(view, min(first, len(view)), self.max_record)
-                for offset, payload, rec in scan:
-                    yield seg_id, offset, payload, rec
-            good_end, problem = scan.end, scan.problem
+                for item in scan_with_damage(view, seg_id, min(first, len(view)), self.max_record, last=last):
+                    if isinstance(item, tuple):
+                        yield seg_id, *item
+                    elif isinstance(item, TornTail):
+                        torn = item
+                    else:
+                        self._damaged(item)
             del view
-            if problem is not None:
-                last = n == len(ids) - 1
-                level = logging.WARNING if last else logging.ERROR
-                log.log(
-                    level,
-                    "journal %s: %s; truncating %d bytes%s",
-                    path.name,
-                    problem,
-                    len(data) - good_end,
-                    "" if last else " (not the last segment: corruption, not a torn write)",
-                )
+            if torn is not None:  # never fsynced, so never receipted: cut it off
+                log.warning("journal %s: %s; truncating %d bytes (a torn tail)", path.name, torn.problem,
+                            len(data) - torn.offset)
                 with open(path, "r+b") as fh:
-                    if good_end < len(MAGIC):
+                    if torn.offset < len(MAGIC):
                         fh.truncate(0)
                         fh.write(MAGIC)
                     else:
-                        fh.truncate(good_end)
+                        fh.truncate(torn.offset)
                     fh.flush()
                     os.fsync(fh.fileno())
             self._sizes[seg_id] = path.stat().st_size
