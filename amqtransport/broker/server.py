@@ -24,7 +24,9 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -35,9 +37,45 @@ from .connection.websocket import WebSocketProtocol
 from .dispatch.core import BrokerCore
 from .store import Callback, JournalError, MessageStore, run_completions
 
-__all__ = ["BrokerServer"]
+__all__ = ["BrokerServer", "STOP_DEADLINE", "stop_on_signals"]
 
 log = logging.getLogger(__name__)
+
+#: seconds a broker process may take to stop after SIGTERM before it exits anyway
+STOP_DEADLINE = 6.0
+
+
+def stop_on_signals(
+    loop: asyncio.AbstractEventLoop,
+    stop: Callable[[], None],
+    exit_code: Callable[[], int],
+    deadline: float = STOP_DEADLINE,
+) -> None:
+    """SIGTERM and SIGINT call ``stop`` on ``loop`` and arm the stop deadline: a process
+    still running ``deadline`` seconds later logs why and exits with ``exit_code()``.
+
+    The handler is a plain signal handler, not the loop's: it runs (in the main thread)
+    even while the loop is blocked, e.g. waiting for a journal that does not answer."""
+    armed: list[threading.Timer] = []
+
+    def overdue() -> None:
+        code = exit_code()
+        log.error("the stop did not finish within %.0f s of the signal (storage not answering?): "
+                  "exiting now with code %d; recovery starts from what is on disk", deadline, code)
+        logging.shutdown()
+        os._exit(code)
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        if not armed:
+            timer = threading.Timer(deadline, overdue)
+            timer.daemon = True
+            timer.start()
+            armed.append(timer)
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(stop)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
 
 STATUS_MAX_DEPTHS = 100  # queues listed by name in a status answer (the deepest ones)
 
@@ -263,7 +301,9 @@ class BrokerServer:
             self.store.compact(relocate=self.config.compact_relocate_max)
         except Exception:  # noqa: BLE001 - compaction problems must not stop the broker
             log.exception("compaction failed")
-        self._schedule_compaction()
+            self.store.compaction_failures += 1
+            self.store.journal.check_soon()  # the disk under it gone? that fences (store/guard.py)
+        self._schedule_compaction()  # the next run waits compact_interval_ms: never a loop
 
     def register(self, conn: BrokerConnection) -> bool:
         if len(self.connections) >= self.config.max_connections:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import getpass
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -187,7 +186,7 @@ def run(
 
 async def _serve(cfg: object, users: dict[str, str] | None) -> int:
     from amqtransport.broker.config import BrokerConfig
-    from amqtransport.broker.server import BrokerServer
+    from amqtransport.broker.server import BrokerServer, stop_on_signals
     from amqtransport.broker.store import StoreLockedError
 
     assert isinstance(cfg, BrokerConfig)
@@ -220,9 +219,7 @@ async def _serve(cfg: object, users: dict[str, str] | None) -> int:
             await server.stop()
             return 1
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(asyncio.get_running_loop(), stop.set, lambda: 3 if server.fenced is not None else 1)
     server.on_fenced = lambda _reason: stop.set()
     click.echo(f"listening on stomp://{server.host}:{server.port}")
     if server.ws_address is not None:
@@ -263,3 +260,13 @@ def _register_ha() -> None:
 
 
 _register_ha()
+
+
+def _register_journal() -> None:
+    from amqtransport.cli.journal_cmd import repair, verify
+
+    broker.add_command(verify)
+    broker.add_command(repair)
+
+
+_register_journal()

@@ -155,7 +155,8 @@ class MasterRole:
     def _fenced(self, reason: str) -> None:
         """The master's journal failed (a full disk, an I/O error; the server has fenced
         itself): hand over to an in-sync slave -- this store missed writes, so it never
-        claims master again before resyncing -- or, with none, stop (exit code 3)."""
+        claims master again before resyncing -- or, with none, stop (exit code 3; a
+        shared-store master so releases the store lock to its standby)."""
         node = self.node
         link = node.repl.link if node.repl is not None else None
         if link is not None and link.synced and node.demote_event is not None:
@@ -165,7 +166,11 @@ class MasterRole:
                 node.state.save(node.data_dir)
             node.demote_event.set()
             return
-        log.error("node %s: %s: no in-sync slave to hand over to: stopping (exit code 3)", node.name, reason)
+        if node.opts.mode == "shared-store":  # exiting releases the store lock: the standby takes over
+            log.error("node %s: %s: releasing the store lock to the standby: stopping (exit code 3)", node.name,
+                      reason)
+        else:
+            log.error("node %s: %s: no in-sync slave to hand over to: stopping (exit code 3)", node.name, reason)
         node.exit_code = 3
         node.stop()
 

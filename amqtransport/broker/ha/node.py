@@ -56,8 +56,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 from amqtransport.errors import ConfigError
 
 from ..config import BrokerConfig
-from ..server import BrokerServer
+from ..server import BrokerServer, stop_on_signals
 from ..store import MessageStore
 from .auth import HaRequest, RequestSigner, RequestVerifier, load_secret
 from .config import HaOptions, parse_address
@@ -150,6 +150,7 @@ class HaNode:
         self.waiting_reason = ""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.takeovers = 0
+        self.store_failures = 0  # slave: its replica store failed this many times in a row
         self.became_master_at = 0.0
         self.http: HttpServer | None = None  # the HTTP side port (--http), in every role
         self._ha_waiting: set[HaPortProtocol] = set()
@@ -165,9 +166,8 @@ class HaNode:
     # ------------------------------------------------------------------ entry
     async def run(self) -> int:
         self.loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                self.loop.add_signal_handler(sig, self.stop)
+        if threading.current_thread() is threading.main_thread():  # a node run in a test's thread: no signals
+            stop_on_signals(self.loop, self.stop, lambda: self.exit_code or 1)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._ha_server = await self.loop.create_server(
             lambda: HaPortProtocol(self.requests, self.opts.port_limits, self._ha_waiting), self.host, self.ha_port,

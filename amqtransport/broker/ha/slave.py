@@ -21,9 +21,14 @@ sans-IO :class:`~.wire.WireDecoder`:
 The slave pings every quarter of ``--link-timeout`` and treats a link silent for
 ``--link-timeout`` as lost, like a broken or closed one, or a malformed frame. When
 the node stops it says goodbye (``BYE``), so the master does not count it as a slave
-that may be taking over, and flushes its journal. A journal failure drops the link
-(the master then counts this slave as lost). :meth:`SlaveLink.run` returns ``"stop"``
-or ``"lost"``.
+that may be taking over, and flushes its journal. A journal failure -- a write error, or
+a data directory deleted or replaced under it (:mod:`..store.guard`) -- drops the link
+(the master then counts this slave as lost) and returns ``"failed"``: the copy is no
+longer complete, so the node marks itself not synced (in memory too: the state file may
+be gone with the directory), closes the store and, a second later (doubling to 30 s
+while it keeps failing), joins the master again with a fresh store (a full sync) -- it
+never takes over with it.
+:meth:`SlaveLink.run` returns ``"stop"``, ``"lost"`` or ``"failed"``.
 
 The node's slave side
 ---------------------
@@ -184,6 +189,9 @@ class SlaveLink:
         self.up = True
         try:
             while True:
+                if store.journal.failed is not None:
+                    log.error("slave journal failed: %s; dropping the link", store.journal.failed)
+                    return "failed"
                 now = loop.time()
                 if now - last_ping >= self.link_timeout / 4:
                     writer.write(pack(PING))
@@ -278,6 +286,7 @@ class SlaveHost(RoleHost, Protocol):
     slave_store: MessageStore | None
     waiting_reason: str
     takeovers: int
+    store_failures: int  # the replica's store failed this many times in a row (back-off)
 
     @property
     def stop_event(self) -> asyncio.Event: ...
@@ -337,11 +346,17 @@ async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
         node.state.synced = True
         node.state.role = "slave"
         node.state.save(node.data_dir)
+        node.store_failures = 0
         node.say(f"synced {len(store.live)} messages at epoch {master_epoch}")
 
     link = node.slave_link = SlaveLink(store, reader, writer, link_timeout=node.opts.link_timeout,
                                        on_synced=synced)
     outcome = await link.run(node.stop_event)
+    if store.journal.failed is not None:
+        outcome = "failed"
+    if outcome == "failed":
+        writer.close()
+        return await _after_store_failure(node, store)
     if outcome == "stop" and node.state.synced:
         # the master goes on without us after a goodbye: this copy is stale from
         # its next receipt on, so it must resync before it could serve
@@ -351,6 +366,22 @@ async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
     if outcome == "stop":
         return "stop"
     return await _after_master_loss(node, addr, where)
+
+
+async def _after_store_failure(node: SlaveHost, store: MessageStore) -> str:
+    """The replica's journal failed: never a complete copy again; resync after a back-off
+    (1 s, doubling up to 30 s while it fails again before a sync completes)."""
+    node.state.synced = False
+    try:
+        node.state.save(node.data_dir)
+    except OSError as exc:
+        log.error("node %s: cannot record that its store is not a copy any more: %s", node.name, exc)
+    node.slave_link = None
+    node.close_slave_store()
+    node.set_waiting(f"its store failed ({store.journal.failed}); resyncing from the master")
+    node.store_failures += 1
+    await node.sleep(min(30.0, 2.0 ** (node.store_failures - 1)))
+    return "decide"
 
 
 async def _after_master_loss(node: SlaveHost, addr: tuple[str, int], where: str) -> str:

@@ -67,7 +67,7 @@ def node_json(s: NodeStats) -> dict[str, Any]:
         out["store"] = {"messages": j.messages, "size": j.size, "limit": j.limit, "flow_control": j.flow_control,
                         "flow_control_seconds": round(j.flow_control_seconds, 1),
                         "segments": j.segments, "records": j.records, "batches": j.batches,
-                        "bytes_written": j.bytes_written, "journal_failed": j.failed,
+                        "bytes_written": j.bytes_written, "journal_failed": j.failed, "failing": j.failing,
                         "fsync_p50": _quantile(j.fsync, 0.5), "fsync_p99": _quantile(j.fsync, 0.99),
                         "batch_p50": _quantile(j.batch, 0.5)}
     if s.replication is not None:

@@ -165,6 +165,17 @@ def render_metrics(stats: NodeStats) -> str:
         out.one("amq_store_segments", "gauge", "Journal segment files.", journal.segments)
         out.one("amq_journal_healthy", "gauge", "0 once a journal write or fsync has failed.",
                 0 if journal.failed else 1)
+        out.one("amq_store_failing", "gauge",
+                "1 while the store cannot keep its promise: the journal failed (a write or fsync error, its "
+                "data directory deleted, replaced or read-only: the node fences) or a background storage "
+                "task's last attempt failed (a checkpoint that cannot be written; it backs off and retries).",
+                1 if journal.failed or journal.failing else 0)
+        out.one("amq_journal_damaged_regions", "gauge",
+                "Damaged journal regions the last recovery skipped: their records are lost (the log names "
+                "them; `amq broker verify` reports, `amq broker repair` salvages).", journal.damaged_regions)
+        out.family("amq_store_background_failures_total", "counter",
+                   "Background storage tasks that failed, by task (checkpoint, compaction).",
+                   (({"task": task}, n) for task, n in journal.task_failures))
         out.one("amq_journal_records_total", "counter", "Records appended to the journal.", journal.records)
         out.one("amq_journal_written_bytes_total", "counter", "Bytes written to the journal.", journal.bytes_written)
         out.one("amq_journal_batches_total", "counter", "Group commits (one fsync each).", journal.batches)

@@ -170,9 +170,15 @@ def overview_page(page: Page, nodes: Sequence[Mapping[str, Any]], destinations: 
         detail = f" ({e(n.get('detail'))})" if n.get("detail") else ""
         banner = f'<p class="banner">This node serves no clients: {e(n.get("ready_reason"))}{detail}.{hint}</p>'
 
-    cards = "".join(_node_card(x) for x in nodes)
     mem = n.get("memory") or {}
     store = n.get("store") or {}
+    if store.get("journal_failed"):
+        banner += (f'<p class="banner" id="store-banner">Store failed: {e(store["journal_failed"])}. This node '
+                   "fences: it receipts nothing more from this store.</p>")
+    elif store.get("failing"):
+        banner += (f'<p class="banner" id="store-banner">Store failing: {e(store["failing"])}. It retries '
+                   "with a back-off; every receipted message is still durable.</p>")
+    cards = "".join(_node_card(x) for x in nodes)
     flow = ""
     if mem.get("flow_control"):
         flow = f' <span class="warn">flow control for {duration(mem.get("flow_control_seconds"))}</span>'

@@ -108,6 +108,9 @@ class JournalStats:
     fsync: HistogramSnapshot
     batch: HistogramSnapshot
     flow_control_seconds: float = 0.0  # how long the store limit has held (0 when off)
+    failing: str | None = None  # why a background storage task's last attempt failed (a checkpoint)
+    task_failures: tuple[tuple[str, int], ...] = ()  # (task, failed attempts): checkpoint, compaction
+    damaged_regions: int = 0  # damaged journal regions the last recovery skipped (store/salvage.py)
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,9 @@ def journal_stats(store: MessageStore) -> JournalStats:
         batch=journal.batch_records.snapshot(),
         flow_control_seconds=(time.monotonic() - store.full_since) if store.full and store.full_since is not None
         else 0.0,
+        failing=store.checkpoints.failing or None,
+        task_failures=(("checkpoint", store.checkpoints.failures), ("compaction", store.compaction_failures)),
+        damaged_regions=len(journal.damage),
     )
 
 

@@ -33,6 +33,15 @@ has since deleted a segment it still counts live messages in: after the tail, ev
 live message must be in a segment that exists. Whenever any of this fails, recovery
 logs why and replays the whole journal: a bad checkpoint costs time, never state.
 
+Failure. A checkpoint that cannot be written (the data directory is gone, the disk is
+full, ``checkpoint.tmp`` cannot be created) is an optimisation lost, not state: the
+writer logs it, counts it (:attr:`Checkpointer.failures`, the store's
+``amq_store_background_failures_total``), asks the journal to check the disk under it
+at once (:meth:`~.journal.Journal.check_soon`: a directory that is gone fails the
+journal and fences the broker) and tries again only after a back-off that doubles from
+:data:`RETRY_FIRST` to :data:`RETRY_MAX` seconds -- never in a loop without a delay.
+While the journal has failed no checkpoint is started at all.
+
 Compaction and checkpoints. Deleting a segment could make the current checkpoint
 stale (its live messages' acks may go with another deleted segment). So when the
 store writes periodic checkpoints, compaction's dead segments are deleted only once a
@@ -43,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,9 +96,14 @@ class IndexedStore(Protocol):
 
     def delete_now(self, segments: Sequence[int]) -> None: ...
 
-__all__ = ["Checkpointer", "Capture", "load", "serialize", "FILE", "CheckpointError"]
+__all__ = ["Checkpointer", "Capture", "load", "serialize", "FILE", "CheckpointError", "RETRY_FIRST", "RETRY_MAX"]
 
 log = logging.getLogger(__name__)
+
+#: seconds before the first retry of a checkpoint that could not be written (doubling)
+RETRY_FIRST = 1.0
+#: the longest back-off between two attempts
+RETRY_MAX = 60.0
 
 def capture(store: IndexedStore) -> Capture:
     """The store's state now (on the loop: see the module docstring)."""
@@ -193,6 +208,10 @@ class Checkpointer:
         self.last_size = 0
         self._last_bytes = 0
         self._thread: threading.Thread | None = None
+        self.failures = 0  # checkpoints that could not be written, ever
+        self.failing = ""  # why the last attempt failed ("" once one succeeds)
+        self._retry_at = 0.0  # time.monotonic() before which no background checkpoint starts
+        self._streak = 0  # failures in a row (the back-off doubles with each)
 
     @property
     def path(self) -> Path:
@@ -230,9 +249,21 @@ class Checkpointer:
         return f"replayed the whole journal ({n} records; {why})"
 
     # ---------------------------------------------------------------- writing
+    def _may_start(self) -> bool:
+        """No background checkpoint while one runs, the journal has failed, or a failed
+        one's back-off lasts."""
+        return (self._thread is None and self.store.journal.failed is None
+                and time.monotonic() >= self._retry_at)
+
+    def retry_due(self) -> None:
+        """Periodically (compaction's timer, loop): retry deletes waiting for a checkpoint
+        once a failed checkpoint's back-off is over."""
+        if self.failing and self.pending_deletes:
+            self._deletes_due()
+
     def appended(self) -> None:
         """After an append (loop): start a background checkpoint when one is due."""
-        if self.interval and self._thread is None:
+        if self.interval and self._may_start():
             due = max(self.interval, self.last_size)
             if self.store.journal.appended_bytes - self._last_bytes >= due:
                 self.start_background()
@@ -240,7 +271,7 @@ class Checkpointer:
     def after_full_replay(self) -> None:
         """A whole journal was replayed: checkpoint it (in the background) so the next
         recovery need not."""
-        if self.enabled and self.interval and self._thread is None:
+        if self.enabled and self.interval and self._may_start():
             self.start_background()
 
     def delete_segments(self, segments: Sequence[int]) -> None:
@@ -265,7 +296,7 @@ class Checkpointer:
         if self.holds or not self.pending_deletes or self.store.journal.failed is not None:
             return
         if self.enabled and self.interval:
-            if self._thread is None:
+            if self._may_start():
                 self.start_background()
             return
         deletes = sorted(self.pending_deletes)
@@ -291,21 +322,37 @@ class Checkpointer:
         try:
             size = write_file(self.store.directory, cap, fsync=journal.fsync, ready=ready)
         except Exception as exc:  # noqa: BLE001 - a checkpoint is an optimisation
-            log.warning("store %s: checkpoint not written: %s", self.store.directory, exc)
-            self.store.journal.post(lambda: self._done(False, 0, []))
+            why = str(exc) or type(exc).__name__
+            self.store.journal.post(lambda: self._done(False, 0, [], why))
             return
         self.store.journal.post(lambda: self._done(True, size, deletes))
 
-    def _done(self, ok: bool, size: int, deletes: list[int]) -> None:
+    def _done(self, ok: bool, size: int, deletes: list[int], why: str = "") -> None:
         self._thread = None
-        if ok:
-            self.written += 1
-            self.last_size = size
-            log.debug("store %s: checkpoint written (%d bytes)", self.store.directory, size)
-            if deletes and self.store.journal.failed is None and not self.holds:
-                self.pending_deletes.difference_update(deletes)
-                self.store.delete_now(deletes)
+        if not ok:
+            self._failed(why)
+            return
+        self.failing = ""
+        self._retry_at = 0.0
+        self._streak = 0
+        self.written += 1
+        self.last_size = size
+        log.debug("store %s: checkpoint written (%d bytes)", self.store.directory, size)
+        if deletes and self.store.journal.failed is None and not self.holds:
+            self.pending_deletes.difference_update(deletes)
+            self.store.delete_now(deletes)
         self._deletes_due()
+
+    def _failed(self, why: str) -> None:
+        """A checkpoint was not written: count it, have the journal check its disk, back off."""
+        self.failures += 1
+        self._streak += 1
+        self.failing = why
+        delay = min(RETRY_MAX, RETRY_FIRST * 2 ** min(self._streak - 1, 16))
+        self._retry_at = time.monotonic() + delay
+        log.warning("store %s: checkpoint not written: %s; checking the disk and retrying in %.0f s",
+                    self.store.directory, why, delay)
+        self.store.journal.check_soon()
 
     def write_now(self) -> int:
         """Capture and publish a checkpoint synchronously (everything appended must be

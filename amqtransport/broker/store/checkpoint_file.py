@@ -34,8 +34,8 @@ from typing import Literal, overload
 
 from amqtransport.errors import ServerError
 
-from .journal import MAGIC
 from .records import Sub, decode, encode
+from .segments import MAGIC
 
 log = logging.getLogger(__name__)
 

@@ -59,6 +59,8 @@ class SegmentDeletes(Protocol):
 
     def release(self) -> None: ...
 
+    def retry_due(self) -> None: ...
+
 
 class Compaction:
     """Segment accounting, relocation, compaction, the store limit."""
@@ -163,7 +165,10 @@ class Compaction:
         mostly-dead old segments (:meth:`relocate`). With periodic checkpoints the files
         go once a checkpoint that does not need them is written.
         """
-        if not self._opened or not (self._compact_due or force or relocate):
+        if not self._opened:
+            return []
+        self.checkpoints.retry_due()  # a failed checkpoint's deletes, once its back-off is over
+        if not (self._compact_due or force or relocate):
             return []
         self._compact_due = False
         if relocate:

@@ -25,12 +25,12 @@ cost one fsync, not N. A receipt for a persistent SEND is sent from such a callb
 i.e. only once its record is on disk.
 
 Recovery. :meth:`Journal.recover` reads the segments in id order and yields every
-record whose frame is complete and whose CRC matches. At the first bad frame
-(short header, impossible length, CRC mismatch, undecodable payload) it stops reading
-that segment and truncates the file there: a torn tail from a crash mid-write is cut
-off cleanly and the next run appends after good data. (A bad frame in a segment that
-is not the last is reported as corruption in the log; later segments are still read.)
-Recovery always starts a fresh head segment.
+record whose frame is complete and whose CRC matches. A bad frame (short header,
+impossible length, CRC mismatch, undecodable payload) with nothing intact after it at
+the end of the last segment is a torn tail from a crash mid-write: it is cut off. Any
+other bad frame is damage, and recovery never destroys what it could read: it skips
+just the damaged bytes, reads on from the next intact frame and reports what was lost
+(:mod:`.salvage`, :attr:`Journal.damage`). Recovery always starts a fresh head segment.
 
 Compaction. The store decides which segments hold nothing needed any more and calls
 :meth:`Journal.delete_segments`; the writer deletes them only after the batch that was
@@ -42,6 +42,14 @@ writer fails that batch's completions *and everything queued meanwhile* with a
 ``on_failure`` once and stops. Nothing it failed was acknowledged as durable; the
 broker fences itself (see ``server.py``). A record that was partly written is a torn
 tail for the next recovery; one that was wholly written but not fsynced may survive.
+
+The disk under it. A data directory deleted, replaced or made read-only under a running
+broker leaves every write and fsync on the open files succeeding, into files no path
+names any more (:mod:`.guard`). So after each fsync, before the batch's completions run,
+the writer checks that the head segment still has a name and the directory is the one
+it opened (and every :data:`~.guard.CHECK_INTERVAL` seconds, idle or not, the whole
+check: the lock file too, and that the directory is writable); a problem fails the
+journal exactly as a failed write does: no receipt for a record in a deleted file.
 
 Size. :attr:`Journal.size` is the bytes of all segments (head included) as appended,
 minus the segments handed to :meth:`delete_segments`: what ``store_limit`` measures.
@@ -67,7 +75,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..ops.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
+from .guard import CHECK_INTERVAL, StorageGuard
 from .records import Record, RecordTooLarge
+from .salvage import Damage, TornTail, scan_with_damage
 from .segments import FRAME as _FRAME
 from .segments import (
     MAGIC,
@@ -77,7 +87,6 @@ from .segments import (
     StoreLockedError,
     scan_segment,
 )
-from .segments import Scan as _Scan
 from .segments import segment_id as _segment_id
 
 __all__ = [
@@ -141,6 +150,9 @@ class Journal(SegmentReads):
         self._sizes: dict[int, int] = {}  # segment id -> bytes (as appended; loop thread)
         self.size = 0  # bytes of every segment on disk, head included (store_limit)
         self._lock_fd: int | None = None
+        self._guard: StorageGuard | None = None  # taken at start(); the writer checks it
+        self._check_due = False  # check_soon() asked for a whole check (under _cond)
+        self._full_checked = 0.0  # time.monotonic() of the writer's last whole check
         self._fd: int | None = None  # writer thread only
         self._fd_seg = -1
         self._fd_off = 0  # bytes in the file self._fd writes (writer thread)
@@ -152,6 +164,7 @@ class Journal(SegmentReads):
         self.records_written = 0
         # metrics (observed by the writer thread): write + fdatasync time of each group
         # commit, and how many records it carried
+        self.damage: list[Damage] = []  # damaged regions recovery skipped (salvage.py)
         self.fsync_seconds = Histogram(LATENCY_BUCKETS)
         self.batch_records = Histogram(SIZE_BUCKETS)
 
@@ -168,6 +181,11 @@ class Journal(SegmentReads):
                 f"journal {self.directory} is in use by another broker process"
             ) from exc
         self._lock_fd = fd
+
+    def _damaged(self, damage: Damage) -> None:
+        self.damage.append(damage)
+        log.error("journal %s: %s (recovery skips it and reads on: `amq broker verify` reports, `amq broker "
+                  "repair` salvages)", self.directory, damage)
 
     def segment_sizes(self) -> dict[int, int]:
         """Segment id -> bytes (as appended), for the segments not handed to :meth:`delete_segments`."""
@@ -206,35 +224,32 @@ class Journal(SegmentReads):
             if start is not None and seg_id == start[0]:
                 first = max(first, start[1])
             view = memoryview(data)
+            last = n == len(ids) - 1
+            torn: TornTail | None = None
             if len(view) < len(MAGIC) or bytes(view[: len(MAGIC)]) != MAGIC:
-                scan = _Scan(view, len(view), self.max_record)
-                scan.end = 0
-                scan.problem = "short segment header" if len(view) < len(MAGIC) else "bad segment magic"
-                if not data:
-                    scan.problem = None
+                problem = "short segment header" if len(view) < len(MAGIC) else "bad segment magic"
+                if last and len(view) < len(MAGIC):
+                    torn = TornTail(seg_id, 0, problem)  # a crash while the head was created
+                elif data:
+                    self._damaged(Damage(seg_id, 0, len(view), problem, ""))
             else:
-                scan = _Scan(view, min(first, len(view)), self.max_record)
-                for offset, payload, rec in scan:
-                    yield seg_id, offset, payload, rec
-            good_end, problem = scan.end, scan.problem
+                for item in scan_with_damage(view, seg_id, min(first, len(view)), self.max_record, last=last):
+                    if isinstance(item, tuple):
+                        yield seg_id, *item
+                    elif isinstance(item, TornTail):
+                        torn = item
+                    else:
+                        self._damaged(item)
             del view
-            if problem is not None:
-                last = n == len(ids) - 1
-                level = logging.WARNING if last else logging.ERROR
-                log.log(
-                    level,
-                    "journal %s: %s; truncating %d bytes%s",
-                    path.name,
-                    problem,
-                    len(data) - good_end,
-                    "" if last else " (not the last segment: corruption, not a torn write)",
-                )
+            if torn is not None:  # never fsynced, so never receipted: cut it off
+                log.warning("journal %s: %s; truncating %d bytes (a torn tail)", path.name, torn.problem,
+                            len(data) - torn.offset)
                 with open(path, "r+b") as fh:
-                    if good_end < len(MAGIC):
+                    if torn.offset < len(MAGIC):
                         fh.truncate(0)
                         fh.write(MAGIC)
                     else:
-                        fh.truncate(good_end)
+                        fh.truncate(torn.offset)
                     fh.flush()
                     os.fsync(fh.fileno())
             self._sizes[seg_id] = path.stat().st_size
@@ -253,6 +268,8 @@ class Journal(SegmentReads):
         if self._head == 0:
             self._head = 1
         self._open_head_sync(self._head)
+        self._guard = StorageGuard(self.directory, self._lock_fd)
+        self._full_checked = time.monotonic()
         self.segments.append(self._head)
         self._head_size = len(MAGIC)
         self._sizes[self._head] = len(MAGIC)
@@ -269,6 +286,13 @@ class Journal(SegmentReads):
     @property
     def failed(self) -> BaseException | None:
         return self._failed
+
+    def check_soon(self) -> None:
+        """Have the writer check the disk under the journal now (:mod:`.guard`), e.g.
+        after a background storage task failed; a problem fails the journal."""
+        with self._cond:
+            self._check_due = True
+            self._cond.notify_all()
 
     def add_batch_hook(self, hook: BatchHook) -> None:
         self._hooks.append(hook)
@@ -446,42 +470,65 @@ class Journal(SegmentReads):
 
     def _run(self) -> None:
         while True:
+            error: JournalError | None = None
             with self._cond:
+                idle_check = False
                 while not self._queue and not self._closing:
+                    if self._check_due or time.monotonic() - self._full_checked >= CHECK_INTERVAL:
+                        idle_check = True
+                        break
                     self._waiting = True
-                    self._cond.wait()
+                    self._cond.wait(CHECK_INTERVAL)
                     self._waiting = False
                 if not self._queue and self._closing:
                     return
-                items, self._queue = self._queue, []
-                callbacks, self._callbacks = self._callbacks, []
-                payloads, self._payloads = self._payloads, []
-                target = self._appended
-                target_bytes = self.appended_bytes
-                self._busy = True
-            error: JournalError | None = None
-            try:
-                started = time.perf_counter()
-                self._write_batch(items)
-                self.fsync_seconds.observe(time.perf_counter() - started)
-                if payloads:
-                    self.batch_records.observe(len(payloads))
-                for hook in list(self._hooks):
-                    fut = hook(payloads)
-                    if fut is not None:
-                        fut.result()
-            except BaseException as exc:  # noqa: BLE001 - reported to every waiter
-                log.error(
-                    "journal %s: write failed: %s; the broker can no longer persist", self.directory, exc
-                )
-                error = exc if isinstance(exc, JournalError) else JournalError(f"journal write failed: {exc}")
-                if error is not exc:
-                    error.__cause__ = exc
+                if idle_check:
+                    self._check_due = False
+                else:
+                    items, self._queue = self._queue, []
+                    callbacks, self._callbacks = self._callbacks, []
+                    payloads, self._payloads = self._payloads, []
+                    target = self._appended
+                    target_bytes = self.appended_bytes
+                    self._busy = True
+            if idle_check:  # nothing to write: is the disk under us still there?
+                problem = self._storage_problem(full=True)
+                if problem is None:
+                    continue
+                with self._cond:
+                    self._busy = True
+                    target, target_bytes = self._durable, self._durable_bytes
+                callbacks = []
+                error = _storage_error(problem)
+                log.error("journal %s: %s; the broker can no longer persist", self.directory, error)
+            else:
+                try:
+                    started = time.perf_counter()
+                    self._write_batch(items)
+                    problem = self._storage_problem(full=False)
+                    if problem is not None:  # before any completion: no receipt into a deleted file
+                        raise _storage_error(problem)
+                    self.fsync_seconds.observe(time.perf_counter() - started)
+                    if payloads:
+                        self.batch_records.observe(len(payloads))
+                    for hook in list(self._hooks):
+                        fut = hook(payloads)
+                        if fut is not None:
+                            fut.result()
+                except BaseException as exc:  # noqa: BLE001 - reported to every waiter
+                    log.error(
+                        "journal %s: write failed: %s; the broker can no longer persist", self.directory, exc
+                    )
+                    error = exc if isinstance(exc, JournalError) else JournalError(f"journal write failed: {exc}")
+                    if error is not exc:
+                        error.__cause__ = exc
+            if error is not None:
                 with self._cond:  # appends from now on raise; what was queued meanwhile fails too
                     self._failed = error
                     callbacks += self._callbacks
                     self._callbacks, self._queue, self._payloads = [], [], []
-            self.batches += 1
+            if not idle_check:
+                self.batches += 1
             self.records_written = target  # every record appended before this batch, plus it
             if callbacks:
                 try:
@@ -502,6 +549,19 @@ class Journal(SegmentReads):
                     except Exception:  # noqa: BLE001 - e.g. the loop is closed
                         log.exception("journal: reporting the failure failed")
                 return
+
+    def _storage_problem(self, *, full: bool) -> str | None:
+        """The guard's finding (writer thread): the quick check after each batch, the whole
+        one when ``full`` or every :data:`CHECK_INTERVAL` seconds."""
+        guard = self._guard
+        if guard is None:
+            return None
+        name = f"segment {self.path_of(self._fd_seg).name}"
+        now = time.monotonic()
+        if full or now - self._full_checked >= CHECK_INTERVAL:
+            self._full_checked = now
+            return guard.problem(self._fd, name)
+        return guard.quick(self._fd, name)
 
     def _write_batch(self, items: list[bytes | tuple[str, object]]) -> None:
         chunk: list[bytes] = []
@@ -539,6 +599,10 @@ class Journal(SegmentReads):
         self.bytes_written += len(data)
         self._fd_off += len(data)
         self._mark_written()
+
+
+def _storage_error(problem: str) -> JournalError:
+    return JournalError(f"journal storage lost: {problem}")
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -151,6 +151,7 @@ class PagedMessages:
             payloads = self.journal.read(positions)
             return [materialize(p, pos, destination) for p, pos in zip(payloads, positions, strict=True)]
         except (JournalError, RecordError):
+            self.journal.check_soon()  # the data directory gone? that fences at once (guard.py)
             if len(positions) == 1:
                 raise
         out: list[Message] = []

@@ -1,0 +1,293 @@
+"""Reading past damage: what recovery does at a bad frame, and ``amq broker verify`` / ``repair``.
+
+Theory of operation
+-------------------
+A scan of a segment (:class:`~.segments.Scan`) stops at the first frame that is not
+intact (a torn header or record, an impossible length, a checksum mismatch, a payload
+that does not decode). What lies *after* it decides what it was:
+
+* nothing intact until the end of the **last** segment: a *torn tail*, the write a crash
+  interrupted (never fsynced, so never receipted). Recovery cuts it off, as before.
+* an intact frame further on (:func:`next_frame`), or a bad frame in a segment that is
+  not the last (the writer fsyncs a segment before it opens the next, so a finished
+  segment has no torn tail): *damage* -- bits changed on the disk. Recovery never
+  destroys what it could read: it skips exactly the damaged bytes, goes on with the
+  next intact frame, and reports each :class:`Damage` (segment, offsets, and what the
+  skipped bytes held when they still decode: "Enq ID:x-1 to /queue/a") in the log at
+  ERROR and in :attr:`~.journal.Journal.damage` (``amq_journal_damaged_regions``).
+
+:func:`next_frame` tries first where the bad frame says it ends (a bit flipped inside a
+payload leaves its length intact: exactly one record is lost), then every later
+offset whose frame has a possible length, a matching CRC and a payload that decodes,
+giving up after :data:`SEARCH_BUDGET` bytes of checksumming (then the rest of the
+segment counts as damaged).
+
+Offline (:func:`verify` and :func:`repair`, ``amq broker verify|repair DATA_DIR``, with
+no broker running): ``verify`` reports every segment's records and damage and whether
+the checkpoint can be used, changing nothing; ``repair`` copies every damaged segment
+and the checkpoint into ``journal/quarantine/<UTC time>/`` (never deleting anything),
+then rewrites each damaged segment with only its intact frames (a torn tail included)
+and removes the checkpoint from the journal (positions moved: the next start replays
+the whole journal).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoint_file import CheckpointError, load
+from .records import Ack, Enq, Keys, Move, Record, RecordError, Sub, Tx, Unsub, decode
+from .segments import FRAME, MAGIC, MAX_RECORD, Scan, segment_id
+
+__all__ = [
+    "SEARCH_BUDGET", "Damage", "TornTail", "SegmentReport", "JournalReport", "describe", "next_frame", "scan_with_damage",
+    "verify", "repair",
+]
+
+#: bytes of payload :func:`next_frame` may checksum while looking for the next intact frame
+SEARCH_BUDGET = 256 << 20
+QUARANTINE = "quarantine"
+
+
+@dataclass(frozen=True)
+class Damage:
+    """Bytes of a segment that hold no intact frame, skipped by recovery."""
+
+    segment: int
+    offset: int  # where the bad bytes start
+    end: int  # where the next intact frame starts (the end of the file: nothing intact after)
+    problem: str  # what the scan found at ``offset``
+    lost: str  # what the bytes held, as far as it can be read ("" when nothing decodes)
+
+    def __str__(self) -> str:
+        what = f"; they held {self.lost}" if self.lost else "; nothing in them can be read"
+        return (f"segment {self.segment}: {self.problem}: {self.end - self.offset} bytes skipped "
+                f"(offset {self.offset} to {self.end}){what}")
+
+
+@dataclass(frozen=True)
+class TornTail:
+    """The last segment ends with a write a crash interrupted, from ``offset``."""
+
+    segment: int
+    offset: int
+    problem: str
+
+
+def _intact(view: memoryview, pos: int, max_record: int) -> bool:
+    if len(view) - pos < FRAME.size:
+        return False
+    length, crc = FRAME.unpack_from(view, pos)
+    if length == 0 or length > max_record or pos + FRAME.size + length > len(view):
+        return False
+    payload = view[pos + FRAME.size : pos + FRAME.size + length]
+    if zlib.crc32(payload) != crc:
+        return False
+    try:
+        decode(payload)
+    except RecordError:
+        return False
+    return True
+
+
+def next_frame(view: memoryview, pos: int, max_record: int = MAX_RECORD, budget: int = SEARCH_BUDGET) -> int | None:
+    """The offset of the first intact frame after the bad one at ``pos``, or None."""
+    end = len(view)
+    if end - pos >= FRAME.size:
+        length: int = FRAME.unpack_from(view, pos)[0]
+        stated = pos + FRAME.size + length
+        if length <= max_record and stated < end and _intact(view, stated, max_record):
+            return stated
+    spent = 0
+    at = pos + 1
+    while at + FRAME.size <= end and spent <= budget:
+        length, _crc = FRAME.unpack_from(view, at)
+        if 0 < length <= max_record and at + FRAME.size + length <= end:
+            spent += length
+            if _intact(view, at, max_record):
+                return at
+        at += 1
+    return None
+
+
+def _name(rec: Record) -> str:
+    if isinstance(rec, Enq):
+        return f"Enq {rec.message.id} to {rec.message.destination}"
+    if isinstance(rec, Ack):
+        return f"Ack of {', '.join(rec.ids[:5])}{' ...' if len(rec.ids) > 5 else ''}"
+    if isinstance(rec, Move):
+        return f"Move of {rec.id} to {rec.destination}"
+    if isinstance(rec, Tx):
+        return f"Tx [{'; '.join(_name(r) for r in rec.records[:5])}{' ...' if len(rec.records) > 5 else ''}]"
+    if isinstance(rec, Keys):
+        return f"Keys ({len(rec.keys)} idempotency keys)"
+    if isinstance(rec, Sub):
+        return f"Sub {rec.queue}"
+    if isinstance(rec, Unsub):
+        return f"Unsub {rec.queue}"
+    return type(rec).__name__  # pragma: no cover - every record kind is named above
+
+
+def describe(view: memoryview, pos: int, end: int) -> str:
+    """What the damaged bytes ``view[pos:end]`` held, as far as their first frame still
+    decodes (its checksum aside): e.g. ``Enq ID:x-1 to /queue/a``; "" when it does not."""
+    if end - pos < FRAME.size:
+        return ""
+    length, _crc = FRAME.unpack_from(view, pos)
+    if pos + FRAME.size + length > end:
+        return ""
+    try:
+        rec = decode(view[pos + FRAME.size : pos + FRAME.size + length])
+    except RecordError:
+        return ""
+    more = pos + FRAME.size + length < end
+    return _name(rec) + (" and more" if more else "")
+
+
+def scan_with_damage(
+    view: memoryview, seg: int, start: int, max_record: int, *, last: bool
+) -> Iterator[tuple[int, memoryview, Record] | Damage | TornTail]:
+    """Every intact frame of a segment from ``start`` as ``(offset, payload, record)``,
+    every damaged region as a :class:`Damage`, and last a :class:`TornTail` when the
+    ``last`` segment ends with one (recovery truncates it)."""
+    pos = start
+    while True:
+        scan = Scan(view, pos, max_record)
+        yield from scan
+        if scan.problem is None:
+            return
+        nxt = next_frame(view, scan.end, max_record)
+        if nxt is None and last:
+            yield TornTail(seg, scan.end, scan.problem)
+            return
+        stop = len(view) if nxt is None else nxt
+        yield Damage(seg, scan.end, stop, scan.problem, describe(view, scan.end, stop))
+        if nxt is None:
+            return
+        pos = nxt
+
+
+# ---------------------------------------------------------------------- offline
+@dataclass
+class SegmentReport:
+    segment: int
+    size: int
+    records: int = 0
+    damage: list[Damage] = field(default_factory=list)
+    torn_tail: tuple[int, str] | None = None  # (offset, problem) of a last segment's torn tail
+    header: str | None = None  # a bad segment header (magic)
+
+
+@dataclass
+class JournalReport:
+    directory: Path
+    segments: list[SegmentReport] = field(default_factory=list)
+    checkpoint: str = "none"  # "usable", "none", or why it cannot be used
+
+    @property
+    def damaged(self) -> list[SegmentReport]:
+        return [s for s in self.segments if s.damage or s.header]
+
+    @property
+    def ok(self) -> bool:
+        return not self.damaged
+
+    def lines(self) -> list[str]:
+        out = [f"journal {self.directory}: {len(self.segments)} segments, "
+               f"{sum(s.records for s in self.segments)} intact records"]
+        for s in self.segments:
+            note = ""
+            if s.header:
+                note = f"; {s.header}: the segment cannot be read"
+            elif s.damage:
+                note = f"; DAMAGED ({len(s.damage)} regions)"
+            elif s.torn_tail:
+                note = f"; a torn tail at offset {s.torn_tail[0]} ({s.torn_tail[1]}): cut off at the next start"
+            out.append(f"  seg-{s.segment:010d}.log: {s.size} bytes, {s.records} records{note}")
+            out.extend(f"    {d}" for d in s.damage)
+        out.append(f"checkpoint: {self.checkpoint}")
+        out.append("no damage" if self.ok else
+                   f"{len(self.damaged)} damaged segments: `amq broker repair` salvages their intact records "
+                   "(and keeps the originals in journal/quarantine/)")
+        return out
+
+
+def _segments(journal: Path) -> list[int]:
+    return sorted(i for p in journal.glob("seg-*.log") if (i := segment_id(p)) is not None)
+
+
+def verify(journal: Path, max_record: int = MAX_RECORD) -> JournalReport:
+    """Read every segment of the journal directory ``journal``; change nothing."""
+    report = JournalReport(journal)
+    ids = _segments(journal)
+    for n, seg in enumerate(ids):
+        data = (journal / f"seg-{seg:010d}.log").read_bytes()
+        sr = SegmentReport(seg, len(data))
+        report.segments.append(sr)
+        if len(data) < len(MAGIC) or data[: len(MAGIC)] != MAGIC:
+            if data:
+                sr.header = "short segment header" if len(data) < len(MAGIC) else "bad segment magic"
+            continue
+        view = memoryview(data)
+        for item in scan_with_damage(view, seg, len(MAGIC), max_record, last=n == len(ids) - 1):
+            if isinstance(item, Damage):
+                sr.damage.append(item)
+            elif isinstance(item, TornTail):
+                sr.torn_tail = (item.offset, item.problem)
+            else:
+                sr.records += 1
+        del view
+    try:
+        load(journal, ids)
+        report.checkpoint = "usable"
+    except CheckpointError as exc:
+        report.checkpoint = "none" if str(exc) == "no checkpoint" else f"not usable ({exc}): the next start replays everything"
+    except OSError as exc:
+        report.checkpoint = f"unreadable ({exc})"
+    return report
+
+
+def repair(journal: Path, max_record: int = MAX_RECORD, now: float | None = None) -> tuple[JournalReport, Path | None]:
+    """Salvage the damaged segments of ``journal`` (see the module docstring); returns the
+    report of what was found and the quarantine directory (None: nothing to repair).
+    The caller holds the journal's lock."""
+    report = verify(journal, max_record)
+    if report.ok:
+        return report, None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    quarantine = journal / QUARANTINE / stamp
+    quarantine.mkdir(parents=True, exist_ok=True)
+    for sr in report.damaged:
+        path = journal / f"seg-{sr.segment:010d}.log"
+        shutil.copy2(path, quarantine / path.name)
+        data = path.read_bytes()
+        kept = [MAGIC]
+        if not sr.header:
+            view = memoryview(data)
+            last = sr is report.segments[-1]
+            for item in scan_with_damage(view, sr.segment, len(MAGIC), max_record, last=last):
+                if isinstance(item, tuple):
+                    offset, payload, _rec = item
+                    kept.append(bytes(view[offset : offset + FRAME.size + len(payload)]))
+            del view
+        tmp = path.with_suffix(".repair")
+        with open(tmp, "wb") as fh:
+            fh.write(b"".join(kept))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    ckpt = journal / "checkpoint"
+    if ckpt.exists():  # positions in the segments moved: the next start replays everything
+        os.replace(ckpt, quarantine / ckpt.name)
+    dfd = os.open(journal, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return report, quarantine
