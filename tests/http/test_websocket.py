@@ -179,6 +179,9 @@ def test_authentication_and_max_connections_apply(make_broker: Callable[..., Emb
     bad.send_text(frame("CONNECT", {"accept-version": "1.2", "host": "x", "login": "alice", "passcode": "wrong"}))
     assert bad.stomp().startswith("ERROR")
     bad.close()
+    deadline = time.monotonic() + 5
+    while b.server.connections and time.monotonic() < deadline:  # the refused one is gone
+        time.sleep(0.02)
     good = WsClient(address(b), subprotocols=["v12.stomp"])
     good.send_text(frame("CONNECT", {"accept-version": "1.2", "host": "x", "login": "alice", "passcode": "secret"}))
     assert good.stomp().startswith("CONNECTED")
