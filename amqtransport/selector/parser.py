@@ -283,7 +283,7 @@ class _Parser:
         while self.tok.kind in ("+", "-"):
             op = self.take()
             right = self.mult_expr()
-            left = _arith_node(op.text, left, right, op.pos)
+            left = _arith_node(op.text, left, right, left.pos)
         return left
 
     def mult_expr(self) -> _Node:
@@ -291,7 +291,7 @@ class _Parser:
         while self.tok.kind in ("*", "/", "%"):
             op = self.take()
             right = self.unary_expr()
-            left = _arith_node(op.text, left, right, op.pos)
+            left = _arith_node(op.text, left, right, left.pos)
         return left
 
     def unary_expr(self) -> _Node:

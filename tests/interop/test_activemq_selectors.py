@@ -190,6 +190,34 @@ def test_jms_headers_from_stomp_headers(broker_uri: str) -> None:
         assert bodies(c.subscribe(q, selector="JMSPriority = 4 AND JMSDeliveryMode = 'NON_PERSISTENT'"), 1) == ["plain"]
 
 
+MAPPING = [
+    ({"priority": "7"}, "JMSPriority = 7"),
+    ({"type": "t1"}, "JMSType = 't1'"),
+    ({"correlation-id": "c1"}, "JMSCorrelationID = 'c1'"),
+    ({"expires": "4102444800000"}, "JMSExpiration = 4102444800000"),
+    ({"timestamp": "42"}, "JMSTimestamp = 42"),
+    ({"reply-to": "/queue/r"}, "JMSReplyTo = 'queue://r'"),
+    ({}, "JMSDestination LIKE 'topic://sel.%'"),
+    ({"JMSXGroupID": "g"}, "JMSXGroupID = 'g' AND JMSXGroupSeq = 0"),
+    ({"JMSXGroupSeq": "5"}, "JMSXGroupSeq = 5"),
+    ({"AMQ_SCHEDULED_DELAY": "100"}, "AMQ_SCHEDULED_DELAY + 1 = 101"),  # a Long property, not a string
+    ({"JMSPriority": "8"}, "JMSPriority = 8"),
+    ({"JMSType": "tt"}, "JMSType = 'tt'"),
+    ({"a": " 7"}, "a = ' 7'"),
+    ({"a": ""}, "a = '' AND a IS NOT NULL"),
+]
+
+
+def test_stomp_headers_become_jms_headers_and_properties(broker_uri: str) -> None:
+    t = unique("topic")
+    with amqtransport.connect(broker_uri) as c:
+        subs = [c.subscribe(t, selector=f"k = '{i}' AND ({sel})") for i, (_, sel) in enumerate(MAPPING)]
+        for i, (headers, _) in enumerate(MAPPING):
+            c.send(t, str(i), headers={**headers, "k": str(i)}, persistent=False)
+        got = [bodies(s, 1) for s in subs]
+    assert got == [[str(i)] for i in range(len(MAPPING))]
+
+
 def test_string_headers_compare_with_numbers_by_conversion(broker_uri: str) -> None:
     t = unique("topic")
     with amqtransport.connect(broker_uri) as c:
