@@ -380,18 +380,22 @@ class Connection(ConnectionInfo):
 
     # -- receiving ---------------------------------------------------------------------------
     def subscribe(self, destination: str, *, ack: AckMode = "auto", headers: Mapping[str, str] | None = None,
-                  prefetch: int | None = None, durable_name: str | None = None) -> Subscription:
+                  prefetch: int | None = None, durable_name: str | None = None,
+                  selector: str | None = None) -> Subscription:
         """Subscribe to ``destination``. ``prefetch``: at most that many unacknowledged
         messages in flight (each broker's header; RabbitMQ counts it per connection and
         gets :data:`DEFAULT_PREFETCH` when none is given, as it has no limit of its own).
         ``durable_name``: a durable topic subscription of that name, which keeps
         collecting messages while nobody is subscribed (and after ``close()``), until
         ``unsubscribe(durable=True)``; ActiveMQ, Artemis and our broker file it under the
-        connection's ``connect(..., client_id=...)``."""
+        connection's ``connect(..., client_id=...)``. ``selector``: a JMS message selector
+        (``"color = 'red' AND price > 10"``): only matching messages are delivered (ActiveMQ
+        and our broker; a bad one raises the broker's ERROR as a ``BrokerError``)."""
         if self._closed:
             raise ConnectionClosed("connection is closed")
         frame = subscribe_frame(destination, ack, headers, prefetch, durable_name, dialect=self._transport.dialect,
-                                client_id=self._client_id, next_id=self._transport.next_id, in_use=self._subs)
+                                client_id=self._client_id, next_id=self._transport.next_id, in_use=self._subs,
+                                selector=selector)
         sub_id = frame.get("id") or ""
         sub = Subscription(self, sub_id, destination, ack, durable_name)
         self._subs[sub_id] = sub

@@ -57,9 +57,10 @@ def send_frame(destination: str, body: bytes | str, headers: Mapping[str, str] |
 
 def subscribe_frame(destination: str, ack: str, headers: Mapping[str, str] | None, prefetch: int | None,
                     durable_name: str | None, *, dialect: Dialect, client_id: str | None,
-                    next_id: Callable[[str], str], in_use: Container[str]) -> Frame:
+                    next_id: Callable[[str], str], in_use: Container[str], selector: str | None = None) -> Frame:
     """The SUBSCRIBE frame for ``subscribe(...)``; its ``id`` header is the subscription's
-    id. Raises ``ValueError``/``LocalProtocolError`` for arguments this broker cannot take."""
+    id; ``selector``: a JMS message selector (the ``selector`` header, ActiveMQ's and ours).
+    Raises ``ValueError``/``LocalProtocolError`` for arguments this broker cannot take."""
     if ack not in ACK_MODES:
         raise ValueError(f"ack must be one of {', '.join(ACK_MODES)}, got {ack!r}")
     sub_id: str | None = None
@@ -91,6 +92,8 @@ def subscribe_frame(destination: str, ack: str, headers: Mapping[str, str] | Non
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         hdrs.update(dialect.prefetch_headers(prefetch))
+    if selector is not None:
+        hdrs["selector"] = selector
     if headers:
         hdrs.update({str(k): str(v) for k, v in headers.items() if k != "id"})
     if sub_id in in_use:

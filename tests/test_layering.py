@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.options", 2),
     ("amqtransport.backoff", 2),
     ("amqtransport.destinations", 2),  # the destination grammar (broker and bridge)
+    ("amqtransport.selector", 2),  # JMS message selectors: ActiveMQ's grammar and evaluation (broker)
     ("amqtransport._loop_thread", 3),  # an asyncio service on a daemon thread (embedded broker, chaos proxy)
     ("amqtransport.broker", 3),  # the root: config, the server that wires the parts, the embedded broker
     ("amqtransport.broker.dispatch", 3),  # where an accepted message goes (no I/O of its own; see BROKER_PARTS)
@@ -52,6 +53,7 @@ PURE = (
     "amqtransport.options",
     "amqtransport.backoff",
     "amqtransport.destinations",
+    "amqtransport.selector",
     "amqtransport.broker.ha.decide",  # the HA decision table: pure, though its layer is the broker's
     # the broker's dispatch core; core, registry and memory still default their clock to
     # the time module, so they are not listed yet
@@ -63,6 +65,7 @@ PURE = (
     "amqtransport.broker.dispatch.model",
     "amqtransport.broker.dispatch.names",
     "amqtransport.broker.dispatch.queues",
+    "amqtransport.broker.dispatch.selection",
     "amqtransport.broker.dispatch.topics",
     "amqtransport.broker.dispatch.transactions",
     "amqtransport.broker.dispatch.wildcards",

@@ -371,13 +371,14 @@ class AsyncConnection(ConnectionInfo):
 
     # -- receiving ----------------------------------------------------------------------
     async def subscribe(self, destination: str, ack: AckMode = "auto", headers: Mapping[str, str] | None = None,
-                        *, prefetch: int | None = None, durable_name: str | None = None) -> AsyncSubscription:
+                        *, prefetch: int | None = None, durable_name: str | None = None,
+                        selector: str | None = None) -> AsyncSubscription:
         """Subscribe to ``destination`` (the arguments are the sync client's)."""
         if self._closed:
             raise ConnectionClosed("connection is closed")
         t = self._transport
         frame = subscribe_frame(destination, ack, headers, prefetch, durable_name, dialect=t.dialect,
-                                client_id=self._client_id, next_id=t.next_id, in_use=self._subs)
+                                client_id=self._client_id, next_id=t.next_id, in_use=self._subs, selector=selector)
         sub_id = frame.get("id") or ""
         sub = AsyncSubscription(self, sub_id, destination, ack, durable_name)
         self._subs[sub_id] = sub

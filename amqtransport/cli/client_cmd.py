@@ -169,8 +169,11 @@ def send(uri: str, destination: str, count: int, login: str | None, passcode: st
 @click.option("--ack", type=click.Choice(["client-individual", "client", "auto"]), default="client-individual",
               show_default=True, help="Ack mode.")
 @click.option("--print", "print_bodies", is_flag=True, help="Print each body on stdout.")
+@click.option("--selector", default=None, metavar="EXPR",
+              help="A JMS message selector: receive only matching messages (e.g. \"color = 'red'\").")
 def recv(uri: str, destination: str, count: int, login: str | None, passcode: str | None, vhost: str | None,
-         as_json: bool, progress: bool | None, timeout: float, ack: str, print_bodies: bool) -> None:
+         as_json: bool, progress: bool | None, timeout: float, ack: str, print_bodies: bool,
+         selector: str | None) -> None:
     """Receive COUNT distinct messages from DESTINATION; exit non-zero when fewer arrive."""
     counter = _Counter()
     conn = _open(uri, login, passcode, vhost, counter)
@@ -179,7 +182,8 @@ def recv(uri: str, destination: str, count: int, login: str | None, passcode: st
     start = time.monotonic()
     error: BaseException | None = None
     try:
-        sub = conn.subscribe(destination, ack=ack, prefetch=max(1, min(count, 1000)))  # type: ignore[arg-type]
+        sub = conn.subscribe(destination, ack=ack, prefetch=max(1, min(count, 1000)),  # type: ignore[arg-type]
+                             selector=selector)
         with _bar(count, "receiving", progress) as bar:
             while received < count:
                 msg = sub.receive(timeout)

@@ -28,6 +28,7 @@ import asyncio
 import logging
 
 from amqtransport.errors import RemoteProtocolError
+from amqtransport.selector import SelectorError, compile_selector
 from amqtransport.stomp import (
     IDEMPOTENCY_HEADER_ALIASES,
     negotiate_heartbeat,
@@ -306,6 +307,14 @@ class BrokerConnection(FlowControlled):
                 self._error(f"activemq.prefetchSize must be a positive integer, got {prefetch_text!r}", receipt=receipt)
         durable = frame.get("activemq.subscriptionName") or frame.get("durable-subscription-name")
         client_id = frame.get("client-id") or self.client_id
+        selector_text = frame.get("selector")
+        selector = None
+        if selector_text is not None:
+            try:
+                selector = compile_selector(selector_text)
+            except SelectorError as exc:  # as ActiveMQ: an ERROR, and the connection stays
+                self._error(str(exc), receipt=receipt, close=False)
+                return
         try:
             sub = self.core.subscribe(
                 self,
@@ -315,6 +324,7 @@ class BrokerConnection(FlowControlled):
                 prefetch=prefetch,
                 durable_name=durable,
                 client_id=client_id,
+                selector=selector,
             )
         except CoreError as exc:
             self._error(str(exc), receipt=receipt)

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 
 from amqtransport.destinations import QUEUE, advisory_name, wildcard_segments
+from amqtransport.selector import Selector
 
 from ..config import BrokerConfig
 from ..store import MessageStore, RecordError, Sub
@@ -39,6 +40,7 @@ from .errors import CoreError
 from .model import ACK_MODES, AUTO, Sink, Subscription
 from .names import DURABLE_PREFIX, check_send_destination, split_destination
 from .registry import Registry
+from .selection import settle
 from .topics import FanOut
 from .transactions import Transactions
 from .wildcards import WildcardQueues
@@ -123,11 +125,15 @@ class BrokerCore(Registry):
         prefetch: int | None = None,
         durable_name: str | None = None,
         client_id: str | None = None,
+        selector: Selector | None = None,
     ) -> Subscription:
+        """``selector``: only messages it matches (selection.py); for a durable
+        subscription it is kept in its record."""
         if ack_mode not in ACK_MODES:
             raise CoreError(f"ack mode {ack_mode!r} is not one of {', '.join(ACK_MODES)}")
         kind, name = split_destination(destination)
         sub = Subscription(conn, sub_id, destination, ack_mode, prefetch or self.config.default_prefetch)
+        sub.selector = selector
         if kind == "queue":
             sub.name = destination
             qpattern = wildcard_segments(name)
@@ -144,10 +150,11 @@ class BrokerCore(Registry):
             qkey = f"{DURABLE_PREFIX}{client_id}:{durable_name}"
             if qkey in self.durable_active:
                 raise CoreError(f"durable subscription {durable_name!r} of client {client_id!r} is already active")
-            record = Sub(qkey, name, client_id, durable_name)
+            record = Sub(qkey, name, client_id, durable_name, selector.text if selector is not None else "")
+            sub.selector = None  # applied to the copies its queue receives (FanOut.durable_copies)
             existing = self.durable_subs.get(qkey)
-            if existing is not None and existing.topic != name:
-                self._destroy_durable(qkey)  # re-subscribed to another topic: start over
+            if existing is not None and (existing.topic != name or existing.selector != record.selector):
+                self._destroy_durable(qkey)  # another topic or selector: start over, as ActiveMQ does
                 existing = None
             if existing is None:
                 if self.store is not None:
@@ -223,11 +230,13 @@ class BrokerCore(Registry):
         record = self.durable_subs.pop(qkey, None)
         if record is None:
             return
+        self.durable_selectors.pop(qkey, None)
         t = self.topics.get(record.topic)
         if t is not None:
             t.durable.pop(qkey, None)
         q = self.queues.pop(qkey, None)
         if q is not None:
+            settle(q)
             msgs = list(q.messages)
             while True:  # and what is paged, a window at a time
                 self.memory.release_all(msgs)

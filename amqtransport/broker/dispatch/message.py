@@ -40,6 +40,10 @@ class Message:
     mem: int = 0
     #: cache of the wire header block shared by every delivery (built by the protocol layer)
     wire_cache: object = field(default=None, repr=False)
+    #: its place in its queue's order (set as it becomes resident; see selection.py)
+    seq: int = 0
+    #: cache of what a selector sees of it (built by selection.py on first use)
+    view: object = field(default=None, repr=False)
 
     @property
     def redelivered(self) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from amqtransport.destinations import QUEUE_PREFIX, TEMP_QUEUE_PREFIX
+from amqtransport.selector import Selector
 
 from .backlog import TopicBacklog
 from .message import Message
@@ -45,6 +46,7 @@ class Subscription:
         "active",
         "pattern",
         "children",
+        "selector",
     )
 
     def __init__(
@@ -71,6 +73,7 @@ class Subscription:
         # a wildcard queue subscription: one child per matched queue (key -> child);
         # the children share this subscription's ``unacked`` dict, hence its credit
         self.children: OrderedDict[str, Subscription] | None = None
+        self.selector: Selector | None = None  # the SUBSCRIBE's JMS selector (selection.py)
 
     def has_credit(self) -> bool:
         if not self.active or not self.conn.writable:

@@ -39,6 +39,7 @@ from ..store.journal import Callback
 from .memory import MemoryGauge
 from .message import Message
 from .model import AUTO, Subscription
+from .selection import dispatch_selective, settle
 
 __all__ = ["Queue", "QueueOwner"]
 
@@ -68,7 +69,8 @@ class QueueOwner(Protocol):
 
 
 class Queue:
-    __slots__ = ("core", "name", "messages", "consumers", "ready", "enqueued", "dequeued", "expired")
+    __slots__ = ("core", "name", "messages", "consumers", "ready", "enqueued", "dequeued", "expired",
+                 "selective", "unmatched", "seq")
 
     def __init__(self, core: QueueOwner, name: str) -> None:
         self.core = core
@@ -79,11 +81,14 @@ class Queue:
         self.enqueued = 0
         self.dequeued = 0
         self.expired = 0
+        self.selective = 0  # consumers with a selector: dispatch is selection.dispatch_selective
+        self.unmatched: deque[Message] = deque()  # resident messages no consumer's selector matches
+        self.seq = 0  # the last Message.seq given
 
     @property
     def depth(self) -> int:
         """Messages waiting: in memory and paged."""
-        return len(self.messages) + self.core.paged(self)
+        return len(self.messages) + len(self.unmatched) + self.core.paged(self)
 
     def enqueue(self, msg: Message) -> None:
         self.enqueued += 1
@@ -92,6 +97,8 @@ class Queue:
                 self.dispatch()
             return
         self.core.memory.charge(msg)
+        self.seq += 1
+        msg.seq = self.seq
         self.messages.append(msg)
         if self.ready:
             self.dispatch()
@@ -110,12 +117,15 @@ class Queue:
             self.dispatch()
 
     def dispatch(self) -> None:
+        if self.selective:
+            dispatch_selective(self)
+            return
         messages, ready = self.messages, self.ready
         auto_acked: list[str] = []
         now = 0.0
         while ready:
             if not messages:
-                messages.extend(self.core.page_in(self))
+                self.page_in()
                 if not messages:
                     break
             sub = ready.popleft()
@@ -145,13 +155,25 @@ class Queue:
         if auto_acked:
             self.core.store_ack(auto_acked)
 
+    def page_in(self) -> None:
+        """Bring the next paged messages to the back of the deque, in order."""
+        for m in self.core.page_in(self):
+            self.seq += 1
+            m.seq = self.seq
+            self.messages.append(m)
+
     def add_consumer(self, sub: Subscription) -> None:
         self.consumers.append(sub)
+        if sub.selector is not None:
+            self.selective += 1
+        settle(self)  # a new consumer may want what nobody wanted
         self.make_ready(sub)
 
     def remove_consumer(self, sub: Subscription) -> None:
         if sub in self.consumers:
             self.consumers.remove(sub)
+            if sub.selector is not None:
+                self.selective -= 1
         if sub.in_ready:
             sub.in_ready = False
             try:

@@ -15,6 +15,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from amqtransport.selector import Selector, SelectorError, compile_selector
+
 from ..config import BrokerConfig
 from ..store import MessageStore, Sub
 from ..store.journal import Callback
@@ -23,6 +25,7 @@ from .memory import MemoryGauge
 from .message import Message
 from .model import Subscription, Topic
 from .queues import Queue
+from .selection import settle
 
 __all__ = ["Registry", "EXPIRY_SWEEP_S"]
 
@@ -54,6 +57,7 @@ class Registry:
         self.wildcard_queue_subs: list[Subscription] = []
         self.durable_subs: dict[str, Sub] = {}  # queue key -> record
         self.durable_active: dict[str, Subscription] = {}
+        self.durable_selectors: dict[str, Selector] = {}  # queue key -> its record's selector
         self._ids = itertools.count(1)
         self._prefix = f"ID:{config.name}-{secrets.token_hex(4)}-"
         self.sent = 0
@@ -124,6 +128,14 @@ class Registry:
 
     def register_durable(self, sub: Sub) -> None:
         self.durable_subs[sub.queue] = sub
+        if sub.selector:
+            try:
+                self.durable_selectors[sub.queue] = compile_selector(sub.selector)
+            except SelectorError as exc:  # checked when subscribed: only a foreign record can fail
+                log.error("durable subscription %s: %s; it receives nothing", sub.queue, exc)
+                self.durable_selectors[sub.queue] = compile_selector("FALSE")
+        else:
+            self.durable_selectors.pop(sub.queue, None)
         self.topic(sub.topic).durable[sub.queue] = sub.topic
         self.queue(sub.queue)
 
@@ -210,6 +222,7 @@ class Registry:
         now = self.clock()
         dropped = 0
         for q in list(self.queues.values()):
+            settle(q)
             if not any(m.expires and m.expires <= now for m in q.messages):
                 continue
             keep: deque[Message] = deque()

@@ -24,6 +24,7 @@ from ..store.journal import Callback
 from .message import Message
 from .model import AUTO, Subscription
 from .registry import Registry
+from .selection import view_of
 
 __all__ = ["FanOut"]
 
@@ -67,6 +68,7 @@ class FanOut:
                 expires=msg.expires,
             )
             for qkey in topic.durable
+            if qkey not in self.reg.durable_selectors or self.reg.durable_selectors[qkey].matches(view_of(msg))
         ]
 
     def fan_out(self, name: str, msg: Message, copies: Sequence[Message]) -> None:
@@ -88,6 +90,8 @@ class FanOut:
                     self.offer(sub, msg)
 
     def offer(self, sub: Subscription, msg: Message) -> None:
+        if sub.selector is not None and not sub.selector.matches(view_of(msg)):
+            return
         if not sub.backlog and sub.has_credit():
             self.deliver(sub, msg)
             return

@@ -75,6 +75,7 @@ class WildcardQueues:
         child = Subscription(sub.conn, sub.id, sub.destination, sub.ack_mode, sub.prefetch)
         child.unacked = sub.unacked
         child.name = q.name
+        child.selector = sub.selector
         sub.children[q.name] = child
         q.add_consumer(child)
         self.advisories.advise(q.name, len(q.consumers))

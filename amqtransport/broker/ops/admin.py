@@ -45,6 +45,7 @@ from ..dispatch.errors import CoreError
 from ..dispatch.message import TRANSPORT_HEADERS, Message
 from ..dispatch.names import DURABLE_PREFIX, check_send_destination, destination_key
 from ..dispatch.queues import Queue
+from ..dispatch.selection import settle
 from ..store import ORIGINAL_DESTINATION
 
 if TYPE_CHECKING:
@@ -225,6 +226,7 @@ class ServerAdmin:
     def _take_all(self, q: Queue) -> Iterator[list[Message]]:
         """Every waiting message of ``q``, front to back, taken off the queue in batches
         (paged ones read back a window at a time)."""
+        settle(q)
         first, q.messages = list(q.messages), deque()
         if first:
             yield first
@@ -235,6 +237,7 @@ class ServerAdmin:
         """The waiting messages of ``q`` with these ids, taken off the queue, in queue order."""
         keep: deque[Message] = deque()
         taken: list[Message] = []
+        settle(q)
         for m in q.messages:
             (taken if m.id in ids else keep).append(m)
         q.messages = keep
@@ -261,6 +264,7 @@ class ServerAdmin:
             raise AdminError(f"offset must be >= 0 and limit between 1 and {MAX_BROWSE}")
         q = self._queue(queue)
         in_flight = sum(1 for sub in q.consumers for m in sub.unacked.values() if m.destination == q.name)
+        settle(q)
         msgs = q.messages
         shown = [msgs[i] for i in range(offset, min(len(msgs), offset + limit))]
         store = self.server.store

@@ -1,0 +1,160 @@
+"""JMS selectors in the broker: which subscription may have which message.
+
+Theory of operation
+-------------------
+A SUBSCRIBE's ``selector`` is compiled once (:func:`amqtransport.selector.compile_selector`,
+pure) into ``Subscription.selector``. What a selector reads of a message (its
+properties and JMS headers, :func:`view_of`) is built from the message's headers the
+first time a selector looks at it and cached on the message; only the delivery count
+(JMSRedelivered, JMSXDeliveryCount) is refreshed per evaluation.
+
+Topics. A live subscription whose selector does not match a message never sees it
+(:meth:`~.topics.FanOut.offer`); a durable subscription's selector is in its ``Sub``
+record, so its queue receives only the copies that match, and the filter survives a
+restart and a takeover with the record (``Registry.durable_selectors``).
+
+Queues. A queue with no selective consumer dispatches as before (queues.py, O(1) per
+message). Once a consumer has a selector, :func:`dispatch_selective` walks the resident
+messages in order and gives each to the first ready consumer (round-robin) whose
+selector matches. A message that no ready consumer takes stays where it is when some
+consumer without credit wants it (*held*: it is tried again when credit comes back), or
+moves aside to ``Queue.unmatched`` when no consumer at all wants it. Unmatched messages
+are not evaluated again until a consumer arrives (:func:`settle` merges them back, in
+queue order by ``Message.seq``) -- so each message is evaluated about once per consumer
+that could take it, not once per delivery, and the backlog is not rescanned per message.
+
+Paging and cost. Dispatch pages messages in from the store whenever the resident deque
+runs dry; while unmatched or held messages are resident and memory is past its
+low-water mark, it stops paging in (so non-matching messages fill memory at most up to
+the limit, like ActiveMQ, whose selective consumers see only the messages it has paged
+in). Each selector evaluation is a few closure calls (microseconds); a 1 % selector on
+a deep queue costs one evaluation per message brought into memory, plus one per
+message per arriving consumer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import Protocol
+
+from amqtransport.selector import MessageView, message_view
+
+from .memory import MemoryGauge
+from .message import Message
+from .model import AUTO, Subscription
+
+__all__ = ["accepts", "dispatch_selective", "settle", "view_of"]
+
+
+def view_of(msg: Message) -> MessageView:
+    """What a selector sees of ``msg`` now (cached; the delivery count is refreshed)."""
+    view = msg.view
+    if not isinstance(view, MessageView):
+        view = msg.view = message_view(
+            msg.headers,
+            message_id=msg.id,
+            destination=msg.destination,
+            timestamp_ms=int(msg.timestamp * 1000),
+        )
+    n = msg.delivery_count
+    view.jms["JMSRedelivered"] = n > 0
+    view.jms["JMSXDeliveryCount"] = n + 1
+    return view
+
+
+def accepts(sub: Subscription, msg: Message) -> bool:
+    """May ``sub`` have ``msg``? (No selector: yes.)"""
+    sel = sub.selector
+    return sel is None or sel.matches(view_of(msg))
+
+
+class _Core(Protocol):
+    memory: MemoryGauge
+    clock: Callable[[], float]
+
+    def drop_expired(self, msg: Message) -> None: ...
+
+    def store_ack(self, ids: Sequence[str]) -> None: ...
+
+
+class SelectiveQueue(Protocol):
+    """What selective dispatch needs of a :class:`~.queues.Queue`."""
+
+    name: str
+    messages: deque[Message]
+    unmatched: deque[Message]
+    consumers: list[Subscription]
+    ready: deque[Subscription]
+    dequeued: int
+
+    @property
+    def core(self) -> _Core: ...
+
+    def page_in(self) -> None: ...
+
+
+def settle(q: SelectiveQueue) -> None:
+    """Put the unmatched messages back among the others, in queue order (a consumer
+    arrived, or someone -- the console, a purge -- needs the whole queue in ``messages``)."""
+    if not q.unmatched:
+        return
+    merged = sorted([*q.messages, *q.unmatched], key=attrgetter("seq"))
+    q.unmatched.clear()
+    q.messages.clear()
+    q.messages.extend(merged)
+
+
+def dispatch_selective(q: SelectiveQueue) -> None:
+    """Queue dispatch when some consumer has a selector (see the module docstring)."""
+    messages, ready, core = q.messages, q.ready, q.core
+    held: list[Message] = []
+    auto_acked: list[str] = []
+    now = 0.0
+    while ready:
+        if not messages:
+            if (held or q.unmatched) and core.memory.paging(q.name):
+                break  # memory is short: no more non-matching messages in
+            q.page_in()
+            if not messages:
+                break
+        msg = messages.popleft()
+        if msg.expires:
+            now = now or core.clock()
+            if msg.expires <= now:
+                core.drop_expired(msg)
+                continue
+        sub: Subscription | None = None
+        for _ in range(len(ready)):
+            cand = ready.popleft()
+            if not cand.has_credit():
+                cand.in_ready = False
+                continue
+            if accepts(cand, msg):
+                sub = cand
+                break
+            ready.append(cand)
+        if sub is None:
+            if any(not c.in_ready and accepts(c, msg) for c in q.consumers):
+                held.append(msg)  # a consumer without credit wants it: it keeps its place
+            else:
+                q.unmatched.append(msg)
+            continue
+        msg.delivery_count += 1
+        if sub.ack_mode == AUTO:
+            if msg.persistent:
+                auto_acked.append(msg.id)
+            q.dequeued += 1
+            core.memory.release(msg)
+        else:
+            sub.unacked[msg.id] = msg
+        sub.conn.deliver(sub, msg, msg.delivery_count)
+        if sub.has_credit():
+            ready.append(sub)
+        else:
+            sub.in_ready = False
+    if held:
+        messages.extendleft(reversed(held))
+    if auto_acked:
+        core.store_ack(auto_acked)
