@@ -58,6 +58,7 @@ from urllib.parse import quote, unquote_plus
 import yarl
 from pydantic import BaseModel, ValidationError
 
+from amqtransport import activemq_options as amq
 from amqtransport.errors import UriError
 from amqtransport.options import (
     SSL_ONLY_OPTIONS,
@@ -84,6 +85,10 @@ LEAF_SCHEMES: dict[str, str] = {
     "stomp": "tcp",
     "ssl": "ssl",
     "stomp+ssl": "ssl",
+    "nio": "tcp",
+    "stomp+nio": "tcp",
+    "nio+ssl": "ssl",
+    "stomp+nio+ssl": "ssl",
     "vm": "vm",
 }
 COMPOSITE_SCHEMES: tuple[str, ...] = ("failover", "static", "masterslave")
@@ -92,11 +97,8 @@ ALL_SCHEMES: tuple[str, ...] = (*LEAF_SCHEMES, *COMPOSITE_SCHEMES)
 
 MAX_DEPTH = 8
 
-# ActiveMQ 5.17 FailoverTransport setters we do not implement (named in the error)
-_ACTIVEMQ_ONLY_FAILOVER = frozenset(
-    {"rebalanceUpdateURIs", "reconnectSupported", "updateURIsSupported", "trackTransactionProducers"}
-)
-_OPENWIRE_PREFIXES = frozenset({"wireFormat", "jms", "transport", "socket"})
+#: ActiveMQ options without a field in our models, as (name, value), in the order given
+Amq: TypeAlias = tuple[tuple[str, str], ...]
 
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 _VM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -127,7 +129,7 @@ def _encode(value: Any, safe: str) -> str:
     return quote(str(value), safe=safe)
 
 
-def _query(options: BaseModel, *, leaf: bool, nested: bool = False) -> str:
+def _query(options: BaseModel, amq_options: Amq, *, leaf: bool, nested: bool = False) -> str:
     """Canonical ``k=v&...`` of the given options.
 
     Commas stay readable where they cannot be mistaken for a list separator: in
@@ -150,6 +152,8 @@ def _query(options: BaseModel, *, leaf: bool, nested: bool = False) -> str:
         else:
             text = _encode(value, _SAFE_LEAF if (leaf or nested) else _SAFE_COMPOSITE)
         parts.append(f"{name}={text}")
+    safe = _SAFE_LEAF if (leaf or nested) else _SAFE_COMPOSITE
+    parts.extend(f"{quote(name, safe='.')}={quote(value, safe=safe)}" for name, value in amq_options)
     return "&".join(parts)
 
 
@@ -166,6 +170,8 @@ class LeafUri:
     port: int
     name: str | None = None
     options: LeafOptions = field(default_factory=lambda: LeafOptions.model_validate({}))
+    #: ActiveMQ options kept as written (activemq_options.py says what each means)
+    amq: Amq = ()
 
     @property
     def address(self) -> str:
@@ -176,16 +182,16 @@ class LeafUri:
         return f"{self.scheme}://{host}:{self.port}"
 
     def __str__(self) -> str:
-        query = _query(self.options, leaf=True)
+        query = _query(self.options, self.amq, leaf=True)
         return f"{self.address}?{query}" if query else self.address
 
     def to_json(self) -> dict[str, Any]:
         """``{"scheme", "host", "port", "options"}`` (vm: ``{"scheme", "name", "options"}``);
         options are the given ones only, by ActiveMQ name."""
         options = self.options.given()
-        if self.scheme == "vm":
-            return {"scheme": "vm", "name": self.name, "options": options}
-        return {"scheme": self.scheme, "host": self.host, "port": self.port, "options": options}
+        head = {"name": self.name} if self.scheme == "vm" else {"host": self.host, "port": self.port}
+        meanings = _meanings("transport", self.amq)
+        return {"scheme": self.scheme, **head, "options": options, **({"meanings": meanings} if meanings else {})}
 
     def leaves(self) -> Iterator[LeafUri]:
         yield self
@@ -203,6 +209,7 @@ class CompositeUri:
     options: FailoverOptions | StaticOptions
     components: tuple[UriNode, ...]
     desugared_from: str | None = field(default=None, compare=False)
+    amq: Amq = ()
 
     def __str__(self) -> str:
         return self._render(nested=False)
@@ -212,16 +219,15 @@ class CompositeUri:
             c._render(nested=True) if isinstance(c, CompositeUri) else str(c)
             for c in self.components
         )
-        query = _query(self.options, leaf=False, nested=nested)
+        query = _query(self.options, self.amq, leaf=False, nested=nested)
         return f"{self.scheme}:({inner})" + (f"?{query}" if query else "")
 
     def to_json(self) -> dict[str, Any]:
         """The explain JSON (docs/uris.md): every effective option by ActiveMQ name."""
-        return {
-            "scheme": self.scheme,
-            "options": self.options.effective(),
-            "components": [component.to_json() for component in self.components],
-        }
+        scope: amq.Scope = "failover" if self.scheme == "failover" else "static"
+        meanings = _meanings(scope, self.amq)
+        return {"scheme": self.scheme, "options": self.options.effective(), **({"meanings": meanings} if meanings else {}),
+                "components": [component.to_json() for component in self.components]}
 
     def leaves(self) -> Iterator[LeafUri]:
         for component in self.components:
@@ -229,6 +235,12 @@ class CompositeUri:
 
 
 UriNode: TypeAlias = LeafUri | CompositeUri
+
+
+def _meanings(scope: amq.Scope, amq_options: Amq) -> dict[str, dict[str, str]]:
+    """``{name: {"value", "became" | "ignored"}}`` for the ActiveMQ options kept on a node."""
+    return {name: {"value": value, **dict([amq.meaning_of("jms" if name.startswith("jms.") else scope, name)])}
+            for name, value in amq_options}
 
 
 def parse_uri(text: str) -> UriNode:
@@ -316,7 +328,7 @@ class _Parser:
         if scheme in COMPOSITE_SCHEMES:
             return self.composite(scheme, s, m.end(), e, depth)
         if scheme in LEAF_SCHEMES:
-            return self.leaf(scheme, s, m.end(), e)
+            return self.leaf(scheme, s, m.end(), e, top=depth == 0)
         raise self.error(f"unknown scheme {_q(scheme)}", s, valid=ALL_SCHEMES)
 
     def composite(self, scheme: str, s: int, p: int, e: int, depth: int) -> UriNode:
@@ -359,9 +371,9 @@ class _Parser:
                         pieces[-1] = (ls, le)
         components = [self.node(ps, pe, depth + 1) for ps, pe in pieces]
         if scheme == "failover":
-            return self.failover(components, pieces, options, s)
+            return self.failover(components, pieces, options, top=depth == 0)
         if scheme == "static":
-            opts = self.model(StaticOptions, options, "static")
+            opts, _ = self.model(StaticOptions, options, "static", "static")
             self.check_static_components(components, pieces)
             return CompositeUri("static", opts, tuple(components))
         # masterslave
@@ -371,7 +383,7 @@ class _Parser:
                 f"masterslave: needs two or more broker URIs (master and slaves), got {len(components)}",
                 s,
             )
-        opts = self.model(StaticOptions, options, "masterslave (static)")
+        opts, _ = self.model(StaticOptions, options, "masterslave (static)", "static")
         inner = CompositeUri(
             "failover",
             FailoverOptions.model_validate({"randomize": False, "maxReconnectAttempts": 0}),
@@ -384,7 +396,8 @@ class _Parser:
         components: list[UriNode],
         pieces: list[tuple[int, int]],
         options: list[_Option],
-        s: int,
+        *,
+        top: bool,
     ) -> CompositeUri:
         self.check_leaves("failover", components, pieces)
         # dialect= and vhost= on a failover are shorthands for nested.dialect= / nested.vhost=
@@ -392,12 +405,12 @@ class _Parser:
                    for o in options]
         nested = [o for o in options if o.key.startswith("nested.")]
         plain = [o for o in options if not o.key.startswith("nested.")]
-        opts = self.model(FailoverOptions, plain, "failover")
+        opts, amq_options = self.model(FailoverOptions, plain, "failover", "failover", jms=top)
         if nested:
             components = self.apply_nested(components, nested)
         if opts.priority_uris:
             opts = self.priority(opts, components, plain)
-        return CompositeUri("failover", opts, tuple(components))
+        return CompositeUri("failover", opts, tuple(components), amq=amq_options)
 
     def priority(
         self, opts: FailoverOptions, components: list[UriNode], plain: list[_Option]
@@ -425,33 +438,25 @@ class _Parser:
         return opts.model_copy(update={"priority_uris": tuple(addresses)})
 
     def apply_nested(self, components: list[UriNode], nested: list[_Option]) -> list[UriNode]:
-        names = option_names(LeafOptions)
-        extra: dict[str, _Option] = {}
-        for o in nested:
-            key = o.key[len("nested.") :]
-            if key not in names:
-                raise self.unknown(o, names, "broker URI (nested.)", prefix="nested.")
-            if names[key] in extra:
-                raise self.error(f"option {_q(o.key)} given twice", o.column, option=o.key)
-            extra[names[key]] = o
+        """``nested.X=v``: ``X=v`` on every broker URI that does not set X itself."""
+        options = [_Option(o.key[len("nested."):], o.value, o.column) for o in nested]
         out: list[UriNode] = []
         for component in components:
             assert isinstance(component, LeafUri)  # check_leaves ran before
             leaf = component
-            for fname, o in extra.items():
-                if activemq_name(LeafOptions, fname) in SSL_ONLY_OPTIONS and leaf.scheme != "ssl":
-                    raise self.error(
-                        f"option {_q(o.key)} applies to ssl:// broker URIs only, and {leaf.address} is {leaf.scheme}://",
-                        o.column,
-                        option=o.key,
-                    )
-            data: dict[str, Any] = {fname: o.value for fname, o in extra.items()}
-            data.update({f: getattr(leaf.options, f) for f in leaf.options.model_fields_set})
             try:
-                new = LeafOptions.model_validate(data)
-            except ValidationError as exc:
-                raise self.validation(exc, list(extra.values()), "broker URI (nested.)", LeafOptions, prefix="nested.") from None
-            out.append(LeafUri(leaf.scheme, leaf.host, leaf.port, leaf.name, new))
+                extra, extra_amq = self.model(LeafOptions, options, "broker URI (nested.)", "transport",
+                                              ssl=leaf.scheme == "ssl", valid=self.valid_leaf_names(leaf.scheme))
+            except UriError as exc:
+                raise UriError(str(exc).replace("option '", "option 'nested.", 1), uri=self.text, option=(
+                    None if exc.option is None else f"nested.{exc.option}"), column=exc.column,
+                    valid=[f"nested.{v}" for v in exc.valid]) from None
+            data: dict[str, Any] = {f: getattr(extra, f) for f in extra.model_fields_set}
+            data.update({f: getattr(leaf.options, f) for f in leaf.options.model_fields_set})
+            own = {name for name, _ in leaf.amq}
+            merged = leaf.amq + tuple((name, value) for name, value in extra_amq if name not in own)
+            out.append(LeafUri(leaf.scheme, leaf.host, leaf.port, leaf.name, LeafOptions.model_validate(data),
+                               merged))
         return out
 
     def check_leaves(self, scheme: str, components: list[UriNode], pieces: list[tuple[int, int]]) -> None:
@@ -474,7 +479,7 @@ class _Parser:
                 )
 
     # ------------------------------------------------------------------ leaves
-    def leaf(self, raw_scheme: str, s: int, p: int, e: int) -> LeafUri:
+    def leaf(self, raw_scheme: str, s: int, p: int, e: int, *, top: bool) -> LeafUri:
         text = self.text
         scheme = LEAF_SCHEMES[raw_scheme]
         q = text.find("?", s, e)
@@ -500,7 +505,7 @@ class _Parser:
                 raise self.error(
                     f"bad vm broker name {_q(name)}: use letters, digits, '_', '.', '-'", a
                 )
-            leaf_opts = self.leaf_options("vm", options)
+            leaf_opts, _ = self.leaf_options("vm", options, top=False)
             return LeafUri("vm", "", 0, name, leaf_opts)
         slash = text.find("/", a, head_end)
         auth_end = slash if slash >= 0 else head_end
@@ -564,25 +569,18 @@ class _Parser:
             raise self.error(
                 f"bad host {_q(host_text)}: expected a host name, an IPv4 address or [IPv6]", a
             )
-        leaf_opts = self.leaf_options(scheme, options)
-        return LeafUri(scheme, host, port, None, leaf_opts)
+        leaf_opts, amq_options = self.leaf_options(scheme, options, top=top)
+        return LeafUri(scheme, host, port, None, leaf_opts, amq_options)
 
-    def leaf_options(self, scheme: str, options: list[_Option]) -> LeafOptions:
+    def leaf_options(self, scheme: str, options: list[_Option], *, top: bool) -> tuple[LeafOptions, Amq]:
         for o in options:
-            if o.key in SSL_ONLY_OPTIONS and scheme != "ssl":
-                raise self.error(
-                    f"option {_q(o.key)} applies to ssl:// broker URIs only",
-                    o.column,
-                    option=o.key,
-                    valid=self.valid_leaf_names(scheme),
-                )
             if o.key.startswith("nested."):
                 raise self.error(
                     f"{_q(o.key)}: nested.* options belong on a failover: URI", o.column, option=o.key
                 )
-        opts = self.model(LeafOptions, options, f"{scheme}://", valid=self.valid_leaf_names(scheme))
-        assert isinstance(opts, LeafOptions)
-        return opts
+        # vm:// is our in-process broker: none of ActiveMQ's TCP options apply to it
+        return self.model(LeafOptions, options, f"{scheme}://", None if scheme == "vm" else "transport",
+                          ssl=scheme == "ssl", jms=top, valid=self.valid_leaf_names(scheme))
 
     @staticmethod
     def valid_leaf_names(scheme: str) -> tuple[str, ...]:
@@ -647,7 +645,7 @@ class _Parser:
             key_raw, eq, value_raw = part.partition("=")
             try:
                 key = unquote_plus(key_raw, errors="strict").strip()
-                value = unquote_plus(value_raw, errors="strict")
+                value = unquote_plus(value_raw.strip(_WS), errors="strict")
             except UnicodeDecodeError:
                 raise self.error(f"option {_q(part[:40])} is not valid %-encoded UTF-8", here) from None
             if not key:
@@ -665,26 +663,60 @@ class _Parser:
         model: type[FailoverOptions] | type[StaticOptions] | type[LeafOptions],
         options: list[_Option],
         kind: str,
+        scope: amq.Scope | None,
         *,
+        ssl: bool = False,
+        jms: bool = False,
         valid: Sequence[str] | None = None,
-    ) -> Any:
+    ) -> tuple[Any, Amq]:
+        """Validate ``options``: ActiveMQ's names (activemq_options.py) and ours (the model's),
+        both by ActiveMQ's first-letter rule; returns the model and the ActiveMQ options kept."""
         names = option_names(model)
         data: dict[str, Any] = {}
         by_field: dict[str, _Option] = {}
+        kept: dict[str, _Option] = {}
         for o in options:
-            fname = names.get(o.key)
+            entry = None
+            if scope is not None:
+                entry = amq.lookup("jms" if o.key.startswith("jms.") else scope, o.key)
+            if entry is not None and o.key.startswith("jms.") and not jms:
+                raise self.error(f"{_q(o.key)}: jms.* options belong on the outermost failover: or broker URI "
+                                 "of a client URI (ActiveMQConnectionFactory reads them there)", o.column, option=o.key)
+            if entry is not None and entry.ssl_only and not ssl:
+                raise self.error(f"option {_q(o.key)} applies to ssl:// broker URIs only", o.column, option=o.key,
+                                 valid=valid or ())
+            if entry is not None and (problem := amq.java_value_error(entry.java, o.value)):
+                raise self.error(f"bad value for {kind} option {_q(o.key)} = {_q(o.value[:80])}: {problem}",
+                                 o.column, option=o.key)
+            if entry is not None and entry.field is None:
+                if entry.name in kept:
+                    raise self.error(f"option {_q(o.key)} and {_q(kept[entry.name].key)} are the same option, "
+                                     "given twice", o.column, option=o.key)
+                kept[entry.name] = o
+                continue
+            fname = entry.field if entry is not None else names.get(o.key)
             if fname is None:
-                raise self.unknown(o, names, kind, valid=valid)
+                match = amq.bean_match(o.key, names)
+                fname = None if match is None else names[match]
+            if fname is None:
+                raise self.unknown(o, names, kind, scope, valid=valid)
             if fname in by_field:
                 raise self.error(
                     f"option {_q(o.key)} and {_q(by_field[fname].key)} are the same option, given twice",
                     o.column,
                     option=o.key,
                 )
+            if ssl is False and activemq_name(model, fname) in SSL_ONLY_OPTIONS and model is LeafOptions:
+                raise self.error(f"option {_q(o.key)} applies to ssl:// broker URIs only", o.column, option=o.key,
+                                 valid=valid or ())
             by_field[fname] = o
             data[fname] = o.value
+        if kept.get("useInactivityMonitor") and kept["useInactivityMonitor"].value.lower() == "false":
+            for name in sorted(amq.MONITOR_OPTIONS & kept.keys()):
+                raise self.error(f"option {_q(kept[name].key)} configures the inactivity monitor, which "
+                                 "useInactivityMonitor=false turns off", kept[name].column, option=kept[name].key)
         try:
-            return model.model_validate(data)
+            return model.model_validate(data), tuple((name, o.value) for name, o in kept.items())
         except ValidationError as exc:
             raise self.validation(exc, options, kind, model) from None
 
@@ -693,35 +725,25 @@ class _Parser:
         o: _Option,
         names: dict[str, str],
         kind: str,
+        scope: amq.Scope | None,
         *,
-        prefix: str = "",
         valid: Sequence[str] | None = None,
     ) -> UriError:
-        key = o.key[len(prefix) :] if prefix and o.key.startswith(prefix) else o.key
         choices = list(valid) if valid is not None else list(names)
-        hint = ""
-        close = difflib.get_close_matches(key, choices, n=1)
-        if not close:
-            lowered = {c.lower(): c for c in choices}
-            if key.lower() in lowered:
-                close = [lowered[key.lower()]]
-        if close:
-            hint = f" (did you mean {prefix}{close[0]}?)"
-        if kind == "failover" and key in _ACTIVEMQ_ONLY_FAILOVER:
-            hint += " - an ActiveMQ failover option that amqtransport does not implement"
-        if key.split(".", 1)[0] in _OPENWIRE_PREFIXES and "." in key:
-            hint += " - ActiveMQ OpenWire/JMS settings do not apply to STOMP"
-        if kind == "failover" and key in option_names(LeafOptions):
+        theirs = [] if scope is None else [a.name for a in amq.TABLES[scope] if a.field is None]
+        if o.key.startswith("jms.") and scope == "transport":
+            theirs = [a.name for a in amq.JMS]
+        close = difflib.get_close_matches(o.key, choices + theirs, n=1) or [
+            c for c in choices + theirs if c.lower() == o.key.lower()][:1]
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        if kind == "failover" and o.key in option_names(LeafOptions):
             hint += (
                 " - a broker URI option; in failover:u1,u2?... the options after the last "
-                "URI belong to the failover: use failover:(u1,u2?" + key + "=...)"
+                "URI belong to the failover: use failover:(u1,u2?" + o.key + "=...)"
             )
-        return self.error(
-            f"unknown {kind} option {_q(o.key)}{hint}",
-            o.column,
-            option=o.key,
-            valid=[prefix + c for c in choices],
-        )
+        if theirs:
+            hint += " - nor one of ActiveMQ 5.17's options (docs/uris.md)"
+        return self.error(f"unknown {kind} option {_q(o.key)}{hint}", o.column, option=o.key, valid=choices)
 
     def validation(
         self,

@@ -367,7 +367,7 @@ def test_errors_report_the_column(text: str, column: int | None, words: str | No
     ("text", "option", "words"),
     [
         ("failover:(tcp://a:1)?randomise=false", "randomise", "did you mean randomize"),
-        ("failover:(tcp://a:1)?Randomize=false", "Randomize", "did you mean randomize"),
+        ("failover:(tcp://a:1)?RANDOMIZE=false", "RANDOMIZE", "did you mean randomize"),
         ("failover:(tcp://a:1)?randomize=yes", "randomize", "true or false"),
         ("failover:(tcp://a:1)?randomize=1", "randomize", "true or false"),
         ("failover:(tcp://a:1)?initialReconnectDelay=-1", "initialReconnectDelay", "greater than or equal to 0"),
@@ -405,13 +405,19 @@ def test_option_errors_name_the_option_and_list_valid_names(text: str, option: s
             assert name in str(e)
 
 
-def test_activemq_only_options_are_named_as_such() -> None:
-    e = err("failover:(tcp://a:1)?updateURIsSupported=false")
-    assert "does not implement" in str(e) and e.option == "updateURIsSupported"
-    e = err("tcp://a:1?wireFormat.maxInactivityDuration=0")
-    assert "OpenWire" in str(e)
-    e = err("failover:(tcp://a:1)?nested.wireFormat.maxInactivityDuration=0")
-    assert "OpenWire" in str(e)
+def test_activemq_options_are_accepted_with_their_meaning() -> None:
+    # refused before issue 29 ("does not implement" / "OpenWire settings do not apply")
+    node = parse_uri("failover:(tcp://a:1)?updateURIsSupported=false&nested.wireFormat.maxInactivityDuration=0")
+    assert isinstance(node, CompositeUri)
+    assert node.amq == (("updateURIsSupported", "false"),)
+    assert "ignored" in node.to_json()["meanings"]["updateURIsSupported"]
+    leaf = node.components[0]
+    assert isinstance(leaf, LeafUri) and leaf.amq == (("wireFormat.maxInactivityDuration", "0"),)
+    assert "became" in leaf.to_json()["meanings"]["wireFormat.maxInactivityDuration"]
+    # ActiveMQ's bean rule: the first letter may be upper case, nothing else
+    ok = parse_uri("failover:(tcp://a:1)?Randomize=false")
+    assert isinstance(ok, CompositeUri) and ok.options.randomize is False  # type: ignore[union-attr]
+    assert err("tcp://a:1?wireFormat.maxInactivityDuratio=0").option == "wireFormat.maxInactivityDuratio"
 
 
 def test_unknown_failover_option_lists_every_failover_name() -> None:
