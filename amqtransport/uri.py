@@ -255,6 +255,15 @@ def parse_uri(text: str) -> UriNode:
 _LEAF_SHORTHANDS = ("dialect", "vhost")
 
 
+def _leaf_only(key: str) -> bool:
+    """A broker URI option that no composite takes (not even as a shorthand)."""
+    if key in _LEAF_SHORTHANDS or key.startswith(("nested.", "jms.")) or amq.lookup("failover", key):
+        return False
+    names = option_names(LeafOptions)
+    return bool(amq.lookup("transport", key) or amq.bean_match(key, names)) and not amq.bean_match(
+        key, option_names(FailoverOptions))
+
+
 @dataclass
 class _Option:
     key: str
@@ -319,11 +328,8 @@ class _Parser:
         m = _SCHEME_RE.match(self.text, s, e)
         if m is None:
             piece = self.text[s:e]
-            raise self.error(
-                f"expected a URI such as tcp://host:61613, got {_q(piece[:60])} (no scheme)",
-                s,
-                valid=ALL_SCHEMES,
-            )
+            raise self.error(f"expected a URI such as tcp://host:61613, got {_q(piece[:60])} (no scheme)", s,
+                valid=ALL_SCHEMES)
         scheme = m.group(0)[:-1].lower()
         if scheme in COMPOSITE_SCHEMES:
             return self.composite(scheme, s, m.end(), e, depth)
@@ -363,7 +369,8 @@ class _Parser:
                 lm = _SCHEME_RE.match(text, ls, le)
                 if lm is None or lm.group(0)[:-1].lower() not in COMPOSITE_SCHEMES:
                     q = text.find("?", ls, le)
-                    if q >= 0:
+                    # only broker options after the last URI: the last URI's, as in ActiveMQ
+                    if q >= 0 and not all(_leaf_only(o.key) for o in self.options(q + 1, le)):
                         options = self.options(q + 1, le)
                         le = q
                         while le > ls and text[le - 1] in _WS:
@@ -424,16 +431,10 @@ class _Parser:
             except UriError as exc:
                 raise self.error(f"priorityURIs: {exc}", where, option="priorityURIs") from None
             if not isinstance(node, LeafUri):
-                raise self.error(
-                    f"priorityURIs: {_q(item)} is not a broker URI", where, option="priorityURIs"
-                )
+                raise self.error(f"priorityURIs: {_q(item)} is not a broker URI", where, option="priorityURIs")
             if node.address not in known and opts.update_uris_url is None:
-                raise self.error(
-                    f"priorityURIs: {_q(item)} is not in the failover list",
-                    where,
-                    option="priorityURIs",
-                    valid=sorted(known),
-                )
+                raise self.error(f"priorityURIs: {_q(item)} is not in the failover list", where, option="priorityURIs",
+                    valid=sorted(known))
             addresses.append(node.address)
         return opts.model_copy(update={"priority_uris": tuple(addresses)})
 
@@ -462,21 +463,14 @@ class _Parser:
     def check_leaves(self, scheme: str, components: list[UriNode], pieces: list[tuple[int, int]]) -> None:
         for component, (ps, _) in zip(components, pieces, strict=True):
             if not isinstance(component, LeafUri):
-                raise self.error(
-                    f"{scheme}: lists broker URIs (tcp://, ssl://, vm://), not {component.scheme}:",
-                    ps,
-                    valid=tuple(LEAF_SCHEMES),
-                )
+                raise self.error(f"{scheme}: lists broker URIs (tcp://, ssl://, vm://), not {component.scheme}:", ps,
+                    valid=tuple(LEAF_SCHEMES))
 
     def check_static_components(self, components: list[UriNode], pieces: list[tuple[int, int]]) -> None:
         for component, (ps, _) in zip(components, pieces, strict=True):
             if isinstance(component, CompositeUri) and component.scheme != "failover":
-                raise self.error(
-                    "static: lists broker URIs or failover: URIs, not another static: "
-                    "(masterslave: is a static: itself)",
-                    ps,
-                    valid=(*LEAF_SCHEMES, "failover"),
-                )
+                raise self.error("static: lists broker URIs or failover: URIs, not another static: "
+                    "(masterslave: is a static: itself)", ps, valid=(*LEAF_SCHEMES, "failover"))
 
     # ------------------------------------------------------------------ leaves
     def leaf(self, raw_scheme: str, s: int, p: int, e: int, *, top: bool) -> LeafUri:
@@ -492,33 +486,25 @@ class _Parser:
                 raise self.error("whitespace inside a broker URI", i)
         options = self.options(q + 1, e) if q >= 0 else []
         if not text.startswith("//", p):
-            raise self.error(
-                f"expected {raw_scheme}://{'NAME' if scheme == 'vm' else 'host:port'} after {raw_scheme}:",
-                p,
-            )
+            raise self.error(f"expected {raw_scheme}://{'NAME' if scheme == 'vm' else 'host:port'} after {raw_scheme}:",
+                p)
         a = p + 2  # authority start
         if scheme == "vm":
             name = text[a:head_end].rstrip("/")
             if not name:
                 raise self.error("vm:// needs a broker name: vm://NAME", a)
             if not _VM_NAME_RE.fullmatch(name):
-                raise self.error(
-                    f"bad vm broker name {_q(name)}: use letters, digits, '_', '.', '-'", a
-                )
+                raise self.error(f"bad vm broker name {_q(name)}: use letters, digits, '_', '.', '-'", a)
             leaf_opts, _ = self.leaf_options("vm", options, top=False)
             return LeafUri("vm", "", 0, name, leaf_opts)
         slash = text.find("/", a, head_end)
         auth_end = slash if slash >= 0 else head_end
         if slash >= 0 and text[slash:head_end].strip("/"):
-            raise self.error(
-                f"unexpected path {_q(text[slash:head_end])} in a broker URI", slash
-            )
+            raise self.error(f"unexpected path {_q(text[slash:head_end])} in a broker URI", slash)
         authority = text[a:auth_end]
         if "@" in authority:
-            raise self.error(
-                "user info is not allowed in a broker URI; pass login=/passcode= to connect()",
-                a + authority.index("@"),
-            )
+            raise self.error("user info is not allowed in a broker URI; pass login=/passcode= to connect()",
+                a + authority.index("@"))
         # split host / port ourselves for precise columns; yarl validates and normalises
         port_text: str | None = None
         port_pos = a
@@ -566,18 +552,14 @@ class _Parser:
                 raise self.error(f"bad IPv6 zone {_q(zone)} in {_q(host_text)}", a)
             host = f"{address}%{zone}" if pct else address
         elif not _HOST_RE.fullmatch(host):
-            raise self.error(
-                f"bad host {_q(host_text)}: expected a host name, an IPv4 address or [IPv6]", a
-            )
+            raise self.error(f"bad host {_q(host_text)}: expected a host name, an IPv4 address or [IPv6]", a)
         leaf_opts, amq_options = self.leaf_options(scheme, options, top=top)
         return LeafUri(scheme, host, port, None, leaf_opts, amq_options)
 
     def leaf_options(self, scheme: str, options: list[_Option], *, top: bool) -> tuple[LeafOptions, Amq]:
         for o in options:
             if o.key.startswith("nested."):
-                raise self.error(
-                    f"{_q(o.key)}: nested.* options belong on a failover: URI", o.column, option=o.key
-                )
+                raise self.error(f"{_q(o.key)}: nested.* options belong on a failover: URI", o.column, option=o.key)
         # vm:// is our in-process broker: none of ActiveMQ's TCP options apply to it
         return self.model(LeafOptions, options, f"{scheme}://", None if scheme == "vm" else "transport",
                           ssl=scheme == "ssl", jms=top, valid=self.valid_leaf_names(scheme))
@@ -622,13 +604,9 @@ class _Parser:
                     continue
                 last_option = re.split(r"[?&]", prev)[-1]
                 if "?" in prev and last_option.startswith("priorityURIs="):
-                    raise self.error(
-                        "ambiguous comma after priorityURIs= inside a list of URIs: write the "
+                    raise self.error("ambiguous comma after priorityURIs= inside a list of URIs: write the "
                         "commas between priority URIs as %2C (or give the failover its own "
-                        "parentheses at top level)",
-                        ps - 1 if text[ps - 1] == "," else ps,
-                        option="priorityURIs",
-                    )
+                        "parentheses at top level)", ps - 1 if text[ps - 1] == "," else ps, option="priorityURIs")
             pieces.append((ps, pe))
         return pieces
 
@@ -701,11 +679,8 @@ class _Parser:
             if fname is None:
                 raise self.unknown(o, names, kind, scope, valid=valid)
             if fname in by_field:
-                raise self.error(
-                    f"option {_q(o.key)} and {_q(by_field[fname].key)} are the same option, given twice",
-                    o.column,
-                    option=o.key,
-                )
+                raise self.error(f"option {_q(o.key)} and {_q(by_field[fname].key)} are the same option, given twice",
+                    o.column, option=o.key)
             if ssl is False and activemq_name(model, fname) in SSL_ONLY_OPTIONS and model is LeafOptions:
                 raise self.error(f"option {_q(o.key)} applies to ssl:// broker URIs only", o.column, option=o.key,
                                  valid=valid or ())
@@ -767,8 +742,5 @@ class _Parser:
             msg = msg[len("Value error, ") :]
         if culprit is None:
             return self.error(f"bad {kind} options: {msg}")
-        return self.error(
-            f"bad value for {kind} option {_q(culprit.key)} = {_q(culprit.value[:80])}: {msg}",
-            culprit.column,
-            option=culprit.key,
-        )
+        return self.error(f"bad value for {kind} option {_q(culprit.key)} = {_q(culprit.value[:80])}: {msg}",
+            culprit.column, option=culprit.key)

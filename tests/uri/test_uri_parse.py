@@ -117,8 +117,12 @@ def test_failover_without_parentheses_leaf_options_on_earlier_leaves() -> None:
     assert node.options.randomize is False
 
 
-def test_failover_without_parentheses_leaf_option_at_end_is_an_error_with_a_hint() -> None:
-    e = err("failover:tcp://a:1?connectTimeout=5")
+def test_failover_without_parentheses_leaf_options_at_end_are_the_last_uris() -> None:
+    # as in ActiveMQ (URISupport.parseComposite): only broker options -> the last broker URI's
+    node = parse_uri("failover:tcp://a:1,tcp://b:2?connectTimeout=5&soTimeout=100")
+    assert str(node) == "failover:(tcp://a:1,tcp://b:2?connectTimeout=5&soTimeout=100)"
+    # failover options (or a mix) stay the failover's: a broker option among them is an error
+    e = err("failover:tcp://a:1?randomize=false&connectTimeout=5")
     assert e.option == "connectTimeout"
     assert "failover:(" in str(e)
 
