@@ -57,6 +57,7 @@ __all__ = [
     "MONITOR_OPTIONS",
     "TABLES",
     "bean_match",
+    "bean_key",
     "first_deadline_grace_ms",
 ]
 
@@ -78,6 +79,8 @@ class AmqOption:
     ssl_only: bool = False
     #: ActiveMQ reads it from the option map by its exact name (no bean rule)
     exact: bool = False
+    #: tcp:// and nio:// only (an SSLSocket refuses it)
+    plain_only: bool = False
 
 
 def _b(name: str, java: str, became: str, **kw: object) -> AmqOption:
@@ -147,7 +150,7 @@ TRANSPORT: tuple[AmqOption, ...] = (
         ("maxFrameSize", "long"), ("maxFrameSizeEnabled", "boolean"), ("platformDetails", "String"),
         ("providerName", "String"), ("providerVersion", "String"), ("sizePrefixDisabled", "boolean"),
         ("stackTraceEnabled", "boolean"), ("tcpNoDelayEnabled", "boolean"), ("tightEncodingEnabled", "boolean"),
-        ("version", "int"))),
+        ("version", "openwire"))),
     # socket.* (java.net.Socket, then javax.net.ssl.SSLSocket on ssl:// and nio+ssl://)
     _b("socket.keepAlive", "boolean", "SO_KEEPALIVE on the socket"),
     _b("socket.tcpNoDelay", "boolean", "TCP_NODELAY on the socket"),
@@ -156,10 +159,10 @@ TRANSPORT: tuple[AmqOption, ...] = (
     _b("socket.trafficClass", "tos", "IP_TOS of the socket (0-255)"),
     _i("socket.soTimeout", "int", "see soTimeout: our reader waits with the heart-beat deadline"),
     _i("socket.reuseAddress", "boolean", "a client socket binds no fixed local port"),
-    _i("socket.OOBInline", "boolean", "TCP urgent data has no use in STOMP"),
+    _i("socket.OOBInline", "boolean", "TCP urgent data has no use in STOMP", plain_only=True),
     _b("socket.verifyHostName", "boolean", "false: TLS does not check the certificate's host name",
-       ssl_only=True),
-    _b("socket.enabledProtocols", "String[]", "the TLS versions allowed (e.g. TLSv1.2,TLSv1.3: the lowest and "
+       ssl_only=True, exact=True),  # SslTransport takes it out of socket.* by this exact name
+    _b("socket.enabledProtocols", "protocols", "the TLS versions allowed (e.g. TLSv1.2,TLSv1.3: the lowest and "
        "highest named bound the handshake)", ssl_only=True),
     _i("socket.enabledCipherSuites", "String[]", "Java's cipher-suite names; Python's ssl module takes "
        "OpenSSL's, so OpenSSL's defaults apply", ssl_only=True),
@@ -261,23 +264,23 @@ _PREFIXES = ("jms.prefetchPolicy.", "jms.redeliveryPolicy.", "jms.blobTransferPo
              "socket.")
 
 
-def _bean_key(name: str) -> str:
+def bean_key(name: str) -> str:
     """``prefix + rest`` with the first letter of ``rest`` lower-cased (ActiveMQ's setter rule)."""
-    for prefix in _PREFIXES:
-        if name.startswith(prefix):
-            rest = name[len(prefix):]
-            return prefix + rest[:1].lower() + rest[1:]
-    return name[:1].lower() + name[1:]
+    prefix = next((p for p in _PREFIXES if name.startswith(p)), "")
+    rest = name[len(prefix):]
+    if "." in rest:  # not a setter's name: ActiveMQ looks for set<rest> as written
+        return name
+    return prefix + rest[:1].lower() + rest[1:]
 
 
 _INDEX: dict[str, dict[str, AmqOption]] = {
-    scope: {_bean_key(o.name): o for o in table} for scope, table in TABLES.items()
+    scope: {bean_key(o.name): o for o in table} for scope, table in TABLES.items()
 }
 
 
 def lookup(scope: Scope, key: str) -> AmqOption | None:
     """The option ``key`` names in ``scope`` (ActiveMQ's name rules), or None."""
-    option = _INDEX[scope].get(_bean_key(key))
+    option = _INDEX[scope].get(bean_key(key))
     if option is None or (option.exact and key != option.name):
         return None
     return option
@@ -285,13 +288,15 @@ def lookup(scope: Scope, key: str) -> AmqOption | None:
 
 def bean_match(key: str, names: Iterable[str]) -> str | None:
     """The name among ``names`` that ``key`` means by ActiveMQ's first-letter rule."""
-    wanted = _bean_key(key)
+    wanted = bean_key(key)
     for name in names:
-        if _bean_key(name) == wanted:
+        if bean_key(name) == wanted:
             return name
     return None
 
 
+#: the protocol names Java's SSLSocket takes
+TLS_PROTOCOLS = ("TLSv1.3", "TLSv1.2", "TLSv1.1", "TLSv1", "SSLv3", "SSLv2Hello")
 _INT_RANGES = {"short": 16, "int": 32, "long": 64, "tos": 32}
 _JAVA_INT = re.compile(r"[+-]?[0-9]+")
 _JAVA_DOUBLE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[dDfF]?")
@@ -315,6 +320,12 @@ def java_value_error(java: str, value: str) -> str | None:
         return None
     if java == "double":
         return None if _JAVA_DOUBLE.fullmatch(value) else f"expected a number, got {value!r}"
+    if java == "openwire":
+        ok = _JAVA_INT.fullmatch(value) and 1 <= int(value) <= 12
+        return None if ok else f"expected an OpenWire version 1 to 12, got {value!r}"
+    if java == "protocols":
+        bad = [p for p in value.split(",") if p not in TLS_PROTOCOLS]
+        return f"unknown TLS protocol {bad[0]!r}; valid: {', '.join(TLS_PROTOCOLS)}" if bad else None
     if java == "dscp":
         if value in _DSCP_NAMES or (_JAVA_INT.fullmatch(value) and 0 <= int(value) <= 63):
             return None

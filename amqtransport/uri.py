@@ -660,9 +660,10 @@ class _Parser:
             if entry is not None and o.key.startswith("jms.") and not jms:
                 raise self.error(f"{_q(o.key)}: jms.* options belong on the outermost failover: or broker URI "
                                  "of a client URI (ActiveMQConnectionFactory reads them there)", o.column, option=o.key)
-            if entry is not None and entry.ssl_only and not ssl:
-                raise self.error(f"option {_q(o.key)} applies to ssl:// broker URIs only", o.column, option=o.key,
-                                 valid=valid or ())
+            if entry is not None and (entry.ssl_only and not ssl or entry.plain_only and ssl):
+                which = "ssl://" if entry.ssl_only else "tcp:// (not ssl://)"
+                raise self.error(f"option {_q(o.key)} applies to {which} broker URIs only", o.column,
+                                 option=o.key, valid=valid or ())
             if entry is not None and (problem := amq.java_value_error(entry.java, o.value)):
                 raise self.error(f"bad value for {kind} option {_q(o.key)} = {_q(o.value[:80])}: {problem}",
                                  o.column, option=o.key)

@@ -1,6 +1,10 @@
 // ActiveMQ 5.17's own client as the oracle for connection URIs (tests/uri/test_uri_oracle.py).
+// Run with --add-opens java.base/sun.security.ssl=ALL-UNNAMED: on JDK 17 ActiveMQ 5.17.2 cannot
+// reach SSLSocketImpl's setters otherwise (later ActiveMQ releases look them up on SSLSocket).
 //
-// Reads URIs, one a line, from the file named by args[0]; prints one line per URI:
+// Reads URIs, one a line, from the file named by args[0] (or setters:CLASS: that class's
+// one-argument setters, to check the catalogue in amqtransport/activemq_options.py); prints one
+// line per input line:
 //   OK <tab> key=value <tab> key=value ...   (each option given, as ActiveMQ reads it back)
 //   ERR <tab> message
 // A client URI (tcp/ssl/nio/nio+ssl/stomp*/failover) goes where ActiveMQConnectionFactory
@@ -39,7 +43,11 @@ public class AmqUriOracle {
       List<String> values = new ArrayList<>();
       String answer;
       try {
-        check(line, values);
+        if (line.startsWith("setters:")) {
+          setters(line.substring("setters:".length()), values);
+        } else {
+          check(line, values);
+        }
         answer = "OK";
         for (String v : values) answer += "\t" + v;
       } catch (Throwable e) {
@@ -51,7 +59,27 @@ public class AmqUriOracle {
     }
   }
 
-  static void check(String text, List<String> values) throws Exception {
+  /** The one-argument setters of a class, as name:Type (what IntrospectionSupport can call). */
+  static void setters(String className, List<String> values) throws Exception {
+    TreeSet<String> names = new TreeSet<>();
+    for (Method m : Class.forName(className).getMethods()) {
+      if (m.getName().startsWith("set") && m.getName().length() > 3 && m.getParameterCount() == 1) {
+        String n = m.getName().substring(3);
+        names.add(Character.toLowerCase(n.charAt(0)) + n.substring(1) + ":" + m.getParameterTypes()[0].getSimpleName());
+      }
+    }
+    values.addAll(names);
+  }
+
+  /** ActiveMQ has no STOMP client transport (its stomp* factories serve brokers): a stomp*://
+   * broker URI is asked as its OpenWire twin, which takes the same TcpTransport options. */
+  static String twin(String text) {
+    return text.replaceAll("(?i)stomp\\+nio\\+ssl://", "nio+ssl://").replaceAll("(?i)stomp\\+nio://", "nio://")
+        .replaceAll("(?i)stomp\\+ssl://", "ssl://").replaceAll("(?i)stomp://", "tcp://");
+  }
+
+  static void check(String original, List<String> values) throws Exception {
+    String text = twin(original);
     URI uri = new URI(text);
     String scheme = uri.getScheme() == null ? "" : uri.getScheme().toLowerCase(Locale.ROOT);
     if (scheme.equals("static") || scheme.equals("masterslave")) {
