@@ -86,6 +86,9 @@ def subscribe_frame(destination: str, ack: str, headers: Mapping[str, str] | Non
         sub_id = next_id("sub")
     hdrs.update({"id": sub_id, "destination": destination, "ack": ack,
                  **dialect.routing_headers(destination, "SUBSCRIBE")})
+    if prefetch is None:  # the URI's jms.prefetchPolicy.* (ActiveMQ's connection-factory default)
+        prefetch = dialect.default_prefetch(destination, durable=durable_name is not None,
+                                            browser=str((headers or {}).get("browser", "")).lower() == "true")
     if prefetch is None and dialect.name == "rabbitmq":
         prefetch = DEFAULT_PREFETCH
     if prefetch is not None:

@@ -58,7 +58,7 @@ from urllib.parse import quote, unquote_plus
 import yarl
 from pydantic import BaseModel, ValidationError
 
-from amqtransport import activemq_options as amq
+import amqtransport.activemq_options as amq
 from amqtransport.errors import UriError
 from amqtransport.options import (
     SSL_ONLY_OPTIONS,

@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.errors", 0),
     ("amqtransport.stomp", 1),
     ("amqtransport.uri", 2),
+    ("amqtransport.activemq_options", 2),  # ActiveMQ 5.17's client options: what each became or why ignored
     ("amqtransport.options", 2),
     ("amqtransport.backoff", 2),
     ("amqtransport.destinations", 2),  # the destination grammar (broker and bridge)
@@ -50,6 +51,7 @@ PURE = (
     "amqtransport.errors",
     "amqtransport.stomp",
     "amqtransport.uri",
+    "amqtransport.activemq_options",
     "amqtransport.options",
     "amqtransport.backoff",
     "amqtransport.destinations",

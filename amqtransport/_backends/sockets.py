@@ -20,13 +20,16 @@ import logging
 import select
 import socket
 import ssl
+import struct
 import threading
 from typing import Any
 
 from amqtransport._backends.base import leaf_address
+from amqtransport.activemq_options import SocketSettings, socket_settings
 from amqtransport.errors import ConnectError, ConnectionClosed, ReadError, WriteError
 
-__all__ = ["SocketStream", "SocketBackend", "build_ssl_context", "DEFAULT_WRITE_TIMEOUT", "vm_endpoint", "vm_name"]
+__all__ = ["SocketStream", "SocketBackend", "apply_socket_settings", "build_ssl_context", "DEFAULT_WRITE_TIMEOUT",
+           "vm_endpoint", "vm_name"]
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +103,35 @@ class SocketStream:
             pass
 
 
-def build_ssl_context(options: Any) -> ssl.SSLContext:
+_TLS_VERSIONS = {"TLSv1": ssl.TLSVersion.TLSv1, "TLSv1.1": ssl.TLSVersion.TLSv1_1,
+                 "TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+
+
+def apply_socket_settings(sock: Any, settings: SocketSettings) -> None:
+    """The socket options a broker URI asks for (ActiveMQ's keepAlive, tcpNoDelay,
+    socketBufferSize, soLinger, typeOfService/diffServ, socket.*); see activemq_options.py."""
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1 if settings.tcp_no_delay else 0)
+        if settings.keep_alive is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1 if settings.keep_alive else 0)
+        if settings.receive_buffer is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, settings.receive_buffer)
+        if settings.send_buffer is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, settings.send_buffer)
+        if settings.linger is not None and settings.linger >= 0:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, settings.linger))
+        if settings.tos is not None and sock.family == socket.AF_INET:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, settings.tos)
+    except OSError as exc:
+        raise ConnectError(f"cannot set the socket options the URI asks for: {exc}") from exc
+
+
+def build_ssl_context(options: Any, settings: SocketSettings | None = None) -> ssl.SSLContext:
     """An ``SSLContext`` from a leaf's options (``ca_file``, ``cert_file``,
-    ``key_file``, ``verify``). Bad files raise ``ConnectError`` naming the option."""
+    ``key_file``, ``verify``) and ActiveMQ's (``verifyHostName``, ``socket.enabledProtocols``).
+    Bad files raise ``ConnectError`` naming the option."""
     ca_file = getattr(options, "ca_file", None)
     cert_file = getattr(options, "cert_file", None)
     key_file = getattr(options, "key_file", None)
@@ -119,6 +148,11 @@ def build_ssl_context(options: Any) -> ssl.SSLContext:
     if verify is False:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
+    if settings is not None and settings.verify_host_name is False:
+        ctx.check_hostname = False
+    versions = [_TLS_VERSIONS[v] for v in settings.tls_versions if v in _TLS_VERSIONS] if settings else []
+    if versions:
+        ctx.minimum_version, ctx.maximum_version = min(versions), max(versions)
     return ctx
 
 
@@ -142,11 +176,12 @@ class SocketBackend:
             raise ConnectError(f"{peer}: connect timed out after {timeout:g}s") from exc
         except OSError as exc:
             raise ConnectError(f"{peer}: connect failed: {exc.strerror or exc}") from exc
+        settings = socket_settings(getattr(leaf, "amq", ()))
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            apply_socket_settings(sock, settings)
             if scheme == "ssl":
                 options = getattr(leaf, "options", None)
-                ctx = build_ssl_context(options)
+                ctx = build_ssl_context(options, settings)
                 server_hostname = getattr(options, "server_hostname", None) or host
                 sock.settimeout(timeout)
                 try:
@@ -155,7 +190,8 @@ class SocketBackend:
                     raise ConnectError(f"{peer}: TLS handshake timed out") from exc
                 except (OSError, ssl.SSLError) as exc:
                     raise ConnectError(f"{peer}: TLS handshake failed: {exc}") from exc
-            return SocketStream(sock, peer, write_timeout=self.write_timeout)
+            write_timeout = settings.write_timeout_ms / 1000.0 if settings.write_timeout_ms else self.write_timeout
+            return SocketStream(sock, peer, write_timeout=write_timeout)
         except BaseException:
             sock.close()
             raise

@@ -22,7 +22,8 @@ import ssl
 from collections.abc import Callable, Sequence
 
 from amqtransport._backends.base import leaf_address
-from amqtransport._backends.sockets import vm_endpoint, vm_name
+from amqtransport._backends.sockets import apply_socket_settings, vm_endpoint, vm_name
+from amqtransport.activemq_options import first_deadline_grace_ms, socket_settings
 from amqtransport.errors import (
     ConnectError,
     ConnectionClosed,
@@ -98,6 +99,7 @@ class AsyncLink:
                 server_hostname = (leaf.options.server_hostname or host) if context is not None else None
                 reader, writer = await asyncio.open_connection(host, port, ssl=context,
                                                                server_hostname=server_hostname)
+                apply_socket_settings(writer.get_extra_info("socket"), socket_settings(leaf.amq))
         except ssl.SSLError as exc:
             raise ConnectError(f"{self.address}: TLS handshake failed: {exc}") from exc
         except (OSError, TimeoutError) as exc:
@@ -150,9 +152,12 @@ class AsyncLink:
         reader = self._reader
         assert reader is not None
         error: TransportError
+        # wireFormat.maxInactivityDurationInitalDelay: the first deadline comes no sooner than this
+        grace = first_deadline_grace_ms(self.leaf.amq) / 1000.0
         try:
             while True:
-                timeout = 2 * self._expect_every if self._expect_every > 0 else None
+                timeout = max(2 * self._expect_every, grace) if self._expect_every > 0 else None
+                grace = 0.0
                 try:
                     async with asyncio.timeout(timeout):
                         data = await reader.read(65536)
@@ -225,9 +230,9 @@ def _eof(address: str) -> bytes:
 
 
 def _ssl_context(leaf: LeafUri) -> ssl.SSLContext:
-    from amqtransport._backends.sockets import build_ssl_context
+    from amqtransport._backends.sockets import build_ssl_context  # noqa: PLC0415
 
-    return build_ssl_context(leaf.options)
+    return build_ssl_context(leaf.options, socket_settings(leaf.amq))
 
 
 async def open_stream_link(leaf: LeafUri, params: ConnectParams, on_frame: FrameHandler,

@@ -82,6 +82,17 @@ class Dialect:
     cumulative_nack: bool = True
     #: the smallest heart-beat interval the broker accepts (ms; 0: any)
     min_heartbeat_ms: int = 0
+    #: the URI's ``jms.prefetchPolicy.*``: (kind, count) with kind queue, topic, durable or browser
+    prefetch_policy: tuple[tuple[str, int], ...] = ()
+
+    def default_prefetch(self, destination: str, *, durable: bool, browser: bool) -> int | None:
+        """The prefetch the URI's ``jms.prefetchPolicy.*`` gives a subscription (None: none given)."""
+        policy = dict(self.prefetch_policy)
+        if browser:
+            return policy.get("browser")
+        if durable:
+            return policy.get("durable")
+        return policy.get("queue" if destination.startswith(("/queue/", "/amq/queue/", "/temp-queue/")) else "topic")
 
     def prefetch_headers(self, count: int) -> dict[str, str]:
         """SUBSCRIBE headers asking for at most ``count`` unacknowledged messages."""

@@ -12,13 +12,15 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from amqtransport._backends.base import Backend
 from amqtransport._backends.sockets import SocketBackend
+from amqtransport.activemq_options import Scope, meaning_of
 from amqtransport.errors import UriError
 from amqtransport.options import FailoverOptions, StaticOptions
 from amqtransport.transports.base import Transport
@@ -28,17 +30,41 @@ from amqtransport.transports.probe import tcp_probe
 from amqtransport.transports.stomp import ConnectParams, DirectTransport
 from amqtransport.uri import CompositeUri, LeafUri, UriNode, parse_uri
 
-__all__ = ["FailoverSpec", "build_transport", "failover_spec"]
+__all__ = ["FailoverSpec", "build_transport", "failover_spec", "log_ignored_options"]
+
+log = logging.getLogger(__name__)
 
 
 def _leaves_of_failover(node: CompositeUri, uri: str) -> list[LeafUri]:
+    # jms.* on the failover (ActiveMQConnectionFactory's options) reach every link through its leaf
+    jms = tuple((name, value) for name, value in node.amq if name.startswith("jms."))
     leaves = []
     for component in node.components:
         if not isinstance(component, LeafUri):
             raise UriError(f"failover: components must be broker URIs (tcp://, ssl://, vm://), got {component}",
                            uri=uri)
-        leaves.append(component)
+        leaves.append(replace(component, amq=component.amq + jms) if jms else component)
     return leaves
+
+
+_logged_ignored: set[str] = set()
+
+
+def log_ignored_options(node: UriNode) -> None:
+    """Log, once per process and option, each ActiveMQ option of ``node`` that means nothing
+    over STOMP, with the reason (activemq_options.py)."""
+    nodes: list[UriNode] = [node]
+    while nodes:
+        current = nodes.pop()
+        if isinstance(current, CompositeUri):
+            nodes.extend(current.components)
+        scope: Scope = "transport" if isinstance(current, LeafUri) else (
+            "failover" if current.scheme == "failover" else "static")
+        for name, value in current.amq:
+            kind, reason = meaning_of("jms" if name.startswith("jms.") else scope, name)
+            if kind == "ignored" and name not in _logged_ignored:
+                _logged_ignored.add(name)
+                log.info("URI option %s=%s is ignored: %s", name, value, reason)
 
 
 @dataclass(frozen=True)
@@ -57,6 +83,7 @@ def failover_spec(uri: str | UriNode) -> FailoverSpec:
     never reconnects (one connect attempt; a loss fails the connection)."""
     text = uri if isinstance(uri, str) else str(uri)
     node = parse_uri(uri) if isinstance(uri, str) else uri
+    log_ignored_options(node)
     if isinstance(node, LeafUri):
         once = FailoverOptions.model_validate({"randomize": False, "maxReconnectAttempts": 0,
                                                "startupMaxReconnectAttempts": 0})
@@ -100,6 +127,7 @@ def build_transport(
     probe = tcp_probe if backend is None or isinstance(backend, SocketBackend) else None
     backend = backend if backend is not None else SocketBackend()
     if isinstance(node, LeafUri):
+        log_ignored_options(node)
         return DirectTransport(node, params, backend=backend, clock=clock)
     spec = failover_spec(uri)
     return FailoverTransport(spec.leaves, spec.options, params, backend=backend, sleep=sleep, clock=clock, rng=rng,

@@ -39,9 +39,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from amqtransport._backends.base import Backend, NetworkStream, leaf_address
+from amqtransport.activemq_options import (
+    first_deadline_grace_ms,
+    heartbeat_of,
+    jms_credentials,
+    prefetch_policy,
+)
 from amqtransport.errors import (
     AmqTransportError,
     ConnectError,
@@ -104,13 +110,14 @@ def _leaf_heartbeat(leaf: LeafUri, default: tuple[int, int]) -> tuple[int, int]:
     options = leaf.options
     if "heart_beat" in options.model_fields_set and options.heart_beat:
         return parse_heartbeat_header(options.heart_beat)
-    return default
+    return heartbeat_of(leaf.amq) or default  # wireFormat.maxInactivityDuration, useInactivityMonitor
 
 
 def connect_timeout_for(leaf: LeafUri, params: ConnectParams) -> float:
     if params.connect_timeout is not None:
         return float(params.connect_timeout)
-    return leaf.options.connect_timeout / 1000.0
+    # 0 is ActiveMQ's "no limit" (connectionTimeout=0): a day stands for it
+    return leaf.options.connect_timeout / 1000.0 if leaf.options.connect_timeout else 86400.0
 
 
 def handshake_session(leaf: LeafUri, params: ConnectParams, address: str) -> tuple[ClientSession, Dialect | None]:
@@ -119,9 +126,11 @@ def handshake_session(leaf: LeafUri, params: ConnectParams, address: str) -> tup
     options = leaf.options
     forced_dialect = dialect_named(options.dialect) if options.dialect else None
     host = params.vhost or options.host or DEFAULT_VHOST
+    user, password, client_id = jms_credentials(leaf.amq)  # jms.userName / jms.password / jms.clientID
     session = ClientSession(
-        host=str(host), login=params.login, passcode=params.passcode,
-        client_id=params.client_id, heartbeat=_leaf_heartbeat(leaf, params.heartbeat),
+        host=str(host), login=params.login if params.login is not None else user,
+        passcode=params.passcode if params.passcode is not None else password,
+        client_id=params.client_id or client_id, heartbeat=_leaf_heartbeat(leaf, params.heartbeat),
         min_heartbeat_ms=forced_dialect.min_heartbeat_ms if forced_dialect is not None else 0,
         extra_headers=params.extra_headers, context=f"{address}: ")
     return session, forced_dialect
@@ -146,6 +155,9 @@ def link_terms(leaf: LeafUri, terms: Negotiated, forced_dialect: Dialect | None)
     """The negotiated terms with the dialect's choices and the leaf's overrides applied."""
     options = leaf.options
     dialect = forced_dialect or detect(terms.frame.get("server"))
+    policy = prefetch_policy(leaf.amq)  # jms.prefetchPolicy.*: the subscriptions' default prefetch
+    if policy:
+        dialect = replace(dialect, prefetch_policy=tuple(sorted(policy.items())))
     text_mode = dialect.text_mode if options.text_mode is None else bool(options.text_mode)
     dup = options.duplicate_id_header
     duplicate_id_header = dialect.duplicate_id_header if dup is None else (None if dup.lower() == "none" else dup)
@@ -230,6 +242,9 @@ class StompConnection:
             raise
         now = self._clock()
         self._last_rx = self._last_tx = now
+        # wireFormat.maxInactivityDurationInitalDelay: the first deadline comes no sooner than this
+        grace = first_deadline_grace_ms(self.leaf.amq) / 1000.0
+        self._last_rx += max(0.0, grace - 2 * self.expect_every_ms / 1000.0) if self.expect_every_ms else 0.0
         self._writer = CoalescingWriter(stream.write)
         self._reader = threading.Thread(target=self._read_loop, name=f"amq-reader {self._name}", daemon=True)
         self._reader.start()
