@@ -28,9 +28,11 @@ after desugaring.  It raises :class:`~amqtransport.errors.UriError` and nothing 
    ``scheme:`` and follows a piece holding ``?`` is glued back (a comma inside an
    option value, e.g. ``heartBeat=5000,5000``).
 3. Options are split on ``&``, keys and values URL-decoded (``+`` is a space, as in
-   ActiveMQ), checked against the model's ActiveMQ names (unknown / duplicate names
-   are errors that list the valid ones), then validated by the pydantic model; a
-   ``ValidationError`` becomes a ``UriError`` naming the option.
+   ActiveMQ), looked up by ActiveMQ's rules in ``activemq_options.py`` (ActiveMQ 5.17's
+   client options, values checked as Java converts them) and in the model's names
+   (unknown / duplicate names are errors that list the valid ones); options that set a
+   field are validated by the pydantic model (a ``ValidationError`` becomes a
+   ``UriError`` naming the option), the others are kept as written (``.amq``).
 4. Desugaring: ``masterslave:(a,b,...)`` (two or more broker URIs) becomes exactly
    ``static:(failover:(a,b,...)?randomize=false&maxReconnectAttempts=0)``; options
    given to ``masterslave:`` are ``static:`` options (ActiveMQ's MasterSlaveDiscoveryAgent

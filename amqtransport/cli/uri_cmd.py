@@ -2,7 +2,8 @@
 
 The human form is an indented tree, one node per line, with the effective options of
 every failover/static (non-default values marked ``*name=value``), the given options of every
-broker URI and, for failover/static, the first delays of the reconnect schedule.
+broker URI and, for failover/static, the first delays of the reconnect schedule; below a node,
+one line per ActiveMQ option it carries: what it became over STOMP, or why it is ignored.
 ``--json`` prints the shape in docs/uris.md (``CompositeUri.to_json``).  A bad URI prints
 exactly one line ``error: ...`` on stderr and exits 2.
 """
@@ -46,6 +47,7 @@ def _lines(node: UriNode, indent: str, out: list[str]) -> None:
         if given:
             text += "  " + " ".join(f"*{k}={_value(v)}" for k, v in given.items())
         out.append(text)
+        _meaning_lines(node, indent + "    ", out)
         return
     assert isinstance(node, CompositeUri)
     head = f"{indent}{node.scheme}"
@@ -71,8 +73,19 @@ def _lines(node: UriNode, indent: str, out: list[str]) -> None:
         out.append(f"{indent}    {describe_failover(options)}")
     elif isinstance(options, StaticOptions):
         out.append(f"{indent}    {describe_static(options)}")
+    _meaning_lines(node, indent + "    ", out)
     for component in node.components:
         _lines(component, indent + "    ", out)
+
+
+def _meaning_lines(node: UriNode, indent: str, out: list[str]) -> None:
+    """One line per ActiveMQ option kept on ``node``: what it became, or why it is ignored."""
+    for name, meaning in node.to_json().get("meanings", {}).items():
+        value = "*****" if name == "jms.password" else _value(meaning["value"])
+        what = f"became: {meaning['became']}" if "became" in meaning else f"ignored: {meaning['ignored']}"
+        out.extend(textwrap.wrap(f"{name}={value} -> {what}", width=100, initial_indent=indent,
+                                 subsequent_indent=indent + "    ", break_long_words=False,
+                                 break_on_hyphens=False))
 
 
 def explain_text(node: UriNode) -> str:

@@ -28,7 +28,8 @@ from amqtransport.transports import factory
 class RecordingBroker:
     """Answers like ActiveMQ 5.17 (``server:ActiveMQ/5.17.2``) and records the frames it reads."""
 
-    def __init__(self) -> None:
+    def __init__(self, heart_beat: str = "0,0") -> None:
+        self.heart_beat = heart_beat  # what CONNECTED promises (the broker itself never beats)
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.frames: list[tuple[str, dict[str, str]]] = []
@@ -68,10 +69,9 @@ class RecordingBroker:
                     if reply:
                         conn.sendall(reply)
 
-    @staticmethod
-    def _reply(command: str, headers: dict[str, str]) -> bytes:
+    def _reply(self, command: str, headers: dict[str, str]) -> bytes:
         if command in ("CONNECT", "STOMP"):
-            return b"CONNECTED\nversion:1.2\nserver:ActiveMQ/5.17.2\nheart-beat:0,0\n\n\x00"
+            return f"CONNECTED\nversion:1.2\nserver:ActiveMQ/5.17.2\nheart-beat:{self.heart_beat}\n\n\x00".encode()
         if "receipt" in headers:
             return f"RECEIPT\nreceipt-id:{headers['receipt']}\n\n\x00".encode()
         return b""
@@ -166,6 +166,23 @@ def test_ignored_options_are_logged_once_at_info(fake: RecordingBroker, caplog: 
     lines = [r for r in caplog.records if "jms.useCompression" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO
     assert "ignored" in lines[0].getMessage() and "compression" in lines[0].getMessage()
+
+
+def test_initial_delay_holds_off_the_first_heartbeat_deadline() -> None:
+    """A broker that promises beats every 100 ms and sends none: the link is half-open after
+    2 intervals, unless wireFormat.maxInactivityDurationInitalDelay holds the first deadline off."""
+    broker = RecordingBroker(heart_beat="100,100")
+    try:
+        base = f"tcp://127.0.0.1:{broker.port}?wireFormat.maxInactivityDuration=100"
+        with amqtransport.connect(base + "&wireFormat.maxInactivityDurationInitalDelay=60000") as patient:
+            with amqtransport.connect(base) as strict:
+                deadline = time.monotonic() + 20
+                while strict.is_connected and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert not strict.is_connected  # found half-open after ~200 ms
+            assert patient.is_connected  # still within its initial delay
+    finally:
+        broker.close()
 
 
 # ------------------------------------------------------------------ the real ActiveMQ 5.17
