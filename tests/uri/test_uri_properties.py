@@ -52,6 +52,7 @@ def variant(node: UriNode, draw: st.DrawFn, nested: bool = False) -> str:
         and node.scheme == "failover"
         and isinstance(last, LeafUri)
         and not last.options.model_fields_set
+        and not last.amq
         and "," not in query  # priorityURIs: commas would need %2C in this form
         and draw(st.booleans())
     ):
@@ -90,7 +91,11 @@ TOKENS = st.sampled_from(
     ["failover:", "static:", "masterslave:", "tcp://", "ssl://", "stomp://", "vm://", "(", ")",
      ",", "?", "&", "=", "%", "%2C", "%zz", "[", "]", ":", "::1", "a", "b.c", "1", "61613", "-",
      " ", "randomize", "nested.", "connectTimeout", "heartBeat", "true", "false", "/", "@", "#",
-     "+", "\n", "\t", "\x00", "é", "\u2028", "priorityURIs", "maxReconnectAttempts", "0", "-1"]
+     "+", "\n", "\t", "\x00", "é", "\u2028", "priorityURIs", "maxReconnectAttempts", "0", "-1",
+     # ActiveMQ's names and schemes (issue 29)
+     "nio://", "nio+ssl://", "stomp+nio://", "wireFormat.", "maxInactivityDuration", "socket.", "verifyHostName",
+     "jms.", "prefetchPolicy.", "queuePrefetch", "Randomize", "trace", "soWriteTimeout", "useInactivityMonitor",
+     "readCheckTime", "diffServ", "EF", "updateURIsSupported", "2147483648", "TLSv1.2"]
 )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from amqtransport import activemq_options as amq
 from amqtransport.options import FailoverOptions, LeafOptions, StaticOptions
 from amqtransport.uri import CompositeUri, LeafUri, UriNode
 
@@ -47,6 +48,26 @@ def leaf_options(draw: st.DrawFn, scheme: str) -> LeafOptions:
     return LeafOptions.model_validate(data)
 
 
+def java_value(java: str) -> st.SearchStrategy[str]:
+    """A value ActiveMQ (and so we) accept for an option of Java type ``java``."""
+    return {
+        "boolean": st.sampled_from(["true", "false", "TRUE"]), "Boolean": st.sampled_from(["true", "false"]),
+        "int": st.integers(-(2**31), 2**31 - 1).map(str), "long": st.integers(0, 2**40).map(str),
+        "short": st.integers(0, 100).map(str), "double": st.sampled_from(["1.5", "2", "0.25"]),
+        "tos": st.integers(0, 255).map(str), "dscp": st.sampled_from(["EF", "AF11", "CS7", "10"]),
+        "openwire": st.integers(1, 12).map(str), "protocols": st.sampled_from(["TLSv1.2", "TLSv1.2,TLSv1.3"]),
+    }.get(java, TEXT)
+
+
+@st.composite
+def amq_options(draw: st.DrawFn, table: tuple[amq.AmqOption, ...], *, ssl: bool) -> tuple[tuple[str, str], ...]:
+    """ActiveMQ-only options (no field of ours) as the parser keeps them: canonical names."""
+    usable = [o for o in table if o.field is None and (ssl or not o.ssl_only) and not (ssl and o.plain_only)
+              and o.name != "useInactivityMonitor"]
+    chosen = draw(st.lists(st.sampled_from(usable), max_size=3, unique_by=lambda o: o.name)) if usable else []
+    return tuple((o.name, draw(java_value(o.java))) for o in chosen)
+
+
 @st.composite
 def leaves(draw: st.DrawFn) -> LeafUri:
     scheme = draw(st.sampled_from(["tcp", "ssl", "vm"]))
@@ -54,7 +75,8 @@ def leaves(draw: st.DrawFn) -> LeafUri:
     if scheme == "vm":
         name = draw(st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,10}", fullmatch=True))
         return LeafUri("vm", "", 0, name, options)
-    return LeafUri(scheme, draw(HOST), draw(PORT), None, options)
+    kept = draw(amq_options(amq.TRANSPORT, ssl=scheme == "ssl"))
+    return LeafUri(scheme, draw(HOST), draw(PORT), None, options, kept)
 
 
 @st.composite
@@ -107,7 +129,7 @@ def static_options(draw: st.DrawFn) -> StaticOptions:
 def failovers(draw: st.DrawFn) -> CompositeUri:
     components = draw(st.lists(leaves(), min_size=1, max_size=4))
     options = draw(failover_options([c.address for c in components]))
-    return CompositeUri("failover", options, tuple(components))
+    return CompositeUri("failover", options, tuple(components), amq=draw(amq_options(amq.FAILOVER, ssl=False)))
 
 
 @st.composite
