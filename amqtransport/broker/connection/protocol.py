@@ -21,9 +21,9 @@ Receipts. Every RECEIPT (SEND, SUBSCRIBE, UNSUBSCRIBE, BEGIN, COMMIT, ABORT, ACK
 DISCONNECT) is written from a journal completion callback: a frame that wrote records
 (a persistent SEND, a COMMIT, an ACK of persistent messages, a durable SUBSCRIBE or
 UNSUBSCRIBE) once they are fsynced, any other frame once everything written before it
-is (:meth:`~.registry.Registry.done`). So a receipt proves that the frame and every
+is (:meth:`~..dispatch.registry.Registry.done`). So a receipt proves that the frame and every
 frame before it on the connection are durable, and on a replicated master every
-receipt passes the same replication gate and stall check (:mod:`.ha.replication`): a
+receipt passes the same replication gate and stall check (:mod:`..ha.replication`): a
 master that was frozen and replaced receipts nothing, a client's receipted barrier
 (trackMessages) proves its earlier fire-and-forget sends are on both disks. Only the
 CONNECT receipt is immediate (the HA node refuses CONNECT while suspect).

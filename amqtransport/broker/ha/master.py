@@ -14,7 +14,10 @@ and the master receipts nothing more until its peer has answered a *stand-by* re
 (phase ``master`` of the table): a peer that is master at a newer epoch makes it step
 down; a peer that agrees to stand by marks its store as no longer a complete copy (it
 will resync before it could take over) and the master goes on alone; no answer keeps
-the receipts held. With ``--shutdown-on-slave-failure`` the master stops instead
+the receipts held. While receipts are held the client port is closed (connections made
+before stay; a CONNECT that reaches it anyway is refused): clients probing for a port
+that accepts come back about one probe interval after it is reopened, instead of
+backing off further with every refused CONNECT. With ``--shutdown-on-slave-failure`` the master stops instead
 (receipts for unreplicated records are refused; from that moment its status no longer
 says master, so the slave takes over); with ``--takeover-check`` a master that cannot
 reach that address when it loses its synced slave fences itself. A slave that

@@ -40,7 +40,7 @@ it appends every streamed batch to its own journal and acks once it is fsynced.
 The receipt gate. Receipts are sent from the journal's completion callbacks, which
 the journal hands to its ``notify`` function after each local fsync -- all of them: a
 frame that wrote no record (SUBSCRIBE, BEGIN, ABORT, a non-persistent SEND) is receipted
-through ``Journal.on_durable`` (:meth:`~..registry.Registry.done`), so one gate and one
+through ``Journal.on_durable`` (:meth:`~..dispatch.registry.Registry.done`), so one gate and one
 stall check cover every RECEIPT. The
 :class:`ReplicationMaster` takes that function's place: its batch hook numbers the
 batch (the last sequence number in it) and the completions are queued on the event
