@@ -38,13 +38,14 @@ from typing import Any
 
 from chaos.nemesis.checker import CheckResult, Violation, check
 from chaos.nemesis.cluster import BRIDGED_QUEUE, NemesisCluster
-from chaos.nemesis.faults import Active, Nemesis
+from chaos.nemesis.faults import Active, InFlight, Nemesis
 from chaos.nemesis.history import History, RoundRecord, Subscriber
 from chaos.nemesis.probe import Prober
 from chaos.nemesis.schedule import FAULT_KINDS, RoundPlan, default_kinds, plan_round, round_seeds
 from chaos.nemesis.workload import (
     Consumer,
     FireAndForgetProducer,
+    FreshDurable,
     ReceiptedProducer,
     TxProducer,
     Worker,
@@ -279,6 +280,10 @@ class ModeRun:
         assert self.cluster.spoke is not None
         self.consumers, self.producers = build_workload(self.stage, self.cluster.spoke.uri, self.history,
                                                         self.clock, self.params)
+        pair_settings = self.consumers[0].settings
+        ff = next(p for p in self.producers if isinstance(p, FireAndForgetProducer))
+        self.nemesis.in_flight = InFlight(
+            fresh=lambda name: FreshDurable(name, pair_settings, self.history, self.clock), pause_ff=ff.pause)
         for c in self.consumers:
             c.start()
         for c in self.consumers:
@@ -411,6 +416,8 @@ class ModeRun:
         for p in self.producers:
             p.join(self.params.client_timeout_ms / 1000 + 10)
         left = self.drain.wait(self.params.drain_timeout_s) if self.drain is not None else 0
+        if self.nemesis is not None:
+            self.nemesis.join_background(self.params.drain_timeout_s)
         if left:
             self.echo(f"{self.label()}: {left} receipted messages still undelivered after "
                       f"{self.params.drain_timeout_s:g}s")

@@ -18,7 +18,12 @@ recognisable everywhere. What each thread records (:mod:`chaos.nemesis.history`)
   (anything before the COMMIT raised: the broker discards the transaction).
 * :class:`FireAndForgetProducer` -- ``send(receipt=False)`` over a URI with
   ``trackMessages=true`` (the failover transport re-sends its cache after a
-  reconnect); outcome ``none``.
+  reconnect); outcome ``none``, judged by the checker's ``ff-lost`` rule. It ends with
+  one receipted send (the proof of the rest); a connection that dies for good marks
+  what it wrote ``unknown``. :meth:`~FireAndForgetProducer.pause` stops it for a while
+  so that its idle barrier goes out (the ``freeze-in-flight`` fault).
+* :class:`FreshDurable` -- the ``freeze-in-flight`` fault's new durable subscription,
+  created while the master is frozen, then fed receipted messages.
 * :class:`Consumer` -- one subscription in one ack mode (``auto``, ``client``,
   ``client-individual``; durable topic subscriptions with a ``client-id``). A tap
   records every MESSAGE as it arrives (``wire``, before the client's duplicate
@@ -36,8 +41,10 @@ Times come from the injected ``clock`` (seconds from the run's start).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -52,10 +59,10 @@ from amqtransport.errors import (
     SendTimeout,
 )
 from amqtransport.stomp import Frame
-from chaos.nemesis.history import Ack, ClientError, Delivery, History, Send, Sync, Tx
+from chaos.nemesis.history import Ack, ClientError, Delivery, History, Send, Subscriber, Sync, Tx
 from chaos.scenarios.workload import ClientSettings, tap_messages
 
-__all__ = ["Worker", "ReceiptedProducer", "TxProducer", "FireAndForgetProducer", "Consumer"]
+__all__ = ["Worker", "ReceiptedProducer", "TxProducer", "FireAndForgetProducer", "Consumer", "FreshDurable"]
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +237,23 @@ class FireAndForgetProducer(Worker):
         self.dest = dest
         self.rate = rate
         self.seq = 0
+        self.written: list[tuple[str, float]] = []  # (key, t) written on the current connection
+        self._pause_until = float("-inf")
+
+    def pause(self, seconds: float) -> None:
+        """Send nothing for ``seconds`` (the transport then writes its idle barrier)."""
+        self._pause_until = self.clock() + seconds
 
     def work(self, conn: Connection) -> None:
+        self.written = []
         interval = 1.0 / self.rate
         next_at = self.clock()
         while not self.stopping.is_set():
+            pause = self._pause_until - self.clock()
+            if pause > 0:
+                self.stopping.wait(pause)
+                next_at = self.clock()
+                continue
             key = f"{self.client}:{self.seq}"
             self.seq += 1
             t = self.clock()
@@ -248,7 +267,92 @@ class FireAndForgetProducer(Worker):
                 next_at = self.pace(next_at, interval)
                 continue
             self.history.add(Send(t, self.client, self.dest, key, "ff", "none", t))
+            self.written.append((key, t))
             next_at = self.pace(next_at, interval)
+        # one receipted send at the end proves every tracked send before it (closing
+        # the connection drops the replay cache)
+        key = f"{self.client}:last"
+        t = self.clock()
+        try:
+            conn.send(self.dest, key, idempotency_key=key)
+        except AmqTransportError as exc:
+            self.history.add(Send(t, self.client, self.dest, key, "rcpt", "unknown", self.clock(), _err(exc)))
+            self.abandon()
+            return
+        self.history.add(Send(t, self.client, self.dest, key, "rcpt", "ok", self.clock()))
+
+    def abandon(self) -> None:
+        """The connection died for good (or the last proof failed): what it wrote may
+        have gone with its replay cache."""
+        for key, t in self.written:
+            self.history.add(Send(t, self.client, self.dest, key, "ff", "unknown", self.clock(),
+                                  "its connection died for good"))
+        self.written = []
+
+
+class FreshDurable(threading.Thread):
+    """The durable SUBSCRIBE in flight of a ``freeze-in-flight`` fault: a new client
+    (connected by :meth:`connect` before the master is frozen) creates a new durable
+    subscription to its own topic while the master is frozen; once ``subscribe()``
+    returned, ``count`` receipted messages are published to that topic and each must
+    reach the subscription (it is recorded as a subscriber of that topic, so the
+    checker's ``lost`` rule judges it). The subscription is deleted at the end."""
+
+    def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock, *,
+                 count: int = 20, drain_s: float = 30.0) -> None:
+        super().__init__(name=f"nemesis {name}", daemon=True)
+        self.client = name
+        self.dest = f"/topic/nemesis.fresh.{name}"
+        self.settings = settings
+        self.history = history
+        self.clock = clock
+        self.count = count
+        self.drain_s = drain_s
+        self.conn: Connection | None = None
+
+    def connect(self) -> None:
+        self.conn = replace(self.settings, client_id=f"nemesis-{self.client}").connect()
+
+    def run(self) -> None:
+        conn = self.conn
+        assert conn is not None, "connect() first"
+        self.history.add(Subscriber(self.client, self.dest, "client-individual", True))
+        try:
+            sub = conn.subscribe(self.dest, ack="client-individual", durable_name=self.client)
+            sent = self._publish()
+            got: set[str] = set()
+            deadline = time.monotonic() + self.drain_s
+            while not sent <= got and time.monotonic() < deadline:
+                msg = sub.receive(timeout=0.2)
+                if msg is None:
+                    continue
+                key = msg.body.decode("utf-8", "replace")
+                self.history.add(Delivery(self.clock(), self.client, key, msg.message_id or "", msg.generation,
+                                          "app"))
+                got.add(key)
+                msg.ack()
+            with contextlib.suppress(AmqTransportError):
+                sub.unsubscribe(durable=True)
+        except AmqTransportError as exc:
+            self.history.add(ClientError(self.clock(), self.client, _err(exc)))
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _publish(self) -> set[str]:
+        sent: set[str] = set()
+        with self.settings.connect() as pub:
+            for i in range(self.count):
+                key = f"{self.client}:{i}"
+                t = self.clock()
+                try:
+                    pub.send(self.dest, key, idempotency_key=key)
+                except AmqTransportError as exc:
+                    self.history.add(Send(t, self.client, self.dest, key, "rcpt", "unknown", self.clock(), _err(exc)))
+                    continue
+                self.history.add(Send(t, self.client, self.dest, key, "rcpt", "ok", self.clock()))
+                sent.add(key)
+        return sent
 
 
 class Consumer(Worker):
