@@ -36,10 +36,10 @@ from toxiproxy.proxy import Proxy
 from chaos.nemesis.cluster import NemesisCluster
 from chaos.nemesis.history import Fault, History
 from chaos.nemesis.schedule import Step
-from chaos.nemesis.workload import FreshDurable
+from chaos.nemesis.workload import InFlightCheck
 from chaos.scenarios.cluster import Stage
 
-__all__ = ["Active", "InFlight", "Nemesis"]
+__all__ = ["Active", "Nemesis"]
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +57,6 @@ class Active:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class InFlight:
-    """What the ``freeze-in-flight`` fault puts in the frozen master's sockets, given by
-    the runner: ``fresh(name)`` makes a :class:`~chaos.nemesis.workload.FreshDurable`
-    (not connected yet); ``pause_ff(seconds)`` pauses the trackMessages producer so that
-    its idle barrier goes out."""
-
-    fresh: Callable[[str], FreshDurable]
-    pause_ff: Callable[[float], None]
-
-
 class Nemesis:
     def __init__(self, cluster: NemesisCluster, stage: Stage, history: History, clock: Clock) -> None:
         self.cluster = cluster
@@ -77,8 +66,9 @@ class Nemesis:
         self.active: list[Active] = []
         self.frozen: dict[str, Any] = {}  # node name -> the Popen we stopped
         self.skipped: list[str] = []
-        self.in_flight: InFlight | None = None  # set by the runner once the workload runs
-        self.background: list[FreshDurable] = []  # freeze-in-flight checks still running
+        #: makes the freeze-in-flight fault's check (set by the runner once the workload runs)
+        self.in_flight: Callable[[str], InFlightCheck] | None = None
+        self.background: list[InFlightCheck] = []  # freeze-in-flight checks still running
 
     @property
     def nodes(self) -> tuple[Any, ...]:
@@ -234,13 +224,12 @@ class Nemesis:
         neither when it was replaced meanwhile (issue 23, defect 1)."""
         if self.in_flight is None:
             return self._freeze(step, round_no, node)
-        check = self.in_flight.fresh(f"fresh-r{round_no}-{step.at:g}")
+        check = self.in_flight(f"fresh-r{round_no}-{step.at:g}")
         check.connect()  # to the master, before it is frozen
         active = self._freeze(step, round_no, node)
-        self.in_flight.pause_ff(1.5)  # the barrier goes out 1 s after the last tracked send
         check.start()
         self.background.append(check)
-        active.detail += f"; in flight: a durable SUBSCRIBE to {check.dest} and a trackMessages barrier"
+        active.detail += f"; in flight: a durable SUBSCRIBE to {check.topic}, tracked sends and their barrier"
         return active
 
     def join_background(self, timeout: float) -> None:

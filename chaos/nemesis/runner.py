@@ -38,14 +38,14 @@ from typing import Any
 
 from chaos.nemesis.checker import CheckResult, Violation, check
 from chaos.nemesis.cluster import BRIDGED_QUEUE, NemesisCluster
-from chaos.nemesis.faults import Active, InFlight, Nemesis
+from chaos.nemesis.faults import Active, Nemesis
 from chaos.nemesis.history import History, RoundRecord, Subscriber
 from chaos.nemesis.probe import Prober
 from chaos.nemesis.schedule import FAULT_KINDS, RoundPlan, default_kinds, plan_round, round_seeds
 from chaos.nemesis.workload import (
     Consumer,
     FireAndForgetProducer,
-    FreshDurable,
+    InFlightCheck,
     ReceiptedProducer,
     TxProducer,
     Worker,
@@ -281,9 +281,7 @@ class ModeRun:
         self.consumers, self.producers = build_workload(self.stage, self.cluster.spoke.uri, self.history,
                                                         self.clock, self.params)
         pair_settings = self.consumers[0].settings
-        ff = next(p for p in self.producers if isinstance(p, FireAndForgetProducer))
-        self.nemesis.in_flight = InFlight(
-            fresh=lambda name: FreshDurable(name, pair_settings, self.history, self.clock), pause_ff=ff.pause)
+        self.nemesis.in_flight = lambda name: InFlightCheck(name, pair_settings, self.history, self.clock)
         for c in self.consumers:
             c.start()
         for c in self.consumers:
