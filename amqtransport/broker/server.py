@@ -194,6 +194,16 @@ class BrokerServer:
             if server is not None:
                 server.close()
 
+    def close_port(self) -> bool:
+        """Stop accepting clients (close the listening socket; connections made so far go
+        on): a port that accepts must mean a broker that will answer. False if it was
+        not listening. :meth:`listen` binds it again."""
+        server, self._server = self._server, None
+        if server is None:
+            return False
+        server.close()
+        return True
+
     async def start(self) -> None:
         await self.open()
         try:

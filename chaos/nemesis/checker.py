@@ -16,6 +16,13 @@ The rules:
 ``duplicate``
     no subscriber's application got the same key twice (the client's duplicate filter
     is on: exactly once per subscriber for every key, receipted or not).
+``ff-lost``
+    every fire-and-forget send of a ``trackMessages`` producer (``sends`` ``ff`` with
+    outcome ``none``) reached every acknowledging subscriber of its destination, unless
+    a later record of the same key says ``unknown`` (its connection died for good with
+    the key possibly still in its replay cache). Every RECEIPT proves the frames before
+    it durable and replicated, so the replay cache never lets go of a send the serving
+    master lacks. Judged only on a complete history.
 ``redelivered-after-ack``
     once an acknowledgement is *known durable*, the broker never delivers that key to
     that subscriber again (not even under a new message id, e.g. after a restart, a
@@ -57,7 +64,7 @@ from chaos.nemesis.history import Delivery, History, ProbeRun, Subscriber
 
 __all__ = ["Violation", "CheckResult", "check", "RULES"]
 
-RULES = ("lost", "duplicate", "redelivered-after-ack", "aborted-delivered", "partial-commit", "two-masters",
+RULES = ("lost", "ff-lost", "duplicate", "redelivered-after-ack", "aborted-delivered", "partial-commit", "two-masters",
          "unhealthy")
 
 #: a message must reach these subscribers (``auto`` is at-most-once)
@@ -176,6 +183,19 @@ class _Checker:
                              f"subscriber {sub.name} ({sub.ack}; {len(wire)} copies on the wire)",
                              [rec, *(("delivery", d) for d in wire)], around=(t, t_done))
         self.stats["auto_missed"] = missed_auto
+
+    def check_ff_lost(self) -> None:
+        given_up = {s.key for s in self.h.sends if s.kind == "ff" and s.outcome == "unknown"}
+        for s in self.h.sends:
+            if s.kind != "ff" or s.outcome != "none" or s.key in given_up:
+                continue
+            for sub in self.by_dest.get(s.dest, ()):
+                if sub.ack not in ACKING or (sub.name, s.key) in self.app:
+                    continue
+                wire = self.wire.get((sub.name, s.key), [])
+                self.violate("ff-lost", s.t, f"{s.key} to {s.dest}: a tracked fire-and-forget send written at "
+                             f"{s.t:.3f} never reached subscriber {sub.name} ({len(wire)} copies on the wire)",
+                             [("send", s), *(("delivery", d) for d in wire)], around=(s.t, s.t))
 
     def check_duplicates(self) -> None:
         for (sub, key), ds in self.app.items():
@@ -305,6 +325,7 @@ class _Checker:
     def run(self) -> CheckResult:
         if self.complete:
             self.check_lost()
+            self.check_ff_lost()
         self.check_duplicates()
         self.check_redelivery()
         self.check_transactions()

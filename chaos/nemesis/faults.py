@@ -36,6 +36,7 @@ from toxiproxy.proxy import Proxy
 from chaos.nemesis.cluster import NemesisCluster
 from chaos.nemesis.history import Fault, History
 from chaos.nemesis.schedule import Step
+from chaos.nemesis.workload import InFlightCheck
 from chaos.scenarios.cluster import Stage
 
 __all__ = ["Active", "Nemesis"]
@@ -65,6 +66,9 @@ class Nemesis:
         self.active: list[Active] = []
         self.frozen: dict[str, Any] = {}  # node name -> the Popen we stopped
         self.skipped: list[str] = []
+        #: makes the freeze-in-flight fault's check (set by the runner once the workload runs)
+        self.in_flight: Callable[[str], InFlightCheck] | None = None
+        self.background: list[InFlightCheck] = []  # freeze-in-flight checks still running
 
     @property
     def nodes(self) -> tuple[Any, ...]:
@@ -176,6 +180,8 @@ class Nemesis:
             return Active(step, round_no, t, others[0].name, f"SIGKILL pid {pid}")
         if kind == "freeze-master":
             return self._freeze(step, round_no, master)
+        if kind == "freeze-in-flight":
+            return self._freeze_in_flight(step, round_no, master)
         if kind == "disk-full":
             return self._disk_full(step, round_no, master)
         if kind == "cut-replication":
@@ -211,6 +217,27 @@ class Nemesis:
             self._signal(proc, signal.SIGCONT)
 
         return Active(step, round_no, t, node.name, f"SIGSTOP pid {proc.pid} for {step.hold:.1f}s", heal=thaw)
+
+    def _freeze_in_flight(self, step: Step, round_no: int, node: Any) -> Active:
+        """A freeze with a durable SUBSCRIBE (a new subscription) and a trackMessages idle
+        barrier written into the frozen master's sockets: the thawed master must receipt
+        neither when it was replaced meanwhile (issue 23, defect 1)."""
+        if self.in_flight is None:
+            return self._freeze(step, round_no, node)
+        check = self.in_flight(f"fresh-r{round_no}-{step.at:g}")
+        check.connect()  # to the master, before it is frozen
+        active = self._freeze(step, round_no, node)
+        check.start()
+        self.background.append(check)
+        active.detail += f"; in flight: a durable SUBSCRIBE to {check.topic}, tracked sends and their barrier"
+        return active
+
+    def join_background(self, timeout: float) -> None:
+        """Wait for the freeze-in-flight checks to finish (their deliveries are history)."""
+        deadline = time.monotonic() + timeout
+        for check in self.background:
+            check.join(max(0.0, deadline - time.monotonic()))
+        self.background = [c for c in self.background if c.is_alive()]
 
     def _disk_full(self, step: Step, round_no: int, node: Any) -> Active | None:
         mount = self.cluster.mount_of(node)

@@ -45,6 +45,7 @@ from chaos.nemesis.schedule import FAULT_KINDS, RoundPlan, default_kinds, plan_r
 from chaos.nemesis.workload import (
     Consumer,
     FireAndForgetProducer,
+    InFlightCheck,
     ReceiptedProducer,
     TxProducer,
     Worker,
@@ -279,6 +280,8 @@ class ModeRun:
         assert self.cluster.spoke is not None
         self.consumers, self.producers = build_workload(self.stage, self.cluster.spoke.uri, self.history,
                                                         self.clock, self.params)
+        pair_settings = self.consumers[0].settings
+        self.nemesis.in_flight = lambda name: InFlightCheck(name, pair_settings, self.history, self.clock)
         for c in self.consumers:
             c.start()
         for c in self.consumers:
@@ -411,6 +414,8 @@ class ModeRun:
         for p in self.producers:
             p.join(self.params.client_timeout_ms / 1000 + 10)
         left = self.drain.wait(self.params.drain_timeout_s) if self.drain is not None else 0
+        if self.nemesis is not None:
+            self.nemesis.join_background(self.params.drain_timeout_s)
         if left:
             self.echo(f"{self.label()}: {left} receipted messages still undelivered after "
                       f"{self.params.drain_timeout_s:g}s")

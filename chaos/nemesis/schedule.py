@@ -79,6 +79,8 @@ FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("kill-master", "SIGKILL the master's process", "pair"),
     FaultKind("freeze-master", "SIGSTOP the master, SIGCONT after the hold (a GC pause, a VM freeze)", "pair",
               hold=(0.5, 5.0)),
+    FaultKind("freeze-in-flight", "freeze-master with a new durable SUBSCRIBE and a trackMessages idle barrier "
+              "written into the frozen master's sockets", "pair", hold=(2.0, 5.0)),
     FaultKind("kill-slave", "SIGKILL the slave's process", "pair"),
     FaultKind("restart-dead", "start the node that is down again (it must come back as the slave)", "pair"),
     FaultKind("cut-replication", "break the replication link (its proxy disabled, or half-open) for the hold",

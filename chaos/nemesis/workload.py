@@ -18,7 +18,12 @@ recognisable everywhere. What each thread records (:mod:`chaos.nemesis.history`)
   (anything before the COMMIT raised: the broker discards the transaction).
 * :class:`FireAndForgetProducer` -- ``send(receipt=False)`` over a URI with
   ``trackMessages=true`` (the failover transport re-sends its cache after a
-  reconnect); outcome ``none``.
+  reconnect); outcome ``none``, judged by the checker's ``ff-lost`` rule. It ends with
+  one receipted send (the proof of the rest); a connection that dies for good marks
+  what it wrote ``unknown``.
+* :class:`InFlightCheck` -- what the ``freeze-in-flight`` fault writes into a frozen
+  master's sockets (a new durable SUBSCRIBE, tracked sends and their idle barrier), and
+  the deliveries that must follow.
 * :class:`Consumer` -- one subscription in one ack mode (``auto``, ``client``,
   ``client-individual``; durable topic subscriptions with a ``client-id``). A tap
   records every MESSAGE as it arrives (``wire``, before the client's duplicate
@@ -36,12 +41,15 @@ Times come from the injected ``clock`` (seconds from the run's start).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from amqtransport.client import Connection
 from amqtransport.errors import (
@@ -52,10 +60,10 @@ from amqtransport.errors import (
     SendTimeout,
 )
 from amqtransport.stomp import Frame
-from chaos.nemesis.history import Ack, ClientError, Delivery, History, Send, Sync, Tx
+from chaos.nemesis.history import Ack, ClientError, Delivery, History, Send, Subscriber, Sync, Tx
 from chaos.scenarios.workload import ClientSettings, tap_messages
 
-__all__ = ["Worker", "ReceiptedProducer", "TxProducer", "FireAndForgetProducer", "Consumer"]
+__all__ = ["Worker", "ReceiptedProducer", "TxProducer", "FireAndForgetProducer", "Consumer", "InFlightCheck"]
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +238,11 @@ class FireAndForgetProducer(Worker):
         self.dest = dest
         self.rate = rate
         self.seq = 0
+        self.written: list[tuple[str, float]] = []  # (key, t) written on the current connection
+
 
     def work(self, conn: Connection) -> None:
+        self.written = []
         interval = 1.0 / self.rate
         next_at = self.clock()
         while not self.stopping.is_set():
@@ -248,7 +259,143 @@ class FireAndForgetProducer(Worker):
                 next_at = self.pace(next_at, interval)
                 continue
             self.history.add(Send(t, self.client, self.dest, key, "ff", "none", t))
+            self.written.append((key, t))
             next_at = self.pace(next_at, interval)
+        # one receipted send at the end proves every tracked send before it (closing
+        # the connection drops the replay cache)
+        key = f"{self.client}:last"
+        t = self.clock()
+        try:
+            conn.send(self.dest, key, idempotency_key=key)
+        except AmqTransportError as exc:
+            self.history.add(Send(t, self.client, self.dest, key, "rcpt", "unknown", self.clock(), _err(exc)))
+            self.abandon()
+            return
+        self.history.add(Send(t, self.client, self.dest, key, "rcpt", "ok", self.clock()))
+
+    def abandon(self) -> None:
+        """The connection died for good (or the last proof failed): what it wrote may
+        have gone with its replay cache."""
+        for key, t in self.written:
+            self.history.add(Send(t, self.client, self.dest, key, "ff", "unknown", self.clock(),
+                                  "its connection died for good"))
+        self.written = []
+
+
+class InFlightCheck(threading.Thread):
+    """What a ``freeze-in-flight`` fault writes into a frozen master's sockets, and the
+    check of it. Its clients connect (:meth:`connect`) before the freeze, with 10 s
+    heart-beats (the clients' default) so that they are still on the frozen master when
+    it thaws; then (:meth:`start`, right after the SIGSTOP):
+
+    * a new client creates a new durable subscription to its own topic; once
+      ``subscribe()`` returned, ``count`` receipted messages are published to that topic;
+    * a trackMessages client writes ``count`` fire-and-forget sends to its own queue and
+      pauses, so that its idle barrier (BEGIN + receipted ABORT) follows them; it ends
+      with one receipted send, and a consumer then drains that queue.
+
+    Both destinations are recorded as subscribers, so the checker's ``lost`` and
+    ``ff-lost`` rules judge them (the thawed master must receipt neither the SUBSCRIBE
+    nor the barrier when it was replaced meanwhile). The durable subscription is
+    deleted at the end."""
+
+    def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock, *,
+                 count: int = 20, drain_s: float = 30.0) -> None:
+        super().__init__(name=f"nemesis {name}", daemon=True)
+        self.client = name
+        self.topic = f"/topic/nemesis.fresh.{name}"
+        self.queue = f"/queue/nemesis.tracked.{name}"
+        self.settings = replace(settings, heartbeat_ms=10000)
+        self.history = history
+        self.clock = clock
+        self.count = count
+        self.drain_s = drain_s
+        self.sub_conn: Connection | None = None
+        self.ff_conn: Connection | None = None
+
+    def connect(self) -> None:
+        sep = "&" if "?" in self.settings.uri else "?"
+        self.sub_conn = replace(self.settings, client_id=f"nemesis-{self.client}").connect()
+        self.ff_conn = replace(self.settings, uri=f"{self.settings.uri}{sep}trackMessages=true").connect()
+
+    def run(self) -> None:
+        assert self.sub_conn is not None and self.ff_conn is not None, "connect() first"
+        self.history.add(Subscriber(self.client, self.topic, "client-individual", True))
+        self.history.add(Subscriber(f"{self.client}-ff", self.queue, "client-individual"))
+        result: dict[str, Any] = {}
+        subscribing = threading.Thread(target=self._subscribe, args=(result,), daemon=True)
+        subscribing.start()
+        tracked = self._tracked()
+        subscribing.join(90)
+        sub = result.get("sub")
+        try:
+            if sub is not None:
+                self._drain(self.client, sub, self._publish(self.topic))
+                with contextlib.suppress(AmqTransportError):
+                    sub.unsubscribe(durable=True)
+            if tracked:
+                with self.settings.connect() as conn:
+                    self._drain(f"{self.client}-ff", conn.subscribe(self.queue, ack="client-individual"), tracked)
+        except AmqTransportError as exc:
+            self.history.add(ClientError(self.clock(), self.client, _err(exc)))
+        finally:
+            for conn in (self.sub_conn, self.ff_conn):
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+    def _subscribe(self, result: dict[str, Any]) -> None:
+        assert self.sub_conn is not None
+        try:
+            result["sub"] = self.sub_conn.subscribe(self.topic, ack="client-individual", durable_name=self.client)
+        except AmqTransportError as exc:
+            self.history.add(ClientError(self.clock(), self.client, _err(exc)))
+
+    def _tracked(self) -> set[str]:
+        """The fire-and-forget sends, the pause for the barrier, the receipted last send:
+        the keys that must arrive (none when the last send failed: not a promise)."""
+        conn = self.ff_conn
+        assert conn is not None
+        keys = [f"{self.client}-ff:{i}" for i in range(self.count)]
+        t = self.clock()
+        try:
+            for key in keys:
+                conn.send(self.queue, key, idempotency_key=key, receipt=False)
+            time.sleep(1.3)  # the transport writes its idle barrier after 1 s
+            last = f"{self.client}-ff:last"
+            conn.send(self.queue, last, idempotency_key=last)
+        except AmqTransportError as exc:
+            self.history.add(ClientError(self.clock(), self.client, _err(exc)))
+            return set()
+        self.history.extend([Send(t, self.client, self.queue, k, "ff", "none", t) for k in keys])
+        self.history.add(Send(t, self.client, self.queue, last, "rcpt", "ok", self.clock()))
+        return {*keys, last}
+
+    def _publish(self, dest: str) -> set[str]:
+        sent: set[str] = set()
+        with self.settings.connect() as pub:
+            for i in range(self.count):
+                key = f"{self.client}:{i}"
+                t = self.clock()
+                try:
+                    pub.send(dest, key, idempotency_key=key)
+                except AmqTransportError as exc:
+                    self.history.add(Send(t, self.client, dest, key, "rcpt", "unknown", self.clock(), _err(exc)))
+                    continue
+                self.history.add(Send(t, self.client, dest, key, "rcpt", "ok", self.clock()))
+                sent.add(key)
+        return sent
+
+    def _drain(self, name: str, sub: Any, keys: set[str]) -> None:
+        got: set[str] = set()
+        deadline = time.monotonic() + self.drain_s
+        while not keys <= got and time.monotonic() < deadline:
+            msg = sub.receive(timeout=0.2)
+            if msg is None:
+                continue
+            key = msg.body.decode("utf-8", "replace")
+            self.history.add(Delivery(self.clock(), name, key, msg.message_id or "", msg.generation, "app"))
+            got.add(key)
+            msg.ack()
 
 
 class Consumer(Worker):

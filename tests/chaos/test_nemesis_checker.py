@@ -214,8 +214,19 @@ def test_unhealthy_round() -> None:
     assert result.violations[0].round == 2 and "no slave in sync" in result.violations[0].summary
 
 
+def test_a_tracked_fire_and_forget_send_that_never_arrives_is_ff_lost() -> None:
+    h = clean()
+    h.add(Send(6.0, "ff", "/queue/a", "f2", "ff", "none", 6.0))
+    result = check(h)
+    assert rules_of(h) == {"ff-lost": 1}
+    assert result.violations[0].round == 1 and "f2" in result.violations[0].summary
+    assert check(h, complete=False).ok  # judged on the complete history only
+    h.add(Send(7.0, "ff", "/queue/a", "f2", "ff", "unknown", 7.0, "connection lost for good"))
+    assert check(h).ok  # its connection died for good: not a promise
+
+
 def test_every_rule_has_a_failing_history_above() -> None:
-    covered = {"lost", "duplicate", "redelivered-after-ack", "aborted-delivered", "partial-commit", "two-masters",
+    covered = {"lost", "ff-lost", "duplicate", "redelivered-after-ack", "aborted-delivered", "partial-commit", "two-masters",
                "unhealthy"}
     assert covered == set(RULES)
 

@@ -267,3 +267,39 @@ def never_master(node: object, seconds: float) -> None:
 def wait_for(pred: Callable[[], object], timeout: float, what: str) -> None:
     """:func:`amqtransport.testing.wait.wait_for` every 50 ms (a probe asks both nodes)."""
     _wait_for(pred, timeout, what, interval=0.05)
+
+
+def read_frames(sock: socket.socket, until: float) -> tuple[list[bytes], bool]:
+    """Frames (raw bytes up to each NUL, EOLs stripped) read until EOF or ``until``;
+    and whether the peer closed the connection."""
+    buf = b""
+    closed = False
+    while time.monotonic() < until:
+        sock.settimeout(max(0.05, until - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        except OSError:
+            closed = True
+            break
+        if not chunk:
+            closed = True
+            break
+        buf += chunk
+    frames = [f.lstrip(b"\r\n") for f in buf.split(b"\x00")]
+    return [f for f in frames if f], closed
+
+
+def raw_connect(port: int, client_id: str | None = None) -> socket.socket:
+    """A raw STOMP 1.2 connection (no heart-beats), CONNECTED; ``client_id`` for durable subscriptions."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    extra = f"client-id:{client_id}\n" if client_id else ""
+    sock.sendall(f"CONNECT\naccept-version:1.2\nhost:x\nheart-beat:0,0\n{extra}\n\x00".encode())
+    data = b""
+    while b"\x00" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, "the broker closed the connection instead of answering CONNECT"
+        data += chunk
+    assert data.startswith(b"CONNECTED"), data
+    return sock

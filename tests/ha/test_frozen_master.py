@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ha_helpers import wait_for
+from ha_helpers import raw_connect, read_frames, wait_for
 
 import amqtransport
 from amqtransport.stomp import IDEMPOTENCY_HEADER
@@ -29,43 +29,9 @@ from amqtransport.testing.broker_pair import BrokerPair
 pytestmark = pytest.mark.timeout(150)
 
 
-def _read_frames(sock: socket.socket, until: float) -> tuple[list[bytes], bool]:
-    """Frames (raw bytes up to each NUL, EOLs stripped) read until EOF or ``until``;
-    and whether the peer closed the connection."""
-    buf = b""
-    closed = False
-    while time.monotonic() < until:
-        sock.settimeout(max(0.05, until - time.monotonic()))
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            break
-        except OSError:
-            closed = True
-            break
-        if not chunk:
-            closed = True
-            break
-        buf += chunk
-    frames = [f.lstrip(b"\r\n") for f in buf.split(b"\x00")]
-    return [f for f in frames if f], closed
-
-
 def _state(pid: int) -> str:
     """The process state letter of ``pid`` (``T``: stopped)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
-def _raw_connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.sendall(b"CONNECT\naccept-version:1.2\nhost:x\nheart-beat:0,0\n\n\x00")
-    data = b""
-    while b"\x00" not in data:
-        chunk = sock.recv(4096)
-        assert chunk, "the broker closed the connection instead of answering CONNECT"
-        data += chunk
-    assert data.startswith(b"CONNECTED"), data
-    return sock
 
 
 def freeze_round(bp: BrokerPair, queue: str, tag: str, sockets: int = 6) -> tuple[set[str], set[str], bytes]:
@@ -78,7 +44,7 @@ def freeze_round(bp: BrokerPair, queue: str, tag: str, sockets: int = 6) -> tupl
     """
     old = bp.wait_master(30)
     new = bp.other(old)
-    socks = [_raw_connect(old.port) for _ in range(sockets)]
+    socks = [raw_connect(old.port) for _ in range(sockets)]
     bodies = [f"{tag}-{i}" for i in range(sockets)]
     try:
         os.kill(old.pid, signal.SIGSTOP)
@@ -98,10 +64,10 @@ def freeze_round(bp: BrokerPair, queue: str, tag: str, sockets: int = 6) -> tupl
         until = time.monotonic() + 5
         receipted = set()
         for sock, body in zip(socks, bodies, strict=False):
-            frames, _closed = _read_frames(sock, until)
+            frames, _closed = read_frames(sock, until)
             if any(f.startswith(b"RECEIPT") for f in frames):
                 receipted.add(body)
-        late_frames, _closed = _read_frames(late, until)
+        late_frames, _closed = read_frames(late, until)
     finally:
         for sock in socks:
             sock.close()
@@ -134,7 +100,7 @@ def _flood(port: int, stop: threading.Event) -> None:
     that lands in it ends: the test would then pass without the fix)."""
     chunk = b"SEND\ndestination:/topic/thaw.noise\n\nx\x00" * 100
     with contextlib.suppress(OSError):
-        sock = _raw_connect(port)
+        sock = raw_connect(port)
         with sock:
             sock.settimeout(1)
             while not stop.is_set():
@@ -182,7 +148,7 @@ def test_thawed_master_checks_its_stall_before_answering_a_connect(tmp_path: Pat
             finally:
                 stop.set()
                 os.kill(old.pid, signal.SIGCONT)
-            frames, _closed = _read_frames(early, time.monotonic() + 3)
+            frames, _closed = read_frames(early, time.monotonic() + 3)
         finally:
             stop.set()
             early.close()

@@ -278,6 +278,51 @@ def test_keep_alive_serves_several_requests_on_one_connection(console: Console) 
     assert out.count(b"HTTP/1.1 200 OK") == 3
 
 
+def _keep_alive_connection(console: Console) -> socket.socket:
+    """A connection that made one keep-alive request, read its answer and now idles."""
+    sock = socket.create_connection(("127.0.0.1", console.http_port), timeout=10)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data or not data.endswith(b"loop answers\n"):
+        chunk = sock.recv(4096)
+        assert chunk, data
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 200"), data
+    return sock
+
+
+def test_idle_keep_alive_connections_do_not_starve_the_probes(console: Console) -> None:
+    """Issue 23, defect 3: 64 idle keep-alive connections (the port's budget) and 16
+    that never sent a byte; then 45 /healthz probes, each on a new connection: every one
+    answered (the connection idle longest makes room). Before: the 65th connection was
+    closed at once, so all 45 probes failed."""
+    socks = [_keep_alive_connection(console) for _ in range(64)]
+    socks += [socket.create_connection(("127.0.0.1", console.http_port), timeout=10) for _ in range(16)]
+    try:
+        codes = []
+        for _ in range(45):
+            try:
+                codes.append(requests.get(console.url + "/healthz", timeout=5,
+                                          headers={"Connection": "close"}).status_code)
+            except requests.RequestException as exc:
+                codes.append(repr(exc))
+        assert codes == [200] * 45, codes
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_an_idle_keep_alive_connection_is_closed(console: Console) -> None:
+    """A kept-alive connection that starts no new request is closed after the idle
+    timeout (5 s; it was 30 s)."""
+    sock = _keep_alive_connection(console)
+    with sock:
+        sock.settimeout(15)
+        t0 = time.monotonic()
+        assert sock.recv(4096) == b"", "the server wrote something on an idle connection"
+        assert time.monotonic() - t0 < 14
+
+
 # ---------------------------------------------------------------------- pages
 def test_pages_render_and_escape(console: Console) -> None:
     send(console.uri, "p.<b>q", ["<script>alert(1)</script>"])

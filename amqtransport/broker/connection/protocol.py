@@ -17,9 +17,16 @@ buffered output, back-pressure, heart-beats), :mod:`.flow` (producer flow contro
 and this one (what each frame means). It is given a :class:`~.context.BrokerContext`,
 never the server.
 
-Receipts. A RECEIPT for a persistent SEND (or a COMMIT, an ACK of persistent
-messages, a DISCONNECT) is written from the store's completion callback, i.e. only
-once the journal has fsynced the record.
+Receipts. Every RECEIPT (SEND, SUBSCRIBE, UNSUBSCRIBE, BEGIN, COMMIT, ABORT, ACK/NACK,
+DISCONNECT) is written from a journal completion callback: a frame that wrote records
+(a persistent SEND, a COMMIT, an ACK of persistent messages, a durable SUBSCRIBE or
+UNSUBSCRIBE) once they are fsynced, any other frame once everything written before it
+is (:meth:`~..dispatch.registry.Registry.done`). So a receipt proves that the frame and every
+frame before it on the connection are durable, and on a replicated master every
+receipt passes the same replication gate and stall check (:mod:`..ha.replication`): a
+master that was frozen and replaced receipts nothing, a client's receipted barrier
+(trackMessages) proves its earlier fire-and-forget sends are on both disks. Only the
+CONNECT receipt is immediate (the HA node refuses CONNECT while suspect).
 """
 
 from __future__ import annotations
@@ -267,8 +274,7 @@ class BrokerConnection(FlowControlled):
             except CoreError as exc:
                 self._error(str(exc), receipt=receipt)
                 return
-            if receipt is not None:
-                self._receipt(receipt)
+            self._receipt_when_durable(receipt, "message")
             return
         callback = self._receipt_callback(receipt, "message") if (receipt is not None or persistent) else None
         try:
@@ -330,8 +336,7 @@ class BrokerConnection(FlowControlled):
             self._error(str(exc), receipt=receipt)
             return
         self.subs[sub_id] = sub
-        if receipt is not None:
-            self._receipt(receipt)
+        self._receipt_when_durable(receipt, "subscription")  # a durable one's record is in the journal
 
     def _on_unsubscribe(self, frame: StompFrame) -> None:
         receipt = frame.get("receipt")
@@ -346,8 +351,7 @@ class BrokerConnection(FlowControlled):
             self.core.destroy_durable(self.client_id, durable)
         elif sub_id is None:
             self._error("UNSUBSCRIBE frame is missing the required 'id' header", receipt=receipt)
-        if receipt is not None:
-            self._receipt(receipt)
+        self._receipt_when_durable(receipt, "unsubscription")
 
     def _find_sub(self, frame: StompFrame, msg_id: str) -> Subscription | None:
         sub_id = frame.get("subscription")
@@ -378,8 +382,7 @@ class BrokerConnection(FlowControlled):
         callback = self._receipt_callback(receipt, "acknowledgement") if receipt is not None else None
         if sub is None:
             log.debug("%s for unknown message %s from %s ignored", frame.command, msg_id, self.peer)
-            if receipt is not None:
-                self._receipt(receipt)
+            self._receipt_when_durable(receipt, "acknowledgement")
             return
         if nack:
             self.core.acks.nack(sub, msg_id, tx=tx, callback=callback)  # type: ignore[arg-type]
@@ -399,8 +402,7 @@ class BrokerConnection(FlowControlled):
         if len(self.txs) >= self.config.max_transactions:
             self._error(f"too many open transactions (max_transactions={self.config.max_transactions})", receipt=receipt)
         self.txs[tx_id] = TxState(tx_id)
-        if receipt is not None:
-            self._receipt(receipt)
+        self._receipt_when_durable(receipt, "transaction")
 
     def _on_commit(self, frame: StompFrame) -> None:
         tx_id = self._require(frame, "transaction")
@@ -422,8 +424,7 @@ class BrokerConnection(FlowControlled):
             self._error(f"ABORT of transaction {tx_id!r}, which is not open", receipt=receipt)
             return
         self.core.transactions.abort(tx)
-        if receipt is not None:
-            self._receipt(receipt)
+        self._receipt_when_durable(receipt, "transaction")
 
     def _on_disconnect(self, frame: StompFrame) -> None:
         receipt = frame.get("receipt")
@@ -435,11 +436,16 @@ class BrokerConnection(FlowControlled):
                 self._receipt(receipt)
             self._close()
 
-        # the receipt promises every earlier frame was processed (and persisted)
-        if self.core.store is not None:
-            self.core.store.journal.on_durable(done)
-        else:
-            done(None)
+        # the receipt promises every earlier frame was processed and persisted (and replicated)
+        self.core.done(done)
+
+    def _receipt_when_durable(self, receipt: str | None, what: str) -> None:
+        """The RECEIPT of a frame that wrote no record of its own (or whose record, a
+        durable subscription's, is queued already): once everything this connection wrote
+        before is durable, through the same path -- and, on a replicated master, the same
+        gate and stall check -- as every journal completion (see the module docstring)."""
+        if receipt is not None:
+            self.core.done(self._receipt_callback(receipt, what))  # type: ignore[arg-type]
 
 
 _HANDLERS = {

@@ -89,7 +89,8 @@ class BrokerCore(Registry):
         """Accept a SEND. Returns False for a suppressed duplicate.
 
         ``callback`` runs when the message (or, for a duplicate, the original) is
-        durable; for a non-persistent message, at once (on the journal's order).
+        durable; for a non-persistent message, once everything written before is
+        (:meth:`~.registry.Registry.done`: on the journal's order, through its gate).
         """
         kind, name = check_send_destination(destination)
         if key and self.store is not None and self.store.is_duplicate(destination, key, callback):
@@ -104,8 +105,7 @@ class BrokerCore(Registry):
                 else:
                     if key and self.store is not None:
                         self.store.remember_key(destination, key)
-                    if callback is not None:
-                        callback(None)
+                    self.done(callback)  # no record: once what came before is durable
                 self.queue(destination).enqueue(msg)
             else:
                 self.fanout.publish(name, msg, callback)

@@ -199,7 +199,11 @@ class Registry:
             callback(None)
 
     def done(self, callback: Callback | None) -> None:
-        """Run ``callback`` once everything written so far is durable (at once without a store)."""
+        """Run ``callback`` once everything written so far is durable (at once without a store).
+
+        It goes through the journal's completion path, so on a replicated master it also
+        waits for the slave's ack of every record so far and for the stall check (see
+        :mod:`..ha.replication`): every RECEIPT that has no record of its own takes this path."""
         if callback is None:
             return
         if self.store is not None:

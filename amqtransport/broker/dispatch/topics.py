@@ -47,8 +47,7 @@ class FanOut:
         else:
             if msg.key and store is not None:
                 store.remember_key(msg.destination, msg.key)
-            if callback is not None:
-                callback(None)
+            self.reg.done(callback)
         self.fan_out(name, msg, copies)
 
     def durable_copies(self, name: str, msg: Message) -> list[Message]:

@@ -95,8 +95,8 @@ class Transactions:
                 raise CoreError(f"transaction {tx.id!r} cannot be committed: {exc}") from None
             for destination, key in memory_keys:
                 store.remember_key(destination, key)
-        elif callback is not None:
-            callback(None)
+        else:
+            reg.done(callback)
         reg.sent += len(routed)
         reg.duplicates += duplicates
         for sub, m in tx.acked:

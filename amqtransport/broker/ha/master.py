@@ -14,7 +14,10 @@ and the master receipts nothing more until its peer has answered a *stand-by* re
 (phase ``master`` of the table): a peer that is master at a newer epoch makes it step
 down; a peer that agrees to stand by marks its store as no longer a complete copy (it
 will resync before it could take over) and the master goes on alone; no answer keeps
-the receipts held. With ``--shutdown-on-slave-failure`` the master stops instead
+the receipts held. While receipts are held the client port is closed (connections made
+before stay; a CONNECT that reaches it anyway is refused): clients probing for a port
+that accepts come back about one probe interval after it is reopened, instead of
+backing off further with every refused CONNECT. With ``--shutdown-on-slave-failure`` the master stops instead
 (receipts for unreplicated records are refused; from that moment its status no longer
 says master, so the slave takes over); with ``--takeover-check`` a master that cannot
 reach that address when it loses its synced slave fences itself. A slave that
@@ -99,6 +102,7 @@ class MasterRole:
         self.node = node
         self.held_since = 0.0  # receipts held for a peer check since (monotonic), 0: not held
         self.held_logged = 0.0
+        self.port_closed_for_suspect = False  # the client port was closed by _on_suspect
 
     async def start(self, *, replicate: bool) -> None:
         """Open the store and the broker, install the receipt gate (``replicate``), bind
@@ -113,6 +117,7 @@ class MasterRole:
         node.demote_event = asyncio.Event()
         node.wake = asyncio.Event()
         self.held_since = 0.0
+        self.port_closed_for_suspect = False
         node.role = "master"
         if replicate:
             node.repl = ReplicationMaster(
@@ -122,6 +127,7 @@ class MasterRole:
                 on_synced=self._on_slave_synced,
                 on_lost=self._on_slave_lost,
                 on_suspect=self._on_suspect,
+                on_clear=self._on_clear,
             )
         node.set_role("master", f"epoch {node.state.epoch}")
         node.became_master_at = time.monotonic()
@@ -134,6 +140,9 @@ class MasterRole:
     async def listen(self) -> None:
         node = self.node
         if node.listening or node.server is None:
+            return
+        if node.repl is not None and node.repl.suspect is not None:
+            self.port_closed_for_suspect = True  # bound once receipts resume (_on_clear)
             return
         await node.server.listen(node.host, node.port)
         node.listening = True
@@ -211,9 +220,42 @@ class MasterRole:
             log.info("node %s: %s", node.name, d.reason)
 
     def _on_suspect(self, _reason: str) -> None:
+        """Receipts are held until the peer stands by: close the client port meanwhile. A
+        port that accepts and then refuses the CONNECT made clients' back-off grow (each
+        probe saw it accept, each attempt failed: up to 25.6 s to come back once the pair
+        was healthy); a refused port keeps their probes going, so they are back about one
+        probe interval after :meth:`_on_clear` reopens it. Connections made before stay."""
         node = self.node
+        if node.server is not None and node.server.close_port():
+            node.listening = False
+            self.port_closed_for_suspect = True
+            node.say("client port closed: receipts are held until the peer stands by")
         if node.wake is not None:
             node.wake.set()
+
+    def _on_clear(self, _reason: str) -> None:
+        """Receipts resume: reopen the client port :meth:`_on_suspect` closed."""
+        node = self.node
+        if self.port_closed_for_suspect and node.loop is not None:
+            node.loop.create_task(self._reopen())
+
+    async def _reopen(self) -> None:
+        node = self.node
+        server, repl = node.server, node.repl
+        if not self.port_closed_for_suspect or server is None or repl is None or not repl.serving or node.listening:
+            return
+        try:
+            await server.listen(node.host, node.port)
+        except OSError as exc:  # the port was taken meanwhile: nothing to serve on; decide again
+            log.error("node %s: cannot reopen the client port %s:%d: %s", node.name, node.host, node.port, exc)
+            node.demote()
+            return
+        if node.server is not server or node.repl is not repl or not repl.serving:
+            server.close_port()  # suspect again (or stopped) while binding
+            return
+        self.port_closed_for_suspect = False
+        node.listening = True
+        node.say(f"client port reopened on stomp://{server.host}:{server.port}")
 
     async def serve(self) -> None:
         """A replicated master's term: raise the epoch, serve, check the peer while no

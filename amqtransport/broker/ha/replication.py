@@ -38,7 +38,10 @@ not bodies), fsyncs, marks itself synced at the master's epoch and acks ``base``
 it appends every streamed batch to its own journal and acks once it is fsynced.
 
 The receipt gate. Receipts are sent from the journal's completion callbacks, which
-the journal hands to its ``notify`` function after each local fsync. The
+the journal hands to its ``notify`` function after each local fsync -- all of them: a
+frame that wrote no record (SUBSCRIBE, BEGIN, ABORT, a non-persistent SEND) is receipted
+through ``Journal.on_durable`` (:meth:`~..dispatch.registry.Registry.done`), so one gate and one
+stall check cover every RECEIPT. The
 :class:`ReplicationMaster` takes that function's place: its batch hook numbers the
 batch (the last sequence number in it) and the completions are queued on the event
 loop until the slave's ``ACK`` covers that number; acks arrive on the loop and release
@@ -127,6 +130,7 @@ class ReplicationMaster:
         on_synced: Callable[[MasterLink], None],
         on_lost: Callable[[MasterLink, str, bool], None],
         on_suspect: Callable[[str], None] = lambda _reason: None,
+        on_clear: Callable[[str], None] = lambda _reason: None,
     ) -> None:
         assert server.store is not None
         self.server = server
@@ -137,6 +141,7 @@ class ReplicationMaster:
         self.on_synced = on_synced
         self.on_lost = on_lost
         self.on_suspect = on_suspect
+        self.on_clear = on_clear
         #: why receipts not covered by a slave ack are held (None: they are not); see decide.py, phase master
         self.suspect: str | None = None
         self.refused_receipts = 0  # completions never run as successes (their clients were cut off)
@@ -283,6 +288,7 @@ class ReplicationMaster:
         log.warning("replication: receipts resume (%s); %d batches held were waiting", reason, len(self._held))
         self.suspect = None
         self._release()
+        _safe(self.on_clear, reason)
 
     def _tick(self) -> None:
         """Notice a stalled loop; drop an in-sync slave that leaves a batch unacknowledged

@@ -14,9 +14,14 @@ One request at a time per connection: once a request is complete the connection
 stops reading, runs the handler as a task and writes the response; with keep-alive
 it then starts the next cycle (h11 keeps pipelined bytes for it). Bounds: request
 head :attr:`HttpLimits.max_head` bytes, body :attr:`HttpLimits.max_body` bytes
-(413 at once when ``Content-Length`` says more), ``max_connections`` open
-connections (more are closed at once), ``idle_timeout`` seconds without a complete
-request. A malformed request gets a 400 naming the problem and the connection is
+(413 at once when ``Content-Length`` says more), ``idle_timeout`` seconds for a
+connection (new, or kept alive after a response) to start a request, then
+``request_timeout`` seconds to finish it, and ``max_connections`` open connections. A
+connection over that budget does not wait for a free slot and is not refused while
+another is only waiting: the connection idle longest (no request started, else the
+oldest request still arriving; never one whose handler runs) is closed to make room.
+So idle keep-alive connections, or slow ones, cannot starve the probes (``/healthz``)
+an orchestrator relies on. A malformed request gets a 400 naming the problem and the connection is
 closed; a handler that raises gets a 500 (logged with its traceback) and the
 broker goes on.
 """
@@ -44,7 +49,8 @@ class HttpLimits:
     max_head: int = 16 * 1024
     max_body: int = 1 << 20
     max_connections: int = 64
-    idle_timeout: float = 30.0
+    idle_timeout: float = 5.0  # to start a request, on a new or a kept-alive connection
+    request_timeout: float = 30.0  # to finish it once its first byte came
 
 
 @dataclass
@@ -105,6 +111,8 @@ class _HttpConnection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.body_size = 0
         self.busy = False  # a handler is running
+        self.started = False  # bytes of the next request have come
+        self.since = 0.0  # loop time of the connection or of its last response
         self.timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ asyncio
@@ -113,12 +121,13 @@ class _HttpConnection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        if len(self.server.connections) >= self.limits.max_connections:
-            log.warning("http: refusing %s: max_connections=%d reached", self.peer, self.limits.max_connections)
+        if len(self.server.connections) >= self.limits.max_connections and not self.server.make_room(self.peer):
+            log.warning("http: refusing %s: max_connections=%d reached, every one running a request",
+                        self.peer, self.limits.max_connections)
             transport.abort()
             return
         self.server.connections.add(self)
-        self._arm_timer()
+        self._wait_for_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -128,6 +137,9 @@ class _HttpConnection(asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
+        if not self.started:
+            self.started = True
+            self._arm_timer(self.limits.request_timeout)
         try:
             self.conn.receive_data(data)
         except h11.RemoteProtocolError as exc:
@@ -144,11 +156,15 @@ class _HttpConnection(asyncio.Protocol):
         return None
 
     # ------------------------------------------------------------------ protocol
-    def _arm_timer(self) -> None:
+    def _wait_for_request(self) -> None:
+        self.started = False
+        self.since = asyncio.get_running_loop().time()
+        self._arm_timer(self.limits.idle_timeout)
+
+    def _arm_timer(self, seconds: float) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        loop = asyncio.get_running_loop()
-        self.timer = loop.call_later(self.limits.idle_timeout, self._idle)
+        self.timer = asyncio.get_running_loop().call_later(seconds, self._idle)
 
     def _idle(self) -> None:
         self.timer = None
@@ -219,7 +235,7 @@ class _HttpConnection(asyncio.Protocol):
         except h11.LocalProtocolError:
             self.transport.close()
             return
-        self._arm_timer()
+        self._wait_for_request()
         self.transport.resume_reading()
         self._process()
 
@@ -273,6 +289,20 @@ class HttpServer:
         self.limits = limits or HttpLimits()
         self.connections: set[_HttpConnection] = set()
         self._server: asyncio.Server | None = None
+
+    def make_room(self, newcomer: str) -> bool:
+        """Close the connection idle longest to admit ``newcomer`` (see the module
+        docstring); False when every connection runs a request."""
+        candidates = [c for c in self.connections if not c.busy and c.transport is not None]
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda c: (c.started, c.since))
+        log.info("http: max_connections=%d reached: closing %s (%s) for %s", self.limits.max_connections,
+                 victim.peer, "a request still arriving" if victim.started else "idle", newcomer)
+        self.connections.discard(victim)
+        if victim.transport is not None:
+            victim.transport.abort()
+        return True
 
     @property
     def address(self) -> str:
