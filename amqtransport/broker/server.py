@@ -195,10 +195,13 @@ class BrokerServer:
                 server.close()
 
     def close_port(self) -> bool:
-        """Stop accepting clients (close the listening socket; connections made so far go
-        on): a port that accepts must mean a broker that will answer. False if it was
-        not listening. :meth:`listen` binds it again."""
+        """Stop accepting clients (close the listening sockets, the WebSocket port's too;
+        connections made so far go on): a port that accepts must mean a broker that will
+        answer. False if it was not listening. :meth:`listen` binds them again."""
         server, self._server = self._server, None
+        ws, self._ws_server, self.ws_address = self._ws_server, None, None
+        if ws is not None:
+            ws.close()
         if server is None:
             return False
         server.close()

@@ -7,7 +7,8 @@ CONNECT: a client's probe saw the port accept, the attempt it cut short failed, 
 probe was off for the (doubled) wait that followed, so clients came back long after
 the slave was thawed and the master served again (the issue measured up to 25.6 s).
 Now the port is closed while receipts are held and reopened when they resume: every
-probe is refused meanwhile and the first one after the reopening connects.
+probe is refused meanwhile and the first one after the reopening connects. The
+WebSocket port (``--ws``) closes and reopens with it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ha_helpers import frozen, refuses, wait_for, with_opts
 
 import amqtransport
 from amqtransport.testing.broker_pair import BrokerPair
+from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,9 +34,12 @@ BACK_WITHIN_S = 2.0
 
 
 def test_clients_return_soon_after_a_suspect_master_serves_again(tmp_path: Path) -> None:
-    with BrokerPair("replicated", tmp_path, link_timeout=1.0) as bp:
+    ws = {"a": free_port(), "b": free_port()}
+    with BrokerPair("replicated", tmp_path, link_timeout=1.0, master_args=["--ws", f"127.0.0.1:{ws['a']}"],
+                    slave_args=["--ws", f"127.0.0.1:{ws['b']}"]) as bp:
         master = bp.wait_master(30)
         slave = bp.other(master)
+        assert not refuses(ws[master.name]), "the master's WebSocket port is open"
         wait_for(lambda: master.status().get("amq-ha-peer-state") == "in-sync", 30, "the slave to sync")
         conns = [amqtransport.connect(with_opts(bp.uri, f"initialReconnectDelay={d}")) for d in FIRST_DELAYS_MS]
         done_at: dict[int, float] = {}
@@ -56,8 +61,10 @@ def test_clients_return_soon_after_a_suspect_master_serves_again(tmp_path: Path)
                 time.sleep(10)  # long enough for a growing back-off
                 assert not done_at, f"receipted while the peer could not be asked to stand by: {done_at}"
                 assert refuses(master.port), "a suspect master accepts client connections"
+                assert refuses(ws[master.name]), "a suspect master accepts WebSocket connections"
             wait_for(lambda: "amq-ha-suspect" not in master.status(), 30, "the master to serve again")
             serving_at = time.monotonic()
+            wait_for(lambda: not refuses(ws[master.name]), 5, "the WebSocket port to reopen with the client port")
             for t in threads:
                 t.join(40)
         finally:
