@@ -48,8 +48,8 @@ from toxiproxy.proxy import Proxy
 from amqtransport.processes.broker import BrokerProcess
 from amqtransport.processes.ports import free_port
 from amqtransport.testing.disk import TmpfsUnavailable, fill, tmpfs
+from chaos.proxy.server import ToxiproxyServer
 from chaos.scenarios.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
-from chaos.server import ToxiproxyServer
 
 __all__ = ["TmpfsMount", "NemesisCluster", "BRIDGED_QUEUE", "BROKER_CONFIG"]
 

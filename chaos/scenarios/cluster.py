@@ -18,7 +18,7 @@ the whole run:
   (:class:`~amqtransport.testing.activemq.ActiveMQPair`).
 
 A :class:`Stage` puts a Toxiproxy proxy in front of every node, created through the
-PyPI ``toxiproxy-python`` client against our :class:`chaos.server.ToxiproxyServer`
+PyPI ``toxiproxy-python`` client against our :class:`chaos.proxy.server.ToxiproxyServer`
 exactly as a user would drive it, and builds the clients' ``failover:`` URI whose
 leaves are the proxies' listen addresses. Faults act on the *master's* proxy (or its
 process).
@@ -41,7 +41,7 @@ from toxiproxy.proxy import Proxy
 from amqtransport.errors import AmqTransportError
 from amqtransport.processes.broker import BrokerProcess
 from amqtransport.processes.ports import free_port
-from chaos.server import ToxiproxyServer
+from chaos.proxy.server import ToxiproxyServer
 
 __all__ = [
     "Cluster",
