@@ -3,9 +3,9 @@ bridged to it, and (when allowed) size-limited tmpfs data directories.
 
 Theory of operation
 -------------------
-:class:`NemesisCluster` is a :class:`~chaos.scenarios.cluster.Cluster` (so a
-:class:`~chaos.scenarios.cluster.Stage` puts the clients' proxies in front of it, as
-for every scenario) built on :class:`~chaos.scenarios.cluster.EmbeddedPairCluster`:
+:class:`NemesisCluster` is a :class:`~chaos.harness.cluster.Cluster` (so a
+:class:`~chaos.harness.cluster.Stage` puts the clients' proxies in front of it, as
+for every scenario) built on :class:`~chaos.harness.cluster.EmbeddedPairCluster`:
 
 * **Replication proxies** (replicated mode). The slave's ``--master-connector`` names
   a proxy in front of the master's HA port, so cutting or slowing that proxy acts on
@@ -48,8 +48,8 @@ from toxiproxy.proxy import Proxy
 from amqtransport.processes.broker import BrokerProcess
 from amqtransport.processes.ports import free_port
 from amqtransport.testing.disk import TmpfsUnavailable, fill, tmpfs
+from chaos.harness.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
 from chaos.proxy.server import ToxiproxyServer
-from chaos.scenarios.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
 
 __all__ = ["TmpfsMount", "NemesisCluster", "BRIDGED_QUEUE", "BROKER_CONFIG"]
 

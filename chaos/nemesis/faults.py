@@ -33,10 +33,10 @@ from typing import Any
 
 from toxiproxy.proxy import Proxy
 
+from chaos.harness.cluster import Stage
 from chaos.nemesis.cluster import NemesisCluster
 from chaos.nemesis.history import Fault, History
 from chaos.nemesis.schedule import Step
-from chaos.scenarios.cluster import Stage
 
 __all__ = ["Active", "Nemesis"]
 

@@ -1,4 +1,5 @@
-"""What a scenario runs against: brokers (a "cluster") behind Toxiproxy proxies (a "stage").
+"""What a chaos run (a scenario, the nemesis) runs against: brokers (a "cluster") behind
+Toxiproxy proxies (a "stage").
 
 Theory of operation
 -------------------
