@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.harness.clients import ClientSettings
 from chaos.harness.cluster import ClusterError, Stage
 from chaos.nemesis.checker import CheckResult, Violation, check
 from chaos.nemesis.cluster import BRIDGED_QUEUE, NemesisCluster
@@ -50,7 +51,6 @@ from chaos.nemesis.workload import (
     TxProducer,
     Worker,
 )
-from chaos.scenarios.workload import ClientSettings
 
 __all__ = ["NemesisParams", "RoundOutcome", "ModeResult", "ModeRun", "build_workload", "replay_command"]
 

@@ -52,8 +52,9 @@ from amqtransport.errors import (
     SendTimeout,
 )
 from amqtransport.stomp import Frame
+from chaos.harness.clients import ClientSettings
 from chaos.nemesis.history import Ack, ClientError, Delivery, History, Send, Sync, Tx
-from chaos.scenarios.workload import ClientSettings, tap_messages
+from chaos.scenarios.workload import tap_messages
 
 __all__ = ["Worker", "ReceiptedProducer", "TxProducer", "FireAndForgetProducer", "Consumer"]
 

@@ -34,44 +34,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-import amqtransport
 from amqtransport.client import Connection
 from amqtransport.errors import AmqTransportError
 from amqtransport.stomp import Frame
+from chaos.harness.clients import ClientSettings
 
-__all__ = ["ClientSettings", "ConnectionEvents", "ProducerThread", "ConsumerThread", "tap_messages"]
+__all__ = ["ConnectionEvents", "ProducerThread", "ConsumerThread", "tap_messages"]
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True)
-class ClientSettings:
-    """How the round's clients connect."""
-
-    uri: str
-    heartbeat_ms: int = 1000
-    connect_timeout_s: float = 2.0
-    dedupe: bool = True
-    login: str | None = None
-    passcode: str | None = None
-    client_id: str | None = None  # durable subscriptions need one
-
-    def connect(self, listener: Any = None) -> Connection:
-        conn: Connection = amqtransport.connect(
-            self.uri,
-            login=self.login,
-            passcode=self.passcode,
-            client_id=self.client_id,
-            heartbeat=(self.heartbeat_ms, self.heartbeat_ms),
-            dedupe=self.dedupe,
-            listener=listener,
-            connect_timeout=self.connect_timeout_s,
-        )
-        return conn
 
 
 @dataclass
