@@ -52,6 +52,7 @@ from amqtransport.stomp import Frame
 from amqtransport.transports.base import Receipt, Transport
 from amqtransport.transports.factory import build_transport
 from amqtransport.transports.stomp import ConnectParams
+from amqtransport.wire_tap import WireTapped
 
 __all__ = ["connect", "Connection", "Producer", "Subscription", "Message", "Transaction", "AckMode",
            "DEFAULT_AUDIT_SIZE", "DEFAULT_PREFETCH"]
@@ -327,7 +328,7 @@ class _InternalListener:
         self._conn._on_failed(error)
 
 
-class Connection(ConnectionInfo):
+class Connection(ConnectionInfo, WireTapped):
     """A connection through a URI. Use :func:`connect`."""
 
     def __init__(self, transport: Transport, *, dedupe: bool = True, audit_size: int = DEFAULT_AUDIT_SIZE,
@@ -426,6 +427,7 @@ class Connection(ConnectionInfo):
             self._transport.wait(rec)
 
     def _on_message(self, frame: Frame, generation: int) -> None:
+        self._tap_wire(frame, generation)
         sub_id = frame.get("subscription") or ""
         sub = self._subs.get(sub_id)
         if sub is None:

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.outbound", 6),  # frames both clients build
     ("amqtransport.received", 6),  # the duplicate filter and ack rules both clients apply
     ("amqtransport.connection_info", 6),  # the status both clients' connections show
+    ("amqtransport.wire_tap", 6),  # the wire tap both clients' connections offer
     ("amqtransport", 6),  # the package __init__ (lazy re-exports of the public API)
     ("amqtransport.spark", 7),
     ("amqtransport.processes", 7),  # our broker as child processes (amq broker pair, amq demo, chaos, the harnesses)

@@ -20,8 +20,8 @@ recognisable everywhere. What each thread records (:mod:`chaos.nemesis.history`)
   ``trackMessages=true`` (the failover transport re-sends its cache after a
   reconnect); outcome ``none``.
 * :class:`Consumer` -- one subscription in one ack mode (``auto``, ``client``,
-  ``client-individual``; durable topic subscriptions with a ``client-id``). A tap
-  records every MESSAGE as it arrives (``wire``, before the client's duplicate
+  ``client-individual``; durable topic subscriptions with a ``client-id``). A wire tap
+  (``Connection.add_wire_tap``) records every MESSAGE as it arrives (``wire``, before the client's duplicate
   filter), the loop records what the application gets (``app``) and acks it
   (``Ack`` with the link generation the message came on). Every ``sync_s`` after an
   ack it sends one receipted persistent message to its own sync queue on the same
@@ -54,7 +54,6 @@ from amqtransport.errors import (
 from amqtransport.stomp import Frame
 from chaos.harness.clients import ClientSettings
 from chaos.nemesis.history import Ack, ClientError, Delivery, History, Send, Sync, Tx
-from chaos.scenarios.workload import tap_messages
 
 __all__ = ["Worker", "ReceiptedProducer", "TxProducer", "FireAndForgetProducer", "Consumer"]
 
@@ -280,7 +279,7 @@ class Consumer(Worker):
             self.history.add(Delivery(self.clock(), self.client, key, frame.get("message-id") or "", generation,
                                       "wire"))
 
-        tap_messages(conn, on_wire)
+        conn.add_wire_tap(on_wire)
         headers = {"activemq.subscriptionName": self.client} if self.durable else None
         sub = conn.subscribe(self.dest, ack=self.ack, headers=headers)  # type: ignore[arg-type]
         state["sub"] = sub.id

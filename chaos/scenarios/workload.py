@@ -40,7 +40,7 @@ from amqtransport.errors import AmqTransportError
 from amqtransport.stomp import Frame
 from chaos.harness.clients import ClientSettings
 
-__all__ = ["ConnectionEvents", "ProducerThread", "ConsumerThread", "tap_messages"]
+__all__ = ["ConnectionEvents", "ProducerThread", "ConsumerThread"]
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +67,6 @@ class ConnectionEvents:
 
     def first_interruption_after(self, t: float) -> float | None:
         return next((x for x in self.interrupted if x >= t), None)
-
-
-def tap_messages(conn: Connection, on_frame: Callable[[Frame, int], None]) -> None:
-    """Call ``on_frame(frame, link_generation)`` for every MESSAGE as it arrives, before
-    the client's duplicate filter (on the transport's reader thread; read-only)."""
-    transport = conn.transport
-    inner = transport.on_message
-
-    def tap(frame: Frame, generation: int) -> None:
-        on_frame(frame, generation)
-        if inner is not None:
-            inner(frame, generation)
-
-    transport.on_message = tap
 
 
 def body_of(round_id: str, seq: int) -> str:
@@ -236,7 +222,7 @@ class ConsumerThread(threading.Thread):
         self._stop_event.set()
 
     def _tap(self, conn: Connection) -> None:
-        """Look at each MESSAGE before the duplicate filter (read-only; same thread)."""
+        """Look at each MESSAGE before the duplicate filter (the client's wire tap)."""
 
         def tap(frame: Frame, generation: int) -> None:
             seq = seq_of(self.round_id, frame.body.decode("utf-8", "replace"))
@@ -244,7 +230,7 @@ class ConsumerThread(threading.Thread):
                 with self.lock:
                     self.wire_ids.setdefault(seq, []).append(frame.get("message-id") or "")
 
-        tap_messages(conn, tap)
+        conn.add_wire_tap(tap)
 
     def wire_counts(self) -> tuple[int, dict[int, list[str]]]:
         """(copies the broker delivered again under the same message-id,
