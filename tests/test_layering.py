@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.backoff", 2),
     ("amqtransport.destinations", 2),  # the destination grammar (broker and bridge)
     ("amqtransport.loop_thread", 3),  # an asyncio service on a daemon thread (embedded broker, chaos proxy)
+    ("amqtransport._loop_thread", 3),  # its old name, an alias kept for code written before the rename
     ("amqtransport.broker", 3),  # the root: config, the server that wires the parts, the embedded broker
     ("amqtransport.broker.dispatch", 3),  # where an accepted message goes (no I/O of its own; see PARTS)
     ("amqtransport.broker.connection", 3),  # one client connection: stream, flow control, frame handlers
