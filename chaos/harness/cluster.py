@@ -16,7 +16,7 @@ the whole run:
   directory (there is no slave). It exercises the same client failover path and is
   the fallback when no pair is available (``--mode single``).
 * :class:`ActiveMQCluster` — a real ActiveMQ Classic shared-store pair
-  (:class:`~amqtransport.testing.activemq.ActiveMQPair`).
+  (:class:`~amqtransport.processes.activemq.ActiveMQPair`).
 
 A :class:`Stage` puts a Toxiproxy proxy in front of every node, created through the
 PyPI ``toxiproxy-python`` client against our :class:`chaos.proxy.server.ToxiproxyServer`
@@ -215,7 +215,7 @@ class ActiveMQCluster:
     kind = "activemq"
 
     def __init__(self, workdir: Path) -> None:
-        from amqtransport.testing.activemq import ActiveMQPair, missing_reason
+        from amqtransport.processes.activemq import ActiveMQPair, missing_reason
 
         reason = missing_reason()
         if reason is not None:
@@ -245,7 +245,7 @@ class ActiveMQCluster:
         return f"SIGKILL {node.name} (pid {pid})"
 
     def recover(self, timeout: float = 60.0) -> None:
-        from amqtransport.testing.activemq import SLAVE_WAITING
+        from amqtransport.processes.activemq import SLAVE_WAITING
 
         master = self.pair.wait_master(timeout=timeout)
         for node in self.pair.nodes:

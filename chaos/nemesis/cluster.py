@@ -46,8 +46,8 @@ from toxiproxy.api import APIConsumer
 from toxiproxy.proxy import Proxy
 
 from amqtransport.processes.broker import BrokerProcess
+from amqtransport.processes.disk import TmpfsUnavailable, fill, tmpfs
 from amqtransport.processes.ports import free_port
-from amqtransport.testing.disk import TmpfsUnavailable, fill, tmpfs
 from chaos.harness.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
 from chaos.proxy.server import ToxiproxyServer
 
@@ -81,7 +81,7 @@ def _toml(values: Mapping[str, Any]) -> str:
 
 
 class TmpfsMount:
-    """A size-limited tmpfs on ``path`` (``amqtransport.testing.disk``), with a ballast
+    """A size-limited tmpfs on ``path`` (``amqtransport.processes.disk``), with a ballast
     file to fill it and empty it again."""
 
     def __init__(self, path: Path, size_mb: int) -> None:
@@ -99,7 +99,7 @@ class TmpfsMount:
         return None
 
     def mount(self) -> None:
-        """Mount it; raises :class:`~amqtransport.testing.disk.TmpfsUnavailable` with the
+        """Mount it; raises :class:`~amqtransport.processes.disk.TmpfsUnavailable` with the
         reason when the system refuses."""
         self._stack.enter_context(tmpfs(self.path, self.size_mb << 20))
         self.mounted = True
