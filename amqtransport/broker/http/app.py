@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:class:`ConsoleApp` is the one request handler of the :class:`~.wire.HttpServer`.
+:class:`ConsoleApp` is the one request handler of the :class:`~.h11_server.HttpServer`.
 It reads the node only through a :class:`~..view.NodeView` and changes it only
 through the view's :class:`~..admin.BrokerAdmin`. In order, each request:
 
@@ -31,10 +31,10 @@ from urllib.parse import quote
 from ..ops.admin import AdminError, BrokerAdmin
 from ..ops.view import NodeView
 from . import api, html_pages
+from .h11_server import Request, Response
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import render_metrics
 from .security import Identity, Security
-from .wire import Request, Response
 
 __all__ = ["ConsoleApp"]
 
