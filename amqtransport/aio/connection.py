@@ -53,7 +53,7 @@ from amqtransport.outbound import (
 from amqtransport.received import Inbound, ReceivedMessage
 from amqtransport.stomp import Frame
 from amqtransport.transports.base import Receipt
-from amqtransport.transports.stomp import ConnectParams
+from amqtransport.transports.link import ConnectParams
 from amqtransport.uri import LeafUri, parse_uri
 from amqtransport.wire_tap import WireTapped
 
