@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A :class:`Connection` owns one transport built from the URI (``transports.factory``):
-a :class:`~amqtransport.transports.stomp.DirectTransport` for a plain ``tcp://``
+a :class:`~amqtransport.transports.link.DirectTransport` for a plain ``tcp://``
 leaf, a :class:`~amqtransport.transports.failover.FailoverTransport` for
 ``failover:``/``static:``/``masterslave:``. Every SEND carries an idempotency key
 (``amq-idempotency-key``; the caller's or a fresh UUID) and asks for a receipt, so
@@ -51,7 +51,8 @@ from amqtransport.received import Inbound, ReceivedMessage
 from amqtransport.stomp import Frame
 from amqtransport.transports.base import Receipt, Transport
 from amqtransport.transports.factory import build_transport
-from amqtransport.transports.stomp import ConnectParams
+from amqtransport.transports.link import ConnectParams
+from amqtransport.wire_tap import WireTapped
 
 __all__ = ["connect", "Connection", "Producer", "Subscription", "Message", "Transaction", "AckMode",
            "DEFAULT_AUDIT_SIZE", "DEFAULT_PREFETCH"]
@@ -327,7 +328,7 @@ class _InternalListener:
         self._conn._on_failed(error)
 
 
-class Connection(ConnectionInfo):
+class Connection(ConnectionInfo, WireTapped):
     """A connection through a URI. Use :func:`connect`."""
 
     def __init__(self, transport: Transport, *, dedupe: bool = True, audit_size: int = DEFAULT_AUDIT_SIZE,
@@ -430,6 +431,7 @@ class Connection(ConnectionInfo):
             self._transport.wait(rec)
 
     def _on_message(self, frame: Frame, generation: int) -> None:
+        self._tap_wire(frame, generation)
         sub_id = frame.get("subscription") or ""
         sub = self._subs.get(sub_id)
         if sub is None:

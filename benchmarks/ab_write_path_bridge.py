@@ -26,7 +26,7 @@ from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 rounds = int(os.environ.get('ROUNDS', '3'))
-import amqtransport.transports.stomp as _s  # noqa: E402
+import amqtransport.transports.link as _s  # noqa: E402
 
 print("client code:", _s.__file__, "load before:", os.getloadavg(), flush=True)
 with tempfile.TemporaryDirectory(prefix="amq-bench-bridge-") as tmp:

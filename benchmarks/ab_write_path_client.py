@@ -22,7 +22,7 @@ from _common import compare  # noqa: E402
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
 
 rounds = 3
-import amqtransport.transports.stomp as _s  # noqa: E402
+import amqtransport.transports.link as _s  # noqa: E402
 
 print("client code:", _s.__file__, "load before:", os.getloadavg(), flush=True)
 tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import compare, print_table, scale, write_result  # noqa: E402
 
-from amqtransport.testing import activemq  # noqa: E402
-from amqtransport.testing.activemq import ActiveMQNode, ActiveMQPair, missing_reason  # noqa: E402
+from amqtransport.processes import activemq  # noqa: E402
+from amqtransport.processes.activemq import ActiveMQNode, ActiveMQPair, missing_reason  # noqa: E402
 
 
 def node_start(base: Path, flags: tuple[str, ...]) -> float:

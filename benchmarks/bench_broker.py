@@ -152,7 +152,7 @@ def activemq_node(workdir: Path, name: str, heap: str, extra_xml: str = "") -> A
     """An (unstarted) ``ActiveMQNode``, or None (with the reason printed) when ActiveMQ
     is not installed."""
     try:
-        from amqtransport.testing.activemq import ActiveMQNode, missing_reason
+        from amqtransport.processes.activemq import ActiveMQNode, missing_reason
     except ImportError as exc:  # pragma: no cover - the harness is part of the project
         print(f"ActiveMQ harness unavailable: {exc}")
         return None

@@ -186,7 +186,7 @@ def main() -> None:
                              "median s": statistics.median(samples), "min s": min(samples), "max s": max(samples),
                              "rounds": n_rec})
 
-    from amqtransport.testing.activemq import ActiveMQPair, missing_reason
+    from amqtransport.processes.activemq import ActiveMQPair, missing_reason
 
     reason = missing_reason()
     if reason is None:

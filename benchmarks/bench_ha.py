@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import compare, print_table, scale, write_result  # noqa: E402
 
 import amqtransport  # noqa: E402
-from amqtransport.testing.activemq import SLAVE_WAITING, ActiveMQPair, missing_reason  # noqa: E402
+from amqtransport.processes.activemq import SLAVE_WAITING, ActiveMQPair, missing_reason  # noqa: E402
 from amqtransport.testing.broker_pair import BrokerPair  # noqa: E402
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
 

@@ -1,1 +1,2 @@
-"""Chaos tools: a Toxiproxy-compatible proxy server and fault-injection scenarios."""
+"""Chaos tools: a Toxiproxy-compatible proxy server (:mod:`chaos.proxy`), fault-injection
+scenarios (:mod:`chaos.scenarios`) and the nemesis (:mod:`chaos.nemesis`)."""

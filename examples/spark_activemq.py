@@ -40,7 +40,7 @@ def main() -> None:
 
     pair = None
     if args.start_pair:
-        from amqtransport.testing.activemq import ActiveMQPair, missing_reason
+        from amqtransport.processes.activemq import ActiveMQPair, missing_reason
 
         reason = missing_reason()
         if reason:

@@ -25,7 +25,7 @@ PACKAGES = ("amqtransport", "bridge", "chaos")
 SIGNALS = {
     "amqtransport.broker.connection.stream.ErrorSent": "stops the handling of a frame once its ERROR is written",
     "amqtransport.broker.ha.node._Stop": "ends a node's role loop on a signal",
-    "chaos.toxics.EndOfStream": "a toxic ends its direction of a proxied connection",
+    "chaos.proxy.toxics.EndOfStream": "a toxic ends its direction of a proxied connection",
 }
 
 

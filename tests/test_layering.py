@@ -25,9 +25,10 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.backoff", 2),
     ("amqtransport.destinations", 2),  # the destination grammar (broker and bridge)
     ("amqtransport.selector", 2),  # JMS message selectors: ActiveMQ's grammar and evaluation (broker)
-    ("amqtransport._loop_thread", 3),  # an asyncio service on a daemon thread (embedded broker, chaos proxy)
+    ("amqtransport.loop_thread", 3),  # an asyncio service on a daemon thread (embedded broker, chaos proxy)
+    ("amqtransport._loop_thread", 3),  # its old name, an alias kept for code written before the rename
     ("amqtransport.broker", 3),  # the root: config, the server that wires the parts, the embedded broker
-    ("amqtransport.broker.dispatch", 3),  # where an accepted message goes (no I/O of its own; see BROKER_PARTS)
+    ("amqtransport.broker.dispatch", 3),  # where an accepted message goes (no I/O of its own; see PARTS)
     ("amqtransport.broker.connection", 3),  # one client connection: stream, flow control, frame handlers
     ("amqtransport.broker.ops", 3),  # the operator's side: view, admin actions, histograms
     ("amqtransport._backends", 4),
@@ -37,6 +38,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.outbound", 6),  # frames both clients build
     ("amqtransport.received", 6),  # the duplicate filter and ack rules both clients apply
     ("amqtransport.connection_info", 6),  # the status both clients' connections show
+    ("amqtransport.wire_tap", 6),  # the wire tap both clients' connections offer
     ("amqtransport", 6),  # the package __init__ (lazy re-exports of the public API)
     ("amqtransport.spark", 7),
     ("amqtransport.processes", 7),  # our broker as child processes (amq broker pair, amq demo, chaos, the harnesses)
@@ -168,10 +170,12 @@ def test_pure_layers_do_no_io(path: Path) -> None:
     assert bad == [], f"{module_name(path)} must stay sans-IO:\n" + "\n".join(bad)
 
 
-#: Inside the broker (one layer): the parts a part must not import. The dispatch core
+#: Inside one layer: the parts a part must not import. In the broker, the dispatch core
 #: sees neither its connections nor the operator's side nor the server that wires it;
 #: a connection sees the core through ``BrokerContext``, never the server or the ops.
-BROKER_PARTS: dict[str, tuple[str, ...]] = {
+#: In chaos, the proxy knows nothing of what uses it, and the harness (clusters behind
+#: proxies, client settings) nothing of the scenarios and the nemesis built on it.
+PARTS: dict[str, tuple[str, ...]] = {
     "amqtransport.broker.dispatch": (
         "amqtransport.broker.connection",
         "amqtransport.broker.ops",
@@ -187,12 +191,14 @@ BROKER_PARTS: dict[str, tuple[str, ...]] = {
         "amqtransport.broker.server",
         "amqtransport.broker.embedded",
     ),
+    "chaos.proxy": ("chaos.harness", "chaos.scenarios", "chaos.nemesis"),
+    "chaos.harness": ("chaos.scenarios", "chaos.nemesis"),
 }
 
 
-@pytest.mark.parametrize("part", sorted(BROKER_PARTS))
-def test_broker_parts_import_downward(part: str) -> None:
-    forbidden = BROKER_PARTS[part]
+@pytest.mark.parametrize("part", sorted(PARTS))
+def test_parts_import_downward(part: str) -> None:
+    forbidden = PARTS[part]
     bad = [
         f"{module_name(p)} line {line}: imports {target}"
         for p in project_modules()
@@ -215,8 +221,10 @@ def test_layer_checker_catches_an_upward_import(tmp_path: Path) -> None:
 
 def test_the_product_imports_no_test_harness() -> None:
     """``amqtransport/testing/`` holds test harnesses only: the command line (``amq broker
-    pair``, ``amq demo``), the broker and the process supervisors never import it."""
-    product = [p for p in project_modules() if module_name(p).startswith(("amqtransport.cli", "amqtransport.broker", "amqtransport.processes"))]
+    pair``, ``amq demo``, ``amq chaos``), the broker, the process supervisors, the bridge
+    and chaos never import it."""
+    shipped = ("amqtransport.cli", "amqtransport.broker", "amqtransport.processes", "bridge", "chaos")
+    product = [p for p in project_modules() if module_name(p).startswith(shipped)]
     bad = [
         f"{module_name(p)} line {line}: imports {target}"
         for p in product

@@ -53,8 +53,9 @@ from amqtransport.outbound import (
 from amqtransport.received import Inbound, ReceivedMessage
 from amqtransport.stomp import Frame
 from amqtransport.transports.base import Receipt
-from amqtransport.transports.stomp import ConnectParams
+from amqtransport.transports.link import ConnectParams
 from amqtransport.uri import LeafUri, parse_uri
+from amqtransport.wire_tap import WireTapped
 
 __all__ = ["AsyncConnection", "AsyncMessage", "AsyncProducer", "AsyncSubscription", "AsyncTransaction", "connect"]
 
@@ -319,7 +320,7 @@ class _FailedListener:
         self._conn._on_failed(error)
 
 
-class AsyncConnection(ConnectionInfo):
+class AsyncConnection(ConnectionInfo, WireTapped):
     """A connection through a URI on the running event loop. Use :func:`connect`."""
 
     def __init__(self, transport: AsyncFailoverTransport, *, dedupe: bool = True,
@@ -416,6 +417,7 @@ class AsyncConnection(ConnectionInfo):
             await t.wait(rec)
 
     def _on_message(self, frame: Frame, generation: int) -> None:
+        self._tap_wire(frame, generation)
         sub_id = frame.get("subscription") or ""
         sub = self._subs.get(sub_id)
         if sub is None:

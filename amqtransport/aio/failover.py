@@ -78,8 +78,8 @@ from amqtransport.transports.core import (
 from amqtransport.transports.core_view import CoreStatus
 from amqtransport.transports.endpoints import endpoints, is_priority, priority_attempts
 from amqtransport.transports.factory import failover_spec
+from amqtransport.transports.link import ConnectParams
 from amqtransport.transports.probe import ProbingWait
-from amqtransport.transports.stomp import ConnectParams
 from amqtransport.transports.waiting import ReceiptWait, send_timeout
 from amqtransport.uri import LeafUri
 

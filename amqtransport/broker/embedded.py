@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .._loop_thread import LoopThread
+from ..loop_thread import LoopThread
 from .config import BrokerConfig
 from .server import BrokerServer
 

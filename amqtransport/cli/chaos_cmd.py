@@ -32,7 +32,7 @@ def proxy(host: str, port: int, verbose: bool) -> None:
     Drive it with any Toxiproxy client, e.g. the PyPI `toxiproxy-python`:
     Toxiproxy().update_api_consumer("127.0.0.1", 8474).
     """
-    from chaos.server import serve_forever
+    from chaos.proxy.server import serve_forever
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,

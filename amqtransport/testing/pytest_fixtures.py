@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from amqtransport.testing.activemq import ActiveMQNode, ActiveMQPair, missing_reason
+from amqtransport.processes.activemq import ActiveMQNode, ActiveMQPair, missing_reason
 
 __all__ = ["activemq_factory", "activemq_node", "activemq_pair", "require_activemq"]
 

@@ -2,9 +2,9 @@
 
 Theory of operation
 -------------------
-:class:`AsyncLink` is the asyncio twin of ``stomp.StompConnection``: the handshake goes
-through the same sans-IO pieces (:func:`~amqtransport.transports.stomp.handshake_session`
-builds the CONNECT, :func:`~amqtransport.transports.stomp.link_terms` applies the
+:class:`AsyncLink` is the asyncio twin of ``link.StompConnection``: the handshake goes
+through the same sans-IO pieces (:func:`~amqtransport.transports.link.handshake_session`
+builds the CONNECT, :func:`~amqtransport.transports.link.link_terms` applies the
 negotiated terms, the dialect and the URI's overrides), then a reader task feeds the
 sans-IO parser and hands each frame to ``on_frame(link, frame)``; the end of the stream,
 a protocol error or two silent heart-beat intervals report ``on_lost(link, error)``
@@ -34,7 +34,7 @@ from amqtransport.errors import (
 )
 from amqtransport.stomp import HEARTBEAT_BYTES, NEED_DATA, Frame, FrameParser, serialize
 from amqtransport.transports.dialect import Dialect, dialect_named
-from amqtransport.transports.stomp import (
+from amqtransport.transports.link import (
     ConnectParams,
     connect_timeout_for,
     handshake_session,

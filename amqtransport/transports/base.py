@@ -4,7 +4,7 @@
 Theory of operation
 -------------------
 The client layer (``client.py``) talks to one :class:`Transport` whatever the URI: a
-direct link (``stomp.DirectTransport``) or a failover over several
+direct link (``link.DirectTransport``) or a failover over several
 (``failover.FailoverTransport``). It writes requests and gets a :class:`Receipt` for
 each one that asks the broker for a RECEIPT; ``wait()`` blocks until the broker
 answered, the request failed, or the timeout. Frames the broker sends come back
@@ -110,7 +110,7 @@ def with_receipt(frame: Frame, receipt_id: str) -> Frame:
 
 
 class Link(Protocol):
-    """What a transport needs of one link (``stomp.StompConnection`` is the one)."""
+    """What a transport needs of one link (``link.StompConnection`` is the one)."""
 
     #: its CONNECTED frame (None before the handshake)
     connected_frame: Frame | None

@@ -26,8 +26,8 @@ from amqtransport.options import FailoverOptions, StaticOptions
 from amqtransport.transports.base import Transport
 from amqtransport.transports.discovery import static_failover_schedule
 from amqtransport.transports.failover import FailoverTransport, ScheduleFn
+from amqtransport.transports.link import ConnectParams, DirectTransport
 from amqtransport.transports.probe import tcp_probe
-from amqtransport.transports.stomp import ConnectParams, DirectTransport
 from amqtransport.uri import CompositeUri, LeafUri, UriNode, parse_uri
 
 __all__ = ["FailoverSpec", "build_transport", "failover_spec", "log_ignored_options"]

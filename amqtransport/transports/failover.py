@@ -78,9 +78,9 @@ from amqtransport.transports.core import (
 from amqtransport.transports.core_view import CoreStatus
 from amqtransport.transports.endpoints import UriParser, endpoints
 from amqtransport.transports.failover_backup import BackupLinks
+from amqtransport.transports.link import Clock, ConnectParams, StompConnection
 from amqtransport.transports.probe import Probe, wait_probing
 from amqtransport.transports.replay import TRACK_IDLE_SECONDS
-from amqtransport.transports.stomp import Clock, ConnectParams, StompConnection
 from amqtransport.transports.threads import ThreadSet
 from amqtransport.transports.waiting import ReceiptWait, send_timeout
 from amqtransport.uri import LeafUri

@@ -29,7 +29,7 @@ from amqtransport.errors import BrokerError, TransportError
 from amqtransport.options import FailoverOptions
 from amqtransport.transports.core import FailoverCore, Install
 from amqtransport.transports.endpoints import is_priority, priority_attempts
-from amqtransport.transports.stomp import StompConnection
+from amqtransport.transports.link import StompConnection
 from amqtransport.transports.threads import ThreadSet
 from amqtransport.uri import LeafUri
 

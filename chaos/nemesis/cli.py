@@ -17,10 +17,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
+from chaos.harness.cluster import scratch_dir
 from chaos.nemesis.checker import RULES
 from chaos.nemesis.runner import ModeResult, ModeRun, NemesisParams, replay_command
 from chaos.nemesis.schedule import FAULT_KINDS, PAIR_MODES
-from chaos.scenarios.cluster import scratch_dir
 
 __all__ = ["run_nemesis", "nemesis_modes", "format_summary", "write_nemesis_report", "describe_kinds"]
 

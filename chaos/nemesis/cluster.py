@@ -3,9 +3,9 @@ bridged to it, and (when allowed) size-limited tmpfs data directories.
 
 Theory of operation
 -------------------
-:class:`NemesisCluster` is a :class:`~chaos.scenarios.cluster.Cluster` (so a
-:class:`~chaos.scenarios.cluster.Stage` puts the clients' proxies in front of it, as
-for every scenario) built on :class:`~chaos.scenarios.cluster.EmbeddedPairCluster`:
+:class:`NemesisCluster` is a :class:`~chaos.harness.cluster.Cluster` (so a
+:class:`~chaos.harness.cluster.Stage` puts the clients' proxies in front of it, as
+for every scenario) built on :class:`~chaos.harness.cluster.EmbeddedPairCluster`:
 
 * **Replication proxies** (replicated mode). The slave's ``--master-connector`` names
   a proxy in front of the master's HA port, so cutting or slowing that proxy acts on
@@ -46,10 +46,10 @@ from toxiproxy.api import APIConsumer
 from toxiproxy.proxy import Proxy
 
 from amqtransport.processes.broker import BrokerProcess
+from amqtransport.processes.disk import TmpfsUnavailable, fill, tmpfs
 from amqtransport.processes.ports import free_port
-from amqtransport.testing.disk import TmpfsUnavailable, fill, tmpfs
-from chaos.scenarios.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
-from chaos.server import ToxiproxyServer
+from chaos.harness.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
+from chaos.proxy.server import ToxiproxyServer
 
 __all__ = ["TmpfsMount", "NemesisCluster", "BRIDGED_QUEUE", "BROKER_CONFIG"]
 
@@ -81,7 +81,7 @@ def _toml(values: Mapping[str, Any]) -> str:
 
 
 class TmpfsMount:
-    """A size-limited tmpfs on ``path`` (``amqtransport.testing.disk``), with a ballast
+    """A size-limited tmpfs on ``path`` (``amqtransport.processes.disk``), with a ballast
     file to fill it and empty it again."""
 
     def __init__(self, path: Path, size_mb: int) -> None:
@@ -99,7 +99,7 @@ class TmpfsMount:
         return None
 
     def mount(self) -> None:
-        """Mount it; raises :class:`~amqtransport.testing.disk.TmpfsUnavailable` with the
+        """Mount it; raises :class:`~amqtransport.processes.disk.TmpfsUnavailable` with the
         reason when the system refuses."""
         self._stack.enter_context(tmpfs(self.path, self.size_mb << 20))
         self.mounted = True

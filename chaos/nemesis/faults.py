@@ -33,11 +33,11 @@ from typing import Any
 
 from toxiproxy.proxy import Proxy
 
+from chaos.harness.cluster import Stage
 from chaos.nemesis.cluster import NemesisCluster
 from chaos.nemesis.history import Fault, History
 from chaos.nemesis.schedule import Step
 from chaos.nemesis.workload import InFlightCheck
-from chaos.scenarios.cluster import Stage
 
 __all__ = ["Active", "Nemesis"]
 

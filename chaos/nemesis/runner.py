@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 :class:`ModeRun` starts a :class:`~chaos.nemesis.cluster.NemesisCluster` behind a
-:class:`~chaos.scenarios.cluster.Stage`, the workload (:func:`build_workload`: one
+:class:`~chaos.harness.cluster.Stage`, the workload (:func:`build_workload`: one
 thread per client, every kind) and the client-port probes, and lets traffic warm up.
 Then, for each round seed (:func:`~chaos.nemesis.schedule.round_seeds`):
 
@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.harness.clients import ClientSettings
+from chaos.harness.cluster import ClusterError, Stage
 from chaos.nemesis.checker import CheckResult, Violation, check
 from chaos.nemesis.cluster import BRIDGED_QUEUE, NemesisCluster
 from chaos.nemesis.faults import Active, Nemesis
@@ -50,8 +52,6 @@ from chaos.nemesis.workload import (
     TxProducer,
     Worker,
 )
-from chaos.scenarios.cluster import ClusterError, Stage
-from chaos.scenarios.workload import ClientSettings
 
 __all__ = ["NemesisParams", "RoundOutcome", "ModeResult", "ModeRun", "build_workload", "replay_command"]
 

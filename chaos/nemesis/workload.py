@@ -25,8 +25,8 @@ recognisable everywhere. What each thread records (:mod:`chaos.nemesis.history`)
   master's sockets (a new durable SUBSCRIBE, tracked sends and their idle barrier), and
   the deliveries that must follow.
 * :class:`Consumer` -- one subscription in one ack mode (``auto``, ``client``,
-  ``client-individual``; durable topic subscriptions with a ``client-id``). A tap
-  records every MESSAGE as it arrives (``wire``, before the client's duplicate
+  ``client-individual``; durable topic subscriptions with a ``client-id``). A wire tap
+  (``Connection.add_wire_tap``) records every MESSAGE as it arrives (``wire``, before the client's duplicate
   filter), the loop records what the application gets (``app``) and acks it
   (``Ack`` with the link generation the message came on). Every ``sync_s`` after an
   ack it sends one receipted persistent message to its own sync queue on the same
@@ -60,8 +60,8 @@ from amqtransport.errors import (
     SendTimeout,
 )
 from amqtransport.stomp import Frame
+from chaos.harness.clients import ClientSettings
 from chaos.nemesis.history import Ack, ClientError, Delivery, History, Send, Subscriber, Sync, Tx
-from chaos.scenarios.workload import ClientSettings, tap_messages
 
 __all__ = ["Worker", "ReceiptedProducer", "TxProducer", "FireAndForgetProducer", "Consumer", "InFlightCheck"]
 
@@ -426,7 +426,7 @@ class Consumer(Worker):
             self.history.add(Delivery(self.clock(), self.client, key, frame.get("message-id") or "", generation,
                                       "wire"))
 
-        tap_messages(conn, on_wire)
+        conn.add_wire_tap(on_wire)
         headers = {"activemq.subscriptionName": self.client} if self.durable else None
         sub = conn.subscribe(self.dest, ack=self.ack, headers=headers)  # type: ignore[arg-type]
         state["sub"] = sub.id

@@ -8,11 +8,11 @@ Public entry points::
     assert all(r.ok for r in results)
 
 ``amq chaos run NAME... [--rounds N] [--report DIR] [--mode ...]`` does the same from
-the command line and writes the report (``chaos.report``).
+the command line and writes the report (``chaos.scenarios.report``).
 """
 
+from chaos.harness.cluster import ALL_KINDS, EMBEDDED_MODES, ClusterError, Stage, make_cluster
 from chaos.scenarios.catalog import SCENARIOS, Scenario, get_scenario, register
-from chaos.scenarios.cluster import ALL_KINDS, EMBEDDED_MODES, ClusterError, Stage, make_cluster
 from chaos.scenarios.runner import (
     RoundResult,
     RunParams,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from chaos.scenarios.cluster import EMBEDDED_MODES, Stage
+from chaos.harness.cluster import EMBEDDED_MODES, Stage
 
 __all__ = ["Scenario", "SCENARIOS", "register", "get_scenario"]
 

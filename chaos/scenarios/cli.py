@@ -7,8 +7,8 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from chaos.harness.cluster import ClusterError
 from chaos.scenarios.catalog import SCENARIOS
-from chaos.scenarios.cluster import ClusterError
 from chaos.scenarios.runner import RoundResult, RunParams, modes_for, run_scenario
 
 __all__ = ["run_cli", "MODE_CHOICES", "expand_mode", "list_scenarios"]
@@ -40,7 +40,7 @@ def run_cli(names: Sequence[str], *, rounds: int, report_dir: Path | None, mode:
     a cluster that could not be started. Scratch directories (broker data and logs)
     go under ``workdir`` (default: the system's temp dir); a failed scenario's is kept
     and its path logged."""
-    from chaos.report import format_table, summarize, write_report
+    from chaos.scenarios.report import format_table, summarize, write_report
 
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown or not names:

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-One **round** (:func:`run_round`) on a ready :class:`~chaos.scenarios.cluster.Stage`:
+One **round** (:func:`run_round`) on a ready :class:`~chaos.harness.cluster.Stage`:
 
 1. ``stage.reset()`` (every proxy enabled, no toxic), wait for a serving master;
 2. start the consumer (subscribed first), then the producer, on a fresh queue;
@@ -41,9 +41,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from chaos.harness.clients import ClientSettings
+from chaos.harness.cluster import ClusterError, Stage, make_cluster, scratch_dir
 from chaos.scenarios.catalog import Scenario, get_scenario
-from chaos.scenarios.cluster import ClusterError, Stage, make_cluster, scratch_dir
-from chaos.scenarios.workload import ClientSettings, ConsumerThread, ProducerThread
+from chaos.scenarios.workload import ConsumerThread, ProducerThread
 
 __all__ = ["RunParams", "RoundResult", "Observations", "judge", "recovery_time", "delivery_time", "samples_of",
            "run_round", "run_scenario", "run_scenarios", "modes_for"]

@@ -34,44 +34,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-import amqtransport
 from amqtransport.client import Connection
 from amqtransport.errors import AmqTransportError
 from amqtransport.stomp import Frame
+from chaos.harness.clients import ClientSettings
 
-__all__ = ["ClientSettings", "ConnectionEvents", "ProducerThread", "ConsumerThread", "tap_messages"]
+__all__ = ["ConnectionEvents", "ProducerThread", "ConsumerThread"]
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True)
-class ClientSettings:
-    """How the round's clients connect."""
-
-    uri: str
-    heartbeat_ms: int = 1000
-    connect_timeout_s: float = 2.0
-    dedupe: bool = True
-    login: str | None = None
-    passcode: str | None = None
-    client_id: str | None = None  # durable subscriptions need one
-
-    def connect(self, listener: Any = None) -> Connection:
-        conn: Connection = amqtransport.connect(
-            self.uri,
-            login=self.login,
-            passcode=self.passcode,
-            client_id=self.client_id,
-            heartbeat=(self.heartbeat_ms, self.heartbeat_ms),
-            dedupe=self.dedupe,
-            listener=listener,
-            connect_timeout=self.connect_timeout_s,
-        )
-        return conn
 
 
 @dataclass
@@ -94,20 +67,6 @@ class ConnectionEvents:
 
     def first_interruption_after(self, t: float) -> float | None:
         return next((x for x in self.interrupted if x >= t), None)
-
-
-def tap_messages(conn: Connection, on_frame: Callable[[Frame, int], None]) -> None:
-    """Call ``on_frame(frame, link_generation)`` for every MESSAGE as it arrives, before
-    the client's duplicate filter (on the transport's reader thread; read-only)."""
-    transport = conn.transport
-    inner = transport.on_message
-
-    def tap(frame: Frame, generation: int) -> None:
-        on_frame(frame, generation)
-        if inner is not None:
-            inner(frame, generation)
-
-    transport.on_message = tap
 
 
 def body_of(round_id: str, seq: int) -> str:
@@ -263,7 +222,7 @@ class ConsumerThread(threading.Thread):
         self._stop_event.set()
 
     def _tap(self, conn: Connection) -> None:
-        """Look at each MESSAGE before the duplicate filter (read-only; same thread)."""
+        """Look at each MESSAGE before the duplicate filter (the client's wire tap)."""
 
         def tap(frame: Frame, generation: int) -> None:
             seq = seq_of(self.round_id, frame.body.decode("utf-8", "replace"))
@@ -271,7 +230,7 @@ class ConsumerThread(threading.Thread):
                 with self.lock:
                     self.wire_ids.setdefault(seq, []).append(frame.get("message-id") or "")
 
-        tap_messages(conn, tap)
+        conn.add_wire_tap(tap)
 
     def wire_counts(self) -> tuple[int, dict[int, list[str]]]:
         """(copies the broker delivered again under the same message-id,

@@ -75,7 +75,7 @@ def test_hub_master_killed_while_its_connected_is_in_flight_bridge_recovers(hub:
 
     from amqtransport.testing.broker_process import BrokerProcess
     from amqtransport.testing.ports import free_port
-    from chaos.server import ToxiproxyServer
+    from chaos.proxy.server import ToxiproxyServer
 
     latency_ms = 1000
     master = hub.wait_master()

@@ -19,10 +19,10 @@ import pytest
 from broker_helpers import Raw, StompPy
 
 from amqtransport.broker import EmbeddedBroker
+from amqtransport.processes.disk import TmpfsUnavailable, fill, resize, tmpfs
 from amqtransport.stomp import Frame, serialize
 from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.broker_process import BrokerProcess
-from amqtransport.testing.disk import TmpfsUnavailable, fill, resize, tmpfs
 
 pytestmark = pytest.mark.timeout(180)
 

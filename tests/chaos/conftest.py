@@ -11,8 +11,8 @@ import pytest
 from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 
-from chaos.server import ToxiproxyServer
-from chaos.testing import UpstreamServer, echo_handler, greet_and_close_handler
+from chaos.proxy.server import ToxiproxyServer
+from chaos.proxy.testing import UpstreamServer, echo_handler, greet_and_close_handler
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from amqtransport.cli.main import cli
-from amqtransport.testing.disk import TmpfsUnavailable
+from amqtransport.processes.disk import TmpfsUnavailable
 from chaos.nemesis.checker import check
 from chaos.nemesis.cli import run_nemesis
 from chaos.nemesis.cluster import TmpfsMount

@@ -20,8 +20,8 @@ from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import NotFound, ProxyExists
 
 from amqtransport.testing.wait import wait_for as _wait_for
-from chaos.server import ToxiproxyServer
-from chaos.testing import UpstreamServer, connect, listen_addr, recv_exactly
+from chaos.proxy.server import ToxiproxyServer
+from chaos.proxy.testing import UpstreamServer, connect, listen_addr, recv_exactly
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import InvalidToxic
 
-from chaos.addresses import format_hostport, parse_hostport
-from chaos.collection import ProxyCollection, ProxyConfig
-from chaos.errors import BadRequest
-from chaos.http_api import ToxiproxyApi
-from chaos.http_server import (
+from chaos.proxy.addresses import format_hostport, parse_hostport
+from chaos.proxy.collection import ProxyCollection, ProxyConfig
+from chaos.proxy.errors import BadRequest
+from chaos.proxy.http_api import ToxiproxyApi
+from chaos.proxy.http_server import (
     MAX_HEAD,
     HttpError,
     Request,
@@ -30,9 +30,9 @@ from chaos.http_server import (
     parse_request_head,
     read_body,
 )
-from chaos.server import ToxiproxyServer
-from chaos.testing import UpstreamServer
-from chaos.toxics import TOXIC_TYPES, ToxicConfigError, make_toxic
+from chaos.proxy.server import ToxiproxyServer
+from chaos.proxy.testing import UpstreamServer
+from chaos.proxy.toxics import TOXIC_TYPES, ToxicConfigError, make_toxic
 
 pytestmark = pytest.mark.timeout(60)
 

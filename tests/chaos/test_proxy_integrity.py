@@ -16,8 +16,8 @@ from array import array
 import pytest
 from toxiproxy import Toxiproxy
 
-from chaos.server import ToxiproxyServer
-from chaos.testing import UpstreamServer, connect
+from chaos.proxy.server import ToxiproxyServer
+from chaos.proxy.testing import UpstreamServer, connect
 
 pytestmark = pytest.mark.timeout(90)
 

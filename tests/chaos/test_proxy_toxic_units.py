@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from chaos.toxics import (
+from chaos.proxy.toxics import (
     BandwidthToxic,
     Chunk,
     EndOfStream,

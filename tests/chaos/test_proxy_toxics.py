@@ -13,9 +13,9 @@ import time
 import pytest
 from toxiproxy import Toxiproxy
 
-from chaos.server import ToxiproxyServer
-from chaos.testing import UpstreamServer, connect, recv_exactly, recv_until_closed
-from chaos.toxics import SlicerToxic
+from chaos.proxy.server import ToxiproxyServer
+from chaos.proxy.testing import UpstreamServer, connect, recv_exactly, recv_until_closed
+from chaos.proxy.toxics import SlicerToxic
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from amqtransport.testing.activemq import missing_reason
+from amqtransport.processes.activemq import missing_reason
 from chaos.scenarios import SCENARIOS, RoundResult, RunParams, run_scenario
 from chaos.scenarios.catalog import Scenario
 from chaos.scenarios.cli import run_cli

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 from amqtransport.cli.main import cli
 from amqtransport.errors import SendTimeout
-from chaos.report import format_table, percentile, summarize, write_report
 from chaos.scenarios import SCENARIOS, RoundResult, RunParams, get_scenario, modes_for
 from chaos.scenarios.catalog import Scenario
 from chaos.scenarios.cli import expand_mode
+from chaos.scenarios.report import format_table, percentile, summarize, write_report
 from chaos.scenarios.runner import Observations, judge, recovery_time, samples_of
 from chaos.scenarios.workload import body_of, seq_of
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from amqtransport.processes.ports import ephemeral_range, reserve_port
-from chaos.scenarios.cluster import Stage
+from chaos.harness.cluster import Stage
 
 
 class _Unstarted:

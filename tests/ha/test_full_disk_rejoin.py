@@ -19,8 +19,8 @@ import pytest
 from ha_helpers import wait_for
 
 import amqtransport
+from amqtransport.processes.disk import TmpfsUnavailable, fill, tmpfs
 from amqtransport.testing.broker_pair import BrokerPair
-from amqtransport.testing.disk import TmpfsUnavailable, fill, tmpfs
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from amqtransport.broker.config import parse_http_address
 from amqtransport.broker.http.api import BadRequest, parse_body, parse_headers
+from amqtransport.broker.http.h11_server import HttpLimits, HttpServer, Request, Response
 from amqtransport.broker.http.security import Identity, Security, _basic, _host_only
-from amqtransport.broker.http.wire import HttpLimits, HttpServer, Request, Response
 from amqtransport.broker.ops.stats import Histogram
 
 

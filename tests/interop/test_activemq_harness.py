@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from amqtransport.testing.activemq import (
+from amqtransport.processes.activemq import (
     ActiveMQError,
     ActiveMQNode,
     ActiveMQPair,
@@ -295,7 +295,7 @@ def test_the_broker_dies_with_a_hard_killed_test_process(tmp_path: Path) -> None
     pidfile = tmp_path / "java.pid"
     code = textwrap.dedent(f"""
         import time
-        from amqtransport.testing.activemq import ActiveMQNode
+        from amqtransport.processes.activemq import ActiveMQNode
         node = ActiveMQNode({str(tmp_path)!r}, "orphan").start()
         open({str(pidfile)!r}, "w").write(str(node.pid))
         time.sleep(120)

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 import amqtransport.aio as aio
-from amqtransport.testing.activemq import ActiveMQPair
+from amqtransport.processes.activemq import ActiveMQPair
 
 pytestmark = [pytest.mark.activemq, pytest.mark.timeout(240)]
 

@@ -15,7 +15,7 @@ import pytest
 
 import amqtransport
 from amqtransport.errors import ReconnectExhausted
-from amqtransport.testing.activemq import ActiveMQPair
+from amqtransport.processes.activemq import ActiveMQPair
 from amqtransport.testing.wait import wait_for
 
 pytestmark = [pytest.mark.activemq, pytest.mark.timeout(240)]

@@ -17,7 +17,7 @@ from amqtransport.stomp.session import ack_frame
 from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.transports.aio_link import AsyncLink, FrameHandler, LostHandler, open_stream_link
 from amqtransport.transports.factory import failover_spec
-from amqtransport.transports.stomp import ConnectParams
+from amqtransport.transports.link import ConnectParams
 from amqtransport.uri import LeafUri
 
 pytestmark = pytest.mark.timeout(120)

@@ -19,7 +19,7 @@ from amqtransport.broker import EmbeddedBroker
 from amqtransport.errors import ConnectionClosed, WriteError
 from amqtransport.testing.wait import wait_for
 from amqtransport.transports.coalesce import CoalescingWriter
-from amqtransport.transports.stomp import ConnectParams, StompConnection
+from amqtransport.transports.link import ConnectParams, StompConnection
 from amqtransport.uri import LeafUri, parse_uri
 
 pytestmark = pytest.mark.timeout(60)

@@ -26,7 +26,7 @@ from amqtransport.testing.wait import wait_for
 from amqtransport.transports.base import Receipt
 from amqtransport.transports.factory import build_transport
 from amqtransport.transports.failover import FailoverTransport
-from amqtransport.transports.stomp import ConnectParams
+from amqtransport.transports.link import ConnectParams
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from amqtransport.testing.activemq import activemq_home, java_executable
+from amqtransport.processes.activemq import activemq_home, java_executable
 from amqtransport.uri import CompositeUri, parse_uri
 
 pytestmark = pytest.mark.activemq

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from ..config import parse_http_address
 from ..ops.view import NodeView
 from .app import ConsoleApp
+from .h11_server import HttpLimits, HttpServer
 from .security import Security
-from .wire import HttpLimits, HttpServer
 
 __all__ = ["HttpServer", "start_side_port"]
 

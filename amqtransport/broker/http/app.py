@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:class:`ConsoleApp` is the one request handler of the :class:`~.wire.HttpServer`.
+:class:`ConsoleApp` is the one request handler of the :class:`~.h11_server.HttpServer`.
 It reads the node only through a :class:`~..view.NodeView` and changes it only
 through the view's :class:`~..admin.BrokerAdmin`. In order, each request:
 
@@ -30,11 +30,11 @@ from urllib.parse import quote
 
 from ..ops.admin import AdminError, BrokerAdmin
 from ..ops.view import NodeView
-from . import api, pages
+from . import api, html_pages
+from .h11_server import Request, Response
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import render_metrics
 from .security import Identity, Security
-from .wire import Request, Response
 
 __all__ = ["ConsoleApp"]
 
@@ -107,7 +107,7 @@ class ConsoleApp:
             self._static[name] = resources.files(__package__).joinpath("static", name).read_bytes()
         return Response(200, self._static[name], STATIC[name], [("cache-control", "no-cache")])
 
-    def _page_ctx(self, req: Request, identity: Identity, node: dict[str, Any]) -> tuple[pages.Page, list[tuple[str, str]]]:
+    def _page_ctx(self, req: Request, identity: Identity, node: dict[str, Any]) -> tuple[html_pages.Page, list[tuple[str, str]]]:
         """The page frame; an anonymous visitor gets a session (its CSRF token is bound to it)."""
         headers: list[tuple[str, str]] = []
         if identity.via == "anonymous":
@@ -115,14 +115,14 @@ class ConsoleApp:
             identity = Identity(None, "session", sid)
             headers.append(self.security.set_cookie(sid))
         msg = req.query.get("msg", "")
-        page = pages.Page(node, user=identity.user, auth_required=self.security.auth_required,
+        page = html_pages.Page(node, user=identity.user, auth_required=self.security.auth_required,
                           csrf=self.security.csrf_token(identity), flash=msg[:300],
                           flash_error=req.query.get("error") == "1")
         return page, headers
 
     def _html(self, status: int, text: str, headers: list[tuple[str, str]]) -> Response:
         return Response(status, text.encode(), HTML, [("cache-control", "no-store"),
-                                                      ("content-security-policy", pages.CSP),
+                                                      ("content-security-policy", html_pages.CSP),
                                                       ("x-frame-options", "DENY"),
                                                       ("referrer-policy", "same-origin"), *headers])
 
@@ -133,7 +133,7 @@ class ConsoleApp:
         node = api.node_json(stats)
         if segs == ["login"]:
             page, headers = self._page_ctx(req, identity, node)
-            return self._html(200, pages.login_page(page, _safe_next(req.query.get("next", "/")),
+            return self._html(200, html_pages.login_page(page, _safe_next(req.query.get("next", "/")),
                                                     req.query.get("msg", "") if req.query.get("error") else ""),
                               headers)
         if not self.security.allowed(identity):
@@ -143,20 +143,20 @@ class ConsoleApp:
         dests = [api.destination_json(d) for d in stats.destinations]
         if not segs:
             nodes = api.nodes_json(stats, await self.view.peers())
-            return self._html(200, pages.overview_page(page, nodes, dests), headers)
+            return self._html(200, html_pages.overview_page(page, nodes, dests), headers)
         if segs == ["destinations"]:
-            return self._html(200, pages.destinations_page(page, dests, list(stats.replica)), headers)
+            return self._html(200, html_pages.destinations_page(page, dests, list(stats.replica)), headers)
         if segs == ["connections"]:
             admin = self.view.admin()
             conns = [api.connection_json(c) for c in admin.connections()] if admin is not None else []
-            return self._html(200, pages.connections_page(page, conns, admin is not None), headers)
+            return self._html(200, html_pages.connections_page(page, conns, admin is not None), headers)
         if len(segs) == 2 and segs[0] == "queues":
             found = self._find_queue(stats, segs[1])
             admin = self.view.admin()
             if found is None or admin is None:
                 what = (f"No queue {segs[1]!r} on this node." if admin is not None
                         else f"This node serves no clients ({stats.ready_reason}); open the master's console.")
-                return self._html(404, pages.not_found_page(page, what), headers)
+                return self._html(404, html_pages.not_found_page(page, what), headers)
             try:
                 offset = max(0, int(req.query.get("offset", "0")))
             except ValueError:
@@ -164,9 +164,9 @@ class ConsoleApp:
             try:
                 browse = api.browse_json(admin.browse(segs[1], offset=offset, limit=PAGE_LIMIT))
             except AdminError as exc:
-                return self._html(exc.status, pages.not_found_page(page, str(exc)), headers)
-            return self._html(200, pages.queue_page(page, found, browse, PAGE_LIMIT), headers)
-        return self._html(404, pages.not_found_page(page, f"No page {req.path!r}."), headers)
+                return self._html(exc.status, html_pages.not_found_page(page, str(exc)), headers)
+            return self._html(200, html_pages.queue_page(page, found, browse, PAGE_LIMIT), headers)
+        return self._html(404, html_pages.not_found_page(page, f"No page {req.path!r}."), headers)
 
     @staticmethod
     def _find_queue(stats: Any, name: str) -> dict[str, Any] | None:

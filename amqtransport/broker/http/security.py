@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..config import check_login
-from .wire import Request
+from .h11_server import Request
 
 __all__ = ["Identity", "Security", "SESSION_SECONDS"]
 

@@ -2,7 +2,7 @@
 
 A toxic class is a frozen dataclass of integer attributes (Toxiproxy's names and
 units) plus the behaviour it applies to one direction of one connection. The proxy
-(``chaos.proxy``) owns the plumbing; a toxic only sees a :class:`Stage`, its handle on
+(``chaos.proxy.proxy``) owns the plumbing; a toxic only sees a :class:`Stage`, its handle on
 one connection-direction:
 
 - ``on_start(stage)``: the toxic begins on that connection-direction (timers start);
@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from chaos.errors import BadRequest
+from chaos.proxy.errors import BadRequest
 
 __all__ = [
     "Chunk",
@@ -79,7 +79,7 @@ class ToxicConfigError(BadRequest):
 
 
 class Stage(Protocol):
-    """One toxic on one direction of one connection (implemented by ``chaos.proxy``)."""
+    """One toxic on one direction of one connection (implemented by ``chaos.proxy.proxy``)."""
 
     state: dict[str, Any]
     rng: random.Random

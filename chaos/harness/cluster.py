@@ -1,4 +1,5 @@
-"""What a scenario runs against: brokers (a "cluster") behind Toxiproxy proxies (a "stage").
+"""What a chaos run (a scenario, the nemesis) runs against: brokers (a "cluster") behind
+Toxiproxy proxies (a "stage").
 
 Theory of operation
 -------------------
@@ -15,10 +16,10 @@ the whole run:
   directory (there is no slave). It exercises the same client failover path and is
   the fallback when no pair is available (``--mode single``).
 * :class:`ActiveMQCluster` — a real ActiveMQ Classic shared-store pair
-  (:class:`~amqtransport.testing.activemq.ActiveMQPair`).
+  (:class:`~amqtransport.processes.activemq.ActiveMQPair`).
 
 A :class:`Stage` puts a Toxiproxy proxy in front of every node, created through the
-PyPI ``toxiproxy-python`` client against our :class:`chaos.server.ToxiproxyServer`
+PyPI ``toxiproxy-python`` client against our :class:`chaos.proxy.server.ToxiproxyServer`
 exactly as a user would drive it, and builds the clients' ``failover:`` URI whose
 leaves are the proxies' listen addresses. Faults act on the *master's* proxy (or its
 process).
@@ -41,7 +42,7 @@ from toxiproxy.proxy import Proxy
 from amqtransport.errors import AmqTransportError
 from amqtransport.processes.broker import BrokerProcess
 from amqtransport.processes.ports import free_port
-from chaos.server import ToxiproxyServer
+from chaos.proxy.server import ToxiproxyServer
 
 __all__ = [
     "Cluster",
@@ -214,7 +215,7 @@ class ActiveMQCluster:
     kind = "activemq"
 
     def __init__(self, workdir: Path) -> None:
-        from amqtransport.testing.activemq import ActiveMQPair, missing_reason
+        from amqtransport.processes.activemq import ActiveMQPair, missing_reason
 
         reason = missing_reason()
         if reason is not None:
@@ -244,7 +245,7 @@ class ActiveMQCluster:
         return f"SIGKILL {node.name} (pid {pid})"
 
     def recover(self, timeout: float = 60.0) -> None:
-        from amqtransport.testing.activemq import SLAVE_WAITING
+        from amqtransport.processes.activemq import SLAVE_WAITING
 
         master = self.pair.wait_master(timeout=timeout)
         for node in self.pair.nodes:

@@ -65,10 +65,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.addresses import format_hostport, parse_hostport
-from chaos.errors import ApiError, BadRequest, Conflict, NotFound
-from chaos.listener import Listener
-from chaos.toxics import STREAMS, Chunk, EndOfStream, ResetPeerToxic, Toxic, make_toxic
+from chaos.proxy.addresses import format_hostport, parse_hostport
+from chaos.proxy.errors import ApiError, BadRequest, Conflict, NotFound
+from chaos.proxy.listener import Listener
+from chaos.proxy.toxics import STREAMS, Chunk, EndOfStream, ResetPeerToxic, Toxic, make_toxic
 
 __all__ = ["ToxicSpec", "Proxy", "ProxyConnection", "DIAL_TIMEOUT"]
 
@@ -466,7 +466,7 @@ class Proxy:
     async def start(self) -> None:
         """Bind ``listen`` and accept; ``listen`` becomes the real bound address.
 
-        Raises :class:`~chaos.errors.ApiError` (500) when the address cannot be bound.
+        Raises :class:`~chaos.proxy.errors.ApiError` (500) when the address cannot be bound.
         """
         if self._listener is not None:
             return

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from amqtransport._loop_thread import LoopThread
-from chaos.collection import ProxyCollection
-from chaos.http_api import ToxiproxyApi
-from chaos.http_server import HttpServer, start_http_server
+from amqtransport.loop_thread import LoopThread
+from chaos.proxy.collection import ProxyCollection
+from chaos.proxy.http_api import ToxiproxyApi
+from chaos.proxy.http_server import HttpServer, start_http_server
 
 __all__ = ["ChaosServer", "ToxiproxyServer", "serve_forever"]
 

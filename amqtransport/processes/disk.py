@@ -1,4 +1,4 @@
-"""Full-disk faults for tests: a size-limited tmpfs, grown or filled on demand.
+"""Full-disk faults (tests, the chaos nemesis): a size-limited tmpfs, grown or filled on demand.
 
 ``with tmpfs(path, 8 << 20):`` mounts ``mount -t tmpfs -o size=8388608 tmpfs PATH``
 (root only, Linux) and unmounts it on exit, even when the test fails; a process still

@@ -1,6 +1,6 @@
 """The set of proxies a server manages, with Toxiproxy's rules for each API operation.
 
-Each method is one API operation and raises :class:`~chaos.errors.ApiError`
+Each method is one API operation and raises :class:`~chaos.proxy.errors.ApiError`
 subclasses with Toxiproxy's messages (``proxy not found``, ``proxy already exists``,
 ...). Every change is logged at INFO. All methods run on the server's event loop.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from chaos.errors import ApiError, Conflict, NotFound
-from chaos.proxy import Proxy
+from chaos.proxy.errors import ApiError, Conflict, NotFound
+from chaos.proxy.proxy import Proxy
 
 __all__ = ["ProxyCollection", "ProxyConfig", "DEFAULT_LISTEN"]
 

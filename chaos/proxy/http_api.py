@@ -1,4 +1,4 @@
-"""Toxiproxy 2.x's REST API over :mod:`chaos.http_server`.
+"""Toxiproxy 2.x's REST API over :mod:`chaos.proxy.http_server`.
 
 Routes, statuses and JSON follow Toxiproxy 2.12 (see ``docs/chaos.md``)::
 
@@ -27,10 +27,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from chaos.addresses import parse_hostport
-from chaos.collection import DEFAULT_LISTEN, ProxyCollection, ProxyConfig
-from chaos.errors import ApiError, BadRequest
-from chaos.http_server import Request, Response, error_response, json_response
+from chaos.proxy.addresses import parse_hostport
+from chaos.proxy.collection import DEFAULT_LISTEN, ProxyCollection, ProxyConfig
+from chaos.proxy.errors import ApiError, BadRequest
+from chaos.proxy.http_server import Request, Response, error_response, json_response
 
 __all__ = ["ToxiproxyApi", "TOXIPROXY_VERSION"]
 

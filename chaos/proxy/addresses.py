@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chaos.errors import BadRequest
+from chaos.proxy.errors import BadRequest
 
 __all__ = ["parse_hostport", "format_hostport"]
 
@@ -10,7 +10,7 @@ __all__ = ["parse_hostport", "format_hostport"]
 def parse_hostport(text: str, field: str = "address") -> tuple[str, int]:
     """Split ``host:port`` (``[v6]:port`` for IPv6; an empty host means any address).
 
-    Raises :class:`~chaos.errors.BadRequest` naming ``field`` when the text is not an
+    Raises :class:`~chaos.proxy.errors.BadRequest` naming ``field`` when the text is not an
     address with a port between 0 and 65535.
     """
     if not isinstance(text, str) or not text:

@@ -21,7 +21,7 @@ from http import HTTPStatus
 from urllib.parse import unquote, urlsplit
 
 from amqtransport.errors import AmqTransportError
-from chaos.listener import Listener
+from chaos.proxy.listener import Listener
 
 __all__ = [
     "HttpError",
