@@ -32,7 +32,9 @@ from chaos.nemesis.schedule import plan_round
 
 pytestmark = [pytest.mark.chaos]
 
-SEED = 1
+# the seed's two rounds per mode hold every fault family the assertions below name
+# (chaos.nemesis.schedule.plan_rounds; a new default fault kind reshuffles the plans)
+SEED = 71
 
 
 @pytest.mark.timeout(420)
@@ -70,7 +72,7 @@ def test_short_nemesis_both_modes(tmp_path: Path) -> None:
         got = {d.sub for d in history.deliveries if d.stage == "app"}
         assert got == {s.name for s in history.subscribers}, got
         assert check(history).ok
-    assert "replay with: amq chaos run nemesis --mode both --seed 1 --rounds 2" in text
+    assert f"replay with: amq chaos run nemesis --mode both --seed {SEED} --rounds 2" in text
     assert list(tmp_path.glob("amq-chaos-*")) == []  # a passing run leaves no scratch directory
 
 
