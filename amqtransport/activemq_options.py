@@ -27,7 +27,7 @@ for every option, either what it *became* here or why it is *ignored*.
   helpers at the end (:func:`heartbeat_of`, :func:`socket_settings`,
   :func:`prefetch_policy`, :func:`jms_credentials`).
 
-Pure: no I/O; the link (``transports/stomp.py``, ``aio_link.py``, ``_backends/sockets.py``)
+Pure: no I/O; the link (``transports/link.py``, ``aio_link.py``, ``_backends/sockets.py``)
 applies what the helpers return.
 """
 

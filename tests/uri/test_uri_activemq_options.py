@@ -15,7 +15,7 @@ from amqtransport import activemq_options as amq
 from amqtransport._backends.sockets import SocketBackend, apply_socket_settings, build_ssl_context
 from amqtransport.cli.main import cli
 from amqtransport.errors import UriError
-from amqtransport.transports.stomp import ConnectParams, connect_timeout_for
+from amqtransport.transports.link import ConnectParams, connect_timeout_for
 from amqtransport.uri import CompositeUri, LeafUri, parse_uri
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "uris.md"

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from amqtransport import activemq_options as amq
 from amqtransport.errors import UriError
-from amqtransport.testing.activemq import activemq_home, java_executable
+from amqtransport.processes.activemq import activemq_home, java_executable
 from amqtransport.uri import CompositeUri, LeafUri, UriNode, parse_uri
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -20,7 +20,7 @@ import pytest
 
 import amqtransport
 from amqtransport import aio
-from amqtransport.testing.activemq import ActiveMQNode
+from amqtransport.processes.activemq import ActiveMQNode
 from amqtransport.testing.pytest_fixtures import require_activemq
 from amqtransport.transports import factory
 
