@@ -430,6 +430,11 @@ class BrokerConnection(FlowControlled):
         receipt = frame.get("receipt")
         self._stop_reading = True
         self._pause_reading()
+        # as ActiveMQ: the consumers go now, not when the socket is gone (a message
+        # published meanwhile would be handed to this closing connection)
+        for sub in list(self.subs.values()):
+            self.core.unsubscribe(sub)
+        self.subs.clear()
 
         def done(_err: BaseException | None) -> None:
             if receipt is not None:
