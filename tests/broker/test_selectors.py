@@ -120,3 +120,26 @@ def test_wildcard_queue_consumer_applies_its_selector_to_every_queue(broker: Emb
         c.send("/queue/orders.us", "us-big", headers={"amount": "900"})
         sub = c.subscribe("/queue/orders.>", selector="amount > 100")
         assert sorted(take(sub, 2)) == ["eu-big", "us-big"]
+
+
+def test_browse_shows_paged_messages_in_order_and_takes_nothing(make_broker: Callable[..., EmbeddedBroker]) -> None:
+    b = make_broker(page_window=20)
+    with amqtransport.connect(uri(b)) as c:
+        for i in range(100):
+            c.send("/queue/browsed", f"m{i}", headers={"odd": str(i % 2)})
+        sub = c.subscribe("/queue/browsed", headers={"browser": "true"}, selector="odd = '1'")
+        seen = []
+        while (m := sub.receive(timeout=10)) is not None and m.headers.get("browser") != "end":
+            seen.append(m.text)
+        assert seen == [f"m{i}" for i in range(1, 100, 2)]
+        assert b.stats()["queues"]["/queue/browsed"]["depth"] == 100  # type: ignore[index]
+
+
+def test_no_local_covers_transactional_sends(broker: EmbeddedBroker) -> None:
+    with amqtransport.connect(uri(broker)) as c:
+        sub = c.subscribe("/topic/txnl", headers={"activemq.noLocal": "true"})
+        with c.transaction() as tx:
+            tx.send("/topic/txnl", "own-in-tx")
+        with amqtransport.connect(uri(broker)) as other:
+            other.send("/topic/txnl", "other")
+        assert take(sub, 1) == ["other"]

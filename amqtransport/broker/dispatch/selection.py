@@ -65,7 +65,10 @@ def view_of(msg: Message) -> MessageView:
 
 
 def accepts(sub: Subscription, msg: Message) -> bool:
-    """May ``sub`` have ``msg``? (No selector: yes.)"""
+    """May ``sub`` have ``msg``? Its selector must match, and with ``activemq.noLocal``
+    the message must come from another connection (ActiveMQ applies it to queues too)."""
+    if sub.no_local and msg.origin == sub.no_local:
+        return False
     sel = sub.selector
     return sel is None or sel.matches(view_of(msg))
 
