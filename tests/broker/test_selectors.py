@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 import amqtransport
-from amqtransport.broker import EmbeddedBroker
+from amqtransport.broker import BrokerConfig, EmbeddedBroker
+from amqtransport.broker.dispatch.core import BrokerCore
+from amqtransport.broker.dispatch.message import Message
+from amqtransport.broker.dispatch.model import Subscription
 from amqtransport.broker.store import Sub, decode, encode
-from amqtransport.selector import Selector
+from amqtransport.selector import Selector, compile_selector
 
 
 def uri(b: EmbeddedBroker) -> str:
@@ -143,3 +146,30 @@ def test_no_local_covers_transactional_sends(broker: EmbeddedBroker) -> None:
         with amqtransport.connect(uri(broker)) as other:
             other.send("/topic/txnl", "other")
         assert take(sub, 1) == ["other"]
+
+
+class _Sink:
+    """A connection as the core sees it."""
+
+    writable = True
+
+    def __init__(self) -> None:
+        self.got: list[bytes] = []
+
+    def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None:
+        self.got.append(message.body)
+
+
+def test_expiry_sweep_drops_set_aside_messages_too() -> None:
+    now = [1000.0]
+    core = BrokerCore(BrokerConfig(), None, clock=lambda: now[0])
+    sink = _Sink()
+    core.subscribe(sink, "s", "/queue/exp", selector=compile_selector("keep = 'yes'"))
+    core.send("/queue/exp", (("keep", "no"), ("expires", "1001000")), b"short", persistent=False)
+    core.send("/queue/exp", (("keep", "no"),), b"forever", persistent=False)
+    core.send("/queue/exp", (("keep", "yes"),), b"wanted", persistent=False)
+    q = core.queues["/queue/exp"]
+    assert sink.got == [b"wanted"] and len(q.unmatched) == 2
+    now[0] = 1002.0
+    assert core.sweep_expired() == 1
+    assert [m.body for m in q.unmatched] == [b"forever"] and q.depth == 1 and q.expired == 1
