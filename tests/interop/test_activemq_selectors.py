@@ -13,7 +13,8 @@ seeded generator (tests/interop/selector_cases.py; ``AMQ_SELECTOR_SEED`` overrid
 seed) writes selectors and messages; each valid selector becomes one topic subscriber,
 every message is published once, and what each subscriber received must equal our pure
 evaluator's answer (``amqtransport.selector``) -- at least 1,000 (selector, message)
-cases per broker per run. Broken selectors must be refused by both.
+cases per broker per run. Broken selectors must be refused by both, and 100 random token
+soups must be accepted or refused alike.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from selector_cases import SelectorGen, gen_message
+from selector_cases import SelectorGen, gen_message, token_soup
 
 import amqtransport
 from amqtransport.broker import BrokerConfig, EmbeddedBroker
@@ -308,7 +309,9 @@ def _generated(rng: random.Random) -> tuple[list[dict[str, str]], list[bool], li
 
 
 def test_generated_selectors_agree_with_the_evaluator(broker_uri: str) -> None:
-    msgs, persistent, valid, broken = _generated(random.Random(SEED))
+    rng = random.Random(SEED)
+    msgs, persistent, valid, broken = _generated(rng)
+    soups = [token_soup(rng) for _ in range(100)]
     t = unique("topic")
     with amqtransport.connect(broker_uri) as c:
         refused = []
@@ -318,6 +321,20 @@ def test_generated_selectors_agree_with_the_evaluator(broker_uri: str) -> None:
             except BrokerError:
                 refused.append(text)
         assert refused == broken, f"seed {SEED}: accepted although broken: {sorted(set(broken) - set(refused))}"
+        verdicts: list[tuple[str, bool, bool]] = []
+        for text in soups:
+            try:
+                compile_selector(text)
+                ours = True
+            except SelectorError:
+                ours = False
+            try:
+                c.subscribe(t, selector=text).unsubscribe()
+                theirs = True
+            except BrokerError:
+                theirs = False
+            verdicts.append((text, ours, theirs))
+        assert [v for v in verdicts if v[1] != v[2]] == [], f"seed {SEED}: (soup, we accept, broker accepts)"
         subs = [c.subscribe(t, selector=text) for text, _ in valid]
         for h, p in zip(msgs, persistent, strict=True):
             c.send(t, "x", headers=h, persistent=p)
