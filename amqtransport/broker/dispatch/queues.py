@@ -174,6 +174,8 @@ class Queue:
             self.consumers.remove(sub)
             if sub.selector is not None or sub.no_local:
                 self.selective -= 1
+                if not self.selective:
+                    settle(self)  # plain dispatch again: nothing stays set aside
         if sub.in_ready:
             sub.in_ready = False
             try:
