@@ -32,8 +32,8 @@ from selector_cases import SelectorGen, gen_message, token_soup
 import amqtransport
 from amqtransport.broker import BrokerConfig, EmbeddedBroker
 from amqtransport.errors import BrokerError
+from amqtransport.processes.activemq import ActiveMQNode
 from amqtransport.selector import SelectorError, compile_selector, message_view
-from amqtransport.testing.activemq import ActiveMQNode
 from amqtransport.testing.pytest_fixtures import require_activemq
 
 pytestmark = pytest.mark.timeout(180)
