@@ -64,6 +64,7 @@ PURE = (
     "amqtransport.broker.dispatch.acks",
     "amqtransport.broker.dispatch.advisories",
     "amqtransport.broker.dispatch.backlog",
+    "amqtransport.broker.dispatch.browse",
     "amqtransport.broker.dispatch.errors",
     "amqtransport.broker.dispatch.message",
     "amqtransport.broker.dispatch.model",

@@ -109,3 +109,15 @@ class SelectorGen:
             cut = self.rng.randrange(1, max(2, len(text)))
             text = text[:cut] + self.rng.choice(("=", ")", "(", " AND", "'", " IN", "")) + text[cut:]
         return text
+
+
+SOUP = ("a", "b", "JMSPriority", "JMSRedelivered", "'x'", "''", "'it''s'", "1", "0", "2.5", "1e3", "0x1F", "010", "5L",
+        ".5", "7.", "99999999999999999999", "TRUE", "FALSE", "NULL", "NOT", "AND", "OR", "IS", "IN", "LIKE", "ESCAPE",
+        "not", "Is", "nulL", "BETWEEN", "=", "<>", "<", ">", "<=", ">=", "+", "-", "*", "/", "%", "(", ")", ",", "'%'",
+        "'!'", "--c\n", "/*c*/", "$x", "_y")
+
+
+def token_soup(rng: random.Random) -> str:
+    """A few grammar tokens in any order: most do not parse; the point is that ActiveMQ
+    and we accept and refuse the same ones."""
+    return " ".join(rng.choice(SOUP) for _ in range(rng.randint(1, 5)))

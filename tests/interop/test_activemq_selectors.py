@@ -1,4 +1,5 @@
-"""JMS message selectors, differential: the same scenarios against our broker and ActiveMQ 5.17.
+"""SUBSCRIBE's ActiveMQ headers, differential: ``selector``, ``browser:true`` and
+``activemq.noLocal``, the same scenarios against our broker and ActiveMQ 5.17.
 
 Every test takes ``broker_uri``, parametrized over ``amq`` (an in-process
 ``EmbeddedBroker``) and ``activemq`` (one real ActiveMQ 5.17 JVM for this module), and
@@ -12,7 +13,8 @@ seeded generator (tests/interop/selector_cases.py; ``AMQ_SELECTOR_SEED`` overrid
 seed) writes selectors and messages; each valid selector becomes one topic subscriber,
 every message is published once, and what each subscriber received must equal our pure
 evaluator's answer (``amqtransport.selector``) -- at least 1,000 (selector, message)
-cases per broker per run. Broken selectors must be refused by both.
+cases per broker per run. Broken selectors must be refused by both, and 100 random token
+soups must be accepted or refused alike.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from selector_cases import SelectorGen, gen_message
+from selector_cases import SelectorGen, gen_message, token_soup
 
 import amqtransport
 from amqtransport.broker import BrokerConfig, EmbeddedBroker
@@ -307,7 +309,9 @@ def _generated(rng: random.Random) -> tuple[list[dict[str, str]], list[bool], li
 
 
 def test_generated_selectors_agree_with_the_evaluator(broker_uri: str) -> None:
-    msgs, persistent, valid, broken = _generated(random.Random(SEED))
+    rng = random.Random(SEED)
+    msgs, persistent, valid, broken = _generated(rng)
+    soups = [token_soup(rng) for _ in range(100)]
     t = unique("topic")
     with amqtransport.connect(broker_uri) as c:
         refused = []
@@ -317,6 +321,20 @@ def test_generated_selectors_agree_with_the_evaluator(broker_uri: str) -> None:
             except BrokerError:
                 refused.append(text)
         assert refused == broken, f"seed {SEED}: accepted although broken: {sorted(set(broken) - set(refused))}"
+        verdicts: list[tuple[str, bool, bool]] = []
+        for text in soups:
+            try:
+                compile_selector(text)
+                ours = True
+            except SelectorError:
+                ours = False
+            try:
+                c.subscribe(t, selector=text).unsubscribe()
+                theirs = True
+            except BrokerError:
+                theirs = False
+            verdicts.append((text, ours, theirs))
+        assert [v for v in verdicts if v[1] != v[2]] == [], f"seed {SEED}: (soup, we accept, broker accepts)"
         subs = [c.subscribe(t, selector=text) for text, _ in valid]
         for h, p in zip(msgs, persistent, strict=True):
             c.send(t, "x", headers=h, persistent=p)
@@ -342,3 +360,70 @@ def test_generated_selectors_agree_with_the_evaluator(broker_uri: str) -> None:
           f"{expected} deliveries expected, {len(mismatches)} selectors disagree")
     assert cases >= 1000
     assert mismatches == [], f"seed {SEED} (ours, broker): {mismatches[:10]}"
+
+
+# ---------------------------------------------------------------------------- browser:true
+
+
+def browse(c: amqtransport.Connection, queue: str, selector: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """Bodies a ``browser:true`` subscription shows, and the headers of its end marker."""
+    sub = c.subscribe(queue, headers={"browser": "true"}, selector=selector)
+    seen: list[str] = []
+    while (m := sub.receive(timeout=10.0)) is not None:
+        if m.headers.get("browser") == "end":
+            sub.unsubscribe()
+            return seen, {k: m.headers[k] for k in ("browser", "message-id", "destination", "subscription")}
+        seen.append(m.text)
+    raise AssertionError(f"no browser:end after {seen}")
+
+
+def test_browser_shows_every_message_then_an_end_marker_and_consumes_nothing(broker_uri: str) -> None:
+    q = unique("queue")
+    with amqtransport.connect(broker_uri) as c:
+        for i in range(3):
+            c.send(q, f"m{i}", headers={"n": str(i)})
+        seen, end = browse(c, q)
+        assert seen == ["m0", "m1", "m2"]
+        assert end["browser"] == "end" and end["message-id"] == "0" and end["destination"] == q
+        assert browse(c, q, selector="n > 0")[0] == ["m1", "m2"]
+        assert bodies(c.subscribe(q), 3) == ["m0", "m1", "m2"]  # all still there
+        assert browse(c, q)[0] == []
+
+
+def test_browser_on_a_topic_is_refused_and_the_connection_keeps_working(broker_uri: str) -> None:
+    """Both refuse with an ERROR (ActiveMQ's says ClassCastException) and keep the connection."""
+    q = unique("queue")
+    with amqtransport.connect(broker_uri) as c:
+        with pytest.raises(BrokerError):
+            c.subscribe(unique("topic"), headers={"browser": "true"})
+        c.send(q, "after")
+        assert bodies(c.subscribe(q), 1) == ["after"]
+
+
+# ---------------------------------------------------------------------------- activemq.noLocal
+
+
+def test_no_local_topic_subscription_skips_its_own_connections_messages(broker_uri: str) -> None:
+    t = unique("topic")
+    with amqtransport.connect(broker_uri) as a, amqtransport.connect(broker_uri) as b:
+        a_local = a.subscribe(t, headers={"activemq.noLocal": "true"})
+        a_all = a.subscribe(t)
+        b_local = b.subscribe(t, headers={"activemq.noLocal": "true"})
+        a.send(t, "from-a")
+        b.send(t, "from-b")
+        assert bodies(a_local, 1) == ["from-b"]
+        assert bodies(a_all, 2) == ["from-a", "from-b"]
+        assert bodies(b_local, 1) == ["from-a"]
+
+
+def test_no_local_applies_to_queues_too_and_leaves_the_message(broker_uri: str) -> None:
+    """ActiveMQ adds its NoLocalExpression to any consumer: a queue's own message waits
+    for a consumer of another connection."""
+    q = unique("queue")
+    with amqtransport.connect(broker_uri) as a, amqtransport.connect(broker_uri) as b:
+        mine = a.subscribe(q, headers={"activemq.noLocal": "true"})
+        a.send(q, "own")
+        b.send(q, "other")
+        assert bodies(mine, 1) == ["other"]
+        mine.unsubscribe()
+        assert bodies(b.subscribe(q), 1) == ["own"]

@@ -34,8 +34,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from amqtransport.destinations import wildcard_segments
 from amqtransport.errors import RemoteProtocolError
-from amqtransport.selector import SelectorError, compile_selector
+from amqtransport.selector import Selector, SelectorError, compile_selector
 from amqtransport.stomp import (
     IDEMPOTENCY_HEADER_ALIASES,
     negotiate_heartbeat,
@@ -50,10 +51,11 @@ from amqtransport.stomp.encoders import (
     message_start,
 )
 
+from ..dispatch.browse import browse
 from ..dispatch.errors import CoreError
 from ..dispatch.message import TRANSPORT_HEADERS, Message
 from ..dispatch.model import AUTO, Subscription, TxState
-from ..dispatch.names import DURABLE_PREFIX
+from ..dispatch.names import DURABLE_PREFIX, split_destination
 from ..store import JournalError
 from .context import BrokerContext
 from .flow import FlowControlled
@@ -285,6 +287,7 @@ class BrokerConnection(FlowControlled):
                 persistent=persistent,
                 key=key,
                 callback=callback,  # type: ignore[arg-type]
+                origin=self.session,
             )
         except CoreError as exc:
             self._error(str(exc), receipt=receipt)
@@ -321,6 +324,9 @@ class BrokerConnection(FlowControlled):
             except SelectorError as exc:  # as ActiveMQ: an ERROR, and the connection stays
                 self._error(str(exc), receipt=receipt, close=False)
                 return
+        if frame.get("browser") == "true":
+            self._browse(sub_id, destination, ack, selector, receipt)
+            return
         try:
             sub = self.core.subscribe(
                 self,
@@ -331,12 +337,38 @@ class BrokerConnection(FlowControlled):
                 durable_name=durable,
                 client_id=client_id,
                 selector=selector,
+                no_local=self.session if frame.get("activemq.noLocal") == "true" else "",
             )
         except CoreError as exc:
             self._error(str(exc), receipt=receipt)
             return
         self.subs[sub_id] = sub
         self._receipt_when_durable(receipt, "subscription")  # a durable one's record is in the journal
+
+    def _browse(self, sub_id: str, destination: str, ack: str, selector: Selector | None, receipt: str | None) -> None:
+        """``browser:true``: the queue's waiting messages, then a ``browser:end`` MESSAGE
+        (dispatch/browse.py). Refusals keep the connection, as ActiveMQ's do."""
+        if self.version == "1.0":
+            self._error("Queue Browser feature only valid for Stomp v1.1+ clients!", receipt=receipt, close=False)
+            return
+        try:
+            kind, name = split_destination(destination)
+        except CoreError as exc:
+            self._error(str(exc), receipt=receipt, close=False)
+            return
+        if kind != "queue" or wildcard_segments(name) is not None:
+            self._error(f"browser:true is for one queue, not {destination}", receipt=receipt, close=False)
+            return
+        sub = Subscription(self, sub_id, destination, ack, 1)
+        sub.active = False  # never attached: a browser takes nothing
+        self.subs[sub_id] = sub
+        if receipt is not None:
+            self._receipt(receipt)
+        for msg in browse(self.core, destination, selector):
+            self.deliver(sub, msg, max(1, msg.delivery_count))
+        v = self.version
+        end = [("browser", "end"), ("destination", destination), ("message-id", "0")]
+        self._write(message_start(sub_id, None, v) + message_headers(end, 0, v) + b"\x00")
 
     def _on_unsubscribe(self, frame: StompFrame) -> None:
         receipt = frame.get("receipt")
@@ -401,7 +433,7 @@ class BrokerConnection(FlowControlled):
             self._error(f"transaction {tx_id!r} is already open", receipt=receipt)
         if len(self.txs) >= self.config.max_transactions:
             self._error(f"too many open transactions (max_transactions={self.config.max_transactions})", receipt=receipt)
-        self.txs[tx_id] = TxState(tx_id)
+        self.txs[tx_id] = TxState(tx_id, origin=self.session)
         self._receipt_when_durable(receipt, "transaction")
 
     def _on_commit(self, frame: StompFrame) -> None:
@@ -430,6 +462,11 @@ class BrokerConnection(FlowControlled):
         receipt = frame.get("receipt")
         self._stop_reading = True
         self._pause_reading()
+        # as ActiveMQ: the consumers go now, not when the socket is gone (a message
+        # published meanwhile would be handed to this closing connection)
+        for sub in list(self.subs.values()):
+            self.core.unsubscribe(sub)
+        self.subs.clear()
 
         def done(_err: BaseException | None) -> None:
             if receipt is not None:

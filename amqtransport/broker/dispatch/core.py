@@ -85,6 +85,7 @@ class BrokerCore(Registry):
         persistent: bool,
         key: str = "",
         callback: Callback | None = None,
+        origin: str = "",
     ) -> bool:
         """Accept a SEND. Returns False for a suppressed duplicate.
 
@@ -97,6 +98,7 @@ class BrokerCore(Registry):
             self.duplicates += 1
             return False
         msg = self.make_message(destination, headers, body, persistent, key)
+        msg.origin = origin  # the sending connection's session (activemq.noLocal)
         try:
             if kind == "queue":
                 if msg.persistent:
@@ -126,14 +128,17 @@ class BrokerCore(Registry):
         durable_name: str | None = None,
         client_id: str | None = None,
         selector: Selector | None = None,
+        no_local: str = "",
     ) -> Subscription:
         """``selector``: only messages it matches (selection.py); for a durable
-        subscription it is kept in its record."""
+        subscription it is kept in its record. ``no_local``: the subscriber's session id
+        when it asked for ``activemq.noLocal`` (its connection's messages are not for it)."""
         if ack_mode not in ACK_MODES:
             raise CoreError(f"ack mode {ack_mode!r} is not one of {', '.join(ACK_MODES)}")
         kind, name = split_destination(destination)
         sub = Subscription(conn, sub_id, destination, ack_mode, prefetch or self.config.default_prefetch)
         sub.selector = selector
+        sub.no_local = no_local
         if kind == "queue":
             sub.name = destination
             qpattern = wildcard_segments(name)

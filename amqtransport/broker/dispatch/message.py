@@ -44,6 +44,8 @@ class Message:
     seq: int = 0
     #: cache of what a selector sees of it (built by selection.py on first use)
     view: object = field(default=None, repr=False)
+    #: the session id of the connection that sent it (``activemq.noLocal``; not persisted)
+    origin: str = ""
 
     @property
     def redelivered(self) -> bool:

@@ -47,6 +47,7 @@ class Subscription:
         "pattern",
         "children",
         "selector",
+        "no_local",
     )
 
     def __init__(
@@ -74,6 +75,7 @@ class Subscription:
         # the children share this subscription's ``unacked`` dict, hence its credit
         self.children: OrderedDict[str, Subscription] | None = None
         self.selector: Selector | None = None  # the SUBSCRIBE's JMS selector (selection.py)
+        self.no_local = ""  # activemq.noLocal: its connection's session id (messages from it are not for it)
 
     def has_credit(self) -> bool:
         if not self.active or not self.conn.writable:
@@ -112,3 +114,4 @@ class TxState:
     acked: list[tuple[Subscription, Message]] = field(default_factory=list)
     nacked: list[tuple[Subscription, Message]] = field(default_factory=list)
     size: int = 0  # bytes of its SENDs, counted against the memory limits until COMMIT/ABORT
+    origin: str = ""  # the session id of its connection (Message.origin)

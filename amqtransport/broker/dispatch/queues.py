@@ -164,7 +164,7 @@ class Queue:
 
     def add_consumer(self, sub: Subscription) -> None:
         self.consumers.append(sub)
-        if sub.selector is not None:
+        if sub.selector is not None or sub.no_local:
             self.selective += 1
         settle(self)  # a new consumer may want what nobody wanted
         self.make_ready(sub)
@@ -172,8 +172,10 @@ class Queue:
     def remove_consumer(self, sub: Subscription) -> None:
         if sub in self.consumers:
             self.consumers.remove(sub)
-            if sub.selector is not None:
+            if sub.selector is not None or sub.no_local:
                 self.selective -= 1
+                if not self.selective:
+                    settle(self)  # plain dispatch again: nothing stays set aside
         if sub.in_ready:
             sub.in_ready = False
             try:

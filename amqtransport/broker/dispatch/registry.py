@@ -25,7 +25,6 @@ from .memory import MemoryGauge
 from .message import Message
 from .model import Subscription, Topic
 from .queues import Queue
-from .selection import settle
 
 __all__ = ["Registry", "EXPIRY_SWEEP_S"]
 
@@ -226,17 +225,18 @@ class Registry:
         now = self.clock()
         dropped = 0
         for q in list(self.queues.values()):
-            settle(q)
-            if not any(m.expires and m.expires <= now for m in q.messages):
-                continue
-            keep: deque[Message] = deque()
-            for m in q.messages:
-                if m.expires and m.expires <= now:
-                    self.drop_expired(m)
-                    dropped += 1
-                else:
-                    keep.append(m)
-            q.messages = keep
+            for attr in ("messages", "unmatched"):  # and those set aside by selective dispatch
+                msgs: deque[Message] = getattr(q, attr)
+                if not any(m.expires and m.expires <= now for m in msgs):
+                    continue
+                keep: deque[Message] = deque()
+                for m in msgs:
+                    if m.expires and m.expires <= now:
+                        self.drop_expired(m)
+                        dropped += 1
+                    else:
+                        keep.append(m)
+                setattr(q, attr, keep)
         return dropped
 
     def start_expiry_sweep(self, call_later: Callable[[float, Callable[[], None]], object]) -> None:

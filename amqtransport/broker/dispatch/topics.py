@@ -24,7 +24,7 @@ from ..store.journal import Callback
 from .message import Message
 from .model import AUTO, Subscription
 from .registry import Registry
-from .selection import view_of
+from .selection import accepts, view_of
 
 __all__ = ["FanOut"]
 
@@ -65,6 +65,7 @@ class FanOut:
                 timestamp=msg.timestamp,
                 persistent=msg.persistent,
                 expires=msg.expires,
+                origin=msg.origin,
             )
             for qkey in topic.durable
             if qkey not in self.reg.durable_selectors or self.reg.durable_selectors[qkey].matches(view_of(msg))
@@ -89,7 +90,7 @@ class FanOut:
                     self.offer(sub, msg)
 
     def offer(self, sub: Subscription, msg: Message) -> None:
-        if sub.selector is not None and not sub.selector.matches(view_of(msg)):
+        if (sub.selector is not None or sub.no_local) and not accepts(sub, msg):
             return
         if not sub.backlog and sub.has_credit():
             self.deliver(sub, msg)

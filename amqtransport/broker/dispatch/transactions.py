@@ -72,6 +72,7 @@ class Transactions:
             if key:
                 seen_keys.add((destination, key))
             msg = reg.make_message(destination, headers, body, persistent, key)
+            msg.origin = tx.origin
             copies = self.fanout.durable_copies(name, msg) if kind == "topic" else []
             if msg.persistent and kind == "queue":
                 records.append(Enq(msg))

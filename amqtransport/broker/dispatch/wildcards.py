@@ -76,6 +76,7 @@ class WildcardQueues:
         child.unacked = sub.unacked
         child.name = q.name
         child.selector = sub.selector
+        child.no_local = sub.no_local
         sub.children[q.name] = child
         q.add_consumer(child)
         self.advisories.advise(q.name, len(q.consumers))

@@ -1,0 +1,175 @@
+"""Selectors in our broker beyond what the differential test compares with ActiveMQ:
+durable selectors across a restart (the Sub record), the record's encoding, a selective
+consumer on a deep paged queue (each message evaluated about once, not per delivery),
+wildcard queue consumers, and the depth/console view of set-aside messages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import amqtransport
+from amqtransport.broker import BrokerConfig, EmbeddedBroker
+from amqtransport.broker.dispatch.core import BrokerCore
+from amqtransport.broker.dispatch.message import Message
+from amqtransport.broker.dispatch.model import Subscription
+from amqtransport.broker.store import Sub, decode, encode
+from amqtransport.selector import Selector, compile_selector
+
+
+def uri(b: EmbeddedBroker) -> str:
+    return f"tcp://127.0.0.1:{b.port}"
+
+
+def take(sub: amqtransport.Subscription, count: int) -> list[str]:
+    out: list[str] = []
+    while len(out) < count and (m := sub.receive(timeout=10)) is not None:
+        out.append(m.text)
+        m.ack()
+    while (m := sub.receive(timeout=0.2)) is not None:
+        out.append(m.text)
+        m.ack()
+    return out
+
+
+def test_sub_record_carries_the_selector_and_old_records_still_decode() -> None:
+    with_sel = Sub("durable:c:n", "t", "c", "n", "color = 'red'")
+    assert decode(encode(with_sel)) == with_sel
+    plain = Sub("durable:c:n", "t", "c", "n")
+    raw = encode(plain)
+    assert raw[0] == 6  # the record type of earlier versions, unchanged when there is no selector
+    assert decode(raw) == plain
+
+
+def test_durable_selector_survives_a_restart(make_broker: Callable[..., EmbeddedBroker], tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    b = make_broker(data_dir=data)
+    with amqtransport.connect(uri(b), client_id="c1") as c:
+        c.subscribe("/topic/news", durable_name="d", selector="kind = 'keep'")
+    b.stop()
+    b = make_broker(data_dir=data)
+    with amqtransport.connect(uri(b)) as c:
+        for i, kind in enumerate(["keep", "drop", "keep"]):
+            c.send("/topic/news", f"m{i}", headers={"kind": kind})
+    b.stop()
+    b = make_broker(data_dir=data)  # the copies were filtered by the recovered selector
+    with amqtransport.connect(uri(b), client_id="c1") as c:
+        sub = c.subscribe("/topic/news", durable_name="d", selector="kind = 'keep'")
+        assert take(sub, 2) == ["m0", "m2"]
+
+
+def test_durable_resubscribed_with_another_selector_starts_over(broker: EmbeddedBroker) -> None:
+    with amqtransport.connect(uri(broker), client_id="c2") as c:
+        c.subscribe("/topic/t2", durable_name="d", selector="n = '1'")
+    with amqtransport.connect(uri(broker)) as c:
+        c.send("/topic/t2", "old", headers={"n": "1"})
+    with amqtransport.connect(uri(broker), client_id="c2") as c:
+        sub = c.subscribe("/topic/t2", durable_name="d", selector="n = '2'")  # as ActiveMQ: a new subscription
+        assert take(sub, 0) == []
+        c.send("/topic/t2", "new", headers={"n": "2"})
+        assert take(sub, 1) == ["new"]
+
+
+def test_selective_consumer_on_a_deep_paged_queue_evaluates_each_message_about_once(
+    make_broker: Callable[..., EmbeddedBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = make_broker(page_window=50)
+    calls = [0]
+    real = Selector.matches
+
+    def counting(self: Selector, view: object) -> bool:
+        calls[0] += 1
+        return real(self, view)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Selector, "matches", counting)
+    n = 2000
+    with amqtransport.connect(uri(b)) as c:
+        p = c.producer(window=200)
+        for i in range(n):
+            p.send("/queue/deep", f"m{i}", headers={"hit": "yes" if i % 100 == 7 else "no"})
+        p.flush()
+        sub = c.subscribe("/queue/deep", ack="client-individual", prefetch=5, selector="hit = 'yes'")
+        got = take(sub, n // 100)
+        assert got == [f"m{i}" for i in range(7, n, 100)]
+        print(f"{calls[0]} selector evaluations for {n} messages")
+        assert calls[0] <= 2 * n, f"{calls[0]} selector evaluations for {n} messages"
+        sub.unsubscribe()
+        stats = b.stats()["queues"]["/queue/deep"]  # type: ignore[index]
+        assert stats["depth"] == n - n // 100
+        rest = c.subscribe("/queue/deep", ack="client-individual")
+        others = take(rest, n - n // 100)
+    assert others == [f"m{i}" for i in range(n) if i % 100 != 7]  # queue order kept
+
+
+def test_a_new_consumer_gets_what_nobody_wanted_in_order(broker: EmbeddedBroker) -> None:
+    with amqtransport.connect(uri(broker)) as c:
+        red = c.subscribe("/queue/mix", selector="color = 'red'")
+        for i, color in enumerate(["blue", "red", "green", "blue", "red"]):
+            c.send("/queue/mix", f"m{i}", headers={"color": color})
+        assert take(red, 2) == ["m1", "m4"]
+        assert broker.stats()["queues"]["/queue/mix"]["depth"] == 3  # type: ignore[index]
+        blue = c.subscribe("/queue/mix", selector="color <> 'green'")
+        assert take(blue, 2) == ["m0", "m3"]
+        rest = c.subscribe("/queue/mix")
+        assert take(rest, 1) == ["m2"]
+
+
+def test_wildcard_queue_consumer_applies_its_selector_to_every_queue(broker: EmbeddedBroker) -> None:
+    with amqtransport.connect(uri(broker)) as c:
+        c.send("/queue/orders.eu", "eu-big", headers={"amount": "500"})
+        c.send("/queue/orders.eu", "eu-small", headers={"amount": "5"})
+        c.send("/queue/orders.us", "us-big", headers={"amount": "900"})
+        sub = c.subscribe("/queue/orders.>", selector="amount > 100")
+        assert sorted(take(sub, 2)) == ["eu-big", "us-big"]
+
+
+def test_browse_shows_paged_messages_in_order_and_takes_nothing(make_broker: Callable[..., EmbeddedBroker]) -> None:
+    b = make_broker(page_window=20)
+    with amqtransport.connect(uri(b)) as c:
+        for i in range(100):
+            c.send("/queue/browsed", f"m{i}", headers={"odd": str(i % 2)})
+        sub = c.subscribe("/queue/browsed", headers={"browser": "true"}, selector="odd = '1'")
+        seen = []
+        while (m := sub.receive(timeout=10)) is not None and m.headers.get("browser") != "end":
+            seen.append(m.text)
+        assert seen == [f"m{i}" for i in range(1, 100, 2)]
+        assert b.stats()["queues"]["/queue/browsed"]["depth"] == 100  # type: ignore[index]
+
+
+def test_no_local_covers_transactional_sends(broker: EmbeddedBroker) -> None:
+    with amqtransport.connect(uri(broker)) as c:
+        sub = c.subscribe("/topic/txnl", headers={"activemq.noLocal": "true"})
+        with c.transaction() as tx:
+            tx.send("/topic/txnl", "own-in-tx")
+        with amqtransport.connect(uri(broker)) as other:
+            other.send("/topic/txnl", "other")
+        assert take(sub, 1) == ["other"]
+
+
+class _Sink:
+    """A connection as the core sees it."""
+
+    writable = True
+
+    def __init__(self) -> None:
+        self.got: list[bytes] = []
+
+    def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None:
+        self.got.append(message.body)
+
+
+def test_expiry_sweep_drops_set_aside_messages_too() -> None:
+    now = [1000.0]
+    core = BrokerCore(BrokerConfig(), None, clock=lambda: now[0])
+    sink = _Sink()
+    core.subscribe(sink, "s", "/queue/exp", selector=compile_selector("keep = 'yes'"))
+    core.send("/queue/exp", (("keep", "no"), ("expires", "1001000")), b"short", persistent=False)
+    core.send("/queue/exp", (("keep", "no"),), b"forever", persistent=False)
+    core.send("/queue/exp", (("keep", "yes"),), b"wanted", persistent=False)
+    q = core.queues["/queue/exp"]
+    assert sink.got == [b"wanted"] and len(q.unmatched) == 2
+    now[0] = 1002.0
+    assert core.sweep_expired() == 1
+    assert [m.body for m in q.unmatched] == [b"forever"] and q.depth == 1 and q.expired == 1
