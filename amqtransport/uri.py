@@ -448,8 +448,9 @@ class _Parser:
             assert isinstance(component, LeafUri)  # check_leaves ran before
             leaf = component
             try:
-                extra, extra_amq = self.model(LeafOptions, options, "broker URI (nested.)", "transport",
-                                              ssl=leaf.scheme == "ssl", valid=self.valid_leaf_names(leaf.scheme))
+                extra, extra_amq = self.model(LeafOptions, options, "broker URI (nested.)", None if leaf.scheme == "vm"
+                                              else "transport", ssl=leaf.scheme == "ssl",
+                                              valid=self.valid_leaf_names(leaf.scheme))
             except UriError as exc:
                 raise UriError(str(exc).replace("option '", "option 'nested.", 1), uri=self.text, option=(
                     None if exc.option is None else f"nested.{exc.option}"), column=exc.column,

@@ -57,7 +57,9 @@ def test_bad_values_and_misplaced_options_are_errors_naming_the_option() -> None
                          ("tcp://h:1?socket.verifyHostName=false", "socket.verifyHostName"),
                          ("ssl://h:1?socket.OOBInline=true", "socket.OOBInline"),
                          ("static:(failover:(tcp://a:1)?jms.clientID=x)", "jms.clientID"),
-                         ("tcp://h:1?useInactivityMonitor=false&readCheckTime=5", "readCheckTime")]:
+                         ("tcp://h:1?useInactivityMonitor=false&readCheckTime=5", "readCheckTime"),
+                         ("vm://b?trace=true", "trace"),  # our in-process broker: no TCP options
+                         ("failover:(vm://b)?nested.trace=true", "nested.trace")]:
         with pytest.raises(UriError) as info:
             parse_uri(text)
         assert info.value.option == option, (text, str(info.value))
