@@ -212,7 +212,7 @@ JMS: tuple[AmqOption, ...] = (
     _i("jms.prefetchPolicy.optimizeDurableTopicPrefetch", "int", "OpenWire's optimized durable dispatch"),
     _i("jms.prefetchPolicy.maximumPendingMessageLimit", "int", "a broker-side limit for slow topic consumers "
        "(set on the broker's policy)"),
-    _b("jms.clientID", "String", "the CONNECT client-id (connect(client_id=...) wins)"),
+    _b("jms.clientID", "String", "the CONNECT client-id (connect(client_id=...) wins; a durable subscription still needs connect(client_id=...))"),
     _b("jms.userName", "String", "the CONNECT login (connect(login=...) wins)"),
     _b("jms.password", "String", "the CONNECT passcode (connect(passcode=...) wins)"),
     _i("jms.useAsyncSend", "boolean", "Connection.send returns once the broker's receipt is in (our "
