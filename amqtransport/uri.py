@@ -308,7 +308,11 @@ class _Parser:
             if ch not in _WS and not ch.isprintable():
                 raise self.error(f"unexpected character {_q(ch)} in the URI", i)
         self._match_parentheses(start, end)
-        return self.node(start, end, depth=0)
+        node = self.node(start, end, depth=0)
+        for leaf in node.leaves():  # after nested.*, as ActiveMQ merges them before it builds the transport
+            if clash := amq.conflict(dict(leaf.amq)):  # e.g. a monitor knob and useInactivityMonitor=false
+                raise self.error(f"option {_q(clash[0])} {clash[1]} (on {leaf.address})", option=clash[0])
+        return node
 
     def _match_parentheses(self, start: int, end: int) -> None:
         stack: list[int] = []
@@ -690,10 +694,6 @@ class _Parser:
                                  valid=valid or ())
             by_field[fname] = o
             data[fname] = o.value
-        if kept.get("useInactivityMonitor") and kept["useInactivityMonitor"].value.lower() == "false":
-            for name in sorted(amq.MONITOR_OPTIONS & kept.keys()):
-                raise self.error(f"option {_q(kept[name].key)} configures the inactivity monitor, which "
-                                 "useInactivityMonitor=false turns off", kept[name].column, option=kept[name].key)
         try:
             return model.model_validate(data), tuple((name, o.value) for name, o in kept.items())
         except ValidationError as exc:

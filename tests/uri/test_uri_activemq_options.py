@@ -137,3 +137,9 @@ def test_canonical_form_keeps_activemq_options_and_round_trips() -> None:
     node = parse_uri("failover:(tcp://a:1?trace=false,tcp://b:2)?nested.trace=true")
     assert isinstance(node, CompositeUri)
     assert [c.amq for c in node.components] == [(("trace", "false"),), (("trace", "true"),)]  # its own wins
+
+
+def test_a_negative_static_limit_is_unlimited_as_in_activemq() -> None:
+    # SimpleDiscoveryAgent stops only past a positive maxReconnectAttempts (refused here before issue 29)
+    node = parse_uri("static:(tcp://a:1)?maxReconnectAttempts=-1")
+    assert isinstance(node, CompositeUri) and node.options.max_reconnect_attempts == 0  # type: ignore[union-attr]
