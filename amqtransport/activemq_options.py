@@ -214,7 +214,7 @@ JMS: tuple[AmqOption, ...] = (
     _b("jms.prefetchPolicy.topicPrefetch", "int", "the prefetch of topic subscriptions (0 becomes 1)"),
     _b("jms.prefetchPolicy.durableTopicPrefetch", "int", "the prefetch of durable topic subscriptions "
        "(0 becomes 1)"),
-    _b("jms.prefetchPolicy.queueBrowserPrefetch", "int", "the prefetch of browse() (0 becomes 1)"),
+    _b("jms.prefetchPolicy.queueBrowserPrefetch", "int", "the prefetch of a queue browser (a subscription with browser:true; 0 becomes 1)"),
     _i("jms.prefetchPolicy.optimizeDurableTopicPrefetch", "int", "OpenWire's optimized durable dispatch"),
     _i("jms.prefetchPolicy.maximumPendingMessageLimit", "int", "a broker-side limit for slow topic consumers "
        "(set on the broker's policy)"),
