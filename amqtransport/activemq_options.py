@@ -58,6 +58,7 @@ __all__ = [
     "TABLES",
     "bean_match",
     "bean_key",
+    "conflict",
     "first_deadline_grace_ms",
 ]
 
@@ -131,6 +132,11 @@ TRANSPORT: tuple[AmqOption, ...] = (
     _i("minmumWireFormatVersion", "int", "OpenWire version negotiation; STOMP negotiates 1.0-1.2 in CONNECT"),
     _i("negotiateTimeout", "long", "bounds OpenWire's WireFormatInfo exchange; the STOMP handshake is bounded "
        "by connectTimeout"),
+    # the WriteTimeoutFilter's, which soWriteTimeout puts on top (and then takes the options negotiateTimeout's
+    # layer would have: ActiveMQ refuses negotiateTimeout next to soWriteTimeout)
+    _b("writeTimeout", "long", "with soWriteTimeout: the write timeout, ms (it wins over soWriteTimeout's value)"),
+    _i("sleep", "long", "with soWriteTimeout: how often ActiveMQ's filter checks its writes; ours are bounded "
+       "by the socket"),
     # the InactivityMonitor's own knobs (refused by ActiveMQ once useInactivityMonitor=false)
     _i("connectAttemptTimeout", "long", _MONITOR),
     _i("ignoreAllWireFormatInfo", "boolean", _MONITOR),
@@ -164,7 +170,7 @@ TRANSPORT: tuple[AmqOption, ...] = (
        ssl_only=True, exact=True),  # SslTransport takes it out of socket.* by this exact name
     _b("socket.enabledProtocols", "protocols", "the TLS versions allowed (e.g. TLSv1.2,TLSv1.3: the lowest and "
        "highest named bound the handshake)", ssl_only=True),
-    _i("socket.enabledCipherSuites", "String[]", "Java's cipher-suite names; Python's ssl module takes "
+    _i("socket.enabledCipherSuites", "ciphers", "Java's cipher-suite names; Python's ssl module takes "
        "OpenSSL's, so OpenSSL's defaults apply", ssl_only=True),
     _i("socket.needClientAuth", "boolean", _SERVER_TLS, ssl_only=True),
     _i("socket.wantClientAuth", "boolean", _SERVER_TLS, ssl_only=True),
@@ -208,11 +214,11 @@ JMS: tuple[AmqOption, ...] = (
     _b("jms.prefetchPolicy.topicPrefetch", "int", "the prefetch of topic subscriptions (0 becomes 1)"),
     _b("jms.prefetchPolicy.durableTopicPrefetch", "int", "the prefetch of durable topic subscriptions "
        "(0 becomes 1)"),
-    _b("jms.prefetchPolicy.queueBrowserPrefetch", "int", "the prefetch of browse() (0 becomes 1)"),
+    _b("jms.prefetchPolicy.queueBrowserPrefetch", "int", "the prefetch of a queue browser (a subscription with browser:true; 0 becomes 1)"),
     _i("jms.prefetchPolicy.optimizeDurableTopicPrefetch", "int", "OpenWire's optimized durable dispatch"),
     _i("jms.prefetchPolicy.maximumPendingMessageLimit", "int", "a broker-side limit for slow topic consumers "
        "(set on the broker's policy)"),
-    _b("jms.clientID", "String", "the CONNECT client-id (connect(client_id=...) wins)"),
+    _b("jms.clientID", "String", "the CONNECT client-id (connect(client_id=...) wins; a durable subscription still needs connect(client_id=...))"),
     _b("jms.userName", "String", "the CONNECT login (connect(login=...) wins)"),
     _b("jms.password", "String", "the CONNECT passcode (connect(passcode=...) wins)"),
     _i("jms.useAsyncSend", "boolean", "Connection.send returns once the broker's receipt is in (our "
@@ -231,7 +237,8 @@ JMS: tuple[AmqOption, ...] = (
     _i("jms.checkForDuplicates", "boolean", "the duplicate filter is always on (amq-idempotency-key)"),
     _i("jms.auditDepth", "int", "the duplicate filter's size is fixed here"),
     _i("jms.auditMaximumProducerNumber", "int", "the duplicate filter's size is fixed here"),
-    _i("jms.brokerURL", "String", "the URI itself is the broker URL"),
+    _i("jms.brokerURL", "uri", "the URI itself is the broker URL (ActiveMQ would put this one in its place, "
+       "keeping the other options)"),
     *(_i(f"jms.{n}", t, _JMS_ONLY) for n, t in (
         ("alwaysSessionAsync", "boolean"), ("clientIDPrefix", "String"), ("closeTimeout", "int"),
         ("connectResponseTimeout", "int"), ("connectionIDPrefix", "String"), ("consumerExpiryCheckEnabled", "boolean"),
@@ -297,6 +304,8 @@ def bean_match(key: str, names: Iterable[str]) -> str | None:
 
 #: the protocol names Java's SSLSocket takes
 TLS_PROTOCOLS = ("TLSv1.3", "TLSv1.2", "TLSv1.1", "TLSv1", "SSLv3", "SSLv2Hello")
+_CIPHER = re.compile(r"(?:TLS|SSL)_[A-Z0-9_]+")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 _INT_RANGES = {"short": 16, "int": 32, "long": 64, "tos": 32}
 _JAVA_INT = re.compile(r"[+-]?[0-9]+")
 _JAVA_DOUBLE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[dDfF]?")
@@ -326,11 +335,29 @@ def java_value_error(java: str, value: str) -> str | None:
     if java == "protocols":
         bad = [p for p in value.split(",") if p not in TLS_PROTOCOLS]
         return f"unknown TLS protocol {bad[0]!r}; valid: {', '.join(TLS_PROTOCOLS)}" if bad else None
+    if java == "ciphers":  # the form only: which suites the JDK supports is the JDK's
+        bad = [c for c in value.split(",") if not _CIPHER.fullmatch(c)]
+        return f"expected cipher-suite names such as TLS_AES_128_GCM_SHA256, got {bad[0]!r}" if bad else None
+    if java == "uri":
+        return None if _SCHEME.match(value) else f"expected a URI such as tcp://host:61616, got {value!r}"
     if java == "dscp":
         if value in _DSCP_NAMES or (_JAVA_INT.fullmatch(value) and 0 <= int(value) <= 63):
             return None
         return f"expected a DiffServ class (EF, AF11..AF43, CS0..CS7) or 0-63, got {value!r}"
     return None  # String, String[]
+
+
+def conflict(kept: dict[str, str]) -> tuple[str, str] | None:
+    """``(name, why)`` for an option ActiveMQ refuses next to the others kept on a broker URI."""
+    if kept.get("useInactivityMonitor", "").lower() == "false":
+        for name in sorted(MONITOR_OPTIONS & kept.keys()):
+            return name, "configures the inactivity monitor, which useInactivityMonitor=false turns off"
+    if "soWriteTimeout" in kept and "negotiateTimeout" in kept:
+        return "negotiateTimeout", "is not taken next to soWriteTimeout (ActiveMQ's write-timeout filter hides it)"
+    for name in ("writeTimeout", "sleep"):
+        if name in kept and "soWriteTimeout" not in kept:
+            return name, "configures the write-timeout filter that soWriteTimeout turns on"
+    return None
 
 
 def meaning_of(scope: Scope, name: str) -> tuple[str, str]:
@@ -447,7 +474,7 @@ def socket_settings(amq: Sequence[tuple[str, str]]) -> SocketSettings:
     if dscp is not None:
         tos = (_DSCP_NAMES[dscp] if dscp in _DSCP_NAMES else int(dscp)) << 2
     linger = _ms(amq, "soLinger")
-    write = _ms(amq, "soWriteTimeout")
+    write = _ms(amq, "writeTimeout") or _ms(amq, "soWriteTimeout")
     protocols = pick("socket.enabledProtocols")
     return SocketSettings(
         keep_alive=keep_alive,

@@ -222,18 +222,24 @@ class FailoverOptions(_Options):
     probe_interval: Int = _opt(100, "probeInterval", ge=0)
 
 
+def _static_attempts(value: Any) -> Any:
+    """SimpleDiscoveryAgent gives up only past a positive limit: any value <= 0 is unlimited (0)."""
+    number = _strict_int(value)
+    return 0 if number < 0 else number
+
+
 class StaticOptions(_Options):
     """``static:`` discovery options (ActiveMQ's SimpleDiscoveryAgent).
 
     ``maxReconnectAttempts`` 0 means unlimited here (the opposite sign convention to
-    ``failover:``, as in ActiveMQ).
+    ``failover:``, as in ActiveMQ); a negative value is unlimited too, so it reads as 0.
     """
 
     initial_reconnect_delay: Int = _opt(1000, "initialReconnectDelay", ge=0)
     max_reconnect_delay: Int = _opt(30000, "maxReconnectDelay", ge=0)
     use_exponential_backoff: Bool = _opt(True, "useExponentialBackOff")
     backoff_multiplier: Int = _opt(2, "backOffMultiplier", ge=1)
-    max_reconnect_attempts: Int = _opt(0, "maxReconnectAttempts", ge=0)
+    max_reconnect_attempts: Annotated[int, BeforeValidator(_static_attempts)] = _opt(0, "maxReconnectAttempts", ge=0)
     min_connect_time: Int = _opt(5000, "minConnectTime", ge=0)
 
 

@@ -308,7 +308,11 @@ class _Parser:
             if ch not in _WS and not ch.isprintable():
                 raise self.error(f"unexpected character {_q(ch)} in the URI", i)
         self._match_parentheses(start, end)
-        return self.node(start, end, depth=0)
+        node = self.node(start, end, depth=0)
+        for leaf in node.leaves():  # after nested.*, as ActiveMQ merges them before it builds the transport
+            if clash := amq.conflict(dict(leaf.amq)):  # e.g. a monitor knob and useInactivityMonitor=false
+                raise self.error(f"option {_q(clash[0])} {clash[1]} (on {leaf.address})", option=clash[0])
+        return node
 
     def _match_parentheses(self, start: int, end: int) -> None:
         stack: list[int] = []
@@ -448,8 +452,9 @@ class _Parser:
             assert isinstance(component, LeafUri)  # check_leaves ran before
             leaf = component
             try:
-                extra, extra_amq = self.model(LeafOptions, options, "broker URI (nested.)", "transport",
-                                              ssl=leaf.scheme == "ssl", valid=self.valid_leaf_names(leaf.scheme))
+                extra, extra_amq = self.model(LeafOptions, options, "broker URI (nested.)", None if leaf.scheme == "vm"
+                                              else "transport", ssl=leaf.scheme == "ssl",
+                                              valid=self.valid_leaf_names(leaf.scheme))
             except UriError as exc:
                 raise UriError(str(exc).replace("option '", "option 'nested.", 1), uri=self.text, option=(
                     None if exc.option is None else f"nested.{exc.option}"), column=exc.column,
@@ -689,10 +694,6 @@ class _Parser:
                                  valid=valid or ())
             by_field[fname] = o
             data[fname] = o.value
-        if kept.get("useInactivityMonitor") and kept["useInactivityMonitor"].value.lower() == "false":
-            for name in sorted(amq.MONITOR_OPTIONS & kept.keys()):
-                raise self.error(f"option {_q(kept[name].key)} configures the inactivity monitor, which "
-                                 "useInactivityMonitor=false turns off", kept[name].column, option=kept[name].key)
         try:
             return model.model_validate(data), tuple((name, o.value) for name, o in kept.items())
         except ValidationError as exc:

@@ -57,7 +57,9 @@ def test_bad_values_and_misplaced_options_are_errors_naming_the_option() -> None
                          ("tcp://h:1?socket.verifyHostName=false", "socket.verifyHostName"),
                          ("ssl://h:1?socket.OOBInline=true", "socket.OOBInline"),
                          ("static:(failover:(tcp://a:1)?jms.clientID=x)", "jms.clientID"),
-                         ("tcp://h:1?useInactivityMonitor=false&readCheckTime=5", "readCheckTime")]:
+                         ("tcp://h:1?useInactivityMonitor=false&readCheckTime=5", "readCheckTime"),
+                         ("vm://b?trace=true", "trace"),  # our in-process broker: no TCP options
+                         ("failover:(vm://b)?nested.trace=true", "nested.trace")]:
         with pytest.raises(UriError) as info:
             parse_uri(text)
         assert info.value.option == option, (text, str(info.value))
@@ -135,3 +137,9 @@ def test_canonical_form_keeps_activemq_options_and_round_trips() -> None:
     node = parse_uri("failover:(tcp://a:1?trace=false,tcp://b:2)?nested.trace=true")
     assert isinstance(node, CompositeUri)
     assert [c.amq for c in node.components] == [(("trace", "false"),), (("trace", "true"),)]  # its own wins
+
+
+def test_a_negative_static_limit_is_unlimited_as_in_activemq() -> None:
+    # SimpleDiscoveryAgent stops only past a positive maxReconnectAttempts (refused here before issue 29)
+    node = parse_uri("static:(tcp://a:1)?maxReconnectAttempts=-1")
+    assert isinstance(node, CompositeUri) and node.options.max_reconnect_attempts == 0  # type: ignore[union-attr]

@@ -111,7 +111,7 @@ def test_failover_ranges(field: str, value: object) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("initialReconnectDelay", -1), ("backOffMultiplier", 0), ("backOffMultiplier", "2.5"),
-     ("maxReconnectAttempts", -1), ("minConnectTime", -1)],
+     ("maxReconnectAttempts", "x"), ("minConnectTime", -1)],
 )
 def test_static_ranges(field: str, value: object) -> None:
     with pytest.raises(ValidationError):

@@ -42,6 +42,7 @@ SETTER_CLASSES = [
     ("org.apache.activemq.transport.tcp.SslTransport", "", "transport"),
     ("org.apache.activemq.transport.InactivityMonitor", "", "transport"),
     ("org.apache.activemq.transport.WireFormatNegotiator", "", "transport"),
+    ("org.apache.activemq.transport.WriteTimeoutFilter", "", "transport"),
     ("org.apache.activemq.openwire.OpenWireFormatFactory", "wireFormat.", "transport"),
     ("javax.net.ssl.SSLSocket", "socket.", "transport"),
     ("org.apache.activemq.transport.failover.FailoverTransport", "", "failover"),
@@ -74,6 +75,11 @@ def _value(java: str, draw: st.DrawFn) -> str:
         return str(draw(st.integers(1, 12)))
     if java == "protocols":
         return draw(st.sampled_from(["TLSv1.2", "TLSv1.3", "TLSv1.2,TLSv1.3"]))
+    if java == "ciphers":
+        return draw(st.sampled_from(["TLS_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+                                     "TLS_AES_256_GCM_SHA384,TLS_AES_128_GCM_SHA256"]))
+    if java == "uri":
+        return "tcp://localhost:61616"
     return draw(st.sampled_from(["a", "orders", "TLSv1.2"]))
 
 
@@ -103,8 +109,8 @@ FIELD_VALUES: dict[str, st.SearchStrategy[str]] = {
 
 @st.composite
 def _options(draw: st.DrawFn, table: tuple[amq.AmqOption, ...], *, ssl: bool, limit: int = 4) -> list[str]:
-    usable = [o for o in table if (ssl or not o.ssl_only) and not (ssl and o.plain_only) and o.name not in ("priorityURIs", "updateURIsURL",
-                                                                               "useInactivityMonitor")]
+    usable = [o for o in table if (ssl or not o.ssl_only) and not (ssl and o.plain_only) and o.name not in (
+        "priorityURIs", "updateURIsURL", "useInactivityMonitor", "jms.brokerURL")]
     chosen = draw(st.lists(st.sampled_from(usable), max_size=limit, unique_by=lambda o: o.name))
     out = []
     for option in chosen:
@@ -130,20 +136,29 @@ def _leaf(draw: st.DrawFn, *, top: bool) -> str:
 
 
 @st.composite
+def _failover(draw: st.DrawFn, *, top: bool) -> str:
+    leaves = draw(st.lists(_leaf(top=False), min_size=1, max_size=3))
+    opts = draw(_options(amq.FAILOVER, ssl=False))
+    all_ssl = all(leaf.split("://")[0].endswith("ssl") for leaf in leaves)
+    opts += [f"nested.{o}" for o in draw(_options(amq.TRANSPORT, ssl=all_ssl, limit=2))]
+    if top:  # jms.* only where ActiveMQConnectionFactory reads them
+        opts += draw(_options(amq.JMS, ssl=False, limit=2))
+    if not top:  # a comma in the failover's own options would split the static's list for ActiveMQ
+        opts = [o.replace(",", "%2C") for o in opts]
+    opts = draw(st.permutations(opts))
+    return f"failover:({','.join(leaves)})" + ("?" + "&".join(opts) if opts else "")
+
+
+@st.composite
 def generated_uri(draw: st.DrawFn) -> str:
     kind = draw(st.sampled_from(["leaf", "failover", "failover", "static"]))
     if kind == "leaf":
         return draw(_leaf(top=True))
-    leaves = draw(st.lists(_leaf(top=False), min_size=1, max_size=3))
-    if kind == "static":
-        opts = draw(_options(amq.STATIC, ssl=False))
-        return f"static:({','.join(leaves)})" + ("?" + "&".join(opts) if opts else "")
-    opts = draw(_options(amq.FAILOVER, ssl=False))
-    all_ssl = all(leaf.split("://")[0].endswith("ssl") for leaf in leaves)
-    opts += [f"nested.{o}" for o in draw(_options(amq.TRANSPORT, ssl=all_ssl, limit=2))]
-    opts += draw(_options(amq.JMS, ssl=False, limit=2))
-    opts = draw(st.permutations(opts))
-    return f"failover:({','.join(leaves)})" + ("?" + "&".join(opts) if opts else "")
+    if kind == "failover":
+        return draw(_failover(top=True))
+    services = draw(st.lists(st.one_of(_leaf(top=False), _failover(top=False)), min_size=1, max_size=3))
+    opts = draw(_options(amq.STATIC, ssl=False))
+    return f"static:({','.join(services)})" + ("?" + "&".join(opts) if opts else "")
 
 
 @functools.cache
@@ -230,16 +245,24 @@ def _canon(java_value: str) -> str:
     return java_value.lower() if java_value.lower() in ("true", "false") else java_value
 
 
+#: values ActiveMQ shows in another form (diffServ and typeOfService: the TOS of both; platformDetails: computed;
+#: brokerURL: the whole URL) or hides (password)
+SKIP_VALUES = {"diffServ", "typeOfService", "password", "destination", "platformDetails", "brokerURL"}
+
+
 def value_mismatches(node: UriNode, theirs: list[str], uri: str) -> list[str]:
     # a nested.X wins over the broker URI's own X in ActiveMQ, the broker URI's wins here (docs/uris.md)
-    nested = {amq.bean_match(n, [n]) and n[:1].lower() + n[1:] for n in re.findall(r"nested\.([^=&]+)=", uri)}
+    nested = {amq.bean_key(n) for n in re.findall(r"nested\.([^=&]+)=", uri)}
     bad = []
     for item in theirs:
         key, _, value = item.partition("=")
         name = key.lstrip("0123456789.")
-        if value == "?" or key.rpartition(".")[2] in ("diffServ", "password", "destination") or node_is_static_agent(node, key):
+        if value == "?" or amq.bean_key(key.rpartition(".")[2]) in SKIP_VALUES or node_is_static_agent(node, key):
             continue
-        if name[:1].lower() + name[1:] in nested and "." in key and key[:1].isdigit():
+        if amq.bean_key(name) in nested and "." in key and key[:1].isdigit():
+            continue
+        if key.startswith("jms.prefetchPolicy.") and re.search(r"jms\.prefetchPolicy\.[aA]ll=", uri):
+            continue  # all and a specific one: the specific wins here, ActiveMQ applies them in hash order
             continue
         mine = our_value(node, key)
         if mine is None:

@@ -131,6 +131,19 @@ def test_prefetch_policy_reaches_subscribe(fake: RecordingBroker, query: str, de
         assert fake.first("SUBSCRIBE").get("activemq.prefetchSize") == prefetch
 
 
+def test_durable_and_browser_prefetch(fake: RecordingBroker) -> None:
+    uri = (f"tcp://127.0.0.1:{fake.port}?jms.prefetchPolicy.topicPrefetch=9&jms.prefetchPolicy.durableTopicPrefetch=4"
+           "&jms.prefetchPolicy.queueBrowserPrefetch=6")
+    with amqtransport.connect(uri, client_id="c1") as conn:
+        conn.subscribe("/topic/t", durable_name="d1")
+        conn.subscribe("/queue/q", headers={"browser": "true"})
+        deadline = time.monotonic() + 10
+        while len([f for f in fake.frames if f[0] == "SUBSCRIBE"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    durable, browser = [h for cmd, h in fake.frames if cmd == "SUBSCRIBE"][:2]
+    assert durable["activemq.prefetchSize"] == "4" and browser["activemq.prefetchSize"] == "6"
+
+
 def test_explicit_prefetch_wins_over_the_policy(fake: RecordingBroker) -> None:
     with amqtransport.connect(f"tcp://127.0.0.1:{fake.port}?jms.prefetchPolicy.all=50") as conn:
         conn.subscribe("/queue/a", prefetch=3)

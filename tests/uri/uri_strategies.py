@@ -56,6 +56,8 @@ def java_value(java: str) -> st.SearchStrategy[str]:
         "short": st.integers(0, 100).map(str), "double": st.sampled_from(["1.5", "2", "0.25"]),
         "tos": st.integers(0, 255).map(str), "dscp": st.sampled_from(["EF", "AF11", "CS7", "10"]),
         "openwire": st.integers(1, 12).map(str), "protocols": st.sampled_from(["TLSv1.2", "TLSv1.2,TLSv1.3"]),
+        "ciphers": st.sampled_from(["TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384,TLS_AES_128_GCM_SHA256"]),
+        "uri": st.sampled_from(["tcp://localhost:61616", "failover:(tcp://a:1)"]),
     }.get(java, TEXT)
 
 
@@ -65,7 +67,10 @@ def amq_options(draw: st.DrawFn, table: tuple[amq.AmqOption, ...], *, ssl: bool)
     usable = [o for o in table if o.field is None and (ssl or not o.ssl_only) and not (ssl and o.plain_only)
               and o.name != "useInactivityMonitor"]
     chosen = draw(st.lists(st.sampled_from(usable), max_size=3, unique_by=lambda o: o.name)) if usable else []
-    return tuple((o.name, draw(java_value(o.java))) for o in chosen)
+    kept = {o.name: draw(java_value(o.java)) for o in chosen}
+    while clash := amq.conflict(kept):  # options ActiveMQ refuses together (e.g. writeTimeout without soWriteTimeout)
+        del kept[clash[0]]
+    return tuple(kept.items())
 
 
 @st.composite
