@@ -16,11 +16,14 @@ import secrets
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from amqtransport.errors import ConfigError
+
+if TYPE_CHECKING:
+    from .authorization import Authorizer
 
 __all__ = [
     "BrokerConfig",
@@ -122,6 +125,34 @@ class BrokerConfig(BaseModel):
     # the browser Origins allowed to open a WebSocket ("*": any, as ActiveMQ's default);
     # a client that sends no Origin is not a browser and is always let through
     ws_allowed_origins: list[str] = Field(default_factory=lambda: ["*"])
+
+    # destination authorization (broker/authorization.py, as ActiveMQ's authorizationPlugin):
+    # [[authorization]] entries (queue = or topic = a pattern; read, write, admin = groups),
+    # the groups as a [groups] table (group -> users) and/or an ActiveMQ groups.properties file
+    authorization: list[dict[str, Any]] = Field(default_factory=list)
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+    groups_file: str | None = None
+    # a second connection with the client-id of a connected one: refused (ActiveMQ's
+    # default), or with true the new one takes over and the old is closed
+    allow_link_stealing: bool = False
+
+    @field_validator("authorization")
+    @classmethod
+    def _authorization_entries(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from .authorization import parse_entries
+
+        try:
+            parse_entries(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    def authorizer(self) -> Authorizer:
+        """The :class:`~.authorization.Authorizer` of these entries and groups (reads
+        ``groups_file``: ConfigError naming it when it cannot)."""
+        from .authorization import Authorizer, load_groups, parse_entries
+
+        return Authorizer(parse_entries(self.authorization), load_groups(self.groups_file, self.groups))
 
     @field_validator("http")
     @classmethod

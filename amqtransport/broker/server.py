@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from amqtransport.errors import ConfigError
+
 from .config import BrokerConfig, check_login, parse_http_address
 from .connection.context import BrokerContext, ConnectHook
 from .connection.protocol import BrokerConnection
@@ -96,6 +98,10 @@ class BrokerServer:
             chosen = self._temp_dir
         self.data_dir = Path(chosen)
         self.users: dict[str, str] = dict(users or {})
+        self.authorizer = self.config.authorizer()
+        if self.authorizer.active and not self.users:
+            raise ConfigError("the [[authorization]] entries need users to authorize: give the broker a users "
+                              "file (--users / users_file)", path="authorization")
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.store: MessageStore | None = None
         self.core: BrokerCore = None  # type: ignore[assignment]
@@ -157,6 +163,8 @@ class BrokerServer:
             status_headers=self.status_headers,
             fence=self.fence,
             connect_hook=self.connect_hook,
+            authorizer=self.authorizer,
+            claim_client_id=self.claim_client_id,
         )
         self._server = await self.loop.create_server(
             lambda: BrokerConnection(ctx),
@@ -333,6 +341,22 @@ class BrokerServer:
             assert conn.transport is not None
             conn.transport.abort()
         return len(conns)
+
+    def claim_client_id(self, conn: BrokerConnection, client_id: str) -> str | None:
+        """A client-id is connected once (ActiveMQ): None when ``conn`` may have it, else
+        why not. With ``allow_link_stealing`` the new connection takes it over and the
+        old one is cut (its client reconnects elsewhere or gets the same answer)."""
+        for other in list(self.connections):
+            if other is conn or not other.connected or other.closing or other.client_id != client_id:
+                continue
+            if self.config.allow_link_stealing:
+                log.warning("client-id %r: connection from %s takes over from %s (allow_link_stealing)",
+                            client_id, conn.peer, other.peer)
+                other.close_by_admin(f"client-id {client_id!r} was taken over by a new connection from {conn.peer}")
+                continue
+            return (f"client-id {client_id!r} is already connected from {other.peer} "
+                    "(a client-id may be connected once; allow_link_stealing = true lets a new connection take over)")
+        return None
 
     def unregister(self, conn: BrokerConnection) -> None:
         self.connections.discard(conn)

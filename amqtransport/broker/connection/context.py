@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from amqtransport.stomp import Frame
 
+from ..authorization import Authorizer
 from ..config import BrokerConfig
 from ..dispatch.core import BrokerCore
 
@@ -75,3 +76,7 @@ class BrokerContext(Generic[ConnT]):
     #: the journal failed: the broker stops serving (the reason goes into the log and ERRORs)
     fence: Callable[[str], None]
     connect_hook: ConnectHook | None = None
+    #: who may read, write or create what (the config's ``[[authorization]]`` entries)
+    authorizer: Authorizer = field(default_factory=lambda: Authorizer((), {}))
+    #: ``(conn, client_id) -> refusal or None``: a client-id may be connected once
+    claim_client_id: Callable[[ConnT, str], str | None] = lambda _conn, _cid: None

@@ -34,8 +34,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from amqtransport.destinations import wildcard_segments
-from amqtransport.errors import RemoteProtocolError
+from amqtransport.destinations import QUEUE, QUEUE_PREFIX, parse_destination, wildcard_segments
+from amqtransport.errors import DestinationError, RemoteProtocolError
 from amqtransport.selector import Selector, SelectorError, compile_selector
 from amqtransport.stomp import (
     IDEMPOTENCY_HEADER_ALIASES,
@@ -51,6 +51,7 @@ from amqtransport.stomp.encoders import (
     message_start,
 )
 
+from ..authorization import ADMIN, READ, WRITE
 from ..dispatch.browse import browse
 from ..dispatch.errors import CoreError
 from ..dispatch.message import TRANSPORT_HEADERS, Message
@@ -202,8 +203,15 @@ class BrokerConnection(FlowControlled):
             log.warning("authentication failed for login %r from %s", login, self.peer)
             self._error("authentication failed: bad login or passcode")
             return
+        client_id = frame.get("client-id")
+        if client_id:
+            refusal = self.ctx.claim_client_id(self, client_id)
+            if refusal is not None:
+                log.warning("CONNECT from %s refused: %s", self.peer, refusal)
+                self._error(refusal)
+                return
         self.login = login
-        self.client_id = frame.get("client-id")
+        self.client_id = client_id
         self.connected = True
         self.session = self.ctx.new_session_id()
         cfg = self.config
@@ -243,9 +251,38 @@ class BrokerConnection(FlowControlled):
         self._write(connected_frame([("version", "1.2"), ("server", SERVER_NAME), *st.items()]))
         self._close()
 
+    def _authorized(self, destination: str, operation: str, receipt: str | None) -> bool:
+        """Whether this connection's user may ``operation`` (read, write) ``destination``
+        and, when the broker does not have it yet, create it (admin), as ActiveMQ's
+        authorizationPlugin decides (:mod:`..authorization`); otherwise an ERROR in
+        ActiveMQ's words, and the connection stays."""
+        authz = self.ctx.authorizer
+        if not authz.active:
+            return True
+        try:
+            dest = parse_destination(destination)
+        except DestinationError:
+            return True  # not a destination at all: the core refuses it in its own words
+        if dest.temporary:
+            return True  # scoped to its connection
+        refusal = authz.check(self.login, operation, dest.kind, dest.name)
+        if refusal is None and wildcard_segments(dest.name) is None and not self._known(dest.kind, dest.name):
+            refusal = authz.check(self.login, ADMIN, dest.kind, dest.name)
+        if refusal is None:
+            return True
+        log.warning("%s (connection %s)", refusal, self.peer)
+        self._error(refusal, receipt=receipt, close=False)
+        return False
+
+    def _known(self, kind: str, name: str) -> bool:
+        """The broker has this destination already (a send or subscription creates it)."""
+        return (QUEUE_PREFIX + name) in self.core.queues if kind == QUEUE else name in self.core.topics
+
     def _on_send(self, frame: StompFrame) -> None:
         destination = self._require(frame, "destination")
         receipt = frame.get("receipt")
+        if not self._authorized(destination, WRITE, receipt):
+            return
         persistent = False
         key = ""
         tx_id: str | None = None
@@ -295,6 +332,8 @@ class BrokerConnection(FlowControlled):
     def _on_subscribe(self, frame: StompFrame) -> None:
         destination = self._require(frame, "destination")
         receipt = frame.get("receipt")
+        if not self._authorized(destination, READ, receipt):
+            return
         sub_id = frame.get("id")
         if sub_id is None:
             if self.version != "1.0":
