@@ -25,10 +25,10 @@ import requests
 from broker_helpers import Raw, StompPy
 
 from amqtransport.broker.store import Journal, JournalError
+from amqtransport.processes.disk import TmpfsUnavailable, tmpfs
 from amqtransport.stomp import Frame, serialize
 from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.broker_process import BrokerProcess
-from amqtransport.testing.disk import TmpfsUnavailable, tmpfs
 from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
