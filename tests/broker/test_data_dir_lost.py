@@ -128,6 +128,8 @@ def test_a_single_broker_fences_at_once_when_its_data_directory_is_deleted(tmp_p
         shutil.rmtree(data)
         gone = time.monotonic()
         assert p.closed.wait(2.0), "the broker still served 2 s after its data directory was deleted"
+        assert p.closed_at is not None
+        print(f"fenced {p.closed_at - gone:.3f} s after the deletion")
         assert bp.proc is not None and bp.proc.wait(10) == 3, bp.log_text()[-2000:]
         log = bp.log_text()
         assert "journal storage lost" in log and "fencing" in log, log[-2000:]
@@ -298,6 +300,7 @@ def test_a_checkpoint_that_cannot_be_written_backs_off_and_sigterm_stops_the_bro
         time.sleep(4.0)
         used = cpu_seconds(bp.pid) - before
         assert used < 0.05 * 4.0, f"{used:.2f} s of CPU in 4 s with a failing checkpoint"
+        print(f"CPU with a failing checkpoint: {used:.2f} s in 4 s")
         assert "checkpoint not written" in bp.log_text() and "retrying in" in bp.log_text()
         metrics = requests.get(f"http://127.0.0.1:{http}/metrics", timeout=10).text
         assert "\namq_store_failing 1\n" in metrics
@@ -332,6 +335,7 @@ def test_sigterm_stops_a_node_whose_storage_hangs_within_10_s(tmp_path: Path) ->
         except Exception:  # noqa: BLE001 - reported below
             pass
         took = time.monotonic() - asked
+        print(f"stopped {took:.1f} s after SIGTERM")
         assert node.proc.poll() is not None, "the node did not stop within 10 s of SIGTERM"
         assert took < 10
         assert "did not finish within" in node.log_text(), node.log_text()[-2000:]

@@ -173,6 +173,9 @@ def render_metrics(stats: NodeStats) -> str:
         out.one("amq_journal_damaged_regions", "gauge",
                 "Damaged journal regions the last recovery skipped: their records are lost (the log names "
                 "them; `amq broker verify` reports, `amq broker repair` salvages).", journal.damaged_regions)
+        out.one("amq_store_unreadable_messages_total", "counter",
+                "Live messages whose journal records could not be read back (bits changed on the disk): "
+                "lost, or sent to a replica from memory; the log names each.", journal.unreadable)
         out.family("amq_store_background_failures_total", "counter",
                    "Background storage tasks that failed, by task (checkpoint, compaction).",
                    (({"task": task}, n) for task, n in journal.task_failures))

@@ -111,6 +111,7 @@ class JournalStats:
     failing: str | None = None  # why a background storage task's last attempt failed (a checkpoint)
     task_failures: tuple[tuple[str, int], ...] = ()  # (task, failed attempts): checkpoint, compaction
     damaged_regions: int = 0  # damaged journal regions the last recovery skipped (store/salvage.py)
+    unreadable: int = 0  # live messages whose records could not be read back (paging, a full sync)
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,7 @@ def journal_stats(store: MessageStore) -> JournalStats:
         failing=store.checkpoints.failing or None,
         task_failures=(("checkpoint", store.checkpoints.failures), ("compaction", store.compaction_failures)),
         damaged_regions=len(journal.damage),
+        unreadable=store.unreadable,
     )
 
 

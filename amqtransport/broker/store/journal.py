@@ -287,6 +287,11 @@ class Journal(SegmentReads):
     def failed(self) -> BaseException | None:
         return self._failed
 
+    def disk_problem(self) -> str | None:
+        """The guard's whole check now, from any thread (:mod:`.guard`); None: all well."""
+        guard = self._guard
+        return guard.problem(None) if guard is not None else None
+
     def check_soon(self) -> None:
         """Have the writer check the disk under the journal now (:mod:`.guard`), e.g.
         after a background storage task failed; a problem fails the journal."""

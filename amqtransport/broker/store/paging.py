@@ -92,6 +92,7 @@ class PagedMessages:
     count: int
     _transient: dict[int, Message]
     _transient_keys: Iterator[int]
+    unreadable: int  # live messages found unreadable when read back (paging, a replica's full sync)
     _replay_seen: set[int] | None
     _dec: Callable[[int], None]  # a message is gone from its segment (compaction accounting)
 
@@ -159,10 +160,18 @@ class PagedMessages:
             try:
                 out.append(self._read([pos], destination)[0])
             except (JournalError, RecordError) as exc:
-                seg, off, _flags = unpack(pos)
-                log.error("store %s: a message of %s at segment %d offset %d cannot be read back (%s): it is lost",
-                          self.directory, destination, seg, off, exc)
+                self.unreadable_message(pos, destination, exc, "it is lost")
         return out
+
+    def unreadable_message(self, pos: int, destination: str, error: Exception, consequence: str) -> None:
+        """A live message of ``destination`` at ``pos`` cannot be read back (a corrupt
+        record: the disk changed under the journal): log it at ERROR with what follows,
+        count it (``amq_store_unreadable_messages_total``), have the journal check its disk."""
+        seg, off, _flags = unpack(pos)
+        self.unreadable += 1
+        log.error("store %s: a message of %s at segment %d offset %d cannot be read back (%s): %s",
+                  self.directory, destination, seg, off, error, consequence)
+        self.journal.check_soon()
 
     def take(self, destination: str, n: int) -> list[Message]:
         """Make up to ``n`` paged messages of ``destination`` resident, from the front of its

@@ -170,6 +170,7 @@ class MessageStore(PagedMessages, Compaction):
         self._transient_keys = itertools.count(1)
         self.deleted_segments = 0
         self.compaction_failures = 0  # compaction runs that raised (server.py counts them; metrics)
+        self.unreadable = 0  # live messages that could not be read back (paging.py)
         self._opened = False
         self.checkpoints: ckpt.Checkpointer = ckpt.Checkpointer(self, interval=checkpoint_interval, enabled=checkpoints)
 

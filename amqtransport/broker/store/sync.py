@@ -18,6 +18,13 @@ store twice in memory and stall the master's loop; instead:
 
 While either is open, compaction deletes no segment (:meth:`MessageStore.hold_deletes`):
 the positions they read must stay readable. Both run on the loop thread.
+
+A live message whose record cannot be read back (a corrupt record: bits changed on the
+master's disk) does not stop the full sync: it is sent from memory when the master
+holds it there, else left out (the master could not deliver it either); either way it
+is logged at ERROR and counted (:meth:`~.paging.PagedMessages.unreadable_message`) and
+the sync carries on with the rest. (Before, every full sync failed on it,
+and the slave retried for as long as the record lived.)
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ from array import array
 from collections import deque
 from typing import TYPE_CHECKING
 
+from .journal import JournalError
 from .pages import MOVED, SEG_SHIFT
 from .paging import materialize
-from .records import Enq, Keys, encode
+from .records import Enq, Keys, RecordError, encode
 
 if TYPE_CHECKING:
     from .store import MessageStore
@@ -64,6 +72,7 @@ class SnapshotReader:
         self._avg = 256  # bytes a message record takes, as seen so far
         self._ready: deque[bytes] = deque()  # read back, not given yet
         self.messages = sum(len(a) for _d, a in self._lists)  # holes included
+        self.skipped = 0  # live messages left out: their records cannot be read back
 
     def next(self, max_bytes: int) -> list[bytes]:
         """The next payloads, up to the one that reaches ``max_bytes``; [] once everything
@@ -75,8 +84,10 @@ class SnapshotReader:
             out.append(p)
             size += len(p)
         while size < max_bytes:
-            if not self._ready and not self._read_more(max_bytes - size):
-                break
+            if not self._ready:
+                if not self._read_more(max_bytes - size):
+                    break
+                continue  # (what it read may all have been left out)
             p = self._ready.popleft()
             out.append(p)
             size += len(p)
@@ -94,12 +105,45 @@ class SnapshotReader:
                 self._at = 0
             if not chunk:
                 continue
-            for pos, payload in zip(chunk, self.store.journal.read(chunk), strict=True):
-                p = encode(Enq(materialize(payload, pos, dest))) if pos & MOVED else payload
+            for pos, payload in self._read(chunk, dest):
+                try:
+                    p = encode(Enq(materialize(payload, pos, dest))) if pos & MOVED else payload
+                except RecordError as exc:
+                    self._left_out(pos, dest, exc)
+                    continue
                 self._ready.append(p)
                 self._avg = (self._avg * 7 + len(p)) // 8 or 1
             return True
         return False
+
+    def _read(self, chunk: list[int], dest: str) -> list[tuple[int, bytes]]:
+        """``(position, payload)`` of the records of ``chunk`` that can be read back."""
+        try:
+            return list(zip(chunk, self.store.journal.read(chunk), strict=True))
+        except (JournalError, RecordError) as exc:
+            if len(chunk) == 1:
+                self._left_out(chunk[0], dest, exc)
+                return []
+        out: list[tuple[int, bytes]] = []
+        for pos in chunk:
+            out.extend(self._read([pos], dest))
+        return out
+
+    def _left_out(self, pos: int, dest: str, exc: Exception) -> None:
+        """One unreadable record: sent from memory when the message is resident there,
+        else left out -- unless the journal itself is gone or failed: then the sync fails
+        (a copy missing everything must never count as in sync)."""
+        journal = self.store.journal
+        problem = journal.disk_problem() if journal.failed is None else str(journal.failed)
+        if problem is not None:
+            raise JournalError(f"cannot read the journal back: {problem}") from exc
+        held = next((m for m in self.store.resident.values() if m.pos == pos and m.destination == dest), None)
+        if held is not None:
+            self.store.unreadable_message(pos, dest, exc, "sent to the replica from memory")
+            self._ready.append(encode(Enq(held)))
+            return
+        self.skipped += 1
+        self.store.unreadable_message(pos, dest, exc, "left out of the replica's full sync (it is lost here too)")
 
     def close(self) -> None:
         if self._held:
