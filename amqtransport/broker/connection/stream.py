@@ -31,6 +31,13 @@ prefetched messages back instead of holding them until TCP gives up.
 Heart-beats: a timer per connection sends an EOL when we have written nothing for the
 negotiated interval and drops the client when nothing arrived for
 ``interval * heartbeat_grace``.
+
+Before CONNECTED. Until the client has logged in, a frame may be at most
+``max_connect_frame_size`` bytes (64 KiB; then ``max_frame_size``), it must come within
+``connect_timeout_ms``, and at most ``max_unauthenticated`` connections may be in that
+state (a new one closes the one waiting longest): what peers that never log in make the broker hold is
+bounded by ``max_unauthenticated`` x ``max_connect_frame_size`` (plus one socket read
+each), and they cannot take every ``max_connections`` slot.
 """
 
 from __future__ import annotations
@@ -75,12 +82,19 @@ class StompStream(asyncio.Protocol):
         self.config = config
         self.loop = loop
         cfg = self.config
+        self._limits = Limits(
+            max_frame_size=cfg.max_frame_size,
+            max_headers=cfg.max_headers,
+            max_header_line=cfg.max_header_line,
+        )
+        # until CONNECTED: a small frame, so a peer that never logs in holds little
+        preauth = min(cfg.max_connect_frame_size, cfg.max_frame_size)
         self.parser = FrameParser(
             "1.2",
             Limits(
-                max_frame_size=cfg.max_frame_size,
+                max_frame_size=preauth,
                 max_headers=cfg.max_headers,
-                max_header_line=cfg.max_header_line,
+                max_header_line=min(cfg.max_header_line, preauth),
             ),
             commands=CLIENT_COMMANDS,
         )
@@ -108,6 +122,10 @@ class StompStream(asyncio.Protocol):
         self.opened_at = 0.0  # loop.time() of connection_made
         #: the client came through the WebSocket port (connection/websocket.py), not plain TCP
         self.over_websocket = False
+
+    def _authenticated(self) -> None:
+        """CONNECTED is written: frames may now be as large as ``max_frame_size``."""
+        self.parser.limits = self._limits
 
     # ------------------------------------------------------------------ what a subclass adds
     def _opened(self) -> bool:
@@ -257,6 +275,10 @@ class StompStream(asyncio.Protocol):
         if self._reading_paused and self.transport is not None and not self.closing:
             self._reading_paused = False
             self.transport.resume_reading()
+
+    def refuse(self, reason: str) -> None:
+        """The broker closes this connection (an ERROR frame naming ``reason``)."""
+        self._error_no_raise(reason)
 
     def close_by_admin(self, reason: str) -> None:
         """An operator closed this connection (the HTTP console): one ERROR frame naming
