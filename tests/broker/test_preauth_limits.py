@@ -80,3 +80,24 @@ def test_connections_not_logged_in_cannot_take_every_slot(tmp_path: Path) -> Non
         finally:
             for sock in silent:
                 sock.close()
+
+
+def test_a_frame_that_never_ends_is_dropped(tmp_path: Path) -> None:
+    """A logged-in client (no heart-beats) starts a SEND and stops sending: dropped after
+    frame_timeout_ms with an ERROR naming it. Before: held until the client went away."""
+    config = tmp_path / "broker.toml"
+    config.write_text("frame_timeout_ms = 1000\n")
+    with BrokerProcess(tmp_path / "data", args=["--config", str(config)], log_dir=tmp_path) as bp:
+        sock = socket.create_connection(("127.0.0.1", bp.port), timeout=10)
+        with sock:
+            sock.sendall(b"CONNECT\naccept-version:1.2\nhost:x\nheart-beat:0,0\n\n\x00")
+            assert sock.recv(4096).startswith(b"CONNECTED")
+            sock.sendall(b"SEND\ndestination:/queue/slow\ncontent-length:100000\n\n" + b"x" * 1000)
+            data = b""
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            assert data.startswith(b"ERROR") and b"frame_timeout_ms=1000" in data, data

@@ -37,7 +37,9 @@ Before CONNECTED. Until the client has logged in, a frame may be at most
 ``connect_timeout_ms``, and at most ``max_unauthenticated`` connections may be in that
 state (a new one closes the one waiting longest): what peers that never log in make the broker hold is
 bounded by ``max_unauthenticated`` x ``max_connect_frame_size`` (plus one socket read
-each), and they cannot take every ``max_connections`` slot.
+each), and they cannot take every ``max_connections`` slot. At any time a frame that
+has been arriving for ``frame_timeout_ms`` (while we read) drops its client, so a
+logged-in peer cannot hold a large partial frame for ever either.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ class StompStream(asyncio.Protocol):
         self.hb_send = 0.0
         self.hb_expect = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._frame_timer: asyncio.TimerHandle | None = None  # a frame has started arriving
+        self._frame_mark = 0  # frames_in when _frame_timer was armed
         self.frames_in = 0
         self.opened_at = 0.0  # loop.time() of connection_made
         #: the client came through the WebSocket port (connection/websocket.py), not plain TCP
@@ -177,6 +181,13 @@ class StompStream(asyncio.Protocol):
                 elif isinstance(event, NeedData):
                     break
                 # a Heartbeat needs nothing: last_read is updated already
+            if parser.in_frame:
+                if self._frame_timer is None and not self.closing:
+                    self._frame_mark = self.frames_in
+                    self._frame_timer = self.loop.call_later(self.config.frame_timeout_ms / 1000.0, self._frame_late)
+            elif self._frame_timer is not None:
+                self._frame_timer.cancel()
+                self._frame_timer = None
         except RemoteProtocolError as exc:
             log.info("client %s sent invalid STOMP: %s", self.peer, exc)
             self._error_no_raise(f"malformed frame: {exc}")
@@ -191,6 +202,9 @@ class StompStream(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
         self._released()
         self._out.clear()
         log.debug("connection %s closed (%s)", self.peer, exc or "clean")
@@ -407,6 +421,21 @@ class StompStream(asyncio.Protocol):
         if not self.connected and not self.closing:
             log.info("client %s sent no CONNECT within %d ms", self.peer, self.config.connect_timeout_ms)
             self._error_no_raise(f"no CONNECT frame within {self.config.connect_timeout_ms} ms")
+
+    def _frame_late(self) -> None:
+        """A frame has been arriving for ``frame_timeout_ms``: unless frames were completed
+        meanwhile (the one arriving now started later) or we stopped reading (our flow
+        control, not the client's slowness), the client is dropped."""
+        self._frame_timer = None
+        if self.closing or not self.parser.in_frame:
+            return
+        if self.frames_in != self._frame_mark or self._reading_paused:
+            self._frame_mark = self.frames_in
+            self._frame_timer = self.loop.call_later(self.config.frame_timeout_ms / 1000.0, self._frame_late)
+            return
+        log.info("client %s did not finish a frame within %d ms (%d bytes so far)", self.peer,
+                 self.config.frame_timeout_ms, self.parser.pending_bytes)
+        self._error_no_raise(f"a frame not finished within frame_timeout_ms={self.config.frame_timeout_ms}")
 
     def _schedule_hb(self) -> None:
         periods = [p for p in (self.hb_send, self.hb_expect) if p > 0]
