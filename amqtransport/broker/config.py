@@ -63,6 +63,12 @@ class BrokerConfig(BaseModel):
     # 1 GiB record limit: a commit is one record, durable topic copies included)
     max_transaction_size: int = Field(default=64 * MiB, ge=1024, le=512 * MiB)
     connect_timeout_ms: int = Field(default=10000, ge=1)
+    # before CONNECTED (no login yet): bytes of a frame, and how many such connections;
+    # together they bound what unauthenticated peers make the broker hold
+    max_connect_frame_size: int = Field(default=64 * 1024, ge=256)
+    max_unauthenticated: int = Field(default=100, ge=1)
+    # a frame must be complete this long after its first byte (while the broker reads)
+    frame_timeout_ms: int = Field(default=120_000, ge=1)
 
     # memory limits / producer flow control (see amqtransport.broker.dispatch.memory)
     memory_limit: int = Field(default=256 * MiB, ge=4096)

@@ -326,12 +326,23 @@ class BrokerServer:
             self.store.journal.check_soon()  # the disk under it gone? that fences (store/guard.py)
         self._schedule_compaction()  # the next run waits compact_interval_ms: never a loop
 
-    def register(self, conn: BrokerConnection) -> bool:
-        if len(self.connections) >= self.config.max_connections:
-            return False
+    def register(self, conn: BrokerConnection) -> str | None:
+        """Count a new connection in; the reason it is refused when it cannot be."""
+        cfg = self.config
+        if len(self.connections) >= cfg.max_connections:
+            return f"too many connections (max_connections={cfg.max_connections})"
+        waiting = [c for c in self.connections if not c.connected and not c.closing]
+        if len(waiting) >= cfg.max_unauthenticated:
+            # the one waiting longest makes room: a client that logs in at once gets in
+            # however many peers connect and say nothing
+            oldest = min(waiting, key=lambda c: c.opened_at)
+            log.warning("max_unauthenticated=%d reached: closing %s, connected %.1f s ago without logging in",
+                        cfg.max_unauthenticated, oldest.peer, self.loop.time() - oldest.opened_at)
+            oldest.refuse(f"too many connections not logged in yet (max_unauthenticated={cfg.max_unauthenticated}); "
+                          "the one waiting longest is closed")
         self.connections.add(conn)
         self.connections_opened += 1
-        return True
+        return None
 
     def abort_connections(self) -> int:
         """Cut every client connection at once (no ERROR frame, nothing flushed): their

@@ -33,6 +33,7 @@ from typing import Any
 
 from toxiproxy.proxy import Proxy
 
+from amqtransport.errors import AmqTransportError
 from chaos.harness.cluster import Stage
 from chaos.nemesis.cluster import NemesisCluster
 from chaos.nemesis.history import Fault, History
@@ -225,7 +226,12 @@ class Nemesis:
         if self.in_flight is None:
             return self._freeze(step, round_no, node)
         check = self.in_flight(f"fresh-r{round_no}-{step.at:g}")
-        check.connect()  # to the master, before it is frozen
+        try:
+            check.connect()  # to the master, before it is frozen
+        except AmqTransportError as exc:  # e.g. its client link is cut right now
+            active = self._freeze(step, round_no, node)
+            active.detail += f"; nothing in flight (its clients could not connect: {exc})"
+            return active
         active = self._freeze(step, round_no, node)
         check.start()
         self.background.append(check)

@@ -314,9 +314,19 @@ class InFlightCheck(threading.Thread):
         self.ff_conn: Connection | None = None
 
     def connect(self) -> None:
+        """Connect both clients now, or raise: the fault's thread calls this, and it alone
+        heals the other faults (a cut client link must not make it wait for ever)."""
         sep = "&" if "?" in self.settings.uri else "?"
-        self.sub_conn = replace(self.settings, client_id=f"nemesis-{self.client}").connect()
-        self.ff_conn = replace(self.settings, uri=f"{self.settings.uri}{sep}trackMessages=true").connect()
+        uri = f"{self.settings.uri}{sep}startupMaxReconnectAttempts=2"
+        try:
+            self.sub_conn = replace(self.settings, uri=uri, client_id=f"nemesis-{self.client}").connect()
+            self.ff_conn = replace(self.settings, uri=f"{uri}&trackMessages=true").connect()
+        except BaseException:
+            for conn in (self.sub_conn, self.ff_conn):
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+            raise
 
     def run(self) -> None:
         assert self.sub_conn is not None and self.ff_conn is not None, "connect() first"

@@ -68,7 +68,7 @@ class BrokerContext(Generic[ConnT]):
     #: ``(login, passcode) -> bool``: True when the broker has no users or they are valid
     authenticate: Callable[[str | None, str | None], bool]
     #: False: over ``max_connections``, the connection must refuse its client
-    register: Callable[[ConnT], bool]
+    register: Callable[[ConnT], str | None]  # None: registered; else why it is refused
     unregister: Callable[[ConnT], None]
     new_session_id: Callable[[], str]
     #: the ``amq-ha-*`` headers of a plain broker's answer to ``amq broker status``

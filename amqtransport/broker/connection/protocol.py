@@ -85,9 +85,10 @@ class BrokerConnection(FlowControlled):
         self.messages_out = 0
 
     def _opened(self) -> bool:
-        if not self.ctx.register(self):
-            log.warning("refusing connection from %s: max_connections=%d reached", self.peer, self.config.max_connections)
-            self._error_no_raise(f"too many connections (max_connections={self.config.max_connections})")
+        refused = self.ctx.register(self)
+        if refused is not None:
+            log.warning("refusing connection from %s: %s", self.peer, refused)
+            self._error_no_raise(refused)
             return False
         return True
 
@@ -213,6 +214,7 @@ class BrokerConnection(FlowControlled):
         self.login = login
         self.client_id = client_id
         self.connected = True
+        self._authenticated()
         self.session = self.ctx.new_session_id()
         cfg = self.config
         send_ms, expect_ms = negotiate_heartbeat((cfg.heartbeat_send_min_ms, cfg.heartbeat_receive_min_ms), theirs)

@@ -31,6 +31,15 @@ prefetched messages back instead of holding them until TCP gives up.
 Heart-beats: a timer per connection sends an EOL when we have written nothing for the
 negotiated interval and drops the client when nothing arrived for
 ``interval * heartbeat_grace``.
+
+Before CONNECTED. Until the client has logged in, a frame may be at most
+``max_connect_frame_size`` bytes (64 KiB; then ``max_frame_size``), it must come within
+``connect_timeout_ms``, and at most ``max_unauthenticated`` connections may be in that
+state (a new one closes the one waiting longest): what peers that never log in make the broker hold is
+bounded by ``max_unauthenticated`` x ``max_connect_frame_size`` (plus one socket read
+each), and they cannot take every ``max_connections`` slot. At any time a frame that
+has been arriving for ``frame_timeout_ms`` (while we read) drops its client, so a
+logged-in peer cannot hold a large partial frame for ever either.
 """
 
 from __future__ import annotations
@@ -75,12 +84,19 @@ class StompStream(asyncio.Protocol):
         self.config = config
         self.loop = loop
         cfg = self.config
+        self._limits = Limits(
+            max_frame_size=cfg.max_frame_size,
+            max_headers=cfg.max_headers,
+            max_header_line=cfg.max_header_line,
+        )
+        # until CONNECTED: a small frame, so a peer that never logs in holds little
+        preauth = min(cfg.max_connect_frame_size, cfg.max_frame_size)
         self.parser = FrameParser(
             "1.2",
             Limits(
-                max_frame_size=cfg.max_frame_size,
+                max_frame_size=preauth,
                 max_headers=cfg.max_headers,
-                max_header_line=cfg.max_header_line,
+                max_header_line=min(cfg.max_header_line, preauth),
             ),
             commands=CLIENT_COMMANDS,
         )
@@ -104,10 +120,16 @@ class StompStream(asyncio.Protocol):
         self.hb_send = 0.0
         self.hb_expect = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._frame_timer: asyncio.TimerHandle | None = None  # a frame has started arriving
+        self._frame_mark = 0  # frames_in when _frame_timer was armed
         self.frames_in = 0
         self.opened_at = 0.0  # loop.time() of connection_made
         #: the client came through the WebSocket port (connection/websocket.py), not plain TCP
         self.over_websocket = False
+
+    def _authenticated(self) -> None:
+        """CONNECTED is written: frames may now be as large as ``max_frame_size``."""
+        self.parser.limits = self._limits
 
     # ------------------------------------------------------------------ what a subclass adds
     def _opened(self) -> bool:
@@ -159,6 +181,13 @@ class StompStream(asyncio.Protocol):
                 elif isinstance(event, NeedData):
                     break
                 # a Heartbeat needs nothing: last_read is updated already
+            if parser.in_frame:
+                if self._frame_timer is None and not self.closing:
+                    self._frame_mark = self.frames_in
+                    self._frame_timer = self.loop.call_later(self.config.frame_timeout_ms / 1000.0, self._frame_late)
+            elif self._frame_timer is not None:
+                self._frame_timer.cancel()
+                self._frame_timer = None
         except RemoteProtocolError as exc:
             log.info("client %s sent invalid STOMP: %s", self.peer, exc)
             self._error_no_raise(f"malformed frame: {exc}")
@@ -173,6 +202,9 @@ class StompStream(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
         self._released()
         self._out.clear()
         log.debug("connection %s closed (%s)", self.peer, exc or "clean")
@@ -257,6 +289,10 @@ class StompStream(asyncio.Protocol):
         if self._reading_paused and self.transport is not None and not self.closing:
             self._reading_paused = False
             self.transport.resume_reading()
+
+    def refuse(self, reason: str) -> None:
+        """The broker closes this connection (an ERROR frame naming ``reason``)."""
+        self._error_no_raise(reason)
 
     def close_by_admin(self, reason: str) -> None:
         """An operator closed this connection (the HTTP console): one ERROR frame naming
@@ -385,6 +421,21 @@ class StompStream(asyncio.Protocol):
         if not self.connected and not self.closing:
             log.info("client %s sent no CONNECT within %d ms", self.peer, self.config.connect_timeout_ms)
             self._error_no_raise(f"no CONNECT frame within {self.config.connect_timeout_ms} ms")
+
+    def _frame_late(self) -> None:
+        """A frame has been arriving for ``frame_timeout_ms``: unless frames were completed
+        meanwhile (the one arriving now started later) or we stopped reading (our flow
+        control, not the client's slowness), the client is dropped."""
+        self._frame_timer = None
+        if self.closing or not self.parser.in_frame:
+            return
+        if self.frames_in != self._frame_mark or self._reading_paused:
+            self._frame_mark = self.frames_in
+            self._frame_timer = self.loop.call_later(self.config.frame_timeout_ms / 1000.0, self._frame_late)
+            return
+        log.info("client %s did not finish a frame within %d ms (%d bytes so far)", self.peer,
+                 self.config.frame_timeout_ms, self.parser.pending_bytes)
+        self._error_no_raise(f"a frame not finished within frame_timeout_ms={self.config.frame_timeout_ms}")
 
     def _schedule_hb(self) -> None:
         periods = [p for p in (self.hb_send, self.hb_expect) if p > 0]
