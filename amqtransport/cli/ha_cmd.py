@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -136,11 +137,30 @@ def pair(
 ) -> None:
     """Start a master/slave pair as two child processes; Ctrl-C stops both.
 
-    Prints the client URI and each node's role and pid. Kill the master's pid and the
-    slave takes over; restart it with the same command line (shown in the log) and it
-    rejoins as slave.
+    Replicated: both nodes start at once on the data in --data-dir and their HA
+    decision picks the master (on a new directory node a; on the data of an earlier
+    run the node with the newer data -- after a master kill, the slave that took over
+    -- and the other joins as slave), so the same command starts the pair again after
+    any earlier run, kill or reboot; the nodes' HA ports are kept in DATA_DIR/pair.json
+    from run to run. Shared store: a starts first and takes the lock.
+
+    Prints each node's output as it comes, then the client URI and each node's role
+    and pid. Kill the master's pid and the slave takes over; the line `pair` prints
+    then restarts it (it rejoins as slave); Ctrl-C stops every node of the pair, one
+    restarted by hand included. Logs: DATA_DIR/logs/a-N.log, b-N.log (earlier runs'
+    logs are kept).
     """
-    from amqtransport.processes.pair import BrokerPair
+    import shlex
+    import threading
+
+    from amqtransport.processes.pair import BrokerPair, load_ports, port_in_use, save_ports
+
+    lock = threading.Lock()
+
+    def say(text: str) -> None:
+        with lock:
+            click.echo(text)
+            sys.stdout.flush()
 
     extra: list[str] = []
     if users_file:
@@ -150,57 +170,123 @@ def pair(
         if value is not None and not 0 < value < 65536:
             click.echo(f"error: {what} must be a port number (1-65535), got {value}", err=True)
             sys.exit(2)
+    ha_ports = _earlier_ha_ports(data_dir, (port, slave_port), load_ports, port_in_use, say)
     bp = BrokerPair(
-        mode, data_dir, port=port, slave_port=slave_port, master_user=master_user,
+        mode, Path(data_dir).resolve(), port=port, slave_port=slave_port, master_user=master_user,
         master_password=master_password, takeover_check=takeover_check, extra_args=extra,
-        cluster_password_file=cluster_password_file,
+        cluster_password_file=cluster_password_file, ha_ports=ha_ports,
         master_args=["--http", f"127.0.0.1:{http_port}"] if http_port else [],
         slave_args=["--http", f"127.0.0.1:{slave_http_port}"] if slave_http_port else [],
     )
+    save_ports(bp)
     stop = {"flag": False}
 
     def on_signal(_sig: int, _frame: object) -> None:
         stop["flag"] = True
+        raise KeyboardInterrupt
 
+    def relay(node: Any, line: str) -> None:
+        say(f"node {node.name} (pid {node.proc.pid if node.proc else '?'}): {line}")
+
+    for node in bp.nodes:
+        node.on_line = relay
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if mode == "replicated":
+        say(f"starting nodes a and b on the data in {bp.data_dir} (the node with the newer data becomes master; "
+            f"logs {bp.a.next_log_path}, {bp.b.next_log_path.name})")
+    else:
+        say(f"starting node a, then b, on the shared store in {bp.data_dir}/store")
     try:
-        bp.start()
+        bp.start(together=True)
     except BaseException as exc:
-        bp.stop()
-        click.echo(f"error: the pair did not start: {exc}", err=True)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_pair(bp, say)
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        click.echo(f"error: the pair did not start: {why}", err=True)
         sys.exit(1)
-    click.echo(f"uri: {bp.uri}")
-    if bp.cluster_password_file is not None:
-        click.echo(f"cluster secret: {bp.cluster_password_file} (both nodes sign their HA requests with it)")
-    for node in bp.nodes:
-        console = f" console http://127.0.0.1:{http[node.name]}/" if http[node.name] else ""
-        click.echo(f"node {node.name}: role {node.role} pid {node.pid} client {node.uri} "
-                   f"ha-port tcp://{node.host}:{node.ha_port}{console} data {node.data_dir} log {node.log_path}")
-    click.echo("Ctrl-C stops both nodes.")
-    sys.stdout.flush()
-    seen = {n.name: len(n.lines) for n in bp.nodes}
-    alive = {n.name: True for n in bp.nodes}
     try:
+        say(f"uri: {bp.uri}")
+        if bp.cluster_password_file is not None:
+            say(f"cluster secret: {bp.cluster_password_file} (both nodes sign their HA requests with it)")
+        for node in bp.nodes:
+            console = f" console http://127.0.0.1:{http[node.name]}/" if http[node.name] else ""
+            say(f"node {node.name}: role {node.role} pid {node.pid} client {node.uri} "
+                f"ha-port tcp://{node.host}:{node.ha_port}{console} data {node.data_dir} log {node.log_path}")
+        say("Ctrl-C stops both nodes.")
+        alive = {n.name: True for n in bp.nodes}
+        by_hand: dict[str, int | None] = {n.name: None for n in bp.nodes}
+        ticks = 0
         while not stop["flag"]:
             time.sleep(0.2)
+            ticks += 1
             for node in bp.nodes:
                 if alive[node.name] != node.alive:
                     alive[node.name] = node.alive
                     if node.alive:
-                        click.echo(f"node {node.name}: running again, pid {node.pid}")
+                        say(f"node {node.name}: running again, pid {node.pid}")
                     else:
                         code = node.proc.returncode if node.proc else None
-                        click.echo(f"node {node.name}: pid {node.proc.pid if node.proc else '?'} exited "
-                                   f"(code {code}); restart it with: {' '.join(node.command())}")
-                new = node.lines[seen[node.name]:]
-                seen[node.name] += len(new)
-                for line in new:
-                    click.echo(f"node {node.name} (pid {node.proc.pid if node.proc else '?'}): {line}")
-            sys.stdout.flush()
+                        say(f"node {node.name}: pid {node.proc.pid if node.proc else '?'} exited "
+                            f"(code {code}); restart it with: {shlex.join(node.command())}")
+                if not node.alive and ticks % 5 == 0:  # restarted by hand with that line?
+                    pid = node.foreign_pid(0.5)
+                    if pid != by_hand[node.name]:
+                        if pid is not None:
+                            say(f"node {node.name}: running again (restarted by hand), pid {pid}; "
+                                "Ctrl-C stops it too")
+                        else:
+                            say(f"node {node.name}: pid {by_hand[node.name]} (restarted by hand) is gone")
+                        by_hand[node.name] = pid
+    except KeyboardInterrupt:
+        pass
     finally:
-        bp.stop()
-        click.echo("stopped both nodes")
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_pair(bp, say)
+
+
+def _earlier_ha_ports(data_dir: str, client_ports: tuple[int, int], load_ports: Callable[[str], Any],
+                      in_use: Callable[[int], bool], say: Callable[[str], None]) -> tuple[int, ...]:
+    """The HA ports of the earlier run on ``data_dir`` when they can be bound again (each
+    node's peer knows them from its ``ha-state.json``); () for new ones. Exits when a
+    node of an earlier run still runs there (it would hold the ports and the store)."""
+    from amqtransport.broker.ha.wire import ha_request_sync
+
+    known = load_ports(data_dir)
+    if not known:
+        return ()
+    wanted = (known["a"]["ha_port"], known["b"]["ha_port"])
+    for name, ha_port in zip("ab", wanted, strict=True):
+        try:
+            st = dict(ha_request_sync("127.0.0.1", ha_port, 1.0).headers)
+        except Exception:  # noqa: BLE001 - nothing (of ours) answers there
+            continue
+        if st.get("amq-ha-name") == name:
+            pid = st.get("amq-ha-pid", "?")
+            click.echo(f"error: node {name} of an earlier run on {data_dir} is still running (pid {pid}, role "
+                       f"{st.get('amq-ha-role')}, ha-port {ha_port}): stop it first (kill {pid})", err=True)
+            sys.exit(1)
+    if len({*wanted, *client_ports}) < 4 or any(in_use(p) for p in wanted):
+        say(f"warning: the HA ports of the earlier run ({wanted[0]}, {wanted[1]}) are taken or clash with the "
+            "client ports: picking new ones (if the nodes cannot find each other, start them by hand: docs/ha.md)")
+        return ()
+    return wanted
+
+
+def _stop_pair(bp: Any, say: Callable[[str], None]) -> None:
+    """Stop every node of the pair (ours and any restarted by hand) and say which."""
+    done = bp.stop()
+    stopped = [f"{name} (pid {pid})" for name, pid, ok in done if ok]
+    left = [f"node {name} pid {pid}" for name, pid, ok in done if not ok]
+    absent = [n.name for n in bp.nodes if n.name not in {name for name, _pid, _ok in done}]
+    text = "stopped both nodes: " + (", ".join(stopped) or "none was running")
+    if absent and stopped:
+        text += f"; {' and '.join(absent)} was not running"
+    say(text)
+    if left:
+        say(f"warning: left running (could not stop): {', '.join(left)}")
 
 
 @click.command("status")
