@@ -340,10 +340,11 @@ def _ask(host: str, port: int, timeout: float, headers: Mapping[str, str] | HaRe
 @click.command("release")
 @click.option("--port", type=int, required=True, help="The master's HA port (or its client port).")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--cluster-password-file", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="The pair's cluster secret (as given to the nodes).")
-@click.option("--cluster-password", default=None, help="The pair's cluster secret itself.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--cluster-password-file", type=click.Path(dir_okay=False), default=None,
+              help="The pair's cluster secret (as given to the nodes) [default: amq-pair-data/cluster.secret, "
+                   "where `amq broker pair` keeps it, if it exists].")
+@click.option("--cluster-password", default=None, help="The pair's cluster secret itself (visible in ps).")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (it asks on stdin otherwise).")
 @click.option("--timeout", type=float, default=3.0, show_default=True)
 def release(port: int, host: str, cluster_password_file: str | None, cluster_password: str | None, yes: bool,
             timeout: float) -> None:
@@ -358,7 +359,20 @@ def release(port: int, host: str, cluster_password_file: str | None, cluster_pas
     from amqtransport.broker.ha.auth import HaRequest, RequestSigner, load_secret
     from amqtransport.broker.ha.wire import RELEASE_HEADER
     from amqtransport.errors import ConfigError
+    from amqtransport.processes.pair import SECRET_FILE
 
+    pair_secret = Path("amq-pair-data") / SECRET_FILE
+    if cluster_password is None and cluster_password_file is None and pair_secret.exists():
+        cluster_password_file = str(pair_secret)
+    if cluster_password is None and cluster_password_file is None:
+        click.echo("error: no cluster secret: give --cluster-password-file (a pair started with `amq broker pair` "
+                   f"keeps it in its data directory: DATA_DIR/{SECRET_FILE})", err=True)
+        sys.exit(2)
+    if cluster_password_file is not None and not Path(cluster_password_file).is_file():
+        click.echo(f"error: --cluster-password-file {cluster_password_file}: no such file (a pair started with "
+                   f"`amq broker pair` keeps its secret in its data directory: DATA_DIR/{SECRET_FILE}, by default "
+                   f"{pair_secret})", err=True)
+        sys.exit(2)
     try:
         secret = load_secret(cluster_password, cluster_password_file)
     except ConfigError as exc:
