@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 import time
@@ -40,7 +41,11 @@ def ha_options(fn: F) -> F:
         click.option("--master-connector", default=None,
                      help="Replicated: start as slave of this master (tcp://HOST:PORT, its client or HA port)."),
         click.option("--master-user", default=None, help="Login for the replication link."),
-        click.option("--master-password", default=None, help="Passcode for the replication link."),
+        click.option("--master-password", default=None,
+                     help="Passcode for the replication link (visible in ps: prefer --master-password-file or "
+                          "the AMQ_MASTER_PASSWORD environment variable)."),
+        click.option("--master-password-file", default=None, type=click.Path(dir_okay=False),
+                     help="File holding the passcode for the replication link (first line)."),
         click.option("--wait-for-slave", is_flag=True, default=None,
                      help="Master: no client port until a slave has synced."),
         click.option("--shutdown-on-slave-failure", is_flag=True, default=None,
@@ -96,6 +101,9 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
     assert isinstance(cfg, BrokerConfig)
     kwargs = {("mode" if k == "ha" else k): v for k, v in ha.items()}
     try:
+        kwargs["master_password"] = replication_passcode(kwargs.pop("master_password", None),
+                                                         kwargs.pop("master_password_file", None),
+                                                         user=kwargs.get("master_user"))
         if cfg.port == 0:
             raise ConfigError("--ha needs a fixed --port (clients list both nodes' ports)")
         options = options_from_kwargs(kwargs)
@@ -106,6 +114,30 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
     return run_node(cfg, users, options)
 
 
+#: the environment variable that gives the replication link's passcode (not in ps)
+PASSWORD_ENV = "AMQ_MASTER_PASSWORD"
+
+
+def replication_passcode(value: object, path: object, *, user: object) -> str | None:
+    """The replication link's passcode: ``--master-password`` (visible in ps), else the
+    first line of ``--master-password-file``, else ``$AMQ_MASTER_PASSWORD`` (when a
+    ``user`` is given); ConfigError when both options are given or the file cannot be read."""
+    from amqtransport.errors import ConfigError
+
+    if value is not None and path is not None:
+        raise ConfigError("give --master-password or --master-password-file, not both", path="master_password")
+    if path is not None:
+        try:
+            lines = Path(str(path)).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"--master-password-file {path}: {exc.strerror or exc}",
+                              path="master_password_file") from None
+        return lines[0] if lines else ""
+    if value is not None:
+        return str(value)
+    return os.environ.get(PASSWORD_ENV) if user is not None else None
+
+
 @click.command("pair")
 @click.option("--mode", type=click.Choice(["replicated", "shared-store"]), default="replicated", show_default=True)
 @click.option("--port", type=int, default=61613, show_default=True, help="Client port of the first master.")
@@ -113,8 +145,12 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
 @click.option("--data-dir", type=click.Path(file_okay=False), default="amq-pair-data", show_default=True)
 @click.option("--users", "users_file", type=click.Path(dir_okay=False, exists=True), default=None,
               help="users file for both nodes (the replication link then needs --master-user/--master-password).")
-@click.option("--master-user", default=None)
-@click.option("--master-password", default=None)
+@click.option("--master-user", default=None, help="Login of the replication link (a user of --users).")
+@click.option("--master-password", default=None,
+              help="Its passcode (visible in ps: prefer --master-password-file or $AMQ_MASTER_PASSWORD; the nodes "
+                   "get it in a file either way).")
+@click.option("--master-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="File holding the replication link's passcode (first line).")
 @click.option("--takeover-check", default=None, help="HOST:PORT both nodes must reach to take over.")
 @click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Replicated: the pair's shared secret [default: DATA_DIR/cluster.secret, generated once].")
@@ -130,6 +166,7 @@ def pair(
     users_file: str | None,
     master_user: str | None,
     master_password: str | None,
+    master_password_file: str | None,
     takeover_check: str | None,
     cluster_password_file: str | None,
     http_port: int | None,
@@ -170,10 +207,22 @@ def pair(
         if value is not None and not 0 < value < 65536:
             click.echo(f"error: {what} must be a port number (1-65535), got {value}", err=True)
             sys.exit(2)
+    from amqtransport.errors import ConfigError
+
+    try:
+        password = replication_passcode(master_password, master_password_file, user=master_user)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    if (master_user is None) != (password is None):
+        click.echo("error: --master-user and its passcode (--master-password-file, $AMQ_MASTER_PASSWORD or "
+                   "--master-password) go together", err=True)
+        sys.exit(2)
+    os.umask(0o077)  # the pair's files (logs, pair.json, the passcode file) are private to this user
     ha_ports = _earlier_ha_ports(data_dir, (port, slave_port), load_ports, port_in_use, say)
     bp = BrokerPair(
         mode, Path(data_dir).resolve(), port=port, slave_port=slave_port, master_user=master_user,
-        master_password=master_password, takeover_check=takeover_check, extra_args=extra,
+        master_password=password, takeover_check=takeover_check, extra_args=extra,
         cluster_password_file=cluster_password_file, ha_ports=ha_ports,
         master_args=["--http", f"127.0.0.1:{http_port}"] if http_port else [],
         slave_args=["--http", f"127.0.0.1:{slave_http_port}"] if slave_http_port else [],

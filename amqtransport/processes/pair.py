@@ -47,7 +47,7 @@ from amqtransport.broker.ha.auth import generate_secret
 from amqtransport.broker.ha.wire import ha_request_sync
 
 from .ports import free_port
-from .spawn import kill_and_reap, read_log, spawn_logged, terminate_and_reap
+from .spawn import kill_and_reap, private_dir, read_log, spawn_logged, terminate_and_reap
 
 __all__ = ["BrokerPair", "HaNodeProcess", "SECRET_FILE", "PORTS_FILE", "load_ports", "save_ports", "pid_alive"]
 
@@ -193,7 +193,7 @@ class HaNodeProcess:
         if self.alive:
             return self
         self._starts += 1
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)
         self.log_path = self.log_dir / f"{self.name}-{self._starts}.log"
         with self._cond:
             self.lines = []
@@ -326,16 +326,14 @@ class BrokerPair:
         if data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix=f"amq-pair-{mode}-")
             data_dir = self._tmp.name
-        self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = private_dir(data_dir)
         common: list[str] = ["--ha", mode, *extra_args]
         self.cluster_password_file: Path | None = None
         if mode == "replicated":
             self.cluster_password_file = self._secret_file(cluster_password, cluster_password_file)
             common += ["--cluster-password-file", str(self.cluster_password_file)]
         if users:
-            users_file = self.data_dir / "users.txt"
-            users_file.write_text("".join(f"{u}:{p}\n" for u, p in users.items()))
+            users_file = self._private_file("users.txt", "\n".join(f"{u}:{p}" for u, p in users.items()))
             common += ["--users", str(users_file)]
         if lock_interval is not None:
             common += ["--lock-interval", str(lock_interval)]
@@ -362,12 +360,15 @@ class BrokerPair:
             dirs = [self.data_dir / "store", self.data_dir / "store"]
         else:
             dirs = [self.data_dir / "a", self.data_dir / "b"]
+        # the replication passcode goes to the nodes in a file (0600), never on their command line
         creds_a: list[str] = []
         if master_user is not None:
-            creds_a = ["--master-user", master_user, "--master-password", master_password or ""]
+            creds_a = ["--master-user", master_user, "--master-password-file",
+                       str(self._private_file("master.password", master_password or ""))]
         creds_b = creds_a
         if slave_master_user is not None:
-            creds_b = ["--master-user", slave_master_user, "--master-password", slave_master_password or ""]
+            creds_b = ["--master-user", slave_master_user, "--master-password-file",
+                       str(self._private_file("master-b.password", slave_master_password or ""))]
         args_a = [*common, *creds_a, *master_args]
         args_b = [*common, *creds_b, *slave_args]
         if mode == "replicated":
@@ -376,6 +377,15 @@ class BrokerPair:
         self.a = HaNodeProcess("a", dirs[0], ports[0], ha_ports[0], args_a, logs)
         self.b = HaNodeProcess("b", dirs[1], ports[1], ha_ports[1], args_b, logs)
         self.nodes = (self.a, self.b)
+
+    def _private_file(self, name: str, content: str) -> Path:
+        """``<data_dir>/name`` holding ``content`` (one line), mode 0600."""
+        target = (self.data_dir / name).resolve()
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(content + "\n")
+        return target
 
     def _secret_file(self, password: str | None, path: str | Path | None) -> Path:
         """The pair's cluster secret file: ``path`` as given, else ``<data_dir>/cluster.secret``
