@@ -317,7 +317,10 @@ def _earlier_ha_ports(data_dir: str, client_ports: tuple[int, int], load_ports: 
             click.echo(f"error: node {name} of an earlier run on {data_dir} is still running (pid {pid}, role "
                        f"{st.get('amq-ha-role')}, ha-port {ha_port}): stop it first (kill {pid})", err=True)
             sys.exit(1)
-    if len({*wanted, *client_ports}) < 4 or any(in_use(p) for p in wanted):
+    from amqtransport.processes.ports import reserve_port
+
+    # reserved like free_port's ports, so that no other process of ours hands them out meanwhile
+    if len({*wanted, *client_ports}) < 4 or any(in_use(p) or not reserve_port(p) for p in wanted):
         say(f"warning: the HA ports of the earlier run ({wanted[0]}, {wanted[1]}) are taken or clash with the "
             "client ports: picking new ones (if the nodes cannot find each other, start them by hand: docs/ha.md)")
         return ()
