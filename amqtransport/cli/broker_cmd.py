@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import click
 
 from amqtransport.cli.ha_cmd import ha_options, run_ha
 from amqtransport.errors import ConfigError
+from amqtransport.processes.spawn import private_dir
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -175,6 +177,13 @@ def run(
     fit_open_files(cfg.max_connections)
     if cfg.data_dir is None:
         cfg = cfg.model_copy(update={"data_dir": str(Path("amq-data").resolve())})
+    # message bodies, ha-state.json, checkpoints: this user's only (dir 0700, files 0600)
+    os.umask(0o077)
+    try:
+        private_dir(cfg.data_dir or "amq-data")
+    except OSError as exc:
+        click.echo(f"error: cannot create the data directory {cfg.data_dir}: {exc.strerror or exc}", err=True)
+        sys.exit(1)
     if ha.get("ha"):
         sys.exit(run_ha(cfg, users, ha))
     try:

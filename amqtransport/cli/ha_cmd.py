@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -39,7 +41,11 @@ def ha_options(fn: F) -> F:
         click.option("--master-connector", default=None,
                      help="Replicated: start as slave of this master (tcp://HOST:PORT, its client or HA port)."),
         click.option("--master-user", default=None, help="Login for the replication link."),
-        click.option("--master-password", default=None, help="Passcode for the replication link."),
+        click.option("--master-password", default=None,
+                     help="Passcode for the replication link (visible in ps: prefer --master-password-file or "
+                          "the AMQ_MASTER_PASSWORD environment variable)."),
+        click.option("--master-password-file", default=None, type=click.Path(dir_okay=False),
+                     help="File holding the passcode for the replication link (first line)."),
         click.option("--wait-for-slave", is_flag=True, default=None,
                      help="Master: no client port until a slave has synced."),
         click.option("--shutdown-on-slave-failure", is_flag=True, default=None,
@@ -95,6 +101,9 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
     assert isinstance(cfg, BrokerConfig)
     kwargs = {("mode" if k == "ha" else k): v for k, v in ha.items()}
     try:
+        kwargs["master_password"] = replication_passcode(kwargs.pop("master_password", None),
+                                                         kwargs.pop("master_password_file", None),
+                                                         user=kwargs.get("master_user"))
         if cfg.port == 0:
             raise ConfigError("--ha needs a fixed --port (clients list both nodes' ports)")
         options = options_from_kwargs(kwargs)
@@ -105,6 +114,30 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
     return run_node(cfg, users, options)
 
 
+#: the environment variable that gives the replication link's passcode (not in ps)
+PASSWORD_ENV = "AMQ_MASTER_PASSWORD"
+
+
+def replication_passcode(value: object, path: object, *, user: object) -> str | None:
+    """The replication link's passcode: ``--master-password`` (visible in ps), else the
+    first line of ``--master-password-file``, else ``$AMQ_MASTER_PASSWORD`` (when a
+    ``user`` is given); ConfigError when both options are given or the file cannot be read."""
+    from amqtransport.errors import ConfigError
+
+    if value is not None and path is not None:
+        raise ConfigError("give --master-password or --master-password-file, not both", path="master_password")
+    if path is not None:
+        try:
+            lines = Path(str(path)).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"--master-password-file {path}: {exc.strerror or exc}",
+                              path="master_password_file") from None
+        return lines[0] if lines else ""
+    if value is not None:
+        return str(value)
+    return os.environ.get(PASSWORD_ENV) if user is not None else None
+
+
 @click.command("pair")
 @click.option("--mode", type=click.Choice(["replicated", "shared-store"]), default="replicated", show_default=True)
 @click.option("--port", type=int, default=61613, show_default=True, help="Client port of the first master.")
@@ -112,8 +145,12 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
 @click.option("--data-dir", type=click.Path(file_okay=False), default="amq-pair-data", show_default=True)
 @click.option("--users", "users_file", type=click.Path(dir_okay=False, exists=True), default=None,
               help="users file for both nodes (the replication link then needs --master-user/--master-password).")
-@click.option("--master-user", default=None)
-@click.option("--master-password", default=None)
+@click.option("--master-user", default=None, help="Login of the replication link (a user of --users).")
+@click.option("--master-password", default=None,
+              help="Its passcode (visible in ps: prefer --master-password-file or $AMQ_MASTER_PASSWORD; the nodes "
+                   "get it in a file either way).")
+@click.option("--master-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="File holding the replication link's passcode (first line).")
 @click.option("--takeover-check", default=None, help="HOST:PORT both nodes must reach to take over.")
 @click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Replicated: the pair's shared secret [default: DATA_DIR/cluster.secret, generated once].")
@@ -129,6 +166,7 @@ def pair(
     users_file: str | None,
     master_user: str | None,
     master_password: str | None,
+    master_password_file: str | None,
     takeover_check: str | None,
     cluster_password_file: str | None,
     http_port: int | None,
@@ -136,11 +174,30 @@ def pair(
 ) -> None:
     """Start a master/slave pair as two child processes; Ctrl-C stops both.
 
-    Prints the client URI and each node's role and pid. Kill the master's pid and the
-    slave takes over; restart it with the same command line (shown in the log) and it
-    rejoins as slave.
+    Replicated: both nodes start at once on the data in --data-dir and their HA
+    decision picks the master (on a new directory node a; on the data of an earlier
+    run the node with the newer data -- after a master kill, the slave that took over
+    -- and the other joins as slave), so the same command starts the pair again after
+    any earlier run, kill or reboot; the nodes' HA ports are kept in DATA_DIR/pair.json
+    from run to run. Shared store: a starts first and takes the lock.
+
+    Prints each node's output as it comes, then the client URI and each node's role
+    and pid. Kill the master's pid and the slave takes over; the line `pair` prints
+    then restarts it (it rejoins as slave); Ctrl-C stops every node of the pair, one
+    restarted by hand included. Logs: DATA_DIR/logs/a-N.log, b-N.log (earlier runs'
+    logs are kept).
     """
-    from amqtransport.processes.pair import BrokerPair
+    import shlex
+    import threading
+
+    from amqtransport.processes.pair import BrokerPair, load_ports, port_in_use, save_ports
+
+    lock = threading.Lock()
+
+    def say(text: str) -> None:
+        with lock:
+            click.echo(text)
+            sys.stdout.flush()
 
     extra: list[str] = []
     if users_file:
@@ -150,57 +207,138 @@ def pair(
         if value is not None and not 0 < value < 65536:
             click.echo(f"error: {what} must be a port number (1-65535), got {value}", err=True)
             sys.exit(2)
+    from amqtransport.errors import ConfigError
+
+    try:
+        password = replication_passcode(master_password, master_password_file, user=master_user)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    if (master_user is None) != (password is None):
+        click.echo("error: --master-user and its passcode (--master-password-file, $AMQ_MASTER_PASSWORD or "
+                   "--master-password) go together", err=True)
+        sys.exit(2)
+    os.umask(0o077)  # the pair's files (logs, pair.json, the passcode file) are private to this user
+    ha_ports = _earlier_ha_ports(data_dir, (port, slave_port), load_ports, port_in_use, say)
     bp = BrokerPair(
-        mode, data_dir, port=port, slave_port=slave_port, master_user=master_user,
-        master_password=master_password, takeover_check=takeover_check, extra_args=extra,
-        cluster_password_file=cluster_password_file,
+        mode, Path(data_dir).resolve(), port=port, slave_port=slave_port, master_user=master_user,
+        master_password=password, takeover_check=takeover_check, extra_args=extra,
+        cluster_password_file=cluster_password_file, ha_ports=ha_ports,
         master_args=["--http", f"127.0.0.1:{http_port}"] if http_port else [],
         slave_args=["--http", f"127.0.0.1:{slave_http_port}"] if slave_http_port else [],
     )
+    save_ports(bp)
     stop = {"flag": False}
 
     def on_signal(_sig: int, _frame: object) -> None:
         stop["flag"] = True
+        raise KeyboardInterrupt
 
+    def relay(node: Any, line: str) -> None:
+        say(f"node {node.name} (pid {node.proc.pid if node.proc else '?'}): {line}")
+
+    for node in bp.nodes:
+        node.on_line = relay
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if mode == "replicated":
+        say(f"starting nodes a and b on the data in {bp.data_dir} (the node with the newer data becomes master; "
+            f"logs {bp.a.next_log_path}, {bp.b.next_log_path.name})")
+    else:
+        say(f"starting node a, then b, on the shared store in {bp.data_dir}/store")
     try:
-        bp.start()
+        bp.start(together=True)
     except BaseException as exc:
-        bp.stop()
-        click.echo(f"error: the pair did not start: {exc}", err=True)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_pair(bp, say)
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        click.echo(f"error: the pair did not start: {why}", err=True)
         sys.exit(1)
-    click.echo(f"uri: {bp.uri}")
-    if bp.cluster_password_file is not None:
-        click.echo(f"cluster secret: {bp.cluster_password_file} (both nodes sign their HA requests with it)")
-    for node in bp.nodes:
-        console = f" console http://127.0.0.1:{http[node.name]}/" if http[node.name] else ""
-        click.echo(f"node {node.name}: role {node.role} pid {node.pid} client {node.uri} "
-                   f"ha-port tcp://{node.host}:{node.ha_port}{console} data {node.data_dir} log {node.log_path}")
-    click.echo("Ctrl-C stops both nodes.")
-    sys.stdout.flush()
-    seen = {n.name: len(n.lines) for n in bp.nodes}
-    alive = {n.name: True for n in bp.nodes}
     try:
+        say(f"uri: {bp.uri}")
+        if bp.cluster_password_file is not None:
+            say(f"cluster secret: {bp.cluster_password_file} (both nodes sign their HA requests with it)")
+        for node in bp.nodes:
+            console = f" console http://127.0.0.1:{http[node.name]}/" if http[node.name] else ""
+            say(f"node {node.name}: role {node.role} pid {node.pid} client {node.uri} "
+                f"ha-port tcp://{node.host}:{node.ha_port}{console} data {node.data_dir} log {node.log_path}")
+        say("Ctrl-C stops both nodes.")
+        alive = {n.name: True for n in bp.nodes}
+        by_hand: dict[str, int | None] = {n.name: None for n in bp.nodes}
+        ticks = 0
         while not stop["flag"]:
             time.sleep(0.2)
+            ticks += 1
             for node in bp.nodes:
                 if alive[node.name] != node.alive:
                     alive[node.name] = node.alive
                     if node.alive:
-                        click.echo(f"node {node.name}: running again, pid {node.pid}")
+                        say(f"node {node.name}: running again, pid {node.pid}")
                     else:
                         code = node.proc.returncode if node.proc else None
-                        click.echo(f"node {node.name}: pid {node.proc.pid if node.proc else '?'} exited "
-                                   f"(code {code}); restart it with: {' '.join(node.command())}")
-                new = node.lines[seen[node.name]:]
-                seen[node.name] += len(new)
-                for line in new:
-                    click.echo(f"node {node.name} (pid {node.proc.pid if node.proc else '?'}): {line}")
-            sys.stdout.flush()
+                        say(f"node {node.name}: pid {node.proc.pid if node.proc else '?'} exited "
+                            f"(code {code}); restart it with: {shlex.join(node.command())}")
+                if not node.alive and ticks % 5 == 0:  # restarted by hand with that line?
+                    pid = node.foreign_pid(0.5)
+                    if pid != by_hand[node.name]:
+                        if pid is not None:
+                            say(f"node {node.name}: running again (restarted by hand), pid {pid}; "
+                                "Ctrl-C stops it too")
+                        else:
+                            say(f"node {node.name}: pid {by_hand[node.name]} (restarted by hand) is gone")
+                        by_hand[node.name] = pid
+    except KeyboardInterrupt:
+        pass
     finally:
-        bp.stop()
-        click.echo("stopped both nodes")
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_pair(bp, say)
+
+
+def _earlier_ha_ports(data_dir: str, client_ports: tuple[int, int], load_ports: Callable[[str], Any],
+                      in_use: Callable[[int], bool], say: Callable[[str], None]) -> tuple[int, ...]:
+    """The HA ports of the earlier run on ``data_dir`` when they can be bound again (each
+    node's peer knows them from its ``ha-state.json``); () for new ones. Exits when a
+    node of an earlier run still runs there (it would hold the ports and the store)."""
+    from amqtransport.broker.ha.wire import ha_request_sync
+
+    known = load_ports(data_dir)
+    if not known:
+        return ()
+    wanted = (known["a"]["ha_port"], known["b"]["ha_port"])
+    for name, ha_port in zip("ab", wanted, strict=True):
+        try:
+            st = dict(ha_request_sync("127.0.0.1", ha_port, 1.0).headers)
+        except Exception:  # noqa: BLE001 - nothing (of ours) answers there
+            continue
+        if st.get("amq-ha-name") == name:
+            pid = st.get("amq-ha-pid", "?")
+            click.echo(f"error: node {name} of an earlier run on {data_dir} is still running (pid {pid}, role "
+                       f"{st.get('amq-ha-role')}, ha-port {ha_port}): stop it first (kill {pid})", err=True)
+            sys.exit(1)
+    from amqtransport.processes.ports import reserve_port
+
+    # reserved like free_port's ports, so that no other process of ours hands them out meanwhile
+    if len({*wanted, *client_ports}) < 4 or any(in_use(p) or not reserve_port(p) for p in wanted):
+        say(f"warning: the HA ports of the earlier run ({wanted[0]}, {wanted[1]}) are taken or clash with the "
+            "client ports: picking new ones (if the nodes cannot find each other, start them by hand: docs/ha.md)")
+        return ()
+    return wanted
+
+
+def _stop_pair(bp: Any, say: Callable[[str], None]) -> None:
+    """Stop every node of the pair (ours and any restarted by hand) and say which."""
+    done = bp.stop()
+    stopped = [f"{name} (pid {pid})" for name, pid, ok in done if ok]
+    left = [f"node {name} pid {pid}" for name, pid, ok in done if not ok]
+    absent = [n.name for n in bp.nodes if n.name not in {name for name, _pid, _ok in done}]
+    text = "stopped both nodes: " + (", ".join(stopped) or "none was running")
+    if absent and stopped:
+        text += f"; {' and '.join(absent)} was not running"
+    say(text)
+    if left:
+        say(f"warning: left running (could not stop): {', '.join(left)}")
 
 
 @click.command("status")
@@ -254,10 +392,11 @@ def _ask(host: str, port: int, timeout: float, headers: Mapping[str, str] | HaRe
 @click.command("release")
 @click.option("--port", type=int, required=True, help="The master's HA port (or its client port).")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--cluster-password-file", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="The pair's cluster secret (as given to the nodes).")
-@click.option("--cluster-password", default=None, help="The pair's cluster secret itself.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--cluster-password-file", type=click.Path(dir_okay=False), default=None,
+              help="The pair's cluster secret (as given to the nodes) [default: amq-pair-data/cluster.secret, "
+                   "where `amq broker pair` keeps it, if it exists].")
+@click.option("--cluster-password", default=None, help="The pair's cluster secret itself (visible in ps).")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (it asks on stdin otherwise).")
 @click.option("--timeout", type=float, default=3.0, show_default=True)
 def release(port: int, host: str, cluster_password_file: str | None, cluster_password: str | None, yes: bool,
             timeout: float) -> None:
@@ -272,7 +411,20 @@ def release(port: int, host: str, cluster_password_file: str | None, cluster_pas
     from amqtransport.broker.ha.auth import HaRequest, RequestSigner, load_secret
     from amqtransport.broker.ha.wire import RELEASE_HEADER
     from amqtransport.errors import ConfigError
+    from amqtransport.processes.pair import SECRET_FILE
 
+    pair_secret = Path("amq-pair-data") / SECRET_FILE
+    if cluster_password is None and cluster_password_file is None and pair_secret.exists():
+        cluster_password_file = str(pair_secret)
+    if cluster_password is None and cluster_password_file is None:
+        click.echo("error: no cluster secret: give --cluster-password-file (a pair started with `amq broker pair` "
+                   f"keeps it in its data directory: DATA_DIR/{SECRET_FILE})", err=True)
+        sys.exit(2)
+    if cluster_password_file is not None and not Path(cluster_password_file).is_file():
+        click.echo(f"error: --cluster-password-file {cluster_password_file}: no such file (a pair started with "
+                   f"`amq broker pair` keeps its secret in its data directory: DATA_DIR/{SECRET_FILE}, by default "
+                   f"{pair_secret})", err=True)
+        sys.exit(2)
     try:
         secret = load_secret(cluster_password, cluster_password_file)
     except ConfigError as exc:

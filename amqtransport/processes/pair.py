@@ -2,13 +2,25 @@
 
 Each node is ``amq broker run --ha MODE`` on fixed ports (clients list both ports in
 their ``failover:`` URI, so a slave's port must be known before it binds). Node ``a``
-starts first as the configured master; node ``b`` starts as slave (replicated: with
+is the configured master; node ``b`` the configured slave (replicated: with
 ``--master-connector`` pointing at ``a``'s HA port; shared store: on the same data
-directory). Roles then move with failures: :attr:`BrokerPair.master` asks the nodes.
+directory). :meth:`BrokerPair.start` starts ``a``, waits for it to be master, then
+starts ``b`` (a fresh pair in tests); ``start(together=True)`` -- what ``amq broker
+pair`` does -- starts both at once and lets the nodes' own HA decision pick the master
+from their data (the newer epoch wins, the other joins as slave), so a pair restarted
+on the data of an earlier run comes up whatever ended that run: a master kill (the
+slave is master at a newer epoch), a clean stop, both nodes killed. That needs each
+node's HA port to be the one its peer knows from the earlier run (``ha-state.json``):
+:func:`load_ports` / :func:`save_ports` keep them in ``<data_dir>/pair.json``. Roles
+then move with failures: :attr:`BrokerPair.master` asks the nodes.
 
 The child's stdout carries one line per role change (``role master epoch 3``,
-``listening on stomp://...``); a reader thread keeps them in :attr:`HaNodeProcess.lines`.
-Logs go to ``<data_dir>/<name>-<n>.log``. Everything is stopped by pid on exit. A
+``listening on stomp://...``); a reader thread keeps them in :attr:`HaNodeProcess.lines`
+(and hands each to :attr:`HaNodeProcess.on_line`). Logs go to
+``<data_dir>/logs/<name>-<n>.log``, ``n`` one more than the last log there (earlier
+runs' logs are kept). Everything is stopped by pid on exit -- a node that was restarted
+by hand (with the command line ``amq broker pair`` printed) too: it answers on the
+node's HA port with the node's name and its pid (:meth:`HaNodeProcess.foreign_pid`). A
 replicated pair shares a cluster secret: ``cluster_password=``/``cluster_password_file=``,
 else one generated into ``<data_dir>/cluster.secret`` (mode 0600) and kept there, so a
 node restarted by hand with the command line in its log still matches its peer.
@@ -16,13 +28,18 @@ node restarted by hand with the command line in its log still matches its peer.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -30,12 +47,76 @@ from amqtransport.broker.ha.auth import generate_secret
 from amqtransport.broker.ha.wire import ha_request_sync
 
 from .ports import free_port
-from .spawn import kill_and_reap, read_log, spawn_logged, terminate_and_reap
+from .spawn import kill_and_reap, private_dir, read_log, spawn_logged, terminate_and_reap
 
-__all__ = ["BrokerPair", "HaNodeProcess", "SECRET_FILE"]
+__all__ = ["BrokerPair", "HaNodeProcess", "SECRET_FILE", "PORTS_FILE", "load_ports", "save_ports", "pid_alive"]
 
 #: the cluster secret of a replicated pair, in its data directory (generated once per pair)
 SECRET_FILE = "cluster.secret"
+#: the ports of ``amq broker pair``'s nodes, in its data directory (kept from run to run)
+PORTS_FILE = "pair.json"
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` runs (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def stop_pid(pid: int, timeout: float = 20.0) -> bool:
+    """SIGTERM process ``pid`` (not our child: polled, not waited for), SIGKILL after
+    ``timeout``; True once it is gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+            return not pid_alive(pid)
+        time.sleep(0.05)
+    return True
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when ``port`` cannot be bound on ``host`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def load_ports(data_dir: str | Path) -> dict[str, dict[str, int]]:
+    """``{"a": {"port": P, "ha_port": H}, "b": ...}`` from ``<data_dir>/pair.json``; {}
+    when there is none (or it cannot be read: the pair then picks new HA ports)."""
+    path = Path(data_dir) / PORTS_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        return {name: {"port": int(raw["nodes"][name]["port"]), "ha_port": int(raw["nodes"][name]["ha_port"])}
+                for name in ("a", "b")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def save_ports(pair: BrokerPair) -> None:
+    """Write the nodes' ports to ``<data_dir>/pair.json`` (read back by :func:`load_ports`)."""
+    nodes = {n.name: {"port": n.port, "ha_port": n.ha_port} for n in pair.nodes}
+    data = json.dumps({"mode": pair.mode, "nodes": nodes}, indent=1, sort_keys=True) + "\n"
+    tmp = pair.data_dir / (PORTS_FILE + ".tmp")
+    tmp.write_text(data, encoding="utf-8")
+    os.replace(tmp, pair.data_dir / PORTS_FILE)
 
 
 class HaNodeProcess:
@@ -61,9 +142,14 @@ class HaNodeProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.lines: list[str] = []
         self._cond = threading.Condition()
-        self._starts = 0
+        # logs of earlier runs in log_dir are kept: this run's first log is the next number
+        numbers = [int(m.group(1)) for p in log_dir.glob(f"{name}-*.log")
+                   if (m := re.fullmatch(rf"{re.escape(name)}-(\d+)\.log", p.name))]
+        self._starts = max(numbers, default=0)
         self.log_path: Path | None = None
         self._reader: threading.Thread | None = None
+        #: called with (node, line) for every stdout line, on the reader thread
+        self.on_line: Callable[[HaNodeProcess, str], None] | None = None
 
     @property
     def uri(self) -> str:
@@ -89,8 +175,25 @@ class HaNodeProcess:
     def start(self, timeout: float = 30.0) -> HaNodeProcess:
         if self.alive:
             return self
+        self.spawn()
+        try:
+            self.wait_line("ha node ", timeout)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    @property
+    def next_log_path(self) -> Path:
+        """Where the next start logs (earlier logs are kept)."""
+        return self.log_dir / f"{self.name}-{self._starts + 1}.log"
+
+    def spawn(self) -> HaNodeProcess:
+        """Start the process (not waiting for it: :meth:`wait_line`)."""
+        if self.alive:
+            return self
         self._starts += 1
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)
         self.log_path = self.log_dir / f"{self.name}-{self._starts}.log"
         with self._cond:
             self.lines = []
@@ -99,11 +202,6 @@ class HaNodeProcess:
         self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True,
                                         name=f"ha-node-reader:{self.name}")
         self._reader.start()
-        try:
-            self.wait_line("ha node ", timeout)
-        except BaseException:
-            self.kill()
-            raise
         return self
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
@@ -113,6 +211,9 @@ class HaNodeProcess:
             with self._cond:
                 self.lines.append(line)
                 self._cond.notify_all()
+            if self.on_line is not None:
+                with contextlib.suppress(Exception):
+                    self.on_line(self, line)
         with self._cond:
             self._cond.notify_all()
 
@@ -150,6 +251,18 @@ class HaNodeProcess:
     @property
     def role(self) -> str:
         return self.status().get("amq-ha-role", "down") if self.alive else "down"
+
+    def foreign_pid(self, timeout: float = 1.0) -> int | None:
+        """The pid of a process that is this node but not our child (restarted by hand
+        with :meth:`command`): it answers on this node's HA port with this node's name.
+        None while our own child runs, or when nothing (or another node) answers."""
+        if self.alive:
+            return None
+        st = self.status(timeout)
+        pid = st.get("amq-ha-pid", "")
+        if st.get("amq-ha-name") != self.name or not pid.isdigit() or int(pid) == os.getpid():
+            return None
+        return int(pid)
 
     def log_text(self) -> str:
         return read_log(self.log_path)
@@ -204,6 +317,7 @@ class BrokerPair:
         fsync: bool = True,
         cluster_password: str | None = None,
         cluster_password_file: str | Path | None = None,
+        ha_ports: Sequence[int] = (),
     ) -> None:
         if mode not in ("replicated", "shared-store"):
             raise ValueError(f"mode must be 'replicated' or 'shared-store', got {mode!r}")
@@ -212,16 +326,14 @@ class BrokerPair:
         if data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix=f"amq-pair-{mode}-")
             data_dir = self._tmp.name
-        self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = private_dir(data_dir)
         common: list[str] = ["--ha", mode, *extra_args]
         self.cluster_password_file: Path | None = None
         if mode == "replicated":
             self.cluster_password_file = self._secret_file(cluster_password, cluster_password_file)
             common += ["--cluster-password-file", str(self.cluster_password_file)]
         if users:
-            users_file = self.data_dir / "users.txt"
-            users_file.write_text("".join(f"{u}:{p}\n" for u, p in users.items()))
+            users_file = self._private_file("users.txt", "\n".join(f"{u}:{p}" for u, p in users.items()))
             common += ["--users", str(users_file)]
         if lock_interval is not None:
             common += ["--lock-interval", str(lock_interval)]
@@ -236,19 +348,27 @@ class BrokerPair:
         ports = [port or free_port(), slave_port or free_port()]
         while ports[1] == ports[0]:
             ports[1] = free_port()
-        ha_ports = [free_port(), free_port()]
-        while len({*ports, *ha_ports}) < 4:
+        if ha_ports:
+            if len(ha_ports) != 2 or len({*ports, *ha_ports}) < 4:
+                raise ValueError(f"ha_ports must be two ports distinct from the client ports {ports}, got {ha_ports}")
+            ha_ports = list(ha_ports)
+        else:
             ha_ports = [free_port(), free_port()]
+            while len({*ports, *ha_ports}) < 4:
+                ha_ports = [free_port(), free_port()]
         if mode == "shared-store":
             dirs = [self.data_dir / "store", self.data_dir / "store"]
         else:
             dirs = [self.data_dir / "a", self.data_dir / "b"]
+        # the replication passcode goes to the nodes in a file (0600), never on their command line
         creds_a: list[str] = []
         if master_user is not None:
-            creds_a = ["--master-user", master_user, "--master-password", master_password or ""]
+            creds_a = ["--master-user", master_user, "--master-password-file",
+                       str(self._private_file("master.password", master_password or ""))]
         creds_b = creds_a
         if slave_master_user is not None:
-            creds_b = ["--master-user", slave_master_user, "--master-password", slave_master_password or ""]
+            creds_b = ["--master-user", slave_master_user, "--master-password-file",
+                       str(self._private_file("master-b.password", slave_master_password or ""))]
         args_a = [*common, *creds_a, *master_args]
         args_b = [*common, *creds_b, *slave_args]
         if mode == "replicated":
@@ -257,6 +377,15 @@ class BrokerPair:
         self.a = HaNodeProcess("a", dirs[0], ports[0], ha_ports[0], args_a, logs)
         self.b = HaNodeProcess("b", dirs[1], ports[1], ha_ports[1], args_b, logs)
         self.nodes = (self.a, self.b)
+
+    def _private_file(self, name: str, content: str) -> Path:
+        """``<data_dir>/name`` holding ``content`` (one line), mode 0600."""
+        target = (self.data_dir / name).resolve()
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(content + "\n")
+        return target
 
     def _secret_file(self, password: str | None, path: str | Path | None) -> Path:
         """The pair's cluster secret file: ``path`` as given, else ``<data_dir>/cluster.secret``
@@ -297,7 +426,25 @@ class BrokerPair:
         return self.b if node is self.a else self.a
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 60.0) -> BrokerPair:
+    def start(self, timeout: float = 60.0, *, together: bool = False) -> BrokerPair:
+        """Start the pair; return once a master serves and the slave is in sync
+        (replicated) or waits on the lock (shared store). ``together`` (replicated):
+        start both nodes at once and let their HA decision pick the master from their
+        data -- the way to start a pair on the data of an earlier run, whose newer
+        store may be ``b``'s (``a`` would wait for it forever if ``b`` started only
+        once ``a`` were master)."""
+        if together and self.mode == "replicated":
+            for node in self.nodes:
+                node.spawn()
+            for node in self.nodes:
+                try:
+                    node.wait_line("ha node ", timeout)
+                except BaseException:
+                    node.kill()
+                    raise
+            self.wait_master(timeout, fail_on_exit=True)
+            self.wait_in_sync(timeout)
+            return self
         self.a.start(timeout)
         self.wait_master(timeout)
         self.b.start(timeout)
@@ -307,10 +454,14 @@ class BrokerPair:
             self.b.wait_line("role slave", timeout)
         return self
 
-    def wait_master(self, timeout: float = 30.0, exclude: HaNodeProcess | None = None) -> HaNodeProcess:
+    def wait_master(self, timeout: float = 30.0, exclude: HaNodeProcess | None = None, *,
+                    fail_on_exit: bool = False) -> HaNodeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for node in self.nodes:
+                if fail_on_exit and node.proc is not None and node.proc.poll() is not None:
+                    raise RuntimeError(f"node {node.name} exited with code {node.proc.returncode} while the pair "
+                                       f"was starting; its log {node.log_path}:\n{node.log_text()[-2000:]}")
                 if node is exclude or not node.alive:
                     continue
                 st = node.status(timeout=1.0)
@@ -352,17 +503,35 @@ class BrokerPair:
             )
         return "; ".join(parts)
 
-    def stop(self) -> None:
-        # the slave first, so the master does not see a failure and nobody takes over
-        order = sorted(self.nodes, key=lambda n: 0 if n.alive and n.status(0.5).get("amq-ha-role") != "master" else 1)
-        for node in order:
-            try:
-                node.terminate(timeout=15)
-            except Exception:  # noqa: BLE001 - keep stopping the others
-                node.kill()
+    def stop(self) -> list[tuple[str, int, bool]]:
+        """Stop both nodes by pid, the slave first (so the master does not see a failure
+        and nobody takes over): our children, and a node restarted by hand
+        (:meth:`HaNodeProcess.foreign_pid`). Returns ``(name, pid, stopped)`` for each
+        process it found running."""
+        running: list[tuple[HaNodeProcess, int, bool]] = []  # (node, pid, ours)
+        for node in self.nodes:
+            if node.alive:
+                running.append((node, node.pid, True))
+            elif (pid := node.foreign_pid(0.5)) is not None:
+                running.append((node, pid, False))
+        running.sort(key=lambda t: 1 if t[0].status(0.5).get("amq-ha-role") == "master" else 0)
+        done: list[tuple[str, int, bool]] = []
+        for node, pid, ours in running:
+            if ours:
+                try:
+                    node.terminate(timeout=15)
+                except Exception:  # noqa: BLE001 - keep stopping the others
+                    node.kill()
+                done.append((node.name, pid, not node.alive))
+            else:
+                done.append((node.name, pid, stop_pid(pid, 15)))
+        for node in self.nodes:  # pipes and reader threads of children that had exited
+            if not node.alive:
+                node.terminate()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+        return done
 
     def __enter__(self) -> BrokerPair:
         try:

@@ -25,7 +25,8 @@ from amqtransport.errors import AmqTransportError
 from amqtransport.stomp import Frame, serialize
 from amqtransport.stomp.session import ClientSession
 
-__all__ = ["KillAtExit", "kill_and_reap", "read_log", "spawn_logged", "stomp_handshake", "terminate_and_reap"]
+__all__ = ["KillAtExit", "kill_and_reap", "private_dir", "read_log", "spawn_logged", "stomp_handshake",
+           "terminate_and_reap"]
 
 T = TypeVar("T")
 
@@ -89,7 +90,9 @@ def spawn_logged(
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    with open(log_path, "wb") as log_file:
+    # logs hold queue names, users, addresses: readable by this user only
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "wb") as log_file:
         return subprocess.Popen(
             list(command),
             stdout=subprocess.PIPE,
@@ -98,6 +101,18 @@ def spawn_logged(
             env=full_env,
             start_new_session=new_session,
         )
+
+
+def private_dir(path: str | Path) -> Path:
+    """Create directory ``path`` (and its parents) readable by this user only (0700), or
+    make an existing one of ours so; the files a process then creates in it stay its own
+    (brokers run with umask 077)."""
+    target = Path(path)
+    target.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = target.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(target, 0o700)
+    return target
 
 
 def read_log(log_path: Path | None) -> str:

@@ -100,3 +100,19 @@ def test_pair_command_kill_master_nothing_lost(mode: str, tmp_path: Path) -> Non
                 os.kill(pid, signal.SIGKILL)
     assert "stopped both nodes" in out_path.read_text()
     assert not [p for p in pids if _alive(p)], "Ctrl-C left a node running"
+
+
+def test_release_finds_the_secret_of_amq_broker_pair(tmp_path: Path) -> None:
+    """`amq broker release` without a secret names where `amq broker pair` keeps it, and
+    defaults to amq-pair-data/cluster.secret (docs/ha.md runs it against a real pair)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    none = subprocess.run([*AMQ, "broker", "release", "--port", str(free_port()), "--yes"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert none.returncode == 2 and "DATA_DIR/cluster.secret" in none.stderr, none.stderr
+    (tmp_path / "amq-pair-data").mkdir()
+    (tmp_path / "amq-pair-data" / "cluster.secret").write_text("s3cret-s3cret-s3cret\n")
+    port = free_port()
+    found = subprocess.run([*AMQ, "broker", "release", "--port", str(port), "--yes"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60, env=env)
+    # the secret was found: it went on to ask the (absent) master
+    assert found.returncode == 1 and f"cannot reach 127.0.0.1:{port}" in found.stderr, found.stderr

@@ -136,6 +136,8 @@ def test_pair_consoles_failover_and_readiness(pair: PairRun, tmp_path: Path) -> 
     slave_text = b.metrics()
     assert metric(slave_text, "amq_ha_role", {"role": "slave"}) == 1 and metric(slave_text, "amq_ready") == 0
     assert metric(slave_text, "amq_store_messages") == 2  # the replica holds both messages
+    slave_page = b.get("/").text  # its overview says so (it said "no queues yet")
+    assert "no queues yet" not in slave_page and "it holds 2 stored messages" in slave_page, slave_page
 
     # a slave refuses actions: it serves no clients
     r = b.post("/api/queues/DLQ.orders/purge")

@@ -202,11 +202,15 @@ def overview_page(page: Page, nodes: Sequence[Mapping[str, Any]], destinations: 
         facts = [f for f in facts if f[0] in ("stored messages", "fsync p50 / p99", "takeovers", "uptime")]
     fact_rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     queues = sorted((d for d in destinations if d.get("kind") != "topic"), key=lambda d: -int(d.get("depth", 0)))
+    empty = "no queues yet"
+    if not n.get("serving"):  # a slave lists no queues of its own: say what it holds
+        empty = (f"this node is {e(n.get('role'))}: it holds {num(store.get('messages'))} stored messages "
+                 "(a copy of the master's); the master's console lists the queues")
     top = "".join(
         f'<tr data-name="{e(d["name"])}"><td><a href="{queue_url(d["name"])}">{e(d["name"])}</a></td>'
         f'<td class="num depth">{num(d.get("depth"))}</td><td class="num">{num(d.get("consumers"))}</td></tr>'
         for d in queues[:10]
-    ) or '<tr><td colspan="3" class="empty">no queues yet</td></tr>'
+    ) or f'<tr><td colspan="3" class="empty">{empty}</td></tr>'
     return page.render("Overview", "overview", f"""{banner}
 <h2>Nodes</h2>
 <div class="cards" id="nodes">{cards}</div>
