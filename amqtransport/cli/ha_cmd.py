@@ -158,6 +158,10 @@ def replication_passcode(value: object, path: object, *, user: object) -> str | 
               help="HTTP side port of the first master (console, /metrics, /healthz, /readyz on 127.0.0.1) "
                    "[default: off].")
 @click.option("--slave-http-port", type=int, default=None, help="HTTP side port of the slave [default: off].")
+@click.option("--ws-port", type=int, default=None,
+              help="STOMP over WebSocket port of the first master on 127.0.0.1 (browsers: stompjs); like the client "
+                   "port, open only on the node that is master [default: off].")
+@click.option("--slave-ws-port", type=int, default=None, help="WebSocket port of the slave [default: off].")
 def pair(
     mode: str,
     port: int,
@@ -171,6 +175,8 @@ def pair(
     cluster_password_file: str | None,
     http_port: int | None,
     slave_http_port: int | None,
+    ws_port: int | None,
+    slave_ws_port: int | None,
 ) -> None:
     """Start a master/slave pair as two child processes; Ctrl-C stops both.
 
@@ -203,7 +209,9 @@ def pair(
     if users_file:
         extra += ["--users", users_file]
     http = {"a": http_port, "b": slave_http_port}
-    for what, value in (("--http-port", http_port), ("--slave-http-port", slave_http_port)):
+    ws = {"a": ws_port, "b": slave_ws_port}
+    for what, value in (("--http-port", http_port), ("--slave-http-port", slave_http_port),
+                        ("--ws-port", ws_port), ("--slave-ws-port", slave_ws_port)):
         if value is not None and not 0 < value < 65536:
             click.echo(f"error: {what} must be a port number (1-65535), got {value}", err=True)
             sys.exit(2)
@@ -224,8 +232,10 @@ def pair(
         mode, Path(data_dir).resolve(), port=port, slave_port=slave_port, master_user=master_user,
         master_password=password, takeover_check=takeover_check, extra_args=extra,
         cluster_password_file=cluster_password_file, ha_ports=ha_ports,
-        master_args=["--http", f"127.0.0.1:{http_port}"] if http_port else [],
-        slave_args=["--http", f"127.0.0.1:{slave_http_port}"] if slave_http_port else [],
+        master_args=[*(["--http", f"127.0.0.1:{http_port}"] if http_port else []),
+                     *(["--ws", f"127.0.0.1:{ws_port}"] if ws_port else [])],
+        slave_args=[*(["--http", f"127.0.0.1:{slave_http_port}"] if slave_http_port else []),
+                    *(["--ws", f"127.0.0.1:{slave_ws_port}"] if slave_ws_port else [])],
     )
     save_ports(bp)
     stop = {"flag": False}
@@ -261,8 +271,10 @@ def pair(
             say(f"cluster secret: {bp.cluster_password_file} (both nodes sign their HA requests with it)")
         for node in bp.nodes:
             console = f" console http://127.0.0.1:{http[node.name]}/" if http[node.name] else ""
+            websocket = f" websocket ws://127.0.0.1:{ws[node.name]}/ws" if ws[node.name] else ""
             say(f"node {node.name}: role {node.role} pid {node.pid} client {node.uri} "
-                f"ha-port tcp://{node.host}:{node.ha_port}{console} data {node.data_dir} log {node.log_path}")
+                f"ha-port tcp://{node.host}:{node.ha_port}{console}{websocket} data {node.data_dir} "
+                f"log {node.log_path}")
         say("Ctrl-C stops both nodes.")
         alive = {n.name: True for n in bp.nodes}
         by_hand: dict[str, int | None] = {n.name: None for n in bp.nodes}

@@ -55,14 +55,14 @@ def _alive(pid: int) -> bool:
 class PairRun:
     """One `amq broker pair` process; its output in ``out``."""
 
-    def __init__(self, data: Path, ports: tuple[int, int], out: Path) -> None:
+    def __init__(self, data: Path, ports: tuple[int, int], out: Path, extra: tuple[str, ...] = ()) -> None:
         self.out = out
         self.ports = ports
         self.started = time.monotonic()
         with open(out, "wb") as fh:
             self.proc = subprocess.Popen(
                 [*AMQ, "broker", "pair", "--mode", "replicated", "--port", str(ports[0]),
-                 "--slave-port", str(ports[1]), "--data-dir", str(data)],
+                 "--slave-port", str(ports[1]), "--data-dir", str(data), *extra],
                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.pids: set[int] = set()
@@ -226,3 +226,25 @@ def test_ctrl_c_stops_a_node_restarted_by_hand(tmp_path: Path, runs: list[PairRu
         if hand.poll() is None:
             hand.kill()
             hand.wait(10)
+
+
+def test_pair_ws_ports_follow_the_master(tmp_path: Path, runs: list[PairRun]) -> None:
+    """`amq broker pair --ws-port P --slave-ws-port Q`: each node's WebSocket port is open
+    only while it is master, so a browser rotating through both URLs finds the master."""
+    from ha_helpers import refuses
+
+    ws = (free_port(), free_port())
+    run = PairRun(tmp_path / "data", (free_port(), free_port()), tmp_path / "pair.out",
+                  extra=("--ws-port", str(ws[0]), "--slave-ws-port", str(ws[1])))
+    runs.append(run)
+    run.wait_ready(60)
+    assert f"websocket ws://127.0.0.1:{ws[0]}/ws" in run.text and f"websocket ws://127.0.0.1:{ws[1]}/ws" in run.text
+    master = run.node_pid("master")
+    first, second = (ws[0], ws[1]) if f"role master pid {master} client tcp://127.0.0.1:{run.ports[0]}" in run.text \
+        else (ws[1], ws[0])
+    assert not refuses(first) and refuses(second), run.text
+    os.kill(master, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while refuses(second) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not refuses(second), f"the new master's WebSocket port did not open:\n{run.text}"
