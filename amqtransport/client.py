@@ -189,29 +189,37 @@ class Producer:
     def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
              persistent: bool = True, idempotency_key: str | None = None) -> None:
         frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key)
-        transport = self._conn._transport
         while len(self._outstanding) >= self.window:
-            transport.wait(self._outstanding.popleft())
-            self.receipted += 1
-        rec = transport.request(frame)
+            self._reap(None)
+        rec = self._conn._transport.request(frame)
         assert rec is not None
         self._outstanding.append(rec)
         self.sent += 1
         # reap what is already done without blocking
         while self._outstanding and self._outstanding[0].done:
-            transport.wait(self._outstanding.popleft())
-            self.receipted += 1
+            self._reap(None)
+
+    def _reap(self, timeout: float | None) -> None:
+        """Wait for the oldest receipt. Its error is raised once (the request is done
+        with); an interrupted wait (KeyboardInterrupt) leaves it outstanding."""
+        try:
+            self._conn._transport.wait(self._outstanding[0], timeout)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            self._outstanding.popleft()
+            raise
+        self._outstanding.popleft()
+        self.receipted += 1
 
     @property
     def outstanding(self) -> int:
         return len(self._outstanding)
 
     def flush(self, timeout: float | None = None) -> None:
-        transport = self._conn._transport
+        """Wait for every outstanding receipt (raises the first error)."""
         while self._outstanding:
-            transport.wait(self._outstanding[0], timeout)
-            self._outstanding.popleft()
-            self.receipted += 1
+            self._reap(timeout)
 
     def __enter__(self) -> Producer:
         return self
