@@ -71,12 +71,13 @@ class AsyncMessage(ReceivedMessage):
     """A received message (``body``, ``text``, ``headers``, ...); ``await msg.ack()``
     and ``await msg.nack()`` matter in the client ack modes."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "_sub")
 
     def __init__(self, frame: Frame, conn: AsyncConnection, sub: AsyncSubscription, generation: int, key: str,
                  delivery: Delivery | None) -> None:
         super().__init__(frame, sub.id, sub.ack_mode, generation, key, delivery)
         self._conn = conn
+        self._sub = sub
 
     async def ack(self) -> None:
         """Acknowledge (no-op with ``ack="auto"``)."""
@@ -136,8 +137,13 @@ class AsyncSubscription:
         return self._queue.qsize()
 
     async def ack_many(self, messages: Iterable[AsyncMessage]) -> None:
-        """Acknowledge each of ``messages``, one ACK per message, one write per link."""
-        self._conn._inbound.ack_many(messages)
+        """Acknowledge each of ``messages`` (received on this subscription), one ACK
+        per message, one write per link. See :meth:`AsyncConnection.ack_many`."""
+        batch = list(messages)
+        for msg in batch:
+            if msg._sub is not self:
+                raise ValueError(f"ack_many: {msg!r} was received on subscription {msg._sub.id!r}, not {self.id!r}")
+        await self._conn.ack_many(batch)
 
     async def unsubscribe(self, durable: bool = False) -> None:
         """Stop receiving (``durable=True``: also delete the durable subscription)."""
