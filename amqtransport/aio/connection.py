@@ -361,8 +361,8 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         return send_frame(destination, body, headers, persistent, idempotency_key, dialect=t.dialect,
                           duplicate_id_header=t.duplicate_id_header)
 
-    async def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None,
-                   persistent: bool = True, *, idempotency_key: str | None = None, receipt: bool = True) -> None:
+    async def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
+                   persistent: bool = True, idempotency_key: str | None = None, receipt: bool = True) -> None:
         """Send one message; returns once the broker's receipt is in (``receipt=False``:
         once written; replayed after a failover only with ``trackMessages=true``)."""
         frame = self._send_frame(destination, body, headers, persistent, idempotency_key)
@@ -377,8 +377,8 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         return AsyncTransaction(self)
 
     # -- receiving ----------------------------------------------------------------------
-    async def subscribe(self, destination: str, ack: AckMode = "auto", headers: Mapping[str, str] | None = None,
-                        *, prefetch: int | None = None, durable_name: str | None = None,
+    async def subscribe(self, destination: str, *, ack: AckMode = "auto", headers: Mapping[str, str] | None = None,
+                        prefetch: int | None = None, durable_name: str | None = None,
                         selector: str | None = None) -> AsyncSubscription:
         """Subscribe to ``destination`` (the arguments are the sync client's)."""
         if self._closed:
@@ -508,9 +508,9 @@ class _Connecting:
 
 def connect(
     uri: str,
+    *,
     login: str | None = None,
     passcode: str | None = None,
-    *,
     vhost: str | None = None,
     client_id: str | None = None,
     heartbeat: tuple[int, int] = (10000, 10000),
