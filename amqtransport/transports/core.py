@@ -15,7 +15,9 @@ its one lock); an asyncio driver calls the same methods from its loop.
 (:meth:`link_lost`), a frame received (:meth:`on_receipt`, :meth:`on_error`,
 :meth:`message_is_current`), a timer fired (:meth:`barrier` for the trackMessages idle
 timer) and the reconnect's steps (:meth:`begin_connect`, :meth:`next_connect`,
-:meth:`connect_failed`, :meth:`connect_cut_short`). *Outputs* are the return values
+:meth:`connect_to`, :meth:`connect_failed`, :meth:`connect_succeeded`: the connect
+policy of both drivers, ``reconnect.ConnectPolicy``; a driver only waits, probes and
+opens links). *Outputs* are the return values
 (``core_actions.py``):
 :class:`Write` (these frames, on link generation G, in this order), :class:`Settle`
 (complete or fail a request), :class:`Notify` (a listener event), :class:`Close` (a link
@@ -89,7 +91,7 @@ from amqtransport.transports.core_actions import (
     Settle,
     Write,
 )
-from amqtransport.transports.reconnect import ConnectStep, ReconnectPlan
+from amqtransport.transports.reconnect import ConnectPolicy, ConnectStep
 from amqtransport.transports.replay import (
     TRACK_RECEIPT_EVERY,
     ReplayPlan,
@@ -159,10 +161,8 @@ class FailoverCore(Generic[L]):
         self.refusal_streak = 0
         #: a reconnect is running (the driver runs one at a time)
         self.reconnecting = False
-        self._plan: ReconnectPlan[LeafUri] | None = None
-        self._plan_startup = False
-        self._plan_endpoints = 0
-        self.failed_attempts = 0  # connect attempts that failed since the last success
+        #: the connect policy of the connect or reconnect running now
+        self.connecting: ConnectPolicy[LeafUri] = ConnectPolicy(options)
         self.reconnects = 0
 
     # -- state -----------------------------------------------------------------------------
@@ -231,49 +231,46 @@ class FailoverCore(Generic[L]):
     # -- connecting -----------------------------------------------------------------------
 
     def begin_connect(self, endpoints: Sequence[LeafUri], attempts: Iterator[Attempt[LeafUri]], *,
-                      startup: bool) -> None:
-        """A connect (startup) or reconnect starts over ``endpoints`` with this schedule."""
-        self._plan = ReconnectPlan(attempts)
-        self._plan_startup = startup
-        self._plan_endpoints = len(endpoints)
+                      startup: bool, last_error: BaseException | None = None) -> None:
+        """A connect (startup) or reconnect starts over ``endpoints`` with this schedule;
+        ``last_error``: why (the lost link's error), until an attempt fails."""
+        self.connecting.begin(len(endpoints), attempts, startup=startup, last_error=last_error)
 
-    def next_connect(self) -> ConnectStep[LeafUri] | None:
-        """The next connect step, or None when the schedule is exhausted (then
-        :meth:`exhausted` is the error to give up with)."""
-        assert self._plan is not None, "begin_connect first"
-        return self._plan.next_step()
+    def next_connect(self) -> ConnectStep[LeafUri]:
+        """The next connect step: wait ``step.delay`` (probing when ``step.probe``), then
+        call :meth:`connect_to`. Raises ``ConnectionClosed`` when the transport was
+        closed meanwhile, and the ``ReconnectExhausted`` to give up with when the
+        schedule ran out."""
+        self._check_connecting()
+        step = self.connecting.plan.next_step()
+        if step is None:
+            raise self.connecting.exhausted()
+        return step
 
-    def connect_cut_short(self, endpoint: LeafUri) -> LeafUri:
-        """A probe saw ``endpoint`` accept during the step's wait: connect there now."""
-        assert self._plan is not None
-        return self._plan.cut_short(endpoint)
+    def connect_to(self, step: ConnectStep[LeafUri], probed: LeafUri | None = None) -> LeafUri:
+        """The step's wait is over: the endpoint to open now (``probed``: one a probe saw
+        accept during the wait). Raises ``ConnectionClosed`` if closed meanwhile."""
+        self._check_connecting()
+        return step.endpoint if probed is None else self.connecting.plan.cut_short(probed)
 
-    def connect_failed(self) -> bool:
-        """The step's connect failed; True when it is time to warn
-        (``warnAfterReconnectAttempts``)."""
-        assert self._plan is not None
-        self._plan.failed()
-        self.failed_attempts += 1
-        every = self.options.warn_after_reconnect_attempts
-        return every > 0 and self.failed_attempts % every == 0
+    def _check_connecting(self) -> None:
+        if self.state == "closed":
+            raise ConnectionClosed("connection closed while reconnecting")
+
+    def connect_failed(self, address: str, error: BaseException) -> None:
+        """The connect to ``address`` failed with ``error``: re-raised when another attempt
+        cannot help (a refused login), else noted for the give-up error and logged
+        (``warnAfterReconnectAttempts``); the driver goes on with :meth:`next_connect`."""
+        self.connecting.failed(address, error)
+
+    def connect_succeeded(self, description: str) -> None:
+        """A link completed its handshake (``description``: its address, server, dialect)."""
+        self.connecting.succeeded(description)
 
     @property
-    def connect_attempts(self) -> int:
-        return self._plan.attempts if self._plan is not None else 0
-
-    def connect_succeeded(self) -> None:
-        self.failed_attempts = 0
-
-    def exhausted(self, last_error: BaseException | None) -> ReconnectExhausted:
-        """The error for a schedule that ran out."""
-        which = "startupMaxReconnectAttempts" if self._plan_startup and (
-            self.options.startup_max_reconnect_attempts != -1) else "maxReconnectAttempts"
-        attempts = self.connect_attempts
-        return ReconnectExhausted(
-            f"failover: gave up after {attempts} connect attempts over {self._plan_endpoints} endpoint(s) "
-            f"({which} exhausted); last error: {last_error}",
-            attempts=attempts, last_error=last_error,
-        )
+    def failed_attempts(self) -> int:
+        """Connect attempts that failed since the last success."""
+        return self.connecting.failed_attempts
 
     def startup_failed(self, error: AmqTransportError) -> list[Action[L]]:
         self.state = "failed"

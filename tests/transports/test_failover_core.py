@@ -4,12 +4,14 @@ no thread, no clock. Links are plain objects; the actions are checked as data.""
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 
 import pytest
 
 from amqtransport.backoff import failover_schedule
 from amqtransport.errors import (
+    AuthenticationError,
     BrokerError,
     ConnectionClosed,
     ReconnectExhausted,
@@ -336,22 +338,51 @@ def test_close_closes_the_links_and_fails_every_request() -> None:
         core.check_usable()
 
 
-def test_the_connect_steps_follow_the_schedule_and_exhaust_with_the_right_option_named() -> None:
+def test_the_connect_steps_follow_the_schedule_and_exhaust_with_the_right_option_named(
+        caplog: pytest.LogCaptureFixture) -> None:
     core = make_core(startupMaxReconnectAttempts=2, randomize="false", warnAfterReconnectAttempts=2)
     uri = parse_uri("failover:(tcp://a:1,tcp://b:2)")
     leaves = list(uri.components)  # type: ignore[union-attr]
     core.begin_connect(leaves, failover_schedule(leaves, core.options, startup=True), startup=True)
     seen = []
-    warns = []
-    while (step := core.next_connect()) is not None:
-        seen.append((step.endpoint.port, step.delay > 0))
-        warns.append(core.connect_failed())
+    with caplog.at_level(logging.DEBUG, logger="amqtransport.transports.failover"):
+        with pytest.raises(ReconnectExhausted) as info:
+            while True:
+                step = core.next_connect()
+                seen.append((step.endpoint.port, step.delay > 0))
+                endpoint = core.connect_to(step)
+                core.connect_failed(f"tcp://{endpoint.host}:{endpoint.port}", ConnectionClosed(f"refused {len(seen)}"))
     assert seen == [(1, False), (2, False), (1, True), (2, False)]
-    assert warns == [False, True, False, True]
-    error = core.exhausted(ConnectionClosed("refused"))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["failover: 2 failed connect attempts so far (last: tcp://b:2: refused 2)",
+                        "failover: 4 failed connect attempts so far (last: tcp://b:2: refused 4)"]
+    error = info.value
     assert error.attempts == 4 and "startupMaxReconnectAttempts" in str(error)
-    core.connect_succeeded()
+    assert isinstance(error.last_error, ConnectionClosed) and str(error.last_error) == "refused 4"
+    assert core.failed_attempts == 4
+    core.connect_succeeded("tcp://a:1")
     assert core.failed_attempts == 0
+
+
+def test_the_connect_policy_stops_at_a_refused_login_and_on_close() -> None:
+    """A refused login is not retried (re-raised as it is); a transport closed during a
+    step's wait stops the connect with ConnectionClosed, before or after the wait."""
+    core = make_core()
+    leaves = list(parse_uri("failover:(tcp://a:1)").components)  # type: ignore[union-attr]
+    core.begin_connect(leaves, failover_schedule(leaves, core.options, startup=True), startup=True,
+                       last_error=ConnectionClosed("link lost"))
+    step = core.next_connect()
+    refused = AuthenticationError("Access refused")
+    with pytest.raises(AuthenticationError) as info:
+        core.connect_failed("tcp://a:1", refused)
+    assert info.value is refused and core.failed_attempts == 0
+    core.connect_failed("tcp://a:1", ConnectionClosed("refused"))
+    step = core.next_connect()
+    core.close()
+    with pytest.raises(ConnectionClosed, match="while reconnecting"):
+        core.connect_to(step)
+    with pytest.raises(ConnectionClosed, match="while reconnecting"):
+        core.next_connect()
 
 
 def test_a_dead_backup_is_skipped_and_a_lost_backup_is_forgotten() -> None:
