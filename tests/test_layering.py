@@ -77,6 +77,7 @@ PURE = (
     # the failover core and its pure pieces: one set of rules for the thread and asyncio drivers
     "amqtransport.transports.core",
     "amqtransport.transports.core_actions",
+    "amqtransport.transports.core_state",
     "amqtransport.transports.reconnect",
     "amqtransport.transports.replay",
     "amqtransport.transports.waiting",

@@ -75,6 +75,7 @@ from amqtransport.transports.core import (
     Settle,
     Write,
 )
+from amqtransport.transports.core_actions import Refused, Skip, StopReplay
 from amqtransport.transports.core_view import CoreStatus
 from amqtransport.transports.endpoints import endpoints, is_priority, priority_attempts
 from amqtransport.transports.factory import failover_spec
@@ -337,8 +338,7 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
                 return
             try:
                 link = await self._connect_loop(startup=False, last_error=error)
-            except ConnectionClosed:
-                self._core.reconnect_stopped()
+            except ConnectionClosed:  # closed meanwhile
                 return
             except (ReconnectExhausted, AuthenticationError) as exc:
                 self._fail(exc)
@@ -412,19 +412,19 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
     async def _replay_stepwise(self, link: AsyncLink, install: Install[AsyncLink]) -> bool:
         """After a refusal: the stepwise requests one at a time (``replay.py``)."""
         for rec in install.plan.stepwise:
-            write = self._core.stepwise_next(link, rec, install.generation)
-            if write is False:
+            step = self._core.stepwise_next(link, rec, install.generation)
+            if isinstance(step, StopReplay):
                 return False
-            if write is None:
+            if isinstance(step, Skip):
                 continue
-            if self._write(write) and not (rec.tx is not None and rec.frame.command == "SEND"):
+            if self._write(step.write) and not (rec.tx is not None and rec.frame.command == "SEND"):
                 await self._await_receipt(rec, STEPWISE_WAIT, stop=lambda: not self._core.still_replaying(link))
             blamed = self._core.stepwise_blame(link, rec, link.error_frame)
-            if blamed is False:
+            if isinstance(blamed, StopReplay):
                 return False
-            if blamed is not None:
-                log.error("failover: the broker refuses a %s: %s", rec.frame.command, blamed)
-                self._settle(rec, error=blamed)
+            if isinstance(blamed, Refused):
+                log.error("failover: the broker refuses a %s: %s", rec.frame.command, blamed.error)
+                self._settle(rec, error=blamed.error)
                 return False
             if not rec.done:
                 break

@@ -74,6 +74,7 @@ from amqtransport.transports.core import (
     Settle,
     Write,
 )
+from amqtransport.transports.core_actions import Refused, Skip, StopReplay
 from amqtransport.transports.core_view import CoreStatus
 from amqtransport.transports.endpoints import UriParser, endpoints
 from amqtransport.transports.failover_backup import BackupLinks
@@ -321,10 +322,10 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
         gen = install.generation
         for rec in install.plan.stepwise:
             with self._lock:
-                write = self._core.stepwise_next(conn, rec, gen)
-            if write is False:
+                step = self._core.stepwise_next(conn, rec, gen)
+            if isinstance(step, StopReplay):
                 return False
-            if write is None:
+            if isinstance(step, Skip):
                 continue  # settled meanwhile
             try:
                 conn.write(rec.frame)
@@ -348,11 +349,11 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
                 conn.wait_reader(STEPWISE_READER_WAIT)
             with self._lock:
                 blamed = self._core.stepwise_blame(conn, rec, conn.error_frame)
-            if blamed is False:
+            if isinstance(blamed, StopReplay):
                 return False  # lost for another reason: try again on the next link
-            if blamed is not None:
-                log.error("failover: the broker refuses a %s: %s", rec.frame.command, blamed)
-                rec.set_error(blamed)
+            if isinstance(blamed, Refused):
+                log.error("failover: the broker refuses a %s: %s", rec.frame.command, blamed.error)
+                rec.set_error(blamed.error)
                 return False
             if not rec.done:
                 break  # no answer in time: give up the stepwise mode for this link
@@ -385,9 +386,7 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
                 return
             try:
                 conn = self._connect_loop(startup=False, last_error=error)
-            except ConnectionClosed:
-                with self._lock:
-                    self._core.reconnect_stopped()
+            except ConnectionClosed:  # closed meanwhile
                 return
             except (ReconnectExhausted, AuthenticationError) as exc:
                 self._fail(exc)

@@ -33,6 +33,7 @@ from amqtransport.transports.core import (
     Settle,
     Write,
 )
+from amqtransport.transports.core_actions import NoVerdict, Refused, Skip, StopReplay, WriteAlone
 from amqtransport.transports.replay import TRACK_RECEIPT_EVERY
 from amqtransport.uri import parse_uri
 
@@ -285,13 +286,33 @@ def test_an_unmatched_error_makes_the_next_replay_stepwise_and_blames_the_refuse
     core.link_lost(a, ConnectionClosed("ended by the ERROR"))
     install, _ = up(core, b)
     assert core.state == "replaying" and install.plan.stepwise == [rec]
-    write = core.stepwise_next(b, rec, install.generation)
-    assert write == Write(b, [rec.frame], 2)
-    assert core.stepwise_blame(b, rec, refusal) is None  # still replaying: nothing to judge
+    step = core.stepwise_next(b, rec, install.generation)
+    assert step == WriteAlone(Write(b, [rec.frame], 2))
+    assert core.stepwise_blame(b, rec, refusal) == NoVerdict()  # still replaying: nothing to judge
+    assert core.stepwise_next(FakeLink("other"), rec, install.generation) == StopReplay()
     core.link_lost(b, ConnectionClosed("ended by the ERROR again"))
+    assert core.state == "reconnecting"
     blamed = core.stepwise_blame(b, rec, refusal)
-    assert isinstance(blamed, BrokerError) and "too big" in str(blamed)
+    assert isinstance(blamed, Refused) and isinstance(blamed.error, BrokerError) and "too big" in str(blamed.error)
     assert core.pending == {} and core.refusal is None
+    assert core.stepwise_next(b, rec, install.generation) == StopReplay()
+
+
+def test_a_request_settled_during_the_stepwise_replay_is_skipped_and_a_silent_loss_is_not_blamed() -> None:
+    core = make_core()
+    a, b = FakeLink("a"), FakeLink("b")
+    up(core, a)
+    r1, _ = send(core, "r-1")
+    r2, _ = send(core, "r-2")
+    core.on_error(Frame.make("ERROR", {"message": "too big"}), link_error_frame=None, has_link=True)
+    core.link_lost(a, ConnectionClosed("ended by the ERROR"))
+    install, _ = up(core, b)
+    assert install.plan.stepwise == [r1, r2]
+    assert core.withdraw("r-1")  # its caller stopped waiting
+    assert core.stepwise_next(b, r1, install.generation) == Skip()
+    assert isinstance(core.stepwise_next(b, r2, install.generation), WriteAlone)
+    core.link_lost(b, ConnectionClosed("lost without an ERROR"))
+    assert core.stepwise_blame(b, r2, None) == StopReplay()  # no refusal to blame it for
 
 
 def test_the_same_refusal_again_and_again_with_only_subscriptions_left_gives_up() -> None:
