@@ -35,6 +35,15 @@ application already has is dropped; an ACK goes only on the link its message cam
 and are queued on their subscription's inbox; iterating a subscription ends when it or
 the connection closes, and raises the failover's error if the connection failed.
 
+*Timeouts.* Every call that waits for the broker takes ``timeout=`` (seconds; None:
+as long as the URI's ``timeout`` option allows, by default for ever): ``send``,
+``subscribe``, a producer's ``send`` (waiting for room in its window) and ``flush``,
+``transaction()`` (its BEGIN, and its commit on exit) and ``commit``. A receipt not in
+by then raises ``SendTimeout`` naming the idempotency key of the send it waited for
+(send it again with that key); the request is no longer replayed. A subscription whose
+SUBSCRIBE timed out is withdrawn (an UNSUBSCRIBE follows); a commit that timed out
+raises ``TransactionInDoubt`` with the keys of its sends, as a COMMIT in doubt does.
+
 Transactions wait for a receipt on every frame but their sends; a failover while one
 is open makes its next send or its commit raise ``TransactionRolledBack`` (never a
 silent partial commit), and a COMMIT in doubt raises ``TransactionInDoubt`` with the
@@ -57,6 +66,7 @@ waiting. ``asyncio.timeout()`` works around any call; listeners may be plain or
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
@@ -64,7 +74,7 @@ from types import TracebackType
 from amqtransport._sync.flavour import Driver, Inbox, Interrupted
 from amqtransport.audit import Delivery
 from amqtransport.connection_info import ConnectionInfo
-from amqtransport.errors import AmqTransportError, ConnectionClosed, LocalProtocolError
+from amqtransport.errors import AmqTransportError, ConnectionClosed, LocalProtocolError, SendTimeout
 from amqtransport.outbound import (
     DEFAULT_AUDIT_SIZE,
     AckMode,
@@ -86,6 +96,11 @@ log = logging.getLogger(__name__)
 class _Closed:
     def __init__(self, error: BaseException | None) -> None:
         self.error = error
+
+
+def _remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (a ``time.monotonic()``; None: no deadline)."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 class Message(ReceivedMessage):
@@ -208,10 +223,13 @@ class Producer:
         self.receipted = 0
 
     def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
-                   persistent: bool = True, idempotency_key: str | None = None) -> None:
+                   persistent: bool = True, idempotency_key: str | None = None,
+                   timeout: float | None = None) -> None:
+        """Send one message once the window has room: ``timeout`` bounds the wait for the
+        oldest receipt (``SendTimeout`` names that send's key; this one is not sent)."""
         frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key)
         while len(self._outstanding) >= self.window:
-            self._reap(None)
+            self._reap(timeout)
         rec = self._conn._transport.request(frame)
         assert rec is not None
         self._outstanding.append(rec)
@@ -238,9 +256,11 @@ class Producer:
         return len(self._outstanding)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait for every outstanding receipt (raises the first error)."""
+        """Wait for every outstanding receipt (raises the first error; ``timeout``: in
+        all, then ``SendTimeout`` naming the key of the send still waited for)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while self._outstanding:
-            self._reap(timeout)
+            self._reap(_remaining(deadline))
 
     def __enter__(self) -> Producer:
         return self
@@ -264,8 +284,10 @@ class Transaction:
     ``TransactionRolledBack``; a link lost while the COMMIT is in flight raises
     :class:`~amqtransport.errors.TransactionInDoubt` with the keys of the sends."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, timeout: float | None = None) -> None:
         self._conn = conn
+        #: how long the BEGIN and the commit on exit wait for the broker (seconds)
+        self.timeout = timeout
         self.id = conn._transport.next_id("tx")
         self._open = False
         self._sends: list[Receipt] = []
@@ -274,7 +296,11 @@ class Transaction:
 
     def __enter__(self) -> Transaction:
         t = self._conn._transport
-        t.wait(t.begin(self.id))
+        try:
+            t.wait(t.begin(self.id), self.timeout)
+        except BaseException:
+            self._rollback()
+            raise
         self._open = True
         return self
 
@@ -301,7 +327,9 @@ class Transaction:
         self._conn._inbound.tx_ack(msg, self.id)
         self._acks.append(msg)
 
-    def commit(self) -> None:
+    def commit(self, timeout: float | None = None) -> None:
+        """Commit: returns once the COMMIT's receipt and every send's are in (``timeout``:
+        in all, default the transaction's; then ``TransactionInDoubt``)."""
         if not self._open:
             return
         self._open = False
@@ -312,11 +340,13 @@ class Transaction:
             assert failed.error is not None
             raise failed.error
         committed = False
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            t.wait(t.commit(self.id))
+            t.wait(t.commit(self.id), timeout)
             committed = True
             for rec in self._sends:  # already in (ActiveMQ, ours), or following the COMMIT's (RabbitMQ)
-                t.wait(rec)
+                t.wait(rec, _remaining(deadline))
         except BaseException as exc:
             inbound.forget_acks(self._acks + self._after_commit)
             mapped = commit_failure(exc, self.id, [r.frame for r in self._sends], committed=committed)
@@ -395,24 +425,27 @@ class Connection(ConnectionInfo, WireTapped):
                           duplicate_id_header=t.duplicate_id_header)
 
     def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
-                   persistent: bool = True, idempotency_key: str | None = None, receipt: bool = True) -> None:
+                   persistent: bool = True, idempotency_key: str | None = None, receipt: bool = True,
+                   timeout: float | None = None) -> None:
         """Send one message; returns once the broker's receipt is in (``receipt=False``:
-        once written — replayed after a failover only with ``trackMessages=true``)."""
+        once written — replayed after a failover only with ``trackMessages=true``).
+        ``timeout``: seconds to wait for the receipt, then ``SendTimeout`` with the key."""
         frame = self._send_frame(destination, body, headers, persistent, idempotency_key)
         rec = self._transport.request(frame, receipt=receipt)
         if rec is not None:
-            self._transport.wait(rec)
+            self._transport.wait(rec, timeout)
 
     def producer(self, window: int = 100) -> Producer:
         return Producer(self, window)
 
-    def transaction(self) -> Transaction:
-        return Transaction(self)
+    def transaction(self, *, timeout: float | None = None) -> Transaction:
+        """A transaction; ``timeout`` bounds its BEGIN and its commit (seconds)."""
+        return Transaction(self, timeout)
 
     # -- receiving ---------------------------------------------------------------------------
     def subscribe(self, destination: str, *, ack: AckMode = "auto", headers: Mapping[str, str] | None = None,
                         prefetch: int | None = None, durable_name: str | None = None,
-                        selector: str | None = None) -> Subscription:
+                        selector: str | None = None, timeout: float | None = None) -> Subscription:
         """Subscribe to ``destination``. ``prefetch``: at most that many unacknowledged
         messages in flight (each broker's header; RabbitMQ counts it per connection and
         gets :data:`~amqtransport.outbound.DEFAULT_PREFETCH` when none is given, as it
@@ -422,7 +455,9 @@ class Connection(ConnectionInfo, WireTapped):
         broker file it under the connection's ``connect(..., client_id=...)``.
         ``selector``: a JMS message selector (``"color = 'red' AND price > 10"``): only
         matching messages are delivered (ActiveMQ and our broker; a bad one raises the
-        broker's ERROR as a ``BrokerError``)."""
+        broker's ERROR as a ``BrokerError``).
+        ``timeout``: seconds to wait for the broker's receipt, then ``SendTimeout`` (the
+        subscription is withdrawn)."""
         if self._closed:
             raise ConnectionClosed("connection is closed")
         t = self._transport
@@ -432,20 +467,23 @@ class Connection(ConnectionInfo, WireTapped):
         sub = Subscription(self, sub_id, destination, ack, durable_name)
         self._subs[sub_id] = sub
         try:
-            t.wait(t.subscribe(sub_id, frame))
+            t.wait(t.subscribe(sub_id, frame), timeout)
+        except SendTimeout:
+            self._unsubscribe(sub, durable=False, wait=False)  # not replayed, not left on the broker
+            raise
         except BaseException:
             self._subs.pop(sub_id, None)
             raise
         return sub
 
-    def _unsubscribe(self, sub: Subscription, *, durable: bool = False) -> None:
+    def _unsubscribe(self, sub: Subscription, *, durable: bool = False, wait: bool = True) -> None:
         self._subs.pop(sub.id, None)
         self._inbound.forget(sub.id)
         t = self._transport
         for frame in unsubscribe_frames(sub.id, sub.durable_name, durable, dialect=t.dialect,
                                         client_id=self._client_id):
             rec = t.unsubscribe(sub.id, frame)
-            if rec is not None:
+            if rec is not None and wait:
                 t.wait(rec)
 
     def _delete_durable(self, sub: Subscription) -> None:
