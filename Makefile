@@ -11,8 +11,9 @@ test: setup
 	.venv/bin/python -m pytest -m "not soak" $(PYTEST_ARGS)
 
 lint: setup
-	.venv/bin/ruff check amqtransport bridge chaos tests benchmarks examples
+	.venv/bin/ruff check amqtransport bridge chaos tests benchmarks examples scripts
 	.venv/bin/mypy
+	.venv/bin/python scripts/async_to_sync.py --check
 
 bench: setup
 	.venv/bin/python benchmarks/run_all.py

@@ -21,6 +21,7 @@ from typing import Literal
 from amqtransport.errors import (
     BrokerError,
     LocalProtocolError,
+    SendTimeout,
     TransactionInDoubt,
     TransactionRolledBack,
 )
@@ -129,6 +130,12 @@ def commit_failure(exc: BaseException, tx_id: str, sends: Sequence[Frame], *, co
                 f"send was confirmed: send its messages again with the same keys (exception.keys)",
                 transaction=tx_id, keys=exc.keys)
         return None
+    if isinstance(exc, SendTimeout):  # the caller's timeout: the COMMIT may still take effect
+        what = "its COMMIT" if not committed else "every send"
+        return TransactionInDoubt(
+            f"transaction {tx_id}: no receipt for {what} within the timeout: the broker may commit it or "
+            f"not: send its messages again with the same keys (exception.keys)",
+            transaction=tx_id, keys=[f.get(IDEMPOTENCY_HEADER) or "" for f in sends])
     if isinstance(exc, BrokerError) and exc.in_doubt:  # e.g. the journal failed with the COMMIT's record queued
         return TransactionInDoubt(
             f"transaction {tx_id}: the broker could not tell whether its COMMIT took effect "

@@ -34,7 +34,8 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport._backends", 4),
     ("amqtransport.transports", 5),
     ("amqtransport.client", 6),
-    ("amqtransport.aio", 6),  # the asyncio client API over the asyncio failover driver
+    ("amqtransport.aio", 6),  # the asyncio client API over the asyncio failover driver (the client's one source)
+    ("amqtransport._sync", 6),  # the sync client's classes, generated from aio/connection.py, and its seams
     ("amqtransport.outbound", 6),  # frames both clients build
     ("amqtransport.received", 6),  # the duplicate filter and ack rules both clients apply
     ("amqtransport.connection_info", 6),  # the status both clients' connections show
@@ -77,6 +78,7 @@ PURE = (
     # the failover core and its pure pieces: one set of rules for the thread and asyncio drivers
     "amqtransport.transports.core",
     "amqtransport.transports.core_actions",
+    "amqtransport.transports.core_state",
     "amqtransport.transports.reconnect",
     "amqtransport.transports.replay",
     "amqtransport.transports.waiting",

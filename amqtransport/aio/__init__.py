@@ -10,13 +10,13 @@ exceptions, duplicate filter and failover guarantees (docs/client-async.md)::
             await msg.ack()
 """
 
+from amqtransport.aio.connecting import connect
 from amqtransport.aio.connection import (
     AsyncConnection,
     AsyncMessage,
     AsyncProducer,
     AsyncSubscription,
     AsyncTransaction,
-    connect,
 )
 from amqtransport.aio.failover import AsyncFailoverTransport
 

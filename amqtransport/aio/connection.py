@@ -1,47 +1,78 @@
-"""The asyncio client API: ``aio.connect(uri)`` -> :class:`AsyncConnection`.
+"""The client API: a connection, its subscriptions, producers, transactions and
+messages.
+
+Written once for both clients: the source is ``amqtransport/aio/connection.py``, the
+asyncio client, whose classes carry an ``Async`` prefix; ``scripts/async_to_sync.py``
+generates the sync client from it (``amqtransport/_sync/connection.py``, re-exported by
+``amqtransport.client``) by dropping ``async``, ``await`` and the prefix, through the
+script's tables. What the two do differently is in the flavour seams
+``amqtransport/aio/flavour.py`` and ``amqtransport/_sync/flavour.py``: a subscription's
+inbox, the exception of an abandoned wait, the transport type. Opening a connection is
+each client's own (``aio/connecting.py``, ``client.py``). Edit the source, never the
+generated file, then run ``python scripts/async_to_sync.py`` (``make lint`` and
+tests/test_generated.py fail while the generated file is stale).
 
 Theory of operation
 -------------------
-An :class:`AsyncConnection` owns one
+A connection owns one transport built from the URI. The asyncio client runs
 :class:`~amqtransport.aio.failover.AsyncFailoverTransport`, the asyncio driver of the
-same sans-IO failover core as the thread client (a plain ``tcp://`` leaf is a failover
-over that one endpoint that never reconnects, as in the sync client). Everything runs
-on the caller's event loop; many tasks may share one connection.
+sans-IO failover core, for every URI (a plain ``tcp://`` leaf is a failover over that
+one endpoint that never reconnects); the sync client runs the thread driver
+(``transports/failover.py``) or, for a plain ``tcp://`` leaf, a ``DirectTransport``.
 
-The frames are built by :mod:`amqtransport.outbound` and the receive rules (duplicate
-filter, ACK/NACK on the link a message came on) are :mod:`amqtransport.received`'s
-:class:`~amqtransport.received.Inbound`: the sync client uses the same two modules, so
-both clients send the same frames and keep the same promises.
+Every SEND carries an idempotency key (:mod:`amqtransport.outbound` builds the frames:
+the caller's key or a fresh UUID) and asks for a receipt, so the failover layer can
+replay it after a reconnect and a broker that honours the key drops the copy. ``send``
+returns once the receipt is in; a producer keeps up to ``window`` receipts
+outstanding, and raises a refused send's error once.
 
-*Cancellation.* A request is queued on the link whole, with no ``await`` between its
-first and last byte, so a cancelled ``send`` was written whole or not at all. A send
-with a receipt that was cancelled after it was written stays in the failover core
-until the broker answers it (and is replayed on a new link with its idempotency key),
-exactly as an unanswered send of a caller who stopped waiting. ``asyncio.timeout()``
-works around any call.
+Messages arrive on the transport's reader (a task in asyncio, a thread in the sync
+client), pass the duplicate filter and the ack rules of
+:class:`~amqtransport.received.Inbound` (a redelivered copy of a message the
+application already has is dropped; an ACK goes only on the link its message came on)
+and are queued on their subscription's inbox; iterating a subscription ends when it or
+the connection closes, and raises the failover's error if the connection failed.
 
-*Receiving.* Messages arrive on the link's reader task and are queued on their
-:class:`AsyncSubscription`; ``async for`` ends when the subscription or the
-connection closes, and raises the failover's error if the connection failed.
+*Timeouts.* Every call that waits for the broker takes ``timeout=`` (seconds; None:
+as long as the URI's ``timeout`` option allows, by default for ever): ``send``,
+``subscribe``, a producer's ``send`` (waiting for room in its window) and ``flush``,
+``transaction()`` (its BEGIN, and its commit on exit) and ``commit``. A receipt not in
+by then raises ``SendTimeout`` naming the idempotency key of the send it waited for
+(send it again with that key); the request is no longer replayed. A subscription whose
+SUBSCRIBE timed out is withdrawn (an UNSUBSCRIBE follows); a commit that timed out
+raises ``TransactionInDoubt`` with the keys of its sends, as a COMMIT in doubt does.
+
+Transactions wait for a receipt on every frame but their sends; a failover while one
+is open makes its next send or its commit raise ``TransactionRolledBack`` (never a
+silent partial commit), and a COMMIT in doubt raises ``TransactionInDoubt`` with the
+keys of its sends.
+
+*Threads (sync client).* A connection may be shared by threads (``send``,
+``subscribe`` and ``transaction`` are thread-safe); a producer or a transaction belongs
+to one thread. Listeners are called on the transport's threads.
+
+*Cancellation (asyncio client).* Everything runs on the caller's event loop; many
+tasks may share one connection. A request is queued on the link whole, with no
+suspension point between its first and last byte, so a cancelled ``send`` was written
+whole or not at all. A send with a receipt that was cancelled after it was written
+stays in the failover core until the broker answers it (and is replayed on a new link
+with its idempotency key), exactly as an unanswered send of a caller who stopped
+waiting. ``asyncio.timeout()`` works around any call; listeners may be plain or
+``async`` callables.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Generator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
 
-from amqtransport.aio.failover import AsyncFailoverTransport
+from amqtransport.aio.flavour import Driver, Inbox, Interrupted
 from amqtransport.audit import Delivery
 from amqtransport.connection_info import ConnectionInfo
-from amqtransport.errors import (
-    AmqTransportError,
-    ConnectionClosed,
-    LocalProtocolError,
-    ReconnectExhausted,
-)
+from amqtransport.errors import AmqTransportError, ConnectionClosed, LocalProtocolError, SendTimeout
 from amqtransport.outbound import (
     DEFAULT_AUDIT_SIZE,
     AckMode,
@@ -53,11 +84,9 @@ from amqtransport.outbound import (
 from amqtransport.received import Inbound, ReceivedMessage
 from amqtransport.stomp import Frame
 from amqtransport.transports.base import Receipt
-from amqtransport.transports.link import ConnectParams
-from amqtransport.uri import LeafUri, parse_uri
 from amqtransport.wire_tap import WireTapped
 
-__all__ = ["AsyncConnection", "AsyncMessage", "AsyncProducer", "AsyncSubscription", "AsyncTransaction", "connect"]
+__all__ = ["AsyncConnection", "AsyncMessage", "AsyncProducer", "AsyncSubscription", "AsyncTransaction"]
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +96,22 @@ class _Closed:
         self.error = error
 
 
+def _remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (a ``time.monotonic()``; None: no deadline)."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 class AsyncMessage(ReceivedMessage):
-    """A received message (``body``, ``text``, ``headers``, ...); ``await msg.ack()``
+    """A received message (``body``, ``text``, ``headers``, ...). ``await msg.ack()``
     and ``await msg.nack()`` matter in the client ack modes."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "_sub")
 
     def __init__(self, frame: Frame, conn: AsyncConnection, sub: AsyncSubscription, generation: int, key: str,
                  delivery: Delivery | None) -> None:
         super().__init__(frame, sub.id, sub.ack_mode, generation, key, delivery)
         self._conn = conn
+        self._sub = sub
 
     async def ack(self) -> None:
         """Acknowledge (no-op with ``ack="auto"``)."""
@@ -84,8 +119,10 @@ class AsyncMessage(ReceivedMessage):
             self._conn._inbound.ack(self, "ACK")
 
     async def nack(self) -> None:
-        """Reject: the broker redelivers (or dead-letters) it (cumulative with
-        ``ack="client"``, as in the sync client)."""
+        """Reject: the broker redelivers (or dead-letters) it; the duplicate filter
+        forgets it so the redelivery reaches the application. With ``ack="client"`` a
+        NACK is cumulative, like an ACK: it also rejects every earlier unacknowledged
+        message of the subscription (acking one of those afterwards raises)."""
         if self.ack_mode == "auto":
             raise LocalProtocolError("nack() needs ack='client' or 'client-individual'")
         self._conn._inbound.ack(self, "NACK")
@@ -96,27 +133,23 @@ class AsyncSubscription:
     ``async for msg in sub`` or ``await sub.receive(timeout)``."""
 
     def __init__(self, conn: AsyncConnection, sub_id: str, destination: str, ack_mode: str,
-                 durable_name: str | None) -> None:
+                 durable_name: str | None = None) -> None:
         self._conn = conn
         self.id = sub_id
         self.destination = destination
         self.ack_mode = ack_mode
+        #: the name of a durable topic subscription (``subscribe(..., durable_name=...)``)
         self.durable_name = durable_name
-        self._queue: asyncio.Queue[AsyncMessage | _Closed] = asyncio.Queue()
+        self._inbox: Inbox[AsyncMessage | _Closed] = Inbox()
         self.active = True
 
     async def receive(self, timeout: float | None = None) -> AsyncMessage | None:
-        """The next message, or None after ``timeout`` seconds (or once unsubscribed or
-        the connection closed). Raises the failover's error if the connection failed."""
-        if timeout is not None and timeout <= 0 and self._queue.empty():
-            return None
-        try:
-            async with asyncio.timeout(timeout):
-                item = await self._queue.get()
-        except TimeoutError:
-            return None
+        """The next message, or None after ``timeout`` seconds (or once unsubscribed /
+        the connection closed). Raises the transport's error if the connection failed
+        (e.g. ``ReconnectExhausted``)."""
+        item = await self._inbox.get(timeout)
         if isinstance(item, _Closed):
-            self._queue.put_nowait(item)  # every later receive sees it too
+            self._inbox.put(item)  # every later receive sees it too
             if item.error is not None:
                 raise item.error
             return None
@@ -133,26 +166,34 @@ class AsyncSubscription:
             yield msg
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        return self._inbox.qsize()
 
     async def ack_many(self, messages: Iterable[AsyncMessage]) -> None:
-        """Acknowledge each of ``messages``, one ACK per message, one write per link."""
-        self._conn._inbound.ack_many(messages)
+        """Acknowledge each of ``messages`` (received on this subscription), one ACK
+        per message, one write per link. See :meth:`AsyncConnection.ack_many`."""
+        batch = list(messages)
+        for msg in batch:
+            if msg._sub is not self:
+                raise ValueError(f"ack_many: {msg!r} was received on subscription {msg._sub.id!r}, not {self.id!r}")
+        await self._conn.ack_many(batch)
 
     async def unsubscribe(self, durable: bool = False) -> None:
-        """Stop receiving (``durable=True``: also delete the durable subscription)."""
+        """Stop receiving. A durable subscription survives this (and the connection's
+        close) and keeps collecting messages on the broker; ``durable=True`` deletes it
+        (with its messages), on the broker's own terms (each dialect's headers)."""
         if durable and self.durable_name is None:
-            raise ValueError(f"subscription {self.id!r} to {self.destination} is not durable")
+            raise ValueError(f"subscription {self.id!r} to {self.destination} is not durable "
+                             "(subscribe(..., durable_name=...))")
         if not self.active:
             if durable:
                 await self._conn._delete_durable(self)
             return
         self.active = False
         await self._conn._unsubscribe(self, durable=durable)
-        self._queue.put_nowait(_Closed(None))
+        self._inbox.put(_Closed(None))
 
     def _close(self, error: BaseException | None) -> None:
-        self._queue.put_nowait(_Closed(error))
+        self._inbox.put(_Closed(error))
 
     async def __aenter__(self) -> AsyncSubscription:
         return self
@@ -166,8 +207,9 @@ class AsyncSubscription:
 
 class AsyncProducer:
     """Pipelined receipted sends: ``await p.send(...)`` waits only while ``window``
-    receipts are outstanding; leaving ``async with`` waits for every receipt.
-    A producer belongs to one task."""
+    receipts are outstanding; ``await p.flush()`` waits for all; leaving the
+    ``async with`` block flushes. A producer belongs to one thread (sync client) or one
+    task (asyncio client); its connection may be shared."""
 
     def __init__(self, conn: AsyncConnection, window: int = 100) -> None:
         if window < 1:
@@ -179,23 +221,27 @@ class AsyncProducer:
         self.receipted = 0
 
     async def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
-                   persistent: bool = True, idempotency_key: str | None = None) -> None:
+                   persistent: bool = True, idempotency_key: str | None = None,
+                   timeout: float | None = None) -> None:
+        """Send one message once the window has room: ``timeout`` bounds the wait for the
+        oldest receipt (``SendTimeout`` names that send's key; this one is not sent)."""
         frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key)
         while len(self._outstanding) >= self.window:
-            await self._reap(None)
+            await self._reap(timeout)
         rec = await self._conn._transport.request(frame)
         assert rec is not None
         self._outstanding.append(rec)
         self.sent += 1
+        # reap what is already done without blocking
         while self._outstanding and self._outstanding[0].done:
             await self._reap(None)
 
     async def _reap(self, timeout: float | None) -> None:
         """Wait for the oldest receipt. Its error is raised once (the request is done
-        with); a cancelled wait leaves it outstanding."""
+        with); an abandoned wait (``Interrupted``) leaves it outstanding."""
         try:
             await self._conn._transport.wait(self._outstanding[0], timeout)
-        except asyncio.CancelledError:
+        except Interrupted:
             raise
         except BaseException:
             self._outstanding.popleft()
@@ -208,9 +254,11 @@ class AsyncProducer:
         return len(self._outstanding)
 
     async def flush(self, timeout: float | None = None) -> None:
-        """Wait for every outstanding receipt (raises the first error)."""
+        """Wait for every outstanding receipt (raises the first error; ``timeout``: in
+        all, then ``SendTimeout`` naming the key of the send still waited for)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while self._outstanding:
-            await self._reap(timeout)
+            await self._reap(_remaining(deadline))
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -222,23 +270,35 @@ class AsyncProducer:
 
 
 class AsyncTransaction:
-    """``async with conn.transaction() as tx: await tx.send(...); await tx.ack(m)``:
-    commit on exit, abort on an exception. The rules are the sync client's
-    (:class:`amqtransport.client.Transaction`): a failover while it is open makes it
-    raise ``TransactionRolledBack``, a COMMIT in doubt raises ``TransactionInDoubt``
-    with the keys of its sends."""
+    """``async with conn.transaction() as tx: await tx.send(...); await tx.ack(msg)``
+    -- commit on exit, abort on an exception.
 
-    def __init__(self, conn: AsyncConnection) -> None:
+    A transactional SEND is not waited for when it is made (RabbitMQ answers it only
+    after the COMMIT, as it publishes then): :meth:`commit` waits for the COMMIT's
+    receipt, then for every send's. A send the broker refused makes the commit raise
+    its error. :meth:`ack` acknowledges a received message as part of the transaction
+    (on Artemis, which ignores ACKs inside a transaction, it is acknowledged right after
+    the COMMIT instead). A failover while it is open makes it raise
+    ``TransactionRolledBack``; a link lost while the COMMIT is in flight raises
+    :class:`~amqtransport.errors.TransactionInDoubt` with the keys of the sends."""
+
+    def __init__(self, conn: AsyncConnection, timeout: float | None = None) -> None:
         self._conn = conn
+        #: how long the BEGIN and the commit on exit wait for the broker (seconds)
+        self.timeout = timeout
         self.id = conn._transport.next_id("tx")
         self._open = False
         self._sends: list[Receipt] = []
         self._acks: list[AsyncMessage] = []
-        self._after_commit: list[AsyncMessage] = []
+        self._after_commit: list[AsyncMessage] = []  # acks the broker would ignore inside the transaction
 
     async def __aenter__(self) -> AsyncTransaction:
         t = self._conn._transport
-        await t.wait(await t.begin(self.id))
+        try:
+            await t.wait(await t.begin(self.id), self.timeout)
+        except BaseException:
+            self._rollback()
+            raise
         self._open = True
         return self
 
@@ -265,7 +325,9 @@ class AsyncTransaction:
         self._conn._inbound.tx_ack(msg, self.id)
         self._acks.append(msg)
 
-    async def commit(self) -> None:
+    async def commit(self, timeout: float | None = None) -> None:
+        """Commit: returns once the COMMIT's receipt and every send's are in (``timeout``:
+        in all, default the transaction's; then ``TransactionInDoubt``)."""
         if not self._open:
             return
         self._open = False
@@ -276,11 +338,13 @@ class AsyncTransaction:
             assert failed.error is not None
             raise failed.error
         committed = False
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            await t.wait(await t.commit(self.id))
+            await t.wait(await t.commit(self.id), timeout)
             committed = True
-            for rec in self._sends:
-                await t.wait(rec)
+            for rec in self._sends:  # already in (ActiveMQ, ours), or following the COMMIT's (RabbitMQ)
+                await t.wait(rec, _remaining(deadline))
         except BaseException as exc:
             inbound.forget_acks(self._acks + self._after_commit)
             mapped = commit_failure(exc, self.id, [r.frame for r in self._sends], committed=committed)
@@ -302,7 +366,8 @@ class AsyncTransaction:
         t = self._conn._transport
         t.abort(self.id)
         t.tx_done(self.id)
-        self._conn._inbound.forget_acks(self._acks)  # the broker redelivers them
+        # the broker redelivers what this transaction acked: let those copies through
+        self._conn._inbound.forget_acks(self._acks)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -321,10 +386,10 @@ class _FailedListener:
 
 
 class AsyncConnection(ConnectionInfo, WireTapped):
-    """A connection through a URI on the running event loop. Use :func:`connect`."""
+    """A connection through a URI. Use ``connect``."""
 
-    def __init__(self, transport: AsyncFailoverTransport, *, dedupe: bool = True,
-                 audit_size: int = DEFAULT_AUDIT_SIZE, uri: str = "", client_id: str | None = None) -> None:
+    def __init__(self, transport: Driver, *, dedupe: bool = True, audit_size: int = DEFAULT_AUDIT_SIZE,
+                 uri: str = "", client_id: str | None = None) -> None:
         self.uri = uri
         self._client_id = client_id
         self._transport = transport
@@ -334,19 +399,21 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         transport.on_message = self._on_message
         transport.add_listener(_FailedListener(self))
 
+    # -- info -----------------------------------------------------------------------------
     @property
-    def transport(self) -> AsyncFailoverTransport:
+    def transport(self) -> Driver:
         return self._transport
 
-    def _status(self) -> AsyncFailoverTransport:
+    def _status(self) -> Driver:
         return self._transport
 
     def add_listener(self, listener: object) -> None:
         """Listener with optional ``on_interrupted(error)``, ``on_resumed(address)``,
-        ``on_failed(error)``, each a plain or an ``async`` callable."""
+        ``on_failed(error)`` (see the module docstring for where they are called);
+        exceptions are logged."""
         self._transport.add_listener(listener)
 
-    # -- sending ----------------------------------------------------------------------
+    # -- sending ----------------------------------------------------------------------------
     def _send_frame(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None,
                     persistent: bool, idempotency_key: str | None) -> Frame:
         if self._closed:
@@ -355,26 +422,40 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         return send_frame(destination, body, headers, persistent, idempotency_key, dialect=t.dialect,
                           duplicate_id_header=t.duplicate_id_header)
 
-    async def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None,
-                   persistent: bool = True, *, idempotency_key: str | None = None, receipt: bool = True) -> None:
+    async def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
+                   persistent: bool = True, idempotency_key: str | None = None, receipt: bool = True,
+                   timeout: float | None = None) -> None:
         """Send one message; returns once the broker's receipt is in (``receipt=False``:
-        once written; replayed after a failover only with ``trackMessages=true``)."""
+        once written — replayed after a failover only with ``trackMessages=true``).
+        ``timeout``: seconds to wait for the receipt, then ``SendTimeout`` with the key."""
         frame = self._send_frame(destination, body, headers, persistent, idempotency_key)
         rec = await self._transport.request(frame, receipt=receipt)
         if rec is not None:
-            await self._transport.wait(rec)
+            await self._transport.wait(rec, timeout)
 
     def producer(self, window: int = 100) -> AsyncProducer:
         return AsyncProducer(self, window)
 
-    def transaction(self) -> AsyncTransaction:
-        return AsyncTransaction(self)
+    def transaction(self, *, timeout: float | None = None) -> AsyncTransaction:
+        """A transaction; ``timeout`` bounds its BEGIN and its commit (seconds)."""
+        return AsyncTransaction(self, timeout)
 
-    # -- receiving ----------------------------------------------------------------------
-    async def subscribe(self, destination: str, ack: AckMode = "auto", headers: Mapping[str, str] | None = None,
-                        *, prefetch: int | None = None, durable_name: str | None = None,
-                        selector: str | None = None) -> AsyncSubscription:
-        """Subscribe to ``destination`` (the arguments are the sync client's)."""
+    # -- receiving ---------------------------------------------------------------------------
+    async def subscribe(self, destination: str, *, ack: AckMode = "auto", headers: Mapping[str, str] | None = None,
+                        prefetch: int | None = None, durable_name: str | None = None,
+                        selector: str | None = None, timeout: float | None = None) -> AsyncSubscription:
+        """Subscribe to ``destination``. ``prefetch``: at most that many unacknowledged
+        messages in flight (each broker's header; RabbitMQ counts it per connection and
+        gets :data:`~amqtransport.outbound.DEFAULT_PREFETCH` when none is given, as it
+        has no limit of its own). ``durable_name``: a durable topic subscription of that
+        name, which keeps collecting messages while nobody is subscribed (and after
+        ``close()``), until ``unsubscribe(durable=True)``; ActiveMQ, Artemis and our
+        broker file it under the connection's ``connect(..., client_id=...)``.
+        ``selector``: a JMS message selector (``"color = 'red' AND price > 10"``): only
+        matching messages are delivered (ActiveMQ and our broker; a bad one raises the
+        broker's ERROR as a ``BrokerError``).
+        ``timeout``: seconds to wait for the broker's receipt, then ``SendTimeout`` (the
+        subscription is withdrawn)."""
         if self._closed:
             raise ConnectionClosed("connection is closed")
         t = self._transport
@@ -384,20 +465,23 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         sub = AsyncSubscription(self, sub_id, destination, ack, durable_name)
         self._subs[sub_id] = sub
         try:
-            await t.wait(await t.subscribe(sub_id, frame))
+            await t.wait(await t.subscribe(sub_id, frame), timeout)
+        except SendTimeout:
+            await self._unsubscribe(sub, durable=False, wait=False)  # not replayed, not left on the broker
+            raise
         except BaseException:
             self._subs.pop(sub_id, None)
             raise
         return sub
 
-    async def _unsubscribe(self, sub: AsyncSubscription, *, durable: bool) -> None:
+    async def _unsubscribe(self, sub: AsyncSubscription, *, durable: bool = False, wait: bool = True) -> None:
         self._subs.pop(sub.id, None)
         self._inbound.forget(sub.id)
         t = self._transport
         for frame in unsubscribe_frames(sub.id, sub.durable_name, durable, dialect=t.dialect,
                                         client_id=self._client_id):
             rec = await t.unsubscribe(sub.id, frame)
-            if rec is not None:
+            if rec is not None and wait:
                 await t.wait(rec)
 
     async def _delete_durable(self, sub: AsyncSubscription) -> None:
@@ -425,17 +509,22 @@ class AsyncConnection(ConnectionInfo, WireTapped):
             return
         got = self._inbound.arrived(sub_id, sub.ack_mode, frame, generation)
         if got is not None:
-            sub._queue.put_nowait(AsyncMessage(frame, self, sub, generation, *got))
+            sub._inbox.put(AsyncMessage(frame, self, sub, generation, *got))
 
     async def ack_many(self, messages: Iterable[AsyncMessage]) -> None:
-        """``await msg.ack()`` for each, with the frames of one link in one write."""
+        """Acknowledge several messages at once: the same as ``await msg.ack()`` for
+        each, in order (one ACK per message id, so ``client-individual`` semantics
+        hold), but the frames of one link go out in a single socket write. Messages of
+        ``ack="auto"`` subscriptions are skipped. A message delivered on a link that
+        has since failed is handled as ``ack()`` handles it (the broker redelivers it;
+        the duplicate filter acks the copy)."""
         self._inbound.ack_many(messages)
 
     def _on_failed(self, error: BaseException) -> None:
         for sub in list(self._subs.values()):
             sub._close(error)
 
-    # -- lifecycle ------------------------------------------------------------------------
+    # -- lifecycle -------------------------------------------------------------------------
     async def close(self) -> None:
         if self._closed:
             return
@@ -454,67 +543,3 @@ class AsyncConnection(ConnectionInfo, WireTapped):
 
     def __repr__(self) -> str:
         return f"AsyncConnection({self.uri!r}, connected_uri={self.connected_uri!r})"
-
-
-class _Connecting:
-    """What :func:`connect` returns: ``await`` it for the connection, or use it in
-    ``async with`` (the connection closes on exit)."""
-
-    def __init__(self, uri: str, params: ConnectParams, dedupe: bool, audit_size: int,
-                 listener: object) -> None:
-        self._uri = uri
-        self._params = params
-        self._dedupe = dedupe
-        self._audit_size = audit_size
-        self._listener = listener
-        self._conn: AsyncConnection | None = None
-
-    async def _open(self) -> AsyncConnection:
-        transport = AsyncFailoverTransport.from_uri(self._uri, self._params)
-        conn = AsyncConnection(transport, dedupe=self._dedupe, audit_size=self._audit_size, uri=self._uri,
-                               client_id=self._params.client_id)
-        if self._listener is not None:
-            transport.add_listener(self._listener)
-        try:
-            await transport.start()
-        except ReconnectExhausted as exc:
-            await transport.close()
-            if isinstance(parse_uri(self._uri), LeafUri) and isinstance(exc.last_error, AmqTransportError):
-                # one broker, no reconnect: the connect error itself, as the sync client raises it
-                raise exc.last_error from exc
-            raise
-        except BaseException:
-            await transport.close()
-            raise
-        return conn
-
-    def __await__(self) -> Generator[object, None, AsyncConnection]:
-        return self._open().__await__()
-
-    async def __aenter__(self) -> AsyncConnection:
-        self._conn = await self._open()
-        return self._conn
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-
-
-def connect(
-    uri: str,
-    login: str | None = None,
-    passcode: str | None = None,
-    *,
-    vhost: str | None = None,
-    client_id: str | None = None,
-    heartbeat: tuple[int, int] = (10000, 10000),
-    dedupe: bool = True,
-    listener: object = None,
-    connect_timeout: float | None = None,
-    audit_size: int = DEFAULT_AUDIT_SIZE,
-) -> _Connecting:
-    """Connect through ``uri`` (the sync client's grammar and options: docs/uris.md):
-    ``async with aio.connect(uri) as conn:`` or ``conn = await aio.connect(uri)``."""
-    params = ConnectParams(login=login, passcode=passcode, vhost=vhost, client_id=client_id,
-                           heartbeat=(int(heartbeat[0]), int(heartbeat[1])), connect_timeout=connect_timeout)
-    return _Connecting(uri, params, dedupe, audit_size, listener)

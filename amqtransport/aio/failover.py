@@ -75,6 +75,7 @@ from amqtransport.transports.core import (
     Settle,
     Write,
 )
+from amqtransport.transports.core_actions import Refused, Skip, StopReplay
 from amqtransport.transports.core_view import CoreStatus
 from amqtransport.transports.endpoints import endpoints, is_priority, priority_attempts
 from amqtransport.transports.factory import failover_spec
@@ -255,6 +256,8 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
     # -- connecting ---------------------------------------------------------------------
 
     async def _connect_loop(self, *, startup: bool, last_error: BaseException | None) -> AsyncLink:
+        """Walk the core's connect steps until one link completes its handshake (the
+        policy is the core's: this waits and connects)."""
         backup = self._core.take_backup(lambda link: link.alive)
         if backup is not None:
             log.info("failover: using pre-connected backup %s", backup.address)
@@ -263,34 +266,28 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         if self.options.update_uris_url:  # may read a URL: off the loop
             leaves = await asyncio.to_thread(endpoints, self.leaves, self.options.update_uris_url)
         self._core.begin_connect(leaves, self._schedule(leaves, self.options, startup=startup, rng=self._rng),
-                                 startup=startup)
+                                 startup=startup, last_error=last_error)
         every = self.options.probe_interval / 1000.0
         loop = asyncio.get_running_loop()
-        while (step := self._core.next_connect()) is not None:
-            endpoint = step.endpoint
+        while True:
+            step = self._core.next_connect()
+            probed = None
             if step.delay > 0:
                 wait = ProbingWait(step.delay, leaves, probing=step.probe and self._probe is not None,
                                    every=every, clock=loop.time)
                 probed = await self._wait_probing(wait, every)
                 if probed is not None:
-                    log.info("failover: %s accepts connections: connecting now", probed.host)
-                    endpoint = self._core.connect_cut_short(probed)
-            if self._core.closed:
-                raise ConnectionClosed("connection closed while reconnecting")
+                    log.info("failover: %s accepts connections: connecting now", leaf_address(probed))
+            endpoint = self._core.connect_to(step, probed)
             try:
                 link = await self._open_link(endpoint, self._params, self._on_frame, self._lost)
-            except AuthenticationError:
-                raise
-            except (TransportError, BrokerError) as exc:
-                last_error = exc
-                if self._core.connect_failed():
-                    log.warning("failover: %d failed connect attempts so far (last: %s)",
-                                self._core.failed_attempts, exc)
+            except AmqTransportError as exc:
+                self._core.connect_failed(leaf_address(endpoint), exc)
                 continue
-            self._core.connect_succeeded()
-            log.info("failover: connected to %s", link.address)
+            server = link.connected_frame.get("server") if link.connected_frame is not None else None
+            self._core.connect_succeeded(f"{link.address} ({server or 'no server header'}, "
+                                         f"dialect {link.dialect.name})")
             return link
-        raise self._core.exhausted(last_error)
 
     async def _wait_probing(self, wait: ProbingWait[LeafUri], every: float) -> LeafUri | None:
         while (step := wait.next_sleep()) is not None:
@@ -341,8 +338,7 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
                 return
             try:
                 link = await self._connect_loop(startup=False, last_error=error)
-            except ConnectionClosed:
-                self._core.reconnect_stopped()
+            except ConnectionClosed:  # closed meanwhile
                 return
             except (ReconnectExhausted, AuthenticationError) as exc:
                 self._fail(exc)
@@ -416,19 +412,19 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
     async def _replay_stepwise(self, link: AsyncLink, install: Install[AsyncLink]) -> bool:
         """After a refusal: the stepwise requests one at a time (``replay.py``)."""
         for rec in install.plan.stepwise:
-            write = self._core.stepwise_next(link, rec, install.generation)
-            if write is False:
+            step = self._core.stepwise_next(link, rec, install.generation)
+            if isinstance(step, StopReplay):
                 return False
-            if write is None:
+            if isinstance(step, Skip):
                 continue
-            if self._write(write) and not (rec.tx is not None and rec.frame.command == "SEND"):
+            if self._write(step.write) and not (rec.tx is not None and rec.frame.command == "SEND"):
                 await self._await_receipt(rec, STEPWISE_WAIT, stop=lambda: not self._core.still_replaying(link))
             blamed = self._core.stepwise_blame(link, rec, link.error_frame)
-            if blamed is False:
+            if isinstance(blamed, StopReplay):
                 return False
-            if blamed is not None:
-                log.error("failover: the broker refuses a %s: %s", rec.frame.command, blamed)
-                self._settle(rec, error=blamed)
+            if isinstance(blamed, Refused):
+                log.error("failover: the broker refuses a %s: %s", rec.frame.command, blamed.error)
+                self._settle(rec, error=blamed.error)
                 return False
             if not rec.done:
                 break

@@ -15,7 +15,9 @@ its one lock); an asyncio driver calls the same methods from its loop.
 (:meth:`link_lost`), a frame received (:meth:`on_receipt`, :meth:`on_error`,
 :meth:`message_is_current`), a timer fired (:meth:`barrier` for the trackMessages idle
 timer) and the reconnect's steps (:meth:`begin_connect`, :meth:`next_connect`,
-:meth:`connect_failed`, :meth:`connect_cut_short`). *Outputs* are the return values
+:meth:`connect_to`, :meth:`connect_failed`, :meth:`connect_succeeded`: the connect
+policy of both drivers, ``reconnect.ConnectPolicy``; a driver only waits, probes and
+opens links). *Outputs* are the return values
 (``core_actions.py``):
 :class:`Write` (these frames, on link generation G, in this order), :class:`Settle`
 (complete or fail a request), :class:`Notify` (a listener event), :class:`Close` (a link
@@ -24,12 +26,27 @@ and :class:`ArmIdleTimer`; the connect steps are
 :class:`~amqtransport.transports.reconnect.ConnectStep` ("connect to X after D
 seconds, probing or not"). A driver executes the actions in the order given.
 
-*States*::
+*States* (:class:`~amqtransport.transports.core_state.State`; the table is
+``core_state.TRANSITIONS``, which tests/transports/test_core_state.py checks against
+this diagram, event by event; ``a|b`` is either state)::
 
-    new --start--> connecting --link_up--> connected --link_lost--> reconnecting --link_up--> connected
-                        |                  (replaying, while a stepwise           |
-                        +--gave up--> failed <---------------------------------------+
-    any --close--> closed
+    new --start--> connecting
+    connecting --installed--> connected
+    connected --installed--> connected
+    connected --lost--> reconnecting
+    reconnecting|replaying|resuming --installed--> resuming
+    reconnecting|replaying|resuming --installed_stepwise--> replaying
+    replaying --replayed--> resuming
+    replaying|resuming --lost--> reconnecting
+    resuming --resumed--> connected
+    connecting|connected|reconnecting|replaying|resuming --gave_up--> failed
+    new|connecting|connected|reconnecting|replaying|resuming|failed --close--> closed
+
+The state changes in one place, :meth:`FailoverCore._to`, through the table; an event
+the table does not allow raises ``IllegalTransition``. Only a loss while ``connected``
+starts a reconnect; the reconnect runs until ``resumed`` (``core_state.py`` says what
+each state and event means). A lost link's report is an event only for the current
+link: a retired link's report (or one after the end) changes nothing.
 
 *The rules kept here* (each once):
 
@@ -65,62 +82,53 @@ import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 from amqtransport.backoff import Attempt
 from amqtransport.errors import (
     AmqTransportError,
-    BrokerError,
     ConnectionClosed,
     ReconnectExhausted,
-    TransactionRolledBack,
 )
 from amqtransport.options import FailoverOptions
-from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
+from amqtransport.stomp import Frame
 from amqtransport.stomp.session import error_from_frame, error_text
-from amqtransport.transports.base import Receipt, with_receipt
+from amqtransport.transports.base import Receipt
 from amqtransport.transports.core_actions import (
     Action,
     ArmIdleTimer,
+    Blame,
     Close,
     Install,
     Notify,
+    NoVerdict,
     Reconnect,
+    Refused,
     Settle,
+    Skip,
+    StepwiseNext,
+    StopReplay,
     Write,
+    WriteAlone,
 )
-from amqtransport.transports.reconnect import ConnectStep, ReconnectPlan
+from amqtransport.transports.core_state import ACKABLE, LINK_UP, Event, State, next_state
+from amqtransport.transports.reconnect import ConnectPolicy, ConnectStep
 from amqtransport.transports.replay import (
-    TRACK_RECEIPT_EVERY,
     ReplayPlan,
-    SendCache,
-    TxState,
+    Tracking,
+    Transactions,
     deletes_durable,
     plan_replay,
     refusal_error,
 )
 from amqtransport.uri import LeafUri
 
-__all__ = [
-    "GIVE_UP_REFUSALS",
-    "STEPWISE_WAIT",
-    "Action",
-    "ArmIdleTimer",
-    "Close",
-    "FailoverCore",
-    "Install",
-    "Notify",
-    "Reconnect",
-    "Settle",
-    "State",
-    "Write",
-]
+__all__ = ["GIVE_UP_REFUSALS", "STEPWISE_WAIT", "Action", "ArmIdleTimer", "Close", "FailoverCore", "Install",
+           "Notify", "Reconnect", "Settle", "State", "Write"]
 
 log = logging.getLogger("amqtransport.transports.failover")
 
 L = TypeVar("L")
-
-State = Literal["new", "connecting", "connected", "replaying", "reconnecting", "failed", "closed"]
 
 #: refusals in a row, with nothing but subscriptions to blame, before giving up
 GIVE_UP_REFUSALS = 3
@@ -139,7 +147,7 @@ class FailoverCore(Generic[L]):
     def __init__(self, options: FailoverOptions, next_id: Callable[[str], str]) -> None:
         self.options = options
         self._next_id = next_id
-        self.state: State = "new"
+        self.state = State.NEW
         self.generation = 0
         #: the current link (None while down)
         self.link: L | None = None
@@ -148,63 +156,62 @@ class FailoverCore(Generic[L]):
         #: requests waiting for their receipt, in send order
         self.pending: dict[str, Receipt] = {}
         self.subs: OrderedDict[str, Frame] = OrderedDict()
-        self.txs: dict[str, TxState] = {}
-        self.cache = SendCache(options.max_cache_size)
+        self.txs = Transactions()
         self.backups: list[L] = []
-        self._track = options.track_messages
-        self._tracked_unreceipted = 0  # tracked sends since the last one asking for a receipt
-        self._barriers: dict[str, int] = {}  # receipt id -> position, of idle barriers in flight
         self._wseq = itertools.count(1)  # positions of writes, see replay.SendCache
+        self.tracking = Tracking(options.track_messages, options.max_cache_size, next_id, self._wseq)
+        #: trackMessages' cache of fire-and-forget sends
+        self.cache = self.tracking.cache
         self.refusal: Frame | None = None  # the unmatched ERROR that ended the last link(s)
         self.refusal_streak = 0
-        #: a reconnect is running (the driver runs one at a time)
-        self.reconnecting = False
-        self._plan: ReconnectPlan[LeafUri] | None = None
-        self._plan_startup = False
-        self._plan_endpoints = 0
-        self.failed_attempts = 0  # connect attempts that failed since the last success
+        #: the connect policy of the connect or reconnect running now
+        self.connecting: ConnectPolicy[LeafUri] = ConnectPolicy(options)
         self.reconnects = 0
 
     # -- state -----------------------------------------------------------------------------
 
+    def _to(self, event: Event) -> State:
+        """The one place the state changes (``core_state.TRANSITIONS``); returns the
+        state left. Raises ``IllegalTransition`` for an event not allowed now."""
+        old, self.state = self.state, next_state(self.state, event)
+        return old
+
     @property
     def closed(self) -> bool:
-        return self.state == "closed"
+        return self.state is State.CLOSED
 
     def current(self) -> tuple[L, int] | None:
         """The link to write ordinary requests on, and its generation (None while down)."""
-        if self.state == "connected" and self.link is not None:
+        if self.state in LINK_UP and self.link is not None:
             return self.link, self.generation
         return None
 
     def link_of(self, generation: int) -> L | None:
         """The current link if it is link ``generation`` and may carry ACKs."""
-        if generation != self.generation or self.state not in ("connected", "replaying"):
+        if generation != self.generation or self.state not in ACKABLE:
             return None
         return self.link
 
     def check_usable(self) -> None:
         """Raise why a request cannot be made now (closed, failed, not started)."""
-        if self.state == "closed":
+        if self.state is State.CLOSED:
             raise ConnectionClosed("connection is closed")
-        if self.state == "failed":
+        if self.state is State.FAILED:
             assert self.error is not None
             raise self.error
-        if self.state == "new":
+        if self.state is State.NEW:
             raise RuntimeError("transport not started")
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self.state != "new":
-            raise RuntimeError(f"start() in state {self.state}")
-        self.state = "connecting"
+        self._to("start")
 
     def close(self) -> list[Action[L]]:
         """The user closes: close every link, fail every request."""
-        if self.state == "closed":
+        if self.state is State.CLOSED:
             return []
-        self.state = "closed"
+        self._to("close")
         actions: list[Action[L]] = []
         if self.link is not None:
             actions.append(Close(self.link))
@@ -218,10 +225,9 @@ class FailoverCore(Generic[L]):
 
     def fail(self, error: AmqTransportError) -> list[Action[L]]:
         """Give up with ``error``: every request fails, listeners hear ``on_failed``."""
-        self.reconnecting = False
-        if self.state == "closed":
+        if self.state is State.CLOSED:
             return []
-        self.state = "failed"
+        self._to("gave_up")
         self.error = error
         actions: list[Action[L]] = [Settle(rec, error=error) for rec in self.pending.values()]
         self.pending.clear()
@@ -231,52 +237,49 @@ class FailoverCore(Generic[L]):
     # -- connecting -----------------------------------------------------------------------
 
     def begin_connect(self, endpoints: Sequence[LeafUri], attempts: Iterator[Attempt[LeafUri]], *,
-                      startup: bool) -> None:
-        """A connect (startup) or reconnect starts over ``endpoints`` with this schedule."""
-        self._plan = ReconnectPlan(attempts)
-        self._plan_startup = startup
-        self._plan_endpoints = len(endpoints)
+                      startup: bool, last_error: BaseException | None = None) -> None:
+        """A connect (startup) or reconnect starts over ``endpoints`` with this schedule;
+        ``last_error``: why (the lost link's error), until an attempt fails."""
+        self.connecting.begin(len(endpoints), attempts, startup=startup, last_error=last_error)
 
-    def next_connect(self) -> ConnectStep[LeafUri] | None:
-        """The next connect step, or None when the schedule is exhausted (then
-        :meth:`exhausted` is the error to give up with)."""
-        assert self._plan is not None, "begin_connect first"
-        return self._plan.next_step()
+    def next_connect(self) -> ConnectStep[LeafUri]:
+        """The next connect step: wait ``step.delay`` (probing when ``step.probe``), then
+        call :meth:`connect_to`. Raises ``ConnectionClosed`` when the transport was
+        closed meanwhile, and the ``ReconnectExhausted`` to give up with when the
+        schedule ran out."""
+        self._check_connecting()
+        step = self.connecting.plan.next_step()
+        if step is None:
+            raise self.connecting.exhausted()
+        return step
 
-    def connect_cut_short(self, endpoint: LeafUri) -> LeafUri:
-        """A probe saw ``endpoint`` accept during the step's wait: connect there now."""
-        assert self._plan is not None
-        return self._plan.cut_short(endpoint)
+    def connect_to(self, step: ConnectStep[LeafUri], probed: LeafUri | None = None) -> LeafUri:
+        """The step's wait is over: the endpoint to open now (``probed``: one a probe saw
+        accept during the wait). Raises ``ConnectionClosed`` if closed meanwhile."""
+        self._check_connecting()
+        return step.endpoint if probed is None else self.connecting.plan.cut_short(probed)
 
-    def connect_failed(self) -> bool:
-        """The step's connect failed; True when it is time to warn
-        (``warnAfterReconnectAttempts``)."""
-        assert self._plan is not None
-        self._plan.failed()
-        self.failed_attempts += 1
-        every = self.options.warn_after_reconnect_attempts
-        return every > 0 and self.failed_attempts % every == 0
+    def _check_connecting(self) -> None:
+        if self.state is State.CLOSED:
+            raise ConnectionClosed("connection closed while reconnecting")
+
+    def connect_failed(self, address: str, error: BaseException) -> None:
+        """The connect to ``address`` failed with ``error``: re-raised when another attempt
+        cannot help (a refused login), else noted for the give-up error and logged
+        (``warnAfterReconnectAttempts``); the driver goes on with :meth:`next_connect`."""
+        self.connecting.failed(address, error)
+
+    def connect_succeeded(self, description: str) -> None:
+        """A link completed its handshake (``description``: its address, server, dialect)."""
+        self.connecting.succeeded(description)
 
     @property
-    def connect_attempts(self) -> int:
-        return self._plan.attempts if self._plan is not None else 0
-
-    def connect_succeeded(self) -> None:
-        self.failed_attempts = 0
-
-    def exhausted(self, last_error: BaseException | None) -> ReconnectExhausted:
-        """The error for a schedule that ran out."""
-        which = "startupMaxReconnectAttempts" if self._plan_startup and (
-            self.options.startup_max_reconnect_attempts != -1) else "maxReconnectAttempts"
-        attempts = self.connect_attempts
-        return ReconnectExhausted(
-            f"failover: gave up after {attempts} connect attempts over {self._plan_endpoints} endpoint(s) "
-            f"({which} exhausted); last error: {last_error}",
-            attempts=attempts, last_error=last_error,
-        )
+    def failed_attempts(self) -> int:
+        """Connect attempts that failed since the last success."""
+        return self.connecting.failed_attempts
 
     def startup_failed(self, error: AmqTransportError) -> list[Action[L]]:
-        self.state = "failed"
+        self._to("gave_up")
         self.error = error
         return [Notify("on_failed", error)]
 
@@ -302,16 +305,13 @@ class FailoverCore(Generic[L]):
         return type(err)(f"failover: the broker refused the replay of {len(self.subs)} subscription(s) "
                          f"{self.refusal_streak} times in a row: {err}", frame=frame)
 
-    def reconnect_stopped(self) -> None:
-        """The reconnect ended without a link (closed meanwhile)."""
-        self.reconnecting = False
-
     def resumed(self) -> bool:
         """The reconnect installed a link and told the listeners: True when it is done,
         False when the link was lost again meanwhile (reconnect once more)."""
-        if self.state == "reconnecting":
+        if self.state is State.RECONNECTING:
             return False
-        self.reconnecting = False
+        if self.state not in (State.CLOSED, State.FAILED):
+            self._to("resumed")
         return True
 
     # -- links ----------------------------------------------------------------------------------
@@ -320,26 +320,23 @@ class FailoverCore(Generic[L]):
         """A link completed its handshake: make it current and plan its replay. None when
         it is not installed (closed meanwhile, or a priority switch, ``expect_gen``, whose
         link changed): the returned install then only closes it."""
-        if self.state == "closed":
+        if self.state is State.CLOSED:
             return Install(link, self.generation, ReplayPlan(), None, [Close(link)])
-        if expect_gen is not None and (expect_gen != self.generation or self.state != "connected"):
+        if expect_gen is not None and (expect_gen != self.generation or self.state is not State.CONNECTED):
             return None
         self.generation += 1
         gen = self.generation
         previous, self.link = self.link, link
-        self._barriers.clear()
+        self.tracking.new_link()
         stepwise = self.refusal is not None and expect_gen is None
         if stepwise and self.refusal_streak >= 2 and not self.pending and len(self.cache):
             dropped = self.cache.clear()
             log.error("failover: the broker refuses the replay again (%s): dropping %d cached "
                       "fire-and-forget send(s) of trackMessages", _error_text(self.refusal), dropped)
-        plan = plan_replay(subs=self.subs, pending=self.pending.values(), txs=self.txs,
+        plan = plan_replay(subs=self.subs, pending=self.pending.values(), txs=self.txs.open,
                            cache_frames=self.cache.frames(), gen=gen, stepwise=stepwise,
                            durable_unsubscribe=deletes_durable)
-        for tx_id in plan.rolled_back:
-            tx = self.txs.get(tx_id)
-            if tx is not None:
-                tx.rolled_back = True
+        self.txs.rolled_back(plan.rolled_back)
         for rec, _ in plan.fail:
             self.pending.pop(rec.receipt_id, None)
         for rec in plan.complete:
@@ -367,7 +364,7 @@ class FailoverCore(Generic[L]):
             self.link = install.previous if install.previous is not None and previous_alive else None
             return None
         actions = list(install.actions)
-        self.state = "replaying" if plan.stepwise else "connected"
+        self._to("installed_stepwise" if plan.stepwise else "installed")
         self.error = None
         if not alive:
             # lost between its handshake and now (CONNECTED and the close arrived together):
@@ -387,62 +384,61 @@ class FailoverCore(Generic[L]):
         if link in self.backups:
             self.backups.remove(link)
             return []
-        if link is not self.link or self.state in ("closed", "failed"):
-            return []
+        if link is not self.link or self.state in (State.CLOSED, State.FAILED):
+            return []  # a retired link's report, or one after the end: no event
         self.link = None
-        self.state = "reconnecting"
+        left = self._to("lost")
         self.reconnects += 1
-        if self.reconnecting:
-            return []
-        self.reconnecting = True
-        return [Reconnect(error)]
+        # only a loss while connected starts a reconnect; otherwise the running one loops
+        return [Reconnect(error)] if left is State.CONNECTED else []
 
     def priority_wanted(self, generation: int, on_priority: bool) -> bool:
         """Should the priority probe started on link ``generation`` go on? Not once the
         transport is closed, not connected, on another link, or on a priority endpoint."""
-        return (self.state == "connected" and self.generation == generation and not on_priority)
+        return (self.state is State.CONNECTED and self.generation == generation and not on_priority)
 
     def backup_room(self, size: int) -> bool:
         """Is there room for one more pre-connected backup (``backupPoolSize``)?"""
-        return self.state != "closed" and len(self.backups) < size
+        return self.state is not State.CLOSED and len(self.backups) < size
 
     def add_backup(self, link: L) -> bool:
         """A pre-connected backup; False when closed (the driver closes it)."""
-        if self.state == "closed":
+        if self.state is State.CLOSED:
             return False
         self.backups.append(link)
         return True
 
     # -- stepwise replay (after a refusal) ------------------------------------------------------
 
-    def stepwise_next(self, link: L, rec: Receipt, generation: int) -> Write[L] | None | Literal[False]:
-        """Write ``rec`` alone next: the write, None when it was settled meanwhile (skip
-        it), False when the link is no longer the one replaying (stop)."""
+    def stepwise_next(self, link: L, rec: Receipt, generation: int) -> StepwiseNext[L]:
+        """Write ``rec`` alone next (:class:`WriteAlone`), or :class:`Skip` it (settled
+        meanwhile), or :class:`StopReplay` (the link is no longer the one replaying)."""
         if not self.still_replaying(link):
-            return False
+            return StopReplay()
         if self.pending.get(rec.receipt_id) is not rec:
-            return None
+            return Skip()
         rec.generation = generation
         rec.rseq = next(self._wseq)
-        return Write(link, [rec.frame], generation)
+        return WriteAlone(Write(link, [rec.frame], generation))
 
     def still_replaying(self, link: L) -> bool:
-        return self.link is link and self.state == "replaying"
+        return self.link is link and self.state is State.REPLAYING
 
-    def stepwise_blame(self, link: L, rec: Receipt, refusal: Frame | None) -> BrokerError | None | Literal[False]:
-        """``rec``, written alone, is unanswered: if ``link`` is no longer replaying and
-        ended with ``refusal`` (an ERROR naming no request), ``rec`` is the refused one:
-        the error to fail it with (it is withdrawn). False: lost for another reason (stop;
-        replay on the next link). None: nothing to decide."""
+    def stepwise_blame(self, link: L, rec: Receipt, refusal: Frame | None) -> Blame:
+        """``rec`` was written alone: if it is unanswered, ``link`` is no longer replaying
+        and ended with ``refusal`` (an ERROR naming no request), ``rec`` is the refused
+        one: :class:`Refused` with the error to fail it with (it is withdrawn).
+        :class:`StopReplay`: the link was lost for another reason (replay on the next
+        link). :class:`NoVerdict`: answered, or still replaying."""
         if rec.done or self.still_replaying(link):
-            return None
+            return NoVerdict()
         if refusal is None or self.pending.get(rec.receipt_id) is not rec:
-            return False
+            return StopReplay()
         del self.pending[rec.receipt_id]
         if rec.frame.command == "SUBSCRIBE":
             self.subs.pop(rec.frame.get("id") or "", None)
         self.refusal, self.refusal_streak = None, 0
-        return refusal_error(refusal, rec.frame.command)
+        return Refused(refusal_error(refusal, rec.frame.command))
 
     def stepwise_done(self, link: L, install: Install[L]) -> Write[L] | None:
         """The stepwise requests are settled (or one went unanswered): write everything
@@ -463,7 +459,7 @@ class FailoverCore(Generic[L]):
 
     def stepwise_connected(self) -> None:
         self.refusal, self.refusal_streak = None, 0
-        self.state = "connected"
+        self._to("replayed")
 
     # -- frames from links -------------------------------------------------------------------
 
@@ -472,26 +468,12 @@ class FailoverCore(Generic[L]):
         rec = self.pending.pop(rid, None) if rid is not None else None
         if rec is not None:
             if rec.tx is not None:
-                tx = self.txs.get(rec.tx)
-                if tx is not None and tx.acked_gen is None:
-                    tx.acked_gen = generation
+                self.txs.acked(rec.tx, generation)
             if rec.generation == generation:
                 self.cache.on_receipt(generation, rec.rseq)
         elif rid is not None:
-            self._own_receipt(rid, generation)
+            self.tracking.own_receipt(rid, generation)
         return rec
-
-    def _own_receipt(self, rid: str, gen: int) -> None:
-        """A receipt the transport asked for itself (trackMessages)."""
-        if rid in self._barriers:
-            self.cache.on_receipt(gen, self._barriers.pop(rid))
-            return
-        found = self.cache.own_receipt(rid)
-        if found is not None:
-            key, entry_gen, rseq = found
-            if entry_gen == gen:
-                self.cache.on_receipt(gen, rseq)
-                self.cache.discard(key)
 
     def message_is_current(self, link: L) -> bool:
         """A MESSAGE from a retired link is dropped: the broker redelivers on the current one."""
@@ -503,13 +485,7 @@ class FailoverCore(Generic[L]):
         request, on a link not yet ended by one (``link_error_frame`` None), is noted as a
         *refusal*: the next link replays stepwise."""
         rid = frame.get("receipt-id")
-        if rid is not None and (rid in self._barriers or self.cache.own_receipt(rid) is not None):
-            self._barriers.pop(rid, None)
-            found = self.cache.own_receipt(rid)
-            if found is not None:
-                self.cache.discard(found[0])
-                log.error("failover: the broker refused a fire-and-forget send (%s): dropped from "
-                          "the trackMessages cache", _error_text(frame))
+        if rid is not None and self.tracking.own_error(rid, frame):
             return True
         unmatched = rid is None or rid not in self.pending
         if unmatched and has_link and link_error_frame is None:
@@ -536,14 +512,8 @@ class FailoverCore(Generic[L]):
         """A request asking for a receipt: pending from now on; the write when connected
         (else the next link's replay writes it)."""
         self.check_usable()
-        tx_id = rec.tx
-        if tx_id is not None:
-            tx = self.txs.get(tx_id)
-            if tx is not None and tx.rolled_back:
-                raise TransactionRolledBack(f"transaction {tx_id} was rolled back by a failover",
-                                            transaction=tx_id, keys=tx.keys)
-            if tx is not None and rec.frame.command == "SEND":
-                tx.keys.append(rec.frame.get(IDEMPOTENCY_HEADER) or "")
+        if rec.tx is not None:
+            self.txs.request(rec)
         self.pending[rec.receipt_id] = rec
         target = self.current()
         if target is None:
@@ -557,20 +527,11 @@ class FailoverCore(Generic[L]):
         """The caller stopped waiting for ``rid`` (a timeout): no longer replayed."""
         return self.pending.pop(rid, None) is not None
 
+    # -- trackMessages (the rules: replay.Tracking) ------------------------------------------------
+
     def track(self, frame: Frame) -> tuple[Frame, str | None]:
-        """A fire-and-forget frame about to be written: with ``trackMessages`` a SEND is
-        cached (the key; None when not tracked) and now and then asks for a receipt."""
-        if not (self._track and frame.command == "SEND"):
-            return frame, None
-        key = SendCache.key_of(frame)
-        self._tracked_unreceipted += 1
-        if self._tracked_unreceipted >= TRACK_RECEIPT_EVERY:
-            # a receipt now and then proves (and trims) everything written before
-            self._tracked_unreceipted = 0
-            frame = with_receipt(frame, self._next_id("t"))
-        if not self.cache.put(key, frame):
-            return frame, None  # the same key is already cached: this copy is not tracked
-        return frame, key
+        """A fire-and-forget frame about to be written (:meth:`replay.Tracking.track`)."""
+        return self.tracking.track(frame)
 
     def untrack(self, key: str) -> None:
         """The tracked send ``key`` was called off before any write (a cancelled caller)."""
@@ -582,28 +543,24 @@ class FailoverCore(Generic[L]):
 
     def tracked_written(self, key: str, generation: int, rseq: int | None) -> list[Action[L]]:
         """The tracked send ``key`` went out on link ``generation``."""
-        self.cache.written(key, generation, next(self._wseq), rseq)
+        self.tracking.written(key, generation, rseq)
         return self.arm_idle()
 
     def arm_idle(self) -> list[Action[L]]:
         """Ask for the idle timer while the cache holds sends."""
-        return [ArmIdleTimer()] if self.state != "closed" and len(self.cache) else []
+        return [ArmIdleTimer()] if self.state is not State.CLOSED and len(self.cache) else []
 
     def barrier(self) -> tuple[Write[L], str] | None:
         """The idle timer fired: the barrier to write (an empty transaction whose ABORT asks
         for a receipt that trims the cache) and its receipt id, or None when not needed."""
-        if self.state != "connected" or self.link is None or not len(self.cache):
+        if self.state not in LINK_UP or self.link is None or not len(self.cache):
             return None
-        tx_id, rid = self._next_id("amq-barrier"), self._next_id("t")
-        self._barriers[rid] = next(self._wseq)
-        self._tracked_unreceipted = 0
-        frames = [Frame.make("BEGIN", {"transaction": tx_id}),
-                  Frame.make("ABORT", {"transaction": tx_id, "receipt": rid})]
+        frames, rid = self.tracking.barrier()
         return Write(self.link, frames, self.generation), rid
 
     def barrier_written(self, rid: str, generation: int) -> None:
         if generation != self.generation:
-            self._barriers.pop(rid, None)
+            self.tracking.barrier_stale(rid)
 
     def subscribe(self, sub_id: str, frame: Frame) -> None:
         self.check_usable()
@@ -612,32 +569,25 @@ class FailoverCore(Generic[L]):
     def unsubscribe(self, sub_id: str) -> bool:
         """Forget ``sub_id``; False when the transport is over (nothing to write)."""
         self.subs.pop(sub_id, None)
-        return self.state not in ("failed", "closed")
+        return self.state not in (State.FAILED, State.CLOSED)
+
+    # -- transactions (the rules: replay.Transactions) ---------------------------------------------
 
     def begin(self, tx_id: str) -> None:
         self.check_usable()
-        self.txs[tx_id] = TxState()
-
-    def _stale(self, tx: TxState | None) -> bool:
-        return tx is not None and (tx.rolled_back or (tx.acked_gen is not None and tx.acked_gen != self.generation))
+        self.txs.begin(tx_id)
 
     def commit(self, tx_id: str) -> None:
         """Raise :class:`TransactionRolledBack` when the broker lost the transaction."""
-        tx = self.txs.get(tx_id)
-        if tx is not None and self._stale(tx):
-            self.txs.pop(tx_id, None)
-            raise TransactionRolledBack(
-                f"transaction {tx_id} was open across a failover: the broker rolled it back",
-                transaction=tx_id, keys=tx.keys)
+        self.txs.commit(tx_id, self.generation)
 
     def tx_done(self, tx_id: str) -> None:
-        self.txs.pop(tx_id, None)
+        self.txs.done(tx_id)
 
     def abort(self, tx_id: str) -> Write[L] | None:
         """The ABORT to write, or None when the broker already dropped it with a dead link."""
-        tx = self.txs.pop(tx_id, None)
         target = self.current()
-        if self._stale(tx) or target is None:
+        if not self.txs.abort(tx_id, self.generation) or target is None:
             return None
         link, gen = target
         return Write(link, [Frame.make("ABORT", {"transaction": tx_id})], gen)

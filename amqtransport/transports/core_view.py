@@ -9,6 +9,7 @@ from typing import Generic, Protocol, TypeVar
 from amqtransport.errors import AmqTransportError
 from amqtransport.stomp import Frame
 from amqtransport.transports.core import FailoverCore
+from amqtransport.transports.core_state import LINK_UP
 from amqtransport.transports.dialect import Dialect, dialect_named
 
 __all__ = ["CoreStatus"]
@@ -45,6 +46,7 @@ class CoreStatus(Generic[L]):
 
     @property
     def state(self) -> str:
+        """The core's state (``core_state.State``, a ``str``: ``"connected"``, ...)."""
         return self._core.state
 
     @property
@@ -57,12 +59,12 @@ class CoreStatus(Generic[L]):
 
     @property
     def is_connected(self) -> bool:
-        return self._core.state == "connected"
+        return self._core.state in LINK_UP
 
     @property
     def connected_address(self) -> str | None:
         link = self._core.link
-        return link.address if link is not None and self._core.state == "connected" else None
+        return link.address if link is not None and self._core.state in LINK_UP else None
 
     @property
     def version(self) -> str:

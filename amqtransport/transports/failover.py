@@ -54,7 +54,6 @@ from amqtransport.backoff import Attempt
 from amqtransport.errors import (
     AmqTransportError,
     AuthenticationError,
-    BrokerError,
     ConnectionClosed,
     ReconnectExhausted,
     SendTimeout,
@@ -75,6 +74,7 @@ from amqtransport.transports.core import (
     Settle,
     Write,
 )
+from amqtransport.transports.core_actions import Refused, Skip, StopReplay
 from amqtransport.transports.core_view import CoreStatus
 from amqtransport.transports.endpoints import UriParser, endpoints
 from amqtransport.transports.failover_backup import BackupLinks
@@ -241,7 +241,8 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
         return conn
 
     def _connect_loop(self, *, startup: bool, last_error: BaseException | None) -> StompConnection:
-        """Walk the core's connect steps until one link completes its handshake."""
+        """Walk the core's connect steps until one link completes its handshake (the
+        policy is the core's: this waits and connects)."""
         with self._lock:
             backup = self._core.take_backup(lambda c: c.alive)
         if backup is not None:
@@ -250,46 +251,30 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
         endpoints = self._endpoints()
         with self._lock:
             self._core.begin_connect(endpoints, self._schedule(endpoints, self.options, startup=startup,
-                                                               rng=self._rng), startup=startup)
+                                                               rng=self._rng), startup=startup, last_error=last_error)
         while True:
             with self._lock:
                 step = self._core.next_connect()
-                if step is None:
-                    raise self._core.exhausted(last_error)
-            if self._closed:
-                raise ConnectionClosed("connection closed while reconnecting")
-            endpoint = step.endpoint
+            probed = None
             if step.delay > 0:
                 log.debug("failover: sleeping %.3fs before pass %d", step.delay, step.pass_number)
                 probed = wait_probing(step.delay, endpoints, self._tcp_probe if step.probe else None,
                                       every=self.options.probe_interval / 1000.0, sleep=self._sleep,
                                       clock=self._clock, stop=lambda: self._closed)
-                if self._closed:
-                    raise ConnectionClosed("connection closed while reconnecting")
                 if probed is not None:
                     log.info("failover: %s accepts connections: connecting now", leaf_address(probed))
-                    with self._lock:
-                        endpoint = self._core.connect_cut_short(probed)
-            address = leaf_address(endpoint)
+            with self._lock:
+                endpoint = self._core.connect_to(step, probed)
             try:
                 conn = self._open(endpoint)
-            except AuthenticationError:
-                raise
-            except (TransportError, BrokerError) as exc:
-                last_error = exc
+            except AmqTransportError as exc:
                 with self._lock:
-                    warn = self._core.connect_failed()
-                    failed, attempts = self._core.failed_attempts, self._core.connect_attempts
-                if warn:
-                    log.warning("failover: %d failed connect attempts so far (last: %s: %s)", failed, address, exc)
-                else:
-                    log.debug("failover: attempt %d to %s failed: %s", attempts, address, exc)
+                    self._core.connect_failed(leaf_address(endpoint), exc)
                 continue
+            server = conn.connected_frame.get("server") if conn.connected_frame is not None else None
             with self._lock:
-                self._core.connect_succeeded()
-            log.info("failover: connected to %s (%s, dialect %s)", conn.address,
-                     (conn.connected_frame.get("server") if conn.connected_frame is not None else None)
-                     or "no server header", conn.dialect.name)
+                self._core.connect_succeeded(f"{conn.address} ({server or 'no server header'}, "
+                                             f"dialect {conn.dialect.name})")
             return conn
 
     def _install(self, conn: StompConnection, *, expect_gen: int | None = None) -> Install[Conn] | None:
@@ -337,10 +322,10 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
         gen = install.generation
         for rec in install.plan.stepwise:
             with self._lock:
-                write = self._core.stepwise_next(conn, rec, gen)
-            if write is False:
+                step = self._core.stepwise_next(conn, rec, gen)
+            if isinstance(step, StopReplay):
                 return False
-            if write is None:
+            if isinstance(step, Skip):
                 continue  # settled meanwhile
             try:
                 conn.write(rec.frame)
@@ -364,11 +349,11 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
                 conn.wait_reader(STEPWISE_READER_WAIT)
             with self._lock:
                 blamed = self._core.stepwise_blame(conn, rec, conn.error_frame)
-            if blamed is False:
+            if isinstance(blamed, StopReplay):
                 return False  # lost for another reason: try again on the next link
-            if blamed is not None:
-                log.error("failover: the broker refuses a %s: %s", rec.frame.command, blamed)
-                rec.set_error(blamed)
+            if isinstance(blamed, Refused):
+                log.error("failover: the broker refuses a %s: %s", rec.frame.command, blamed.error)
+                rec.set_error(blamed.error)
                 return False
             if not rec.done:
                 break  # no answer in time: give up the stepwise mode for this link
@@ -401,9 +386,7 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
                 return
             try:
                 conn = self._connect_loop(startup=False, last_error=error)
-            except ConnectionClosed:
-                with self._lock:
-                    self._core.reconnect_stopped()
+            except ConnectionClosed:  # closed meanwhile
                 return
             except (ReconnectExhausted, AuthenticationError) as exc:
                 self._fail(exc)

@@ -69,6 +69,7 @@ from amqtransport.stomp.session import ClientSession, Negotiated, error_from_fra
 from amqtransport.transports.base import Receipt, Transport, call_listeners, with_receipt
 from amqtransport.transports.coalesce import CoalescingWriter
 from amqtransport.transports.dialect import DEFAULT_VHOST, Dialect, detect, dialect_named
+from amqtransport.transports.waiting import send_timeout
 from amqtransport.uri import LeafUri
 
 __all__ = [
@@ -509,9 +510,9 @@ class DirectTransport(Transport):
 
     def wait(self, receipt: Receipt, timeout: float | None = None) -> Frame:
         if not receipt.wait_event(timeout):
-            from amqtransport.errors import SendTimeout
-
-            raise SendTimeout(f"no receipt for {receipt.receipt_id} within {timeout}s")
+            with self._lock:  # given up on: no longer waited for
+                self._pending.pop(receipt.receipt_id, None)
+            raise send_timeout(f"no receipt for {receipt.receipt_id} within {timeout}s", receipt)
         if receipt.error is not None:
             raise receipt.error
         assert receipt.result is not None

@@ -16,19 +16,32 @@ driver does the waiting and the connecting and reports back:
   login) cannot turn the back-off into a loop of reconnects one probe apart.
 
 The plan ends (``next_step()`` returns None) when the schedule does; ``attempts``
-counts the connects it asked for. No socket, thread or clock here: the thread driver
-(``failover.py``) runs it, an asyncio driver can run the same plan.
+counts the connects it asked for.
+
+:class:`ConnectPolicy` is the rest of what both drivers do while connecting, kept once:
+which connect errors another attempt may cure (a ``TransportError`` or a
+``BrokerError``, not a refused login), the last error, when to warn
+(``warnAfterReconnectAttempts``), what is logged, and the
+:class:`~amqtransport.errors.ReconnectExhausted` to give up with, naming the option
+that ran out. :class:`~amqtransport.transports.core.FailoverCore` holds one and is
+what the drivers call. No socket, thread or clock here: the thread driver
+(``failover.py``) and the asyncio driver (``aio/failover.py``) only wait and connect.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from amqtransport.backoff import Attempt
+from amqtransport.errors import AuthenticationError, BrokerError, ReconnectExhausted, TransportError
+from amqtransport.options import FailoverOptions
 
-__all__ = ["ConnectStep", "ReconnectPlan"]
+__all__ = ["ConnectPolicy", "ConnectStep", "ReconnectPlan"]
+
+log = logging.getLogger("amqtransport.transports.failover")
 
 T = TypeVar("T")
 
@@ -75,3 +88,64 @@ class ReconnectPlan(Generic[T]):
         """The step's connect failed."""
         if self._cut:
             self._probe_next_wait = False
+
+
+class ConnectPolicy(Generic[T]):
+    """One connect (startup) or reconnect at a time: its plan and what is decided about
+    each attempt (see the module docstring)."""
+
+    def __init__(self, options: FailoverOptions) -> None:
+        self.options = options
+        self._plan: ReconnectPlan[T] | None = None
+        self._startup = False
+        self._endpoints = 0
+        #: the error of the last failed attempt (or of the lost link), for ReconnectExhausted
+        self.last_error: BaseException | None = None
+        #: connect attempts that failed since the last success
+        self.failed_attempts = 0
+
+    def begin(self, endpoints: int, attempts: Iterator[Attempt[T]], *, startup: bool,
+              last_error: BaseException | None) -> None:
+        self._plan = ReconnectPlan(attempts)
+        self._startup = startup
+        self._endpoints = endpoints
+        self.last_error = last_error
+
+    @property
+    def plan(self) -> ReconnectPlan[T]:
+        assert self._plan is not None, "begin a connect first"
+        return self._plan
+
+    @property
+    def attempts(self) -> int:
+        return self._plan.attempts if self._plan is not None else 0
+
+    def failed(self, address: str, error: BaseException) -> None:
+        """The step's connect to ``address`` failed with ``error``: re-raises it when
+        another attempt cannot help, else notes and logs it (a warning every
+        ``warnAfterReconnectAttempts`` failures)."""
+        if isinstance(error, AuthenticationError) or not isinstance(error, (TransportError, BrokerError)):
+            raise error
+        self.plan.failed()
+        self.last_error = error
+        self.failed_attempts += 1
+        every = self.options.warn_after_reconnect_attempts
+        if every > 0 and self.failed_attempts % every == 0:
+            log.warning("failover: %d failed connect attempts so far (last: %s: %s)", self.failed_attempts,
+                        address, error)
+        else:
+            log.debug("failover: attempt %d to %s failed: %s", self.attempts, address, error)
+
+    def succeeded(self, description: str) -> None:
+        self.failed_attempts = 0
+        log.info("failover: connected to %s", description)
+
+    def exhausted(self) -> ReconnectExhausted:
+        """The error for a schedule that ran out."""
+        which = "startupMaxReconnectAttempts" if self._startup and (
+            self.options.startup_max_reconnect_attempts != -1) else "maxReconnectAttempts"
+        return ReconnectExhausted(
+            f"failover: gave up after {self.attempts} connect attempts over {self._endpoints} endpoint(s) "
+            f"({which} exhausted); last error: {self.last_error}",
+            attempts=self.attempts, last_error=self.last_error,
+        )

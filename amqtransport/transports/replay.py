@@ -47,25 +47,30 @@ a receipted ABORT of an empty transaction) when tracked sends stop for a while.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from amqtransport.errors import BrokerError, TransactionInDoubt, TransactionRolledBack
 from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
-from amqtransport.stomp.session import error_from_frame
-from amqtransport.transports.base import Receipt
+from amqtransport.stomp.session import error_from_frame, error_text
+from amqtransport.transports.base import Receipt, with_receipt
 
 __all__ = [
     "TRACK_RECEIPT_EVERY",
     "TRACK_IDLE_SECONDS",
+    "Transactions",
     "TxState",
     "ReplayPlan",
     "plan_replay",
     "SendCache",
+    "Tracking",
     "refusal_error",
     "deletes_durable",
 ]
+
+log = logging.getLogger("amqtransport.transports.failover")
 
 #: a tracked fire-and-forget send asks for a receipt every this many sends
 TRACK_RECEIPT_EVERY = 64
@@ -82,6 +87,60 @@ class TxState:
     rolled_back: bool = False
     #: idempotency keys of its sends, in order
     keys: list[str] = field(default_factory=list)
+
+
+class Transactions:
+    """The open transactions of one failover connection and whether the broker still
+    has each: one it acknowledged on a link that has died since was rolled back by the
+    broker with that link (*stale*)."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, TxState] = {}
+
+    def begin(self, tx_id: str) -> None:
+        self.open[tx_id] = TxState()
+
+    def request(self, rec: Receipt) -> None:
+        """A request of transaction ``rec.tx`` is made: raises ``TransactionRolledBack``
+        if a failover rolled it back; notes a SEND's key."""
+        tx = self.open.get(rec.tx or "")
+        if tx is not None and tx.rolled_back:
+            raise TransactionRolledBack(f"transaction {rec.tx} was rolled back by a failover",
+                                        transaction=rec.tx, keys=tx.keys)
+        if tx is not None and rec.frame.command == "SEND":
+            tx.keys.append(rec.frame.get(IDEMPOTENCY_HEADER) or "")
+
+    def acked(self, tx_id: str, generation: int) -> None:
+        """A request of ``tx_id`` was receipted on link ``generation``."""
+        tx = self.open.get(tx_id)
+        if tx is not None and tx.acked_gen is None:
+            tx.acked_gen = generation
+
+    def rolled_back(self, tx_ids: Iterable[str]) -> None:
+        """A new link's replay found these gone with the previous link."""
+        for tx_id in tx_ids:
+            if (tx := self.open.get(tx_id)) is not None:
+                tx.rolled_back = True
+
+    @staticmethod
+    def _stale(tx: TxState | None, generation: int) -> bool:
+        return tx is not None and (tx.rolled_back or (tx.acked_gen is not None and tx.acked_gen != generation))
+
+    def commit(self, tx_id: str, generation: int) -> None:
+        """Raise ``TransactionRolledBack`` when the broker lost the transaction."""
+        tx = self.open.get(tx_id)
+        if tx is not None and self._stale(tx, generation):
+            self.open.pop(tx_id, None)
+            raise TransactionRolledBack(
+                f"transaction {tx_id} was open across a failover: the broker rolled it back",
+                transaction=tx_id, keys=tx.keys)
+
+    def done(self, tx_id: str) -> None:
+        self.open.pop(tx_id, None)
+
+    def abort(self, tx_id: str, generation: int) -> bool:
+        """Forget ``tx_id``; True when the broker still has it (write the ABORT)."""
+        return not self._stale(self.open.pop(tx_id, None), generation)
 
 
 @dataclass
@@ -290,3 +349,79 @@ class SendCache:
         self.bytes -= entry.size
         if entry.rid is not None:
             self._by_rid.pop(entry.rid, None)
+
+
+class Tracking:
+    """``trackMessages``: the :class:`SendCache`, the receipt one tracked send in
+    :data:`TRACK_RECEIPT_EVERY` asks for, and the idle barriers (module docstring, *The
+    send cache*). ``positions`` is the failover core's one counter of write positions."""
+
+    def __init__(self, enabled: bool, max_cache_size: int, next_id: Callable[[str], str],
+                 positions: Iterator[int]) -> None:
+        self.enabled = enabled
+        self.cache = SendCache(max_cache_size)
+        self._next_id = next_id
+        self._positions = positions
+        self._unreceipted = 0  # tracked sends since the last one asking for a receipt
+        self._barriers: dict[str, int] = {}  # receipt id -> position, of idle barriers in flight
+
+    def track(self, frame: Frame) -> tuple[Frame, str | None]:
+        """A fire-and-forget frame about to be written: with ``trackMessages`` a SEND is
+        cached (the key; None when not tracked) and now and then asks for a receipt."""
+        if not (self.enabled and frame.command == "SEND"):
+            return frame, None
+        key = SendCache.key_of(frame)
+        self._unreceipted += 1
+        if self._unreceipted >= TRACK_RECEIPT_EVERY:
+            # a receipt now and then proves (and trims) everything written before
+            self._unreceipted = 0
+            frame = with_receipt(frame, self._next_id("t"))
+        if not self.cache.put(key, frame):
+            return frame, None  # the same key is already cached: this copy is not tracked
+        return frame, key
+
+    def written(self, key: str, generation: int, rseq: int | None) -> None:
+        """The tracked send ``key`` went out on link ``generation``."""
+        self.cache.written(key, generation, next(self._positions), rseq)
+
+    def barrier(self) -> tuple[list[Frame], str]:
+        """An idle barrier's frames (an empty transaction whose ABORT asks for a receipt
+        that trims the cache) and that receipt's id."""
+        tx_id, rid = self._next_id("amq-barrier"), self._next_id("t")
+        self._barriers[rid] = next(self._positions)
+        self._unreceipted = 0
+        return [Frame.make("BEGIN", {"transaction": tx_id}),
+                Frame.make("ABORT", {"transaction": tx_id, "receipt": rid})], rid
+
+    def barrier_stale(self, rid: str) -> None:
+        """The barrier ``rid`` went out on a link that is no longer current."""
+        self._barriers.pop(rid, None)
+
+    def new_link(self) -> None:
+        """Barriers in flight died with the previous link."""
+        self._barriers.clear()
+
+    def own_receipt(self, rid: str, gen: int) -> None:
+        """A receipt the transport asked for itself, on link ``gen``: trims the cache."""
+        if rid in self._barriers:
+            self.cache.on_receipt(gen, self._barriers.pop(rid))
+            return
+        found = self.cache.own_receipt(rid)
+        if found is not None:
+            key, entry_gen, rseq = found
+            if entry_gen == gen:
+                self.cache.on_receipt(gen, rseq)
+                self.cache.discard(key)
+
+    def own_error(self, rid: str, frame: Frame) -> bool:
+        """An ERROR answering receipt ``rid``: True when the transport asked for it itself
+        (a barrier, or a tracked send, which is dropped from the cache)."""
+        found = self.cache.own_receipt(rid)
+        if rid not in self._barriers and found is None:
+            return False
+        self._barriers.pop(rid, None)
+        if found is not None:
+            self.cache.discard(found[0])
+            log.error("failover: the broker refused a fire-and-forget send (%s): dropped from "
+                      "the trackMessages cache", error_text(frame))
+        return True

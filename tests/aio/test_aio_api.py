@@ -152,6 +152,30 @@ def test_a_refused_send_in_a_producer_raises_once_and_the_producer_goes_on(broke
     assert sorted(bodies, key=int) == [str(i) for i in range(20) if i not in raised]
 
 
+def test_subscription_ack_many_refuses_messages_of_another_subscription(broker: EmbeddedBroker) -> None:
+    """``sub.ack_many(messages)`` acknowledges messages of ``sub`` only, as in the sync
+    client: a message of another subscription raises ``ValueError`` and nothing is
+    acked (it comes back on the next connection). Before, the asyncio twin acked
+    whatever it was given."""
+
+    async def main() -> tuple[str, str, list[str]]:
+        async with aio.connect(uri_of(broker)) as conn:
+            await conn.send("/queue/ackmany.a", "a0")
+            sub_a = await conn.subscribe("/queue/ackmany.a", ack="client-individual")
+            sub_b = await conn.subscribe("/queue/ackmany.b", ack="client-individual")
+            msg = await sub_a.receive(5)
+            assert msg is not None
+            with pytest.raises(ValueError, match="subscription") as info:
+                await sub_b.ack_many([msg])
+        async with aio.connect(uri_of(broker)) as conn:
+            again = await conn.subscribe("/queue/ackmany.a", ack="client-individual")
+            return str(info.value), sub_a.id, [m.text for m in await drain(again)]
+
+    error, sub_a_id, back = asyncio.run(main())
+    assert repr(sub_a_id) in error  # names the subscription the message came on
+    assert back == ["a0"]
+
+
 def test_a_thousand_tasks_share_one_connection(broker: EmbeddedBroker) -> None:
     async def main() -> list[str]:
         async with aio.connect(uri_of(broker)) as conn:

@@ -302,6 +302,34 @@ def test_our_broker_refusing_a_destination_fails_that_send_only(broker: BrokerPr
         assert conn.transport.reconnects <= 1  # type: ignore[attr-defined]
 
 
+def test_a_refused_send_among_pipelined_sends_is_raised_once(broker: BrokerProcess) -> None:
+    """A producer's send the broker refuses (a wildcard destination) is raised by one
+    call only -- the send or ``flush()`` that reaps its receipt -- and the later sends,
+    the next ``flush()`` and the ``with`` block's exit go on. Before, ``flush()`` left a
+    refused receipt at the head of the window, so every later call raised it again."""
+    uri = f"failover:({broker.uri})?initialReconnectDelay=10&maxReconnectDelay=50"
+    raised: list[str] = []
+    with amqtransport.connect(uri) as conn:
+        with conn.producer(window=100) as producer:
+            for step in ["send", "flush", *(["send"] * 20), "flush"]:
+                try:
+                    if step == "send":
+                        n = producer.sent
+                        producer.send("/queue/a.>" if n == 0 else "/queue/pipelined", f"m{n}")
+                    else:
+                        producer.flush(10)
+                except BrokerError as exc:
+                    assert "wildcards" in str(exc)
+                    raised.append(step)
+            assert producer.outstanding == 0
+        assert len(raised) == 1, raised
+        sub = conn.subscribe("/queue/pipelined")
+        got = []
+        while (msg := sub.receive(2)) is not None:
+            got.append(msg.text)
+    assert sorted(got, key=lambda t: int(t[1:])) == [f"m{i}" for i in range(1, 21)]
+
+
 def test_an_in_doubt_error_says_so_and_names_the_key_to_resend_with() -> None:
     """A broker whose journal failed answers the SENDs it had queued with
     ``amq-in-doubt:true`` (it cannot tell whether they are stored) and later ones with

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,6 +256,16 @@ def test_every_condition_is_in_the_vocabulary() -> None:
         assert numbers == list(range(1, len(numbers) + 1)), f"{phase}: rows numbered {numbers}"
 
 
+def test_the_phase_and_action_types_name_the_tables_phases_and_outcomes() -> None:
+    """``Phase`` and ``Action`` (the Literal types of NodeState.phase and
+    Decision.action) list exactly the table's phases and outcomes; ``master (checked)``
+    is ``master``, ``check`` or ``wait``."""
+    outcomes = ({then for *_, then in ROWS} - {"master (checked)"}) | {"master", "check", "wait"}
+    assert set(dm.ACTIONS) == outcomes and len(dm.ACTIONS) == len(outcomes)
+    assert dm.PHASES == typing.get_args(dm.Phase) == ("start", "link-lost", "master", "slave-lost", "stand-by")
+    assert {ph for ph, *_ in ROWS} == set(dm.PHASES)
+
+
 def check_table(phase: str, decide_fn: Callable[[str, Case], Decision] = run) -> int:
     """Every input of ``phase`` against the table; returns how many were checked."""
     hit: set[tuple[str, int]] = set()
@@ -263,6 +274,7 @@ def check_table(phase: str, decide_fn: Callable[[str, Case], Decision] = run) ->
         want, row = expected(phase, c)
         got = decide_fn(phase, c)
         assert got.action == want, f"{phase} row {row[1]}: expected {want}, got {got} for {c}"
+        assert got.action in dm.ACTIONS
         assert got.reason, f"a decision says why: {got}"
         if c.peers.answers is not None:
             assert got.action != "ask", c

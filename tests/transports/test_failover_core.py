@@ -4,12 +4,14 @@ no thread, no clock. Links are plain objects; the actions are checked as data.""
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 
 import pytest
 
 from amqtransport.backoff import failover_schedule
 from amqtransport.errors import (
+    AuthenticationError,
     BrokerError,
     ConnectionClosed,
     ReconnectExhausted,
@@ -31,6 +33,7 @@ from amqtransport.transports.core import (
     Settle,
     Write,
 )
+from amqtransport.transports.core_actions import NoVerdict, Refused, Skip, StopReplay, WriteAlone
 from amqtransport.transports.replay import TRACK_RECEIPT_EVERY
 from amqtransport.uri import parse_uri
 
@@ -283,13 +286,33 @@ def test_an_unmatched_error_makes_the_next_replay_stepwise_and_blames_the_refuse
     core.link_lost(a, ConnectionClosed("ended by the ERROR"))
     install, _ = up(core, b)
     assert core.state == "replaying" and install.plan.stepwise == [rec]
-    write = core.stepwise_next(b, rec, install.generation)
-    assert write == Write(b, [rec.frame], 2)
-    assert core.stepwise_blame(b, rec, refusal) is None  # still replaying: nothing to judge
+    step = core.stepwise_next(b, rec, install.generation)
+    assert step == WriteAlone(Write(b, [rec.frame], 2))
+    assert core.stepwise_blame(b, rec, refusal) == NoVerdict()  # still replaying: nothing to judge
+    assert core.stepwise_next(FakeLink("other"), rec, install.generation) == StopReplay()
     core.link_lost(b, ConnectionClosed("ended by the ERROR again"))
+    assert core.state == "reconnecting"
     blamed = core.stepwise_blame(b, rec, refusal)
-    assert isinstance(blamed, BrokerError) and "too big" in str(blamed)
+    assert isinstance(blamed, Refused) and isinstance(blamed.error, BrokerError) and "too big" in str(blamed.error)
     assert core.pending == {} and core.refusal is None
+    assert core.stepwise_next(b, rec, install.generation) == StopReplay()
+
+
+def test_a_request_settled_during_the_stepwise_replay_is_skipped_and_a_silent_loss_is_not_blamed() -> None:
+    core = make_core()
+    a, b = FakeLink("a"), FakeLink("b")
+    up(core, a)
+    r1, _ = send(core, "r-1")
+    r2, _ = send(core, "r-2")
+    core.on_error(Frame.make("ERROR", {"message": "too big"}), link_error_frame=None, has_link=True)
+    core.link_lost(a, ConnectionClosed("ended by the ERROR"))
+    install, _ = up(core, b)
+    assert install.plan.stepwise == [r1, r2]
+    assert core.withdraw("r-1")  # its caller stopped waiting
+    assert core.stepwise_next(b, r1, install.generation) == Skip()
+    assert isinstance(core.stepwise_next(b, r2, install.generation), WriteAlone)
+    core.link_lost(b, ConnectionClosed("lost without an ERROR"))
+    assert core.stepwise_blame(b, r2, None) == StopReplay()  # no refusal to blame it for
 
 
 def test_the_same_refusal_again_and_again_with_only_subscriptions_left_gives_up() -> None:
@@ -336,22 +359,51 @@ def test_close_closes_the_links_and_fails_every_request() -> None:
         core.check_usable()
 
 
-def test_the_connect_steps_follow_the_schedule_and_exhaust_with_the_right_option_named() -> None:
+def test_the_connect_steps_follow_the_schedule_and_exhaust_with_the_right_option_named(
+        caplog: pytest.LogCaptureFixture) -> None:
     core = make_core(startupMaxReconnectAttempts=2, randomize="false", warnAfterReconnectAttempts=2)
     uri = parse_uri("failover:(tcp://a:1,tcp://b:2)")
     leaves = list(uri.components)  # type: ignore[union-attr]
     core.begin_connect(leaves, failover_schedule(leaves, core.options, startup=True), startup=True)
     seen = []
-    warns = []
-    while (step := core.next_connect()) is not None:
-        seen.append((step.endpoint.port, step.delay > 0))
-        warns.append(core.connect_failed())
+    with caplog.at_level(logging.DEBUG, logger="amqtransport.transports.failover"):
+        with pytest.raises(ReconnectExhausted) as info:
+            while True:
+                step = core.next_connect()
+                seen.append((step.endpoint.port, step.delay > 0))
+                endpoint = core.connect_to(step)
+                core.connect_failed(f"tcp://{endpoint.host}:{endpoint.port}", ConnectionClosed(f"refused {len(seen)}"))
     assert seen == [(1, False), (2, False), (1, True), (2, False)]
-    assert warns == [False, True, False, True]
-    error = core.exhausted(ConnectionClosed("refused"))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["failover: 2 failed connect attempts so far (last: tcp://b:2: refused 2)",
+                        "failover: 4 failed connect attempts so far (last: tcp://b:2: refused 4)"]
+    error = info.value
     assert error.attempts == 4 and "startupMaxReconnectAttempts" in str(error)
-    core.connect_succeeded()
+    assert isinstance(error.last_error, ConnectionClosed) and str(error.last_error) == "refused 4"
+    assert core.failed_attempts == 4
+    core.connect_succeeded("tcp://a:1")
     assert core.failed_attempts == 0
+
+
+def test_the_connect_policy_stops_at_a_refused_login_and_on_close() -> None:
+    """A refused login is not retried (re-raised as it is); a transport closed during a
+    step's wait stops the connect with ConnectionClosed, before or after the wait."""
+    core = make_core()
+    leaves = list(parse_uri("failover:(tcp://a:1)").components)  # type: ignore[union-attr]
+    core.begin_connect(leaves, failover_schedule(leaves, core.options, startup=True), startup=True,
+                       last_error=ConnectionClosed("link lost"))
+    step = core.next_connect()
+    refused = AuthenticationError("Access refused")
+    with pytest.raises(AuthenticationError) as info:
+        core.connect_failed("tcp://a:1", refused)
+    assert info.value is refused and core.failed_attempts == 0
+    core.connect_failed("tcp://a:1", ConnectionClosed("refused"))
+    step = core.next_connect()
+    core.close()
+    with pytest.raises(ConnectionClosed, match="while reconnecting"):
+        core.connect_to(step)
+    with pytest.raises(ConnectionClosed, match="while reconnecting"):
+        core.next_connect()
 
 
 def test_a_dead_backup_is_skipped_and_a_lost_backup_is_forgotten() -> None:

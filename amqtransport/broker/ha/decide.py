@@ -144,31 +144,67 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final, Literal, get_args
 
 from .config import HaOptions, parse_address
 
 __all__ = [
+    "Action",
     "Decision",
     "DecideOptions",
     "NodeState",
     "PeerAnswer",
     "Peers",
+    "Phase",
     "decide",
     "standby",
+    "ACTIONS",
     "PHASES",
 ]
 
+#: which table a node decides in (module docstring)
+Phase = Literal["start", "link-lost", "master", "slave-lost", "stand-by"]
+#: what a decision says to do (module docstring: "What the outcomes do")
+Action = Literal[
+    "ask", "check",
+    "join", "master", "wait", "retry",
+    "cold-backup", "relink", "isolated",
+    "step-down", "demote-peer", "clear", "hold",
+    "forget", "serve", "stop", "fence",
+    "refused", "in-sync", "ok", "ok-unsynced",
+]
+PHASES: tuple[Phase, ...] = get_args(Phase)
+ACTIONS: tuple[Action, ...] = get_args(Action)
+
 # phases (which table)
-START, LINK_LOST, MASTER, SLAVE_LOST, STAND_BY = "start", "link-lost", "master", "slave-lost", "stand-by"
-PHASES = (START, LINK_LOST, MASTER, SLAVE_LOST, STAND_BY)
+START: Final = "start"
+LINK_LOST: Final = "link-lost"
+MASTER: Final = "master"
+SLAVE_LOST: Final = "slave-lost"
+STAND_BY: Final = "stand-by"
 
 # outcomes
-ASK, CHECK = "ask", "check"
-JOIN, BECOME_MASTER, WAIT, RETRY = "join", "master", "wait", "retry"
-COLD_BACKUP, RELINK, ISOLATED = "cold-backup", "relink", "isolated"
-STEP_DOWN, DEMOTE_PEER, CLEAR, HOLD = "step-down", "demote-peer", "clear", "hold"
-FORGET, SERVE, STOP, FENCE = "forget", "serve", "stop", "fence"
-REFUSED, IN_SYNC, OK, OK_UNSYNCED = "refused", "in-sync", "ok", "ok-unsynced"
+ASK: Final = "ask"
+CHECK: Final = "check"
+JOIN: Final = "join"
+BECOME_MASTER: Final = "master"
+WAIT: Final = "wait"
+RETRY: Final = "retry"
+COLD_BACKUP: Final = "cold-backup"
+RELINK: Final = "relink"
+ISOLATED: Final = "isolated"
+STEP_DOWN: Final = "step-down"
+DEMOTE_PEER: Final = "demote-peer"
+CLEAR: Final = "clear"
+HOLD: Final = "hold"
+FORGET: Final = "forget"
+SERVE: Final = "serve"
+STOP: Final = "stop"
+FENCE: Final = "fence"
+REFUSED: Final = "refused"
+IN_SYNC: Final = "in-sync"
+OK: Final = "ok"
+OK_UNSYNCED: Final = "ok-unsynced"
 
 
 @dataclass(frozen=True)
@@ -176,7 +212,7 @@ class NodeState:
     """What the node knows of itself when it decides: its ``ha-state.json``
     (:class:`~.epoch.HaState`) and the moment."""
 
-    phase: str
+    phase: Phase
     epoch: int = 0
     synced: bool = True  # the store is a complete copy
     last_role: str = "none"  # ha-state.json's role: master, slave or none
@@ -231,7 +267,7 @@ class Peers:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str
+    action: Action
     reason: str
     address: tuple[str, int] | None = None  # join: the master; demote-peer: the stale master
     info: Mapping[str, str] = field(default_factory=dict)  # the answer that decided, if any
@@ -277,7 +313,8 @@ def _address(text: str) -> tuple[str, int] | None:
     return None
 
 
-def _checked(options: DecideOptions, peers: Peers, reason: str, *, unreachable: str = WAIT) -> Decision:
+def _checked(options: DecideOptions, peers: Peers, reason: str, *,
+             unreachable: Literal["wait", "isolated"] = WAIT) -> Decision:
     """``master``, once the takeover-check address (if any) has answered."""
     check = options.takeover_check
     if check is None:

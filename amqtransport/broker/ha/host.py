@@ -17,7 +17,7 @@ from typing import Protocol
 from ..config import BrokerConfig
 from .auth import HaRequest
 from .config import HaOptions
-from .decide import Decision, NodeState, PeerAnswer
+from .decide import Decision, NodeState, PeerAnswer, Phase
 from .epoch import HaState
 
 __all__ = ["RoleHost"]
@@ -50,7 +50,7 @@ class RoleHost(Protocol):
         """Every address the node knows for its peer."""
         ...
 
-    def moment(self, phase: str, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
+    def moment(self, phase: Phase, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
         """What :func:`.decide.decide` reads of the node now."""
         ...
 

@@ -81,6 +81,7 @@ from .decide import (
     NodeState,
     PeerAnswer,
     Peers,
+    Phase,
     decide,
 )
 from .epoch import HaState
@@ -309,7 +310,7 @@ class HaNode:
             return "decide", None
         return action, join
 
-    def moment(self, phase: str, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
+    def moment(self, phase: Phase, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
         """What decide.py reads of this node now (``goodbye``, ``slave_was_synced``: of
         the slave link that just ended)."""
         st, link, repl = self.state, self.slave_link, self.repl

@@ -60,7 +60,7 @@ from ..config import BrokerConfig, check_login
 from ..connection.context import HookedConnection
 from .auth import AUTH_HEADER, CHALLENGE_HEADER, SIGNED_HEADERS, RequestVerifier
 from .config import HaOptions, HaPortLimits, parse_address
-from .decide import OK, OK_UNSYNCED, STAND_BY, DecideOptions, NodeState, standby
+from .decide import OK, OK_UNSYNCED, STAND_BY, DecideOptions, NodeState, Phase, standby
 from .epoch import HaState
 from .replication import ReplicationMaster
 from .wire import (
@@ -176,7 +176,7 @@ class PortHost(NodeReadout, Protocol):
     @property
     def rules(self) -> DecideOptions: ...
 
-    def moment(self, phase: str) -> NodeState:
+    def moment(self, phase: Phase) -> NodeState:
         """What :func:`.decide.decide` reads of the node now."""
         ...
 
