@@ -140,3 +140,32 @@ def test_a_client_id_is_connected_once(broker: BrokerProcess) -> None:
         first.send("/queue/orders.cid", "still works")
     with connect(broker, "alice", client_id="svc-1") as again:  # free once the first has gone
         again.send("/queue/orders.cid", "again")
+
+
+def test_records_keep_the_owner_and_old_ones_still_decode() -> None:
+    from amqtransport.broker.store.records import Sub, decode, encode
+
+    for rec in (Sub("q", "t", "c", "n"), Sub("q", "t", "c", "n", "a = 1"), Sub("q", "t", "c", "n", "", "alice"),
+                Sub("q", "t", "c", "n", "a = 1", "alice")):
+        assert decode(encode(rec)) == rec
+    assert encode(Sub("q", "t", "c", "n"))[0] == 6 and encode(Sub("q", "t", "c", "n", "x"))[0] == 12  # as before
+
+
+def test_a_durable_subscription_belongs_to_its_maker_across_a_restart(tmp_path: Path) -> None:
+    (tmp_path / "users.txt").write_text("alice:a\nbob:b\n")
+    args = ["--users", str(tmp_path / "users.txt")]
+    dest, sub_headers = "/topic/news", {"activemq.subscriptionName": "feed"}
+    with BrokerProcess(tmp_path / "data", args=args) as b:
+        with connect(b, "alice", client_id="reader") as alice:
+            alice.subscribe(dest, headers=sub_headers).unsubscribe()  # detach; the subscription stays
+        with connect(b, "alice") as alice:
+            alice.send(dest, "for alice's feed")
+        port = b.port
+    with BrokerProcess(tmp_path / "data", port=port, args=args) as b:  # the owner is in the journal
+        with connect(b, "bob", client_id="reader") as bob:
+            with pytest.raises(BrokerError, match="durable subscription 'feed' of client 'reader' belongs to "
+                                                  "another user"):
+                bob.subscribe(dest, headers={**sub_headers, "selector": "1 = 1"}).receive(timeout=2)
+        with connect(b, "alice", client_id="reader") as alice:
+            m = alice.subscribe(dest, headers=sub_headers).receive(timeout=5)
+            assert m is not None and m.text == "for alice's feed", "bob neither read nor replaced it"

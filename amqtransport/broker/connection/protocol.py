@@ -379,6 +379,7 @@ class BrokerConnection(FlowControlled):
                 client_id=client_id,
                 selector=selector,
                 no_local=self.session if frame.get("activemq.noLocal") == "true" else "",
+                owner=self.login or "",
             )
         except CoreError as exc:
             self._error(str(exc), receipt=receipt)
@@ -421,7 +422,11 @@ class BrokerConnection(FlowControlled):
         if sub is not None:
             self.core.unsubscribe(sub, destroy_durable=bool(durable))
         elif durable and self.client_id:
-            self.core.destroy_durable(self.client_id, durable)
+            try:
+                self.core.destroy_durable(self.client_id, durable, self.login or "")
+            except CoreError as exc:
+                self._error(str(exc), receipt=receipt)
+                return
         elif sub_id is None:
             self._error("UNSUBSCRIBE frame is missing the required 'id' header", receipt=receipt)
         self._receipt_when_durable(receipt, "unsubscription")

@@ -129,10 +129,13 @@ class BrokerCore(Registry):
         client_id: str | None = None,
         selector: Selector | None = None,
         no_local: str = "",
+        owner: str = "",
     ) -> Subscription:
         """``selector``: only messages it matches (selection.py); for a durable
         subscription it is kept in its record. ``no_local``: the subscriber's session id
-        when it asked for ``activemq.noLocal`` (its connection's messages are not for it)."""
+        when it asked for ``activemq.noLocal`` (its connection's messages are not for it).
+        ``owner``: the subscriber's login; a durable subscription belongs to the login that
+        made it, and another login may not resume or replace it."""
         if ack_mode not in ACK_MODES:
             raise CoreError(f"ack mode {ack_mode!r} is not one of {', '.join(ACK_MODES)}")
         kind, name = split_destination(destination)
@@ -155,9 +158,10 @@ class BrokerCore(Registry):
             qkey = f"{DURABLE_PREFIX}{client_id}:{durable_name}"
             if qkey in self.durable_active:
                 raise CoreError(f"durable subscription {durable_name!r} of client {client_id!r} is already active")
-            record = Sub(qkey, name, client_id, durable_name, selector.text if selector is not None else "")
+            record = Sub(qkey, name, client_id, durable_name, selector.text if selector is not None else "", owner)
             sub.selector = None  # applied to the copies its queue receives (FanOut.durable_copies)
             existing = self.durable_subs.get(qkey)
+            self._check_owner(existing, owner)
             if existing is not None and (existing.topic != name or existing.selector != record.selector):
                 self._destroy_durable(qkey)  # another topic or selector: start over, as ActiveMQ does
                 existing = None
@@ -220,10 +224,18 @@ class BrokerCore(Registry):
             sub.unacked.clear()
             sub.backlog.clear()
 
-    def destroy_durable(self, client_id: str, name: str) -> bool:
+    @staticmethod
+    def _check_owner(record: Sub | None, owner: str) -> None:
+        """A durable subscription is its maker's: another login gets a CoreError."""
+        if record is not None and record.owner and record.owner != owner:
+            raise CoreError(f"durable subscription {record.name!r} of client {record.client_id!r} belongs to "
+                            f"another user ({record.owner!r})")
+
+    def destroy_durable(self, client_id: str, name: str, owner: str = "") -> bool:
         qkey = f"{DURABLE_PREFIX}{client_id}:{name}"
         if qkey not in self.durable_subs:
             return False
+        self._check_owner(self.durable_subs[qkey], owner)
         active = self.durable_active.get(qkey)
         if active is not None:
             self.unsubscribe(active, destroy_durable=True)

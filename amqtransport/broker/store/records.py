@@ -15,7 +15,8 @@ Every state change the store must survive a crash for is one record:
 ``Keys``    idempotency keys with their destination (the dedupe window): carried
             forward by compaction, and the key of a topic message's durable copies
 ``Sub``     a durable topic subscription exists, with its selector if it has one (type 12;
-            type 6 without; carried forward by compaction)
+            type 6 without) and the login that owns it if the broker has users (type
+            13, selector and owner); carried forward by compaction
 ``Unsub``   a durable topic subscription was removed
 ========  =====================================================================
 
@@ -104,13 +105,15 @@ class Tx:
 @dataclass(frozen=True, slots=True)
 class Sub:
     """A durable topic subscription: messages for ``topic`` (matching ``selector``, a
-    JMS selector; ``""``: all) are copied to ``queue``."""
+    JMS selector; ``""``: all) are copied to ``queue``; ``owner``: the login that made
+    it (``""``: a broker without users, or a journal of an older version)."""
 
     queue: str
     topic: str
     client_id: str
     name: str
     selector: str = ""
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,7 @@ Record = Enq | Ack | Move | Tx | Keys | Sub | Unsub
 
 T_ENQ, T_ACK, T_MOVE, T_TX, T_KEYS_UNSCOPED, T_SUB, T_UNSUB, T_KEYS, T_ACK_IN, T_MOVE_FROM, T_ENQ_AGAIN = range(1, 12)
 T_SUB_SELECTOR = 12
+T_SUB_OWNED = 13
 
 _H = struct.Struct("<H")
 _I = struct.Struct("<I")
@@ -178,11 +182,13 @@ def _encode_into(out: list[bytes], rec: Record) -> None:
             _s16(out, key)
             out.append(_D.pack(ts))
     elif isinstance(rec, Sub):
-        out.append(bytes((T_SUB_SELECTOR if rec.selector else T_SUB,)))
+        out.append(bytes((T_SUB_OWNED if rec.owner else T_SUB_SELECTOR if rec.selector else T_SUB,)))
         for text in (rec.queue, rec.topic, rec.client_id, rec.name):
             _s16(out, text)
-        if rec.selector:
+        if rec.selector or rec.owner:
             _s16(out, rec.selector)
+        if rec.owner:
+            _s16(out, rec.owner)
     elif isinstance(rec, Unsub):
         out.append(bytes((T_UNSUB,)))
         _s16(out, rec.queue)
@@ -369,6 +375,8 @@ def _decode(r: _Reader, top: bool) -> Record:
         rec = Sub(r.s16(), r.s16(), r.s16(), r.s16())
     elif kind == T_SUB_SELECTOR:
         rec = Sub(r.s16(), r.s16(), r.s16(), r.s16(), r.s16())
+    elif kind == T_SUB_OWNED:
+        rec = Sub(r.s16(), r.s16(), r.s16(), r.s16(), r.s16(), r.s16())
     elif kind == T_UNSUB:
         rec = Unsub(r.s16())
     else:
