@@ -162,6 +162,10 @@ def replication_passcode(value: object, path: object, *, user: object) -> str | 
               help="STOMP over WebSocket port of the first master on 127.0.0.1 (browsers: stompjs); like the client "
                    "port, open only on the node that is master [default: off].")
 @click.option("--slave-ws-port", type=int, default=None, help="WebSocket port of the slave [default: off].")
+@click.option("--ha-port", type=int, default=None,
+              help="HA port of node a (status, release, replication) [default: the earlier run's, kept in "
+                   "DATA_DIR/pair.json, else a free one].")
+@click.option("--slave-ha-port", type=int, default=None, help="HA port of node b [default: as --ha-port].")
 def pair(
     mode: str,
     port: int,
@@ -177,6 +181,8 @@ def pair(
     slave_http_port: int | None,
     ws_port: int | None,
     slave_ws_port: int | None,
+    ha_port: int | None,
+    slave_ha_port: int | None,
 ) -> None:
     """Start a master/slave pair as two child processes; Ctrl-C stops both.
 
@@ -211,10 +217,18 @@ def pair(
     http = {"a": http_port, "b": slave_http_port}
     ws = {"a": ws_port, "b": slave_ws_port}
     for what, value in (("--http-port", http_port), ("--slave-http-port", slave_http_port),
-                        ("--ws-port", ws_port), ("--slave-ws-port", slave_ws_port)):
+                        ("--ws-port", ws_port), ("--slave-ws-port", slave_ws_port),
+                        ("--ha-port", ha_port), ("--slave-ha-port", slave_ha_port)):
         if value is not None and not 0 < value < 65536:
             click.echo(f"error: {what} must be a port number (1-65535), got {value}", err=True)
             sys.exit(2)
+    if (ha_port is None) != (slave_ha_port is None):
+        click.echo("error: --ha-port and --slave-ha-port go together", err=True)
+        sys.exit(2)
+    if ha_port is not None and len({port, slave_port, ha_port, slave_ha_port}) < 4:
+        click.echo(f"error: the client and HA ports must differ, got {port}, {slave_port}, {ha_port}, "
+                   f"{slave_ha_port}", err=True)
+        sys.exit(2)
     from amqtransport.errors import ConfigError
 
     try:
@@ -227,7 +241,11 @@ def pair(
                    "--master-password) go together", err=True)
         sys.exit(2)
     os.umask(0o077)  # the pair's files (logs, pair.json, the passcode file) are private to this user
-    ha_ports = _earlier_ha_ports(data_dir, (port, slave_port), load_ports, port_in_use, say)
+    ha_ports: tuple[int, ...] = ()
+    if ha_port is not None and slave_ha_port is not None:
+        ha_ports = (ha_port, slave_ha_port)
+    else:
+        ha_ports = _earlier_ha_ports(data_dir, (port, slave_port), load_ports, port_in_use, say)
     bp = BrokerPair(
         mode, Path(data_dir).resolve(), port=port, slave_port=slave_port, master_user=master_user,
         master_password=password, takeover_check=takeover_check, extra_args=extra,
@@ -402,7 +420,8 @@ def _ask(host: str, port: int, timeout: float, headers: Mapping[str, str] | HaRe
 
 
 @click.command("release")
-@click.option("--port", type=int, required=True, help="The master's HA port (or its client port).")
+@click.option("--port", type=int, required=True,
+              help="The master's HA port (a suspect master, the one to release, closes its client port).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--cluster-password-file", type=click.Path(dir_okay=False), default=None,
               help="The pair's cluster secret (as given to the nodes) [default: amq-pair-data/cluster.secret, "
