@@ -144,7 +144,8 @@ def replication_passcode(value: object, path: object, *, user: object) -> str | 
 @click.option("--slave-port", type=int, default=61614, show_default=True, help="Client port of the slave.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default="amq-pair-data", show_default=True)
 @click.option("--users", "users_file", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="users file for both nodes (the replication link then needs --master-user/--master-password).")
+              help="users file for both nodes (the replication link then needs --master-user and its passcode: "
+                   "--master-password-file, $AMQ_MASTER_PASSWORD or --master-password).")
 @click.option("--master-user", default=None, help="Login of the replication link (a user of --users).")
 @click.option("--master-password", default=None,
               help="Its passcode (visible in ps: prefer --master-password-file or $AMQ_MASTER_PASSWORD; the nodes "
