@@ -152,7 +152,7 @@ class BrokerError(AmqTransportError):
         its record was queued when the journal failed, e.g. on a full disk). Resend a SEND
         with the same ``idempotency_key`` once the broker is back: its dedupe drops the
         copy if the first one was stored. Otherwise the ERROR means "not applied"."""
-        return self.frame is not None and self.frame.get("amq-in-doubt") == "true"
+        return self.frame is not None and self.frame.get("amq-in-doubt") == "true"  # stomp.IN_DOUBT_HEADER
 
 
 class AuthenticationError(BrokerError):

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from .escaping import escape_header, unescape_header
 from .frames import (
+    BROKER_STOPPED_HEADER,
     CLIENT_COMMANDS,
     HEARTBEAT,
     IDEMPOTENCY_HEADER,
     IDEMPOTENCY_HEADER_ALIASES,
+    IN_DOUBT_HEADER,
     NEED_DATA,
     SERVER_COMMANDS,
     Event,
@@ -51,6 +53,8 @@ __all__ = [
     "negotiate_version",
     "IDEMPOTENCY_HEADER",
     "IDEMPOTENCY_HEADER_ALIASES",
+    "IN_DOUBT_HEADER",
+    "BROKER_STOPPED_HEADER",
     "CLIENT_COMMANDS",
     "SERVER_COMMANDS",
     "ALL_COMMANDS",

@@ -23,12 +23,20 @@ __all__ = [
     "SERVER_COMMANDS",
     "IDEMPOTENCY_HEADER",
     "IDEMPOTENCY_HEADER_ALIASES",
+    "IN_DOUBT_HEADER",
+    "BROKER_STOPPED_HEADER",
 ]
 
 #: Header our client stamps on every SEND and our broker uses for duplicate
 #: suppression. Artemis' own duplicate-id header is accepted as an alias.
 IDEMPOTENCY_HEADER: Final = "amq-idempotency-key"
 IDEMPOTENCY_HEADER_ALIASES: Final = (IDEMPOTENCY_HEADER, "_AMQ_DUPL_ID")
+#: On an ERROR of our broker: the request's record was queued when the journal failed,
+#: so it may or may not have been kept (resending with the same key is safe).
+IN_DOUBT_HEADER: Final = "amq-in-doubt"
+#: On an ERROR of our broker: it stopped serving (its journal failed: fenced), which
+#: says nothing against the frames the client sent.
+BROKER_STOPPED_HEADER: Final = "amq-broker-stopped"
 
 CLIENT_COMMANDS: Final = frozenset(
     {

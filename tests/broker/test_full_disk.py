@@ -268,3 +268,20 @@ def test_a_journal_io_error_other_than_enospc_fences_the_same_way(tmp_path: Path
         got = drain(bp.port, len(p.receipted))
         assert p.receipted <= set(got) and len(got) == len(set(got))
         assert not not_applied & set(got), "an ERROR said 'not applied' but the message is there"
+
+
+def test_a_fenced_brokers_error_says_it_stopped(make_broker: Callable[..., EmbeddedBroker],
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The ERROR a fenced broker sends its other clients carries ``amq-broker-stopped``,
+    so a failover client does not take it for a refusal of its replay (which, twice,
+    would drop its trackMessages cache: transports/core.py ``on_error``)."""
+    from broker_helpers import Raw
+
+    b = make_broker()
+    c = Raw(b.port)
+    assert c.connect().command == "CONNECTED"
+    b.call(lambda: b.server.fence("journal failed: test"))
+    err = c.read()
+    assert err.command == "ERROR" and err.get("amq-broker-stopped") == "true", err.headers
+    assert "broker stopped accepting messages: journal failed: test" in (err.get("message") or "")
+    caplog.clear()  # the fence's own ERROR log line is the point here, not a broker fault

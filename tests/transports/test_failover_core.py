@@ -429,3 +429,26 @@ def test_a_waiting_caller_gives_up_at_its_deadline_or_after_a_disconnected_stret
     assert uri.verdict(1.4, connected=False) is None
     assert uri.verdict(1.8, connected=False) is None
     assert uri.verdict(1.9, connected=False) == "disconnected"
+
+
+@pytest.mark.parametrize("headers", [
+    {"message": "could not persist message: [Errno 28] No space left on device; outcome unknown",
+     "amq-in-doubt": "true"},
+    {"message": "broker stopped accepting messages: journal failed", "amq-broker-stopped": "true"},
+])
+def test_a_failing_broker_is_no_refusal_and_the_tracked_sends_are_kept(headers: dict[str, str]) -> None:
+    """An ERROR that says the broker failed (a write in doubt, a fenced broker) is not the
+    broker refusing our frames: the same one on link after link (a shared store whose disk
+    is full fails the slave that takes over the same way) must not drop the trackMessages
+    cache, which is replayed (with its keys: the broker drops a copy it already has)."""
+    core = make_core(trackMessages="true")
+    links = [FakeLink(f"l{i}") for i in range(4)]
+    up(core, links[0])
+    fire_and_forget(core, 3)
+    for prev, nxt in zip(links, links[1:], strict=False):
+        core.on_error(Frame.make("ERROR", headers), link_error_frame=None, has_link=True)
+        core.link_lost(prev, ConnectionClosed("closed after the ERROR"))
+        install, _ = up(core, nxt)
+        assert [f.get(IDEMPOTENCY_HEADER) for f in install.plan.batch] == ["k-0", "k-1", "k-2"]
+    assert len(core.cache) == 3, "the tracked sends were dropped"
+    assert core.refusal is None

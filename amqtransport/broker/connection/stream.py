@@ -53,7 +53,14 @@ import sys
 import termios
 
 from amqtransport.errors import RemoteProtocolError
-from amqtransport.stomp import CLIENT_COMMANDS, FrameParser, Limits, NeedData
+from amqtransport.stomp import (
+    BROKER_STOPPED_HEADER,
+    CLIENT_COMMANDS,
+    IN_DOUBT_HEADER,
+    FrameParser,
+    Limits,
+    NeedData,
+)
 from amqtransport.stomp import Frame as StompFrame
 from amqtransport.stomp.encoders import error_frame, receipt_frame
 
@@ -64,7 +71,6 @@ __all__ = ["ErrorSent", "IN_DOUBT_HEADER", "StompStream"]
 log = logging.getLogger(__name__)
 
 #: ERROR header of a request whose outcome is unknown (its record failed after being queued)
-IN_DOUBT_HEADER = "amq-in-doubt"
 #: ioctl giving the bytes in a socket's send queue (SIOCOUTQ is TIOCOUTQ on Linux; None
 #: elsewhere: then only asyncio's buffer is watched)
 _SIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None) if sys.platform.startswith("linux") else None
@@ -328,15 +334,19 @@ class StompStream(asyncio.Protocol):
         detail: str = "",
         close: bool = True,
         in_doubt: bool = False,
+        stopped: bool = False,
     ) -> None:
         if self.transport is None or self.closing:
             return
+        flags: tuple[tuple[str, str], ...] = ((IN_DOUBT_HEADER, "true"),) if in_doubt else ()
+        if stopped:
+            flags += ((BROKER_STOPPED_HEADER, "true"),)
         self._write(
             error_frame(
                 message,
                 self.version,
                 receipt_id=receipt,
-                headers=((IN_DOUBT_HEADER, "true"),) if in_doubt else (),
+                headers=flags,
                 body=detail.encode("utf-8") if detail else None,
             )
         )
@@ -344,9 +354,9 @@ class StompStream(asyncio.Protocol):
             self._close()
             raise ErrorSent()
 
-    def _error_no_raise(self, message: str, receipt: str | None = None) -> None:
+    def _error_no_raise(self, message: str, receipt: str | None = None, *, stopped: bool = False) -> None:
         try:
-            self._error(message, receipt=receipt)
+            self._error(message, receipt=receipt, stopped=stopped)
         except ErrorSent:
             pass
 
@@ -398,7 +408,7 @@ class StompStream(asyncio.Protocol):
         """The broker stops serving (:meth:`BrokerServer.fence`): say why and close (a
         connection whose requests failed has had their ERRORs and is closing already)."""
         if not self._close_scheduled:
-            self._error_no_raise(f"broker stopped accepting messages: {reason}")
+            self._error_no_raise(f"broker stopped accepting messages: {reason}", stopped=True)
 
     def detach(self) -> asyncio.Transport | None:
         """Stop handling this socket (its timer, its reading) and give back its
