@@ -1,6 +1,7 @@
 """Direct unit tests of the broker's dispatch core (amqtransport/broker/dispatch/): a
 :class:`Queue` against a scripted owner, :class:`Acks` through a :class:`BrokerCore`
-with no store (non-persistent messages), both on a virtual clock, no socket, no loop.
+with no store (non-persistent messages), both on a virtual clock, no socket, no loop;
+and a connection's producer flow control (:class:`FlowGate`) against a scripted host.
 
 The end-to-end behaviour is tested over real sockets in tests/broker/; these pin the
 rules where they live: round-robin over ready consumers, prefetch credit, expiry at
@@ -10,17 +11,20 @@ the dead-letter queue after ``1 + max_redeliveries`` deliveries.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 import pytest
 
 from amqtransport.broker.config import BrokerConfig
+from amqtransport.broker.connection.flow import FlowGate
 from amqtransport.broker.dispatch.core import BrokerCore
 from amqtransport.broker.dispatch.memory import MemoryGauge
 from amqtransport.broker.dispatch.message import Message
 from amqtransport.broker.dispatch.model import AUTO, CLIENT, INDIVIDUAL, Subscription
 from amqtransport.broker.dispatch.queues import Queue
 from amqtransport.broker.store.journal import Callback
+from amqtransport.stomp import Frame
 
 
 class Clock:
@@ -163,3 +167,68 @@ def test_acks_nack_redelivers_then_dead_letters_after_max_redeliveries(core: Bro
     [dead] = list(dlq.messages)
     assert dead.id == mid and ("original-destination", "/queue/q") in dead.headers
     assert core.dead_lettered == 1
+
+
+# -- producer flow control as a part of its connection (connection/flow.py) --------------
+
+
+class FlowConn:
+    """The :class:`FlowHost` a gate sees: records what went through and what it did."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = BrokerConfig(memory_limit=4096, max_pending_frames=3)
+        self.loop = loop
+        self.peer = "test"
+        self.connected = True
+        self.closing = False
+        self._paused = False
+        self.handled: list[str] = []
+        self.reading_paused = False
+
+    def _handle(self, frame: Frame) -> None:
+        self.handled.append(frame.get("n") or frame.command)
+
+    def _held_by_transactions(self) -> int:
+        return 0
+
+    def _error(self, message: str, *, receipt: str | None = None, detail: str = "", close: bool = True,
+               in_doubt: bool = False) -> None:
+        raise AssertionError(message)
+
+    def _error_no_raise(self, message: str, receipt: str | None = None) -> None:
+        raise AssertionError(message)
+
+    def _pause_reading(self) -> None:
+        self.reading_paused = True
+
+    def _resume_reading(self) -> None:
+        self.reading_paused = False
+
+
+def test_flow_gate_parks_sends_lets_acks_through_and_replays_in_order_on_release() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        clock = Clock()
+        core = BrokerCore(BrokerConfig(memory_limit=4096), None, clock=clock, monotonic=clock)
+        conn = FlowConn(loop)
+        gate = FlowGate(conn, core)
+        big = Message("big", "/queue/q", (), b"x" * 8000)
+        core.memory.charge(big)  # over the limit: SENDs wait
+        assert core.memory.blocked("/queue/q")
+
+        def send(n: int) -> Frame:
+            return Frame.make("SEND", {"destination": "/queue/q", "n": f"s{n}"}, b"m")
+
+        gate.admit(send(0))
+        gate.admit(Frame.make("ACK", {"id": "1", "n": "ack"}))
+        gate.admit(send(1))
+        assert conn.handled == ["ack"] and len(gate.held) == 2 and not conn.reading_paused
+        for n in range(2, 4):
+            gate.admit(send(n))
+        assert len(gate.held) == 4 and conn.reading_paused  # over max_pending_frames: TCP back-pressure
+        core.memory.release(big)  # down to the low-water mark: the gate is woken, replays on the loop
+        loop.run_until_complete(asyncio.sleep(0))
+        assert conn.handled == ["ack", "s0", "s1", "s2", "s3"]
+        assert not gate.held and gate.held_bytes == 0 and not conn.reading_paused
+    finally:
+        loop.close()
