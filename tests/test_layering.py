@@ -42,8 +42,8 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.wire_tap", 6),  # the wire tap both clients' connections offer
     ("amqtransport", 6),  # the package __init__ (lazy re-exports of the public API)
     ("amqtransport.spark", 7),
-    ("amqtransport.processes", 7),  # our broker as child processes (amq broker pair, amq demo, chaos, the harnesses)
-    ("amqtransport.testing", 7),  # real-process harnesses (ActiveMQ, broker pairs) for tests and benchmarks
+    ("amqtransport.processes", 7),  # brokers as child processes (ours, Debian's ActiveMQ) and the tmpfs of full-disk faults
+    ("amqtransport.testing", 7),  # test harnesses (RabbitMQ, Spark clusters, fixtures, wait_for) for tests and benchmarks
     ("bridge", 7),
     ("chaos", 8),
     ("amqtransport.cli", 9),
@@ -60,21 +60,7 @@ PURE = (
     "amqtransport.destinations",
     "amqtransport.selector",
     "amqtransport.broker.ha.decide",  # the HA decision table: pure, though its layer is the broker's
-    # the broker's dispatch core; core, registry and memory still default their clock to
-    # the time module, so they are not listed yet
-    "amqtransport.broker.dispatch.acks",
-    "amqtransport.broker.dispatch.advisories",
-    "amqtransport.broker.dispatch.backlog",
-    "amqtransport.broker.dispatch.browse",
-    "amqtransport.broker.dispatch.errors",
-    "amqtransport.broker.dispatch.message",
-    "amqtransport.broker.dispatch.model",
-    "amqtransport.broker.dispatch.names",
-    "amqtransport.broker.dispatch.queues",
-    "amqtransport.broker.dispatch.selection",
-    "amqtransport.broker.dispatch.topics",
-    "amqtransport.broker.dispatch.transactions",
-    "amqtransport.broker.dispatch.wildcards",
+    "amqtransport.broker.dispatch",  # the broker's dispatch core: the server injects both clocks
     # the failover core and its pure pieces: one set of rules for the thread and asyncio drivers
     "amqtransport.transports.core",
     "amqtransport.transports.core_actions",

@@ -27,6 +27,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -143,7 +144,7 @@ class BrokerServer:
         )
         self.store.open()
         self._fit_store_limit(self.store)
-        self.core = BrokerCore(cfg, self.store)
+        self.core = BrokerCore(cfg, self.store, clock=time.time, monotonic=time.monotonic)
         n = self.core.load_from_store()
         log.info("broker %s: %d messages recovered from %s", cfg.name, n, self.data_dir)
         self._schedule_compaction()

@@ -1,4 +1,5 @@
-"""Toxiproxy 2.x's REST API over :mod:`chaos.proxy.http_server`.
+"""Toxiproxy 2.x's REST API, served by the broker's HTTP/1.1 server
+(:mod:`amqtransport.broker.http.h11_server`, h11 under an asyncio ``Protocol``).
 
 Routes, statuses and JSON follow Toxiproxy 2.12 (see ``docs/chaos.md``)::
 
@@ -16,7 +17,8 @@ Routes, statuses and JSON follow Toxiproxy 2.12 (see ``docs/chaos.md``)::
     POST|PATCH /proxies/{p}/toxics/{t}     200 toxic   (merges attributes, toxicity)
     DELETE /proxies/{p}/toxics/{t}         204
 
-Errors are ``{"error": message, "status": N}``; unknown paths 404, wrong methods 405.
+Errors are ``{"error": message, "status": N}`` (:func:`error_response`, also the server's
+answer to a malformed request); unknown paths 404, wrong methods 405.
 Request bodies are JSON; unknown fields are ignored, wrongly typed ones are a 400.
 """
 
@@ -27,18 +29,27 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from amqtransport.broker.http.h11_server import Request, Response
 from chaos.proxy.addresses import parse_hostport
 from chaos.proxy.collection import DEFAULT_LISTEN, ProxyCollection, ProxyConfig
 from chaos.proxy.errors import ApiError, BadRequest
-from chaos.proxy.http_server import Request, Response, error_response, json_response
 
-__all__ = ["ToxiproxyApi", "TOXIPROXY_VERSION"]
+__all__ = ["ToxiproxyApi", "TOXIPROXY_VERSION", "error_response", "json_response"]
 
 log = logging.getLogger(__name__)
 
 TOXIPROXY_VERSION = "2.12.0"
 
 _Route = Callable[[Request, list[str]], Awaitable[Response]]
+
+
+def json_response(status: int, payload: object) -> Response:
+    return Response(status, json.dumps(payload).encode("utf-8") + b"\n", "application/json")
+
+
+def error_response(status: int, message: str) -> Response:
+    """Toxiproxy's error shape: ``{"error": message, "status": status}``."""
+    return json_response(status, {"error": message, "status": status})
 
 
 def _json_body(request: Request) -> Any:
@@ -117,7 +128,7 @@ class ToxiproxyApi:
         }
 
     async def __call__(self, request: Request) -> Response:
-        segments = request.head.path_segments
+        segments = [s for s in request.segments() if s]
         key = (
             len(segments),
             segments[0] if segments else "",
@@ -132,12 +143,13 @@ class ToxiproxyApi:
             response = error_response(
                 405, f"method {request.method} not allowed (allowed: {allow})"
             )
-            return Response(response.status, response.body, headers=(("Allow", allow),))
+            response.headers.append(("Allow", allow))
+            return response
         try:
             return await route(request, segments)
         except ApiError as exc:
             if exc.status >= 500:
-                log.warning("%s %s: %s", request.method, request.head.target, exc.message)
+                log.warning("%s %s: %s", request.method, request.target, exc.message)
             return error_response(exc.status, exc.message)
 
     # -- server --------------------------------------------------------------------------

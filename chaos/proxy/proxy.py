@@ -101,7 +101,7 @@ class ToxicSpec:
 
 
 class _Stage:
-    """One toxic on one direction of one connection (the ``toxics.Stage`` protocol)."""
+    """One toxic on one direction of one connection (the ``toxics.ToxicStage`` protocol)."""
 
     def __init__(self, direction: _Direction, spec: ToxicSpec) -> None:
         self.direction = direction

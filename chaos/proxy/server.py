@@ -1,7 +1,10 @@
 """Running the Toxiproxy-compatible server: in a background thread, or in the foreground.
 
 - :class:`ChaosServer` is the asyncio part: the proxy collection plus the HTTP API,
-  started and closed on the running loop.
+  started and closed on the running loop. The API is served by the broker's HTTP/1.1
+  server (:class:`~amqtransport.broker.http.h11_server.HttpServer`, h11 under an
+  asyncio ``Protocol``) with the limits of :data:`API_LIMITS` and Toxiproxy's JSON
+  error answers.
 - :class:`ToxiproxyServer` runs a :class:`ChaosServer` on its own loop in a daemon
   thread, so synchronous code (tests, scenarios) never sees a loop::
 
@@ -22,12 +25,17 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from amqtransport.broker.http.h11_server import HttpLimits, HttpServer
 from amqtransport.loop_thread import LoopThread
 from chaos.proxy.collection import ProxyCollection
-from chaos.proxy.http_api import ToxiproxyApi
-from chaos.proxy.http_server import HttpServer, start_http_server
+from chaos.proxy.http_api import ToxiproxyApi, error_response
 
-__all__ = ["ChaosServer", "ToxiproxyServer", "serve_forever"]
+__all__ = ["API_LIMITS", "ChaosServer", "ToxiproxyServer", "serve_forever"]
+
+#: the API's bounds: a 64 KiB head and an 8 MiB body (a large ``/populate``), and no
+#: hurry -- a test's or a scenario's client may keep its connection idle for minutes
+API_LIMITS = HttpLimits(max_head=64 * 1024, max_body=8 * 1024 * 1024, max_connections=256,
+                        idle_timeout=600.0, request_timeout=60.0)
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +52,10 @@ class ChaosServer:
         self._http: HttpServer | None = None
 
     async def start(self) -> None:
-        self._http = await start_http_server(ToxiproxyApi(self.collection), self.host, self.port)
-        self.port = self._http.port
+        http = HttpServer(ToxiproxyApi(self.collection), self.host, self.port, API_LIMITS, error_response)
+        await http.start()
+        self._http = http
+        self.port = http.port
 
     @property
     def url(self) -> str:
@@ -54,7 +64,7 @@ class ChaosServer:
 
     async def close(self) -> None:
         if self._http is not None:
-            await self._http.close()
+            await self._http.stop()
             self._http = None
         self.collection.close()
         for _ in range(5):  # let aborted connections and pending accepts finish closing

@@ -2,7 +2,7 @@
 
 A toxic class is a frozen dataclass of integer attributes (Toxiproxy's names and
 units) plus the behaviour it applies to one direction of one connection. The proxy
-(``chaos.proxy.proxy``) owns the plumbing; a toxic only sees a :class:`Stage`, its handle on
+(``chaos.proxy.proxy``) owns the plumbing; a toxic only sees a :class:`ToxicStage`, its handle on
 one connection-direction:
 
 - ``on_start(stage)``: the toxic begins on that connection-direction (timers start);
@@ -34,7 +34,7 @@ from chaos.proxy.errors import BadRequest
 
 __all__ = [
     "Chunk",
-    "Stage",
+    "ToxicStage",
     "EndOfStream",
     "ToxicConfigError",
     "Toxic",
@@ -78,7 +78,7 @@ class ToxicConfigError(BadRequest):
     """A toxic's type or attributes are invalid (HTTP 400); the message names what is wrong."""
 
 
-class Stage(Protocol):
+class ToxicStage(Protocol):
     """One toxic on one direction of one connection (implemented by ``chaos.proxy.proxy``)."""
 
     state: dict[str, Any]
@@ -110,16 +110,16 @@ class Toxic:
         """Every attribute of the type, zero-filled (what the API replies with)."""
         return {f.name: int(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
-    def on_start(self, stage: Stage) -> None:
+    def on_start(self, stage: ToxicStage) -> None:
         return None
 
-    async def on_chunk(self, stage: Stage, chunk: Chunk) -> None:
+    async def on_chunk(self, stage: ToxicStage, chunk: Chunk) -> None:
         await stage.emit(chunk)
 
-    async def on_eof(self, stage: Stage) -> None:
+    async def on_eof(self, stage: ToxicStage) -> None:
         return None
 
-    def on_stop(self, stage: Stage, removed: bool) -> None:
+    def on_stop(self, stage: ToxicStage, removed: bool) -> None:
         return None
 
 
@@ -148,7 +148,7 @@ class LatencyToxic(Toxic):
             delay += rng.randrange(self.jitter * 2) - self.jitter
         return delay
 
-    async def on_chunk(self, stage: Stage, chunk: Chunk) -> None:
+    async def on_chunk(self, stage: ToxicStage, chunk: Chunk) -> None:
         release = chunk.timestamp + self.delay_ms(stage.rng) / 1000.0
         wait = release - stage.now()
         if wait > 0 and await stage.sleep(wait):
@@ -167,7 +167,7 @@ class BandwidthToxic(Toxic):
     type_name: ClassVar[str] = "bandwidth"
     rate: int = 0
 
-    async def on_chunk(self, stage: Stage, chunk: Chunk) -> None:
+    async def on_chunk(self, stage: ToxicStage, chunk: Chunk) -> None:
         if self.rate <= 0:
             # Stall until the toxic is removed or updated; then pass the data on.
             while await stage.sleep(3600.0):
@@ -202,7 +202,7 @@ class SlowCloseToxic(Toxic):
     type_name: ClassVar[str] = "slow_close"
     delay: int = 0
 
-    async def on_eof(self, stage: Stage) -> None:
+    async def on_eof(self, stage: ToxicStage) -> None:
         if self.delay > 0:
             await stage.sleep(self.delay / 1000.0)
 
@@ -218,20 +218,20 @@ class TimeoutToxic(Toxic):
     type_name: ClassVar[str] = "timeout"
     timeout: int = 0
 
-    def _arm(self, stage: Stage) -> None:
+    def _arm(self, stage: ToxicStage) -> None:
         handle = stage.state.pop("timer", None)
         if handle is not None:
             handle.cancel()
         if self.timeout > 0:
             stage.state["timer"] = stage.call_later(self.timeout / 1000.0, stage.close_stream)
 
-    def on_start(self, stage: Stage) -> None:
+    def on_start(self, stage: ToxicStage) -> None:
         self._arm(stage)
 
-    async def on_chunk(self, stage: Stage, chunk: Chunk) -> None:
+    async def on_chunk(self, stage: ToxicStage, chunk: Chunk) -> None:
         self._arm(stage)  # drop the data on the floor, restart the timer
 
-    def on_stop(self, stage: Stage, removed: bool) -> None:
+    def on_stop(self, stage: ToxicStage, removed: bool) -> None:
         handle = stage.state.pop("timer", None)
         if handle is not None:
             handle.cancel()
@@ -250,7 +250,7 @@ class ResetPeerToxic(Toxic):
     type_name: ClassVar[str] = "reset_peer"
     timeout: int = 0
 
-    async def on_chunk(self, stage: Stage, chunk: Chunk) -> None:
+    async def on_chunk(self, stage: ToxicStage, chunk: Chunk) -> None:
         if self.timeout > 0:
             await stage.sleep(self.timeout / 1000.0)
         raise EndOfStream()
@@ -285,7 +285,7 @@ class SlicerToxic(Toxic):
             stack.append((start, mid))
         return cuts
 
-    async def on_chunk(self, stage: Stage, chunk: Chunk) -> None:
+    async def on_chunk(self, stage: ToxicStage, chunk: Chunk) -> None:
         start = 0
         cuts = self.boundaries(len(chunk.data), stage.rng)
         for i, end in enumerate(cuts):
@@ -303,7 +303,7 @@ class LimitDataToxic(Toxic):
     type_name: ClassVar[str] = "limit_data"
     bytes: int = 0
 
-    async def on_chunk(self, stage: Stage, chunk: Chunk) -> None:
+    async def on_chunk(self, stage: ToxicStage, chunk: Chunk) -> None:
         sent: int = stage.state.get("sent", 0)
         remaining = max(0, self.bytes - sent)
         data = chunk.data[:remaining]

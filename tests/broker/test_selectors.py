@@ -162,7 +162,7 @@ class _Sink:
 
 def test_expiry_sweep_drops_set_aside_messages_too() -> None:
     now = [1000.0]
-    core = BrokerCore(BrokerConfig(), None, clock=lambda: now[0])
+    core = BrokerCore(BrokerConfig(), None, clock=lambda: now[0], monotonic=lambda: now[0])
     sink = _Sink()
     core.subscribe(sink, "s", "/queue/exp", selector=compile_selector("keep = 'yes'"))
     core.send("/queue/exp", (("keep", "no"), ("expires", "1001000")), b"short", persistent=False)

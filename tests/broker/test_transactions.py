@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -199,7 +200,7 @@ def test_a_commit_over_the_journal_record_limit_is_refused_and_rolled_back(tmp_p
     recovery limit is refused with a clear error, and the transaction is rolled back."""
     store = MessageStore(tmp_path, max_record=8192)
     store.open()
-    core = BrokerCore(BrokerConfig(), store)
+    core = BrokerCore(BrokerConfig(), store, clock=time.time, monotonic=time.monotonic)
     sink = Sink()
     for i in range(3):
         core.subscribe(sink, f"d{i}", "/topic/t", durable_name=f"s{i}", client_id="c")

@@ -1,6 +1,6 @@
 """Each toxic against a fake stage with a virtual clock: exact timings, no real waiting.
 
-The proxy gives toxics their clock, sleep and timers through the ``Stage`` protocol,
+The proxy gives toxics their clock, sleep and timers through the ``ToxicStage`` protocol,
 so these tests check the arithmetic (latency from read time, bandwidth slices and
 carried debt, slicer delays) and the interrupt rules (data held when a toxic is
 removed is passed on, never dropped) deterministically.
@@ -40,7 +40,7 @@ class FakeTimer:
 
 
 class FakeStage:
-    """The ``Stage`` protocol with a virtual clock; ``interrupt_after`` sleeps end early."""
+    """The ``ToxicStage`` protocol with a virtual clock; ``interrupt_after`` sleeps end early."""
 
     def __init__(self, now: float = 0.0, interrupt_after: int | None = None) -> None:
         self.clock = now

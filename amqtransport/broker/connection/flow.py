@@ -5,7 +5,7 @@ Theory of operation
 Producer flow control. Before a SEND (or a COMMIT with sends) is processed the
 core's :class:`~.memory.MemoryGauge` is asked whether memory is over its limit (for
 all destinations, or for this one). If it is, the frame is *parked* in this
-connection's ``_held`` list -- no receipt, nothing enqueued -- and every later frame
+connection's :class:`FlowGate` (``held``) -- no receipt, nothing enqueued -- and every later frame
 joins it, in order, except ACK and NACK, which are processed at once: they only free
 memory, and a connection that both produces and consumes would otherwise deadlock
 with its own acks stuck behind its parked SENDs. We keep reading (so those acks and
@@ -20,6 +20,11 @@ SENDs ahead of its own acks can still stall itself -- ActiveMQ has the same cave
 and the same advice: produce and consume on separate connections. With
 ``send_fail_if_no_space`` a SEND that would wait gets an ERROR naming the limit
 instead (and, as after every ERROR, the connection is closed).
+
+Composition, not inheritance: a :class:`FlowGate` is a part of its connection
+(``BrokerConnection.flow``), which hands it every frame (:meth:`FlowGate.admit`) and
+asks it whether reading must stay paused (:meth:`FlowGate.full`); the gate sees the
+connection only as a :class:`FlowHost`.
 """
 
 from __future__ import annotations
@@ -27,69 +32,87 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from typing import Protocol
 
 from amqtransport.stomp import Frame as StompFrame
 
 from ..config import BrokerConfig
 from ..dispatch.core import BrokerCore
-from .stream import ErrorSent, StompStream
+from .stream import ErrorSent
 
-__all__ = ["FlowControlled"]
+__all__ = ["FlowGate", "FlowHost"]
 
 log = logging.getLogger(__name__)
 
 
-class FlowControlled(StompStream):
-    """Producer flow control: SENDs parked while memory (or the store) is over its limit."""
+class FlowHost(Protocol):
+    """What the gate needs of its connection."""
 
-    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop, core: BrokerCore) -> None:
-        super().__init__(config, loop)
-        self.core = core
-        self._held: deque[tuple[StompFrame, int]] = deque()  # frames parked by flow control
-        self._held_bytes = 0
-        self._held_wake_scheduled = False
+    config: BrokerConfig
+    loop: asyncio.AbstractEventLoop
+    peer: str
+    connected: bool
+    closing: bool
+    _paused: bool
 
     def _handle(self, frame: StompFrame) -> None:
         """Process a frame (it may go ahead)."""
-        raise NotImplementedError
 
     def _held_by_transactions(self) -> int:
         """Bytes this connection's open transactions hold in the memory gauge."""
-        return 0
 
-    def _released(self) -> None:
-        self._held.clear()
-        self._held_bytes = 0
+    def _error(self, message: str, *, receipt: str | None = None, detail: str = "", close: bool = True,
+               in_doubt: bool = False) -> None: ...
+
+    def _error_no_raise(self, message: str, receipt: str | None = None) -> None: ...
+
+    def _pause_reading(self) -> None: ...
+
+    def _resume_reading(self) -> None: ...
+
+
+class FlowGate:
+    """Producer flow control of one connection: SENDs parked while memory (or the store)
+    is over its limit."""
+
+    def __init__(self, conn: FlowHost, core: BrokerCore) -> None:
+        self.conn = conn
+        self.core = core
+        self.held: deque[tuple[StompFrame, int]] = deque()  # frames parked by flow control
+        self.held_bytes = 0
+        self._wake_scheduled = False
+
+    def release(self) -> None:
+        """The connection is gone: drop what is parked, stop waiting for memory."""
+        self.held.clear()
+        self.held_bytes = 0
         self.core.memory.remove_waiter(id(self))
-        super()._released()
 
-    def _keep_paused(self) -> bool:
-        return self._hold_full() or super()._keep_paused()
-
-    def _admit(self, frame: StompFrame) -> None:
+    def admit(self, frame: StompFrame) -> None:
         """Process a frame now, or park it while producer flow control holds this connection."""
-        if self._held:
+        conn = self.conn
+        if self.held:
             if frame.command in ("ACK", "NACK"):
-                self._handle(frame)  # acks free memory: never behind a parked SEND
+                conn._handle(frame)  # acks free memory: never behind a parked SEND
             else:
                 self._hold(frame)
             return
-        if self.connected and self._must_wait(frame):
-            if self.config.send_fail_if_no_space:
-                self._error(self._no_space_message(frame), receipt=frame.get("receipt"))
-            held = self._held_by_transactions()
+        if conn.connected and self.must_wait(frame):
+            if conn.config.send_fail_if_no_space:
+                conn._error(self._no_space_message(frame), receipt=frame.get("receipt"))
+            held = conn._held_by_transactions()
             if held:
                 # it would wait for memory its own open transaction may be holding
-                self._error(
+                conn._error(
                     f"{self._no_space_message(frame, refused=False)}; this connection's open transactions "
                     f"hold {held} bytes, so it cannot wait: send refused, transactions rolled back",
                     receipt=frame.get("receipt"),
                 )
             self._hold(frame)
             return
-        self._handle(frame)
+        conn._handle(frame)
 
-    def _must_wait(self, frame: StompFrame) -> bool:
+    def must_wait(self, frame: StompFrame) -> bool:
         """A SEND waits while memory is over its limit -- except a persistent one outside a
         transaction, which can wait paged on disk instead (queues.py) -- and a persistent
         one while the store is over its limit (a COMMIT never does: its bytes are counted
@@ -128,43 +151,46 @@ class FlowControlled(StompStream):
         size = len(frame.body) + 64
         for k, v in frame.headers:
             size += len(k) + len(v)
-        self._held.append((frame, size))
-        self._held_bytes += size
+        self.held.append((frame, size))
+        self.held_bytes += size
         memory = self.core.memory
-        memory.add_waiter(id(self), self._flow_wake)
-        self.core.start_expiry_sweep(self.loop.call_later)
-        if self._hold_full():
-            self._pause_reading()
+        memory.add_waiter(id(self), self._wake)
+        self.core.start_expiry_sweep(self.conn.loop.call_later)
+        if self.full():
+            self.conn._pause_reading()
 
-    def _hold_full(self) -> bool:
-        return self._held_bytes > self.config.write_buffer_high or len(self._held) > self.config.max_pending_frames
+    def full(self) -> bool:
+        """Parked frames over their bound: reading stays paused (TCP back-pressure)."""
+        config = self.conn.config
+        return self.held_bytes > config.write_buffer_high or len(self.held) > config.max_pending_frames
 
-    def _flow_wake(self) -> None:
+    def _wake(self) -> None:
         """Called by the gauge when memory was released (inside dispatch: defer)."""
-        if not self._held_wake_scheduled and not self.closing:
-            self._held_wake_scheduled = True
-            self.loop.call_soon(self._replay_held)
+        if not self._wake_scheduled and not self.conn.closing:
+            self._wake_scheduled = True
+            self.conn.loop.call_soon(self._replay_held)
 
     def _replay_held(self) -> None:
-        self._held_wake_scheduled = False
-        held = self._held
+        self._wake_scheduled = False
+        conn = self.conn
+        held = self.held
         try:
-            while held and not self.closing:
+            while held and not conn.closing:
                 frame, size = held[0]
-                if frame.command not in ("ACK", "NACK") and self._must_wait(frame):
+                if frame.command not in ("ACK", "NACK") and self.must_wait(frame):
                     return  # still full: stay registered, wait for the next release
                 held.popleft()
-                self._held_bytes -= size
-                self._handle(frame)
+                self.held_bytes -= size
+                conn._handle(frame)
         except ErrorSent:
             return
         except Exception as exc:  # noqa: BLE001 - as in data_received
-            log.exception("internal error handling a parked frame from %s", self.peer)
-            self._error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
+            log.exception("internal error handling a parked frame from %s", conn.peer)
+            conn._error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
             return
         finally:
             if not held:
-                self._held_bytes = 0
+                self.held_bytes = 0
                 self.core.memory.remove_waiter(id(self))
-            if not self._paused and not self.closing:
-                self._resume_reading()  # no-op while the parked frames are still over their bound
+            if not conn._paused and not conn.closing:
+                conn._resume_reading()  # no-op while the parked frames are still over their bound

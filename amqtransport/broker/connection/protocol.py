@@ -59,8 +59,8 @@ from ..dispatch.model import AUTO, Subscription, TxState
 from ..dispatch.names import DURABLE_PREFIX, split_destination
 from ..store import JournalError
 from .context import BrokerContext
-from .flow import FlowControlled
-from .stream import ErrorSent
+from .flow import FlowGate
+from .stream import ErrorSent, StompStream
 
 __all__ = ["BrokerConnection"]
 
@@ -71,11 +71,14 @@ STATUS_REQUEST_HEADER = "amq-ha-status"  # CONNECT header of `amq broker status`
 _DELIVERY_HEADERS = frozenset({"subscription", "ack", "redelivered", DELIVERY_COUNT_HEADER, "message-id"})
 
 
-class BrokerConnection(FlowControlled):
-    """A client of the broker: the frame handlers, and the :class:`~.model.Sink` the core delivers to."""
+class BrokerConnection(StompStream):
+    """A client of the broker: the frame handlers, and the :class:`~.model.Sink` the core
+    delivers to. Its producer flow control is a part, :attr:`flow` (:class:`~.flow.FlowGate`)."""
 
     def __init__(self, ctx: BrokerContext[BrokerConnection]) -> None:
-        super().__init__(ctx.config, ctx.loop, ctx.core)
+        super().__init__(ctx.config, ctx.loop)
+        self.core = ctx.core
+        self.flow = FlowGate(self, ctx.core)
         self.ctx = ctx
         self.login: str | None = None
         self.client_id: str | None = None
@@ -96,11 +99,18 @@ class BrokerConnection(FlowControlled):
         for tx in self.txs.values():
             self.core.transactions.abort(tx)
         self.txs.clear()
+        self.flow.release()
         super()._released()
         for sub in list(self.subs.values()):
             self.core.unsubscribe(sub)
         self.subs.clear()
         self.ctx.unregister(self)
+
+    def _admit(self, frame: StompFrame) -> None:
+        self.flow.admit(frame)
+
+    def _keep_paused(self) -> bool:
+        return self.flow.full() or super()._keep_paused()
 
     def _on_writable(self) -> None:
         for sub in list(self.subs.values()):

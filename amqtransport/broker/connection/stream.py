@@ -3,9 +3,9 @@
 Theory of operation
 -------------------
 Bytes from the socket go into the shared sans-IO :class:`~amqtransport.stomp.FrameParser`
-(``data_received``); each complete frame goes to :meth:`StompStream._admit`, which a
-subclass defines (:class:`~.flow.FlowControlled`, then
-:class:`~.protocol.BrokerConnection`). A frame that breaks the protocol is answered
+(``data_received``); each complete frame goes to :meth:`StompStream._admit`, which
+:class:`~.protocol.BrokerConnection` defines (it hands the frame to its producer flow
+control, :class:`~.flow.FlowGate`, which lets it through to the frame handlers or parks it). A frame that breaks the protocol is answered
 with one ERROR frame and the connection is closed.
 
 Output. Frames are appended to an outgoing list and written with one

@@ -18,8 +18,9 @@ actions) call the core on the loop thread; it answers with deliveries to
   :mod:`.memory`: memory accounting and flow control's water marks;
   :mod:`.errors`: :class:`~.errors.CoreError`, a request the core refuses.
 
-The clock is a parameter; :mod:`.core` and :mod:`.registry` (``time.time``) and
-:mod:`.memory` (``time.monotonic``) still default it, so they import ``time``; the other
-modules are checked pure (no I/O, thread, loop or clock import) by
-``tests/test_layering.py``.
+The clocks are injected: :class:`~.core.BrokerCore` takes ``clock`` (wall-clock seconds:
+timestamps, expiry) and ``monotonic`` (the memory gauge's flow-control time) from the
+server, so no module here imports ``time`` (``tests/test_layering.py`` checks the
+package pure: no I/O, thread, loop or clock import), and a test drives a virtual clock
+(``tests/broker/test_dispatch_units.py``).
 """

@@ -25,7 +25,6 @@ advisory subscriber is told the current counts.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from amqtransport.destinations import QUEUE, advisory_name, wildcard_segments
@@ -61,9 +60,10 @@ class BrokerCore(Registry):
         config: BrokerConfig,
         store: MessageStore | None,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float],
+        monotonic: Callable[[], float],
     ) -> None:
-        super().__init__(config, store, clock=clock)
+        super().__init__(config, store, clock=clock, monotonic=monotonic)
         self.fanout = FanOut(self)
         self.advisories = Advisories(self, self.fanout)
         self.wildcards = WildcardQueues(self, self.advisories)

@@ -47,7 +47,6 @@ before the flag engaged: at most one frame per connection, so usage stays below
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 
 from .message import Message
@@ -82,7 +81,7 @@ class MemoryGauge:
         destination_limit: int = 0,
         low_water: float = 0.7,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float],
     ) -> None:
         self.limit = limit
         self.destination_limit = destination_limit  # 0: no per-destination limit

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -45,10 +44,13 @@ class Registry:
         config: BrokerConfig,
         store: MessageStore | None,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float],
+        monotonic: Callable[[], float],
     ) -> None:
         self.config = config
         self.store = store
+        #: wall-clock seconds (message timestamps, expiry); ``monotonic`` goes to the memory
+        #: gauge (how long flow control has held, which readiness compares with its own)
         self.clock = clock
         self.queues: dict[str, Queue] = {}
         self.topics: dict[str, Topic] = {}
@@ -64,7 +66,8 @@ class Registry:
         self.dead_lettered = 0
         self.expired = 0
         self.shutting_down = False  # set by the server: no dead-lettering while it closes
-        self.memory = MemoryGauge(config.memory_limit, config.destination_memory_limit, config.memory_low_water)
+        self.memory = MemoryGauge(config.memory_limit, config.destination_memory_limit, config.memory_low_water,
+                                  clock=monotonic)
         if store is not None:
             store.on_space = self.memory.wake_waiters  # store flow control parks in the same list
         #: called with each queue created while wildcard queue consumers exist (they attach to it)

@@ -50,12 +50,12 @@ class RoleHost(Protocol):
         """Every address the node knows for its peer."""
         ...
 
-    def moment(self, phase: Phase, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
+    def decision_state(self, phase: Phase, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
         """What :func:`.decide.decide` reads of the node now."""
         ...
 
     async def decide_observing(
-        self, moment: Callable[[], NodeState], ask: Callable[[], Awaitable[list[PeerAnswer]]] | None = None
+        self, read_state: Callable[[], NodeState], ask: Callable[[], Awaitable[list[PeerAnswer]]] | None = None
     ) -> Decision:
         """Decide, making each observation the table asks for."""
         ...

@@ -196,7 +196,7 @@ class MasterRole:
     def _on_slave_lost(self, link: MasterLink, reason: str, was_synced: bool) -> None:
         node = self.node
         node.say(f"slave {link.slave} lost: {reason}")
-        d = decide(node.moment(SLAVE_LOST, goodbye=link.bye, slave_was_synced=was_synced), node.rules, Peers())
+        d = decide(node.decision_state(SLAVE_LOST, goodbye=link.bye, slave_was_synced=was_synced), node.rules, Peers())
         if d.action == FORGET:
             # a clean slave shutdown: it will not take over, so we may restart alone
             node.state.peer_may_be_master = False
@@ -207,12 +207,12 @@ class MasterRole:
             node.exit_code = 3
             node.stop()
         elif d.action == CHECK and node.loop is not None:
-            moment = node.moment(SLAVE_LOST, goodbye=link.bye, slave_was_synced=was_synced)
-            node.loop.create_task(self._fence_check(moment))
+            observed = node.decision_state(SLAVE_LOST, goodbye=link.bye, slave_was_synced=was_synced)
+            node.loop.create_task(self._fence_check(observed))
 
-    async def _fence_check(self, moment: NodeState) -> None:
+    async def _fence_check(self, observed: NodeState) -> None:
         node = self.node
-        d = await node.decide_observing(lambda: moment)
+        d = await node.decide_observing(lambda: observed)
         if d.action == FENCE:
             log.error("node %s: %s", node.name, d.reason)
             node.demote()
@@ -293,7 +293,7 @@ class MasterRole:
         repl = node.repl
         assert repl is not None
 
-        d = await node.decide_observing(lambda: node.moment(MASTER), lambda: ask_peer(
+        d = await node.decide_observing(lambda: node.decision_state(MASTER), lambda: ask_peer(
             node.peer_addresses(), lambda: node.request_headers(STANDBY_HEADER), min(1.0, node.opts.link_timeout)
         ))
         if node.repl is not repl or repl.suspect is None or node.stopping:
@@ -316,7 +316,7 @@ class MasterRole:
     async def _check_peer_not_master(self) -> None:
         """With no slave attached: is the peer a master too (the end of a split brain)?"""
         node = self.node
-        d = await node.decide_observing(lambda: node.moment(MASTER), lambda: ask_peer(node.peer_addresses(), None, 0.5))
+        d = await node.decide_observing(lambda: node.decision_state(MASTER), lambda: ask_peer(node.peer_addresses(), None, 0.5))
         if node.repl is None or node.repl.link is not None or node.stopping:
             return
         await self._end_split_brain(d)

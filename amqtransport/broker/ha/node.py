@@ -310,7 +310,7 @@ class HaNode:
             return "decide", None
         return action, join
 
-    def moment(self, phase: Phase, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
+    def decision_state(self, phase: Phase, *, goodbye: bool = False, slave_was_synced: bool = False) -> NodeState:
         """What decide.py reads of this node now (``goodbye``, ``slave_was_synced``: of
         the slave link that just ended)."""
         st, link, repl = self.state, self.slave_link, self.repl
@@ -324,13 +324,13 @@ class HaNode:
                          linked_to=linked_to, goodbye=goodbye, slave_was_synced=slave_was_synced)
 
     async def decide_observing(
-        self, moment: Callable[[], NodeState], ask: Callable[[], Awaitable[list[PeerAnswer]]] | None = None
+        self, read_state: Callable[[], NodeState], ask: Callable[[], Awaitable[list[PeerAnswer]]] | None = None
     ) -> Decision:
         """Decide (decide.py), making each observation the table asks for; the node's
         state is read again after every await."""
         peers = Peers()
         while True:
-            d = decide(moment(), self.rules, peers)
+            d = decide(read_state(), self.rules, peers)
             if d.action == ASK:
                 assert ask is not None, "this phase observes no answers"
                 peers = replace(peers, answers=tuple(await ask()))
@@ -342,7 +342,7 @@ class HaNode:
 
     async def _decide_role(self) -> tuple[str, tuple[str, int] | None]:
         """Master, slave of whom, or wait (decide.py, phase ``start``)."""
-        d = await self.decide_observing(lambda: self.moment(START), lambda: ask_peer(
+        d = await self.decide_observing(lambda: self.decision_state(START), lambda: ask_peer(
             self.peer_addresses(), None, min(1.0, self.opts.link_timeout), until=lambda _a: False
         ))
         if d.action == JOIN:

@@ -176,7 +176,7 @@ class PortHost(NodeReadout, Protocol):
     @property
     def rules(self) -> DecideOptions: ...
 
-    def moment(self, phase: Phase) -> NodeState:
+    def decision_state(self, phase: Phase) -> NodeState:
         """What :func:`.decide.decide` reads of the node now."""
         ...
 
@@ -414,7 +414,7 @@ class HaRequests:
         node = self.node
         who = frame.get(STANDBY_HEADER) or "?"
         theirs = int(frame.get("amq-ha-epoch") or 0)
-        d = standby(node.moment(STAND_BY), node.rules, who, theirs)
+        d = standby(node.decision_state(STAND_BY), node.rules, who, theirs)
         if d.action == OK_UNSYNCED:
             node.state.synced = False
             node.save_state()

@@ -390,7 +390,7 @@ async def _after_master_loss(node: SlaveHost, addr: tuple[str, int], where: str)
     candidates = [addr] + [a for a in node.peer_addresses() if a != addr]
     isolated = False
     while not node.stopping:
-        d = await node.decide_observing(lambda: node.moment(LINK_LOST), lambda: ask_peer(
+        d = await node.decide_observing(lambda: node.decision_state(LINK_LOST), lambda: ask_peer(
             candidates, None, min(1.0, node.opts.link_timeout), until=_is_master
         ))
         if d.action == RETRY:

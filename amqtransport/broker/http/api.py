@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl
 
 from amqtransport.errors import ServerError
 
-from ..ops.admin import BrowsedMessage, BrowsePage, ConnectionInfo
+from ..ops.admin import BrowsedMessage, BrowsePage, ConnectionStats
 from ..ops.stats import HistogramSnapshot
 from ..ops.view import DestinationStats, NodeStats, PeerStatus
 
@@ -123,7 +123,7 @@ def browse_json(page: BrowsePage) -> dict[str, Any]:
             "messages": [message_json(m) for m in page.messages]}
 
 
-def connection_json(c: ConnectionInfo) -> dict[str, Any]:
+def connection_json(c: ConnectionStats) -> dict[str, Any]:
     out = asdict(c)
     out["age"] = round(c.age, 1)
     out["subscriptions"] = list(c.subscriptions)

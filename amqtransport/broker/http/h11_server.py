@@ -21,9 +21,12 @@ connection over that budget does not wait for a free slot and is not refused whi
 another is only waiting: the connection idle longest (no request started, else the
 oldest request still arriving; never one whose handler runs) is closed to make room.
 So idle keep-alive connections, or slow ones, cannot starve the probes (``/healthz``)
-an orchestrator relies on. A malformed request gets a 400 naming the problem and the connection is
-closed; a handler that raises gets a 500 (logged with its traceback) and the
-broker goes on.
+an orchestrator relies on. A malformed request gets a 400 naming the problem (431 for a
+head, 413 for a body over its limit, 505 for an HTTP version other than 1.0 and 1.1) and
+the connection is closed; a handler that raises gets a 500 (logged with its traceback)
+and the server goes on. The error answers are the server's ``error_response``: plain
+text on the broker's side port (:func:`text_error`), Toxiproxy's JSON on the chaos
+proxy's API (``chaos/proxy/http_api.py``), which runs on this same server.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import h11
 
-__all__ = ["HttpLimits", "HttpServer", "Request", "Response", "Handler"]
+__all__ = ["ErrorResponder", "HttpLimits", "HttpServer", "Request", "Response", "Handler", "text_error"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,16 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: ``(status, reason) -> Response``: the answer to a malformed request (4xx, 505) or a
+#: handler that raised (500); the connection is closed after a 4xx or 505
+ErrorResponder = Callable[[int, str], Response]
+
+
+def text_error(status: int, reason: str) -> Response:
+    """The side port's error answers: plain text."""
+    if status == 500:
+        return Response(500, b"internal error (see the broker log)\n")
+    return Response(status, f"bad request: {reason}\n".encode())
 
 
 def _request_of(event: h11.Request, peer: str) -> Request:
@@ -181,6 +194,9 @@ class _HttpConnection(asyncio.Protocol):
             if event is h11.NEED_DATA or event is h11.PAUSED:
                 return
             if isinstance(event, h11.Request):
+                if event.http_version not in (b"1.0", b"1.1"):
+                    self._bad_request(f"unsupported HTTP version: {event.http_version.decode('latin-1')!r}", 505)
+                    return
                 head = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
                 if head > self.limits.max_head:
                     self._bad_request(f"request head of {head} bytes is over the limit of "
@@ -221,7 +237,7 @@ class _HttpConnection(asyncio.Protocol):
             response = await self.server.handler(request)
         except Exception:  # noqa: BLE001 - one bad request must not take the side port down
             log.exception("http: %s %s from %s failed", request.method, request.path, request.peer)
-            response = Response(500, b"internal error (see the broker log)\n")
+            response = self.server.error_response(500, "internal error")
         head_only = request.method == "HEAD"
         self._write_response(response, head_only)
         self.busy = False
@@ -243,9 +259,8 @@ class _HttpConnection(asyncio.Protocol):
         headers = [
             (b"content-type", response.content_type.encode("latin-1")),
             (b"content-length", str(len(response.body)).encode()),
-            (b"server", SERVER_HEADER),
-            (b"x-content-type-options", b"nosniff"),
-        ]
+        ] if response.status not in (204, 304) else []  # RFC 9110: no Content-Length on a 204
+        headers += [(b"server", SERVER_HEADER), (b"x-content-type-options", b"nosniff")]
         headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
         try:
             reason = http.HTTPStatus(response.status).phrase.encode()
@@ -273,17 +288,19 @@ class _HttpConnection(asyncio.Protocol):
         if self.transport is None:
             return
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            body = f"bad request: {reason}\n".encode()
-            self._write_response(Response(status if 400 <= status < 600 else 400, body,
-                                          headers=[("connection", "close")]))
+            answer = self.server.error_response(status if 400 <= status < 600 else 400, reason)
+            answer.headers = [*answer.headers, ("connection", "close")]
+            self._write_response(answer)
         self.transport.close()
 
 
 class HttpServer:
     """An HTTP/1.1 server on the running loop: ``await start()``, ``await stop()``."""
 
-    def __init__(self, handler: Handler, host: str, port: int, limits: HttpLimits | None = None) -> None:
+    def __init__(self, handler: Handler, host: str, port: int, limits: HttpLimits | None = None,
+                 error_response: ErrorResponder = text_error) -> None:
         self.handler = handler
+        self.error_response = error_response
         self.host = host
         self.port = port
         self.limits = limits or HttpLimits()

@@ -57,7 +57,7 @@ __all__ = [
     "BrokerAdmin",
     "BrowsePage",
     "BrowsedMessage",
-    "ConnectionInfo",
+    "ConnectionStats",
     "MoveResult",
     "ServerAdmin",
 ]
@@ -110,7 +110,9 @@ class MoveResult:
 
 
 @dataclass(frozen=True)
-class ConnectionInfo:
+class ConnectionStats:
+    """One client connection as the console lists it (``/api/connections``)."""
+
     id: str
     peer: str
     user: str | None
@@ -140,7 +142,7 @@ class BrokerAdmin(Protocol):
 
     async def move(self, queue: str, ids: Sequence[str] | None, to: str | None) -> MoveResult: ...
 
-    def connections(self) -> list[ConnectionInfo]: ...
+    def connections(self) -> list[ConnectionStats]: ...
 
     def close_connection(self, conn_id: str, reason: str) -> bool: ...
 
@@ -352,11 +354,11 @@ class ServerAdmin:
         await self._durable()
         return MoveResult(moved=moved, targets=tuple(sorted(targets)), missing=tuple(missing))
 
-    def connections(self) -> list[ConnectionInfo]:
+    def connections(self) -> list[ConnectionStats]:
         now = self.server.loop.time()
-        out: list[ConnectionInfo] = []
+        out: list[ConnectionStats] = []
         for conn in self.server.connections:
-            out.append(ConnectionInfo(
+            out.append(ConnectionStats(
                 id=conn.session or conn.peer, peer=conn.peer, user=conn.login, client_id=conn.client_id,
                 version=conn.version, connected=conn.connected, age=max(0.0, now - conn.opened_at),
                 subscriptions=tuple(sorted(sub.destination for sub in conn.subs.values())),
