@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.wire_tap", 6),  # the wire tap both clients' connections offer
     ("amqtransport", 6),  # the package __init__ (lazy re-exports of the public API)
     ("amqtransport.spark", 7),
+    ("amqtransport.otel", 7),  # OpenTelemetry instrumentation of both clients (wraps them from outside)
     ("amqtransport.processes", 7),  # brokers as child processes (ours, Debian's ActiveMQ) and the tmpfs of full-disk faults
     ("amqtransport.testing", 7),  # test harnesses (RabbitMQ, Spark clusters, fixtures, wait_for) for tests and benchmarks
     ("bridge", 7),

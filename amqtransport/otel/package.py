@@ -1,0 +1,3 @@
+"""What the instrumentation instruments (``BaseInstrumentor.instrumentation_dependencies``)."""
+
+_instruments = ("amqtransport >= 0.1",)
