@@ -6,6 +6,7 @@ instrumentor module owns the SDK-facing side.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -70,6 +71,7 @@ def messaging_system(dialect: str) -> str:
     return _SYSTEMS.get(dialect, "stomp")
 
 
+@lru_cache(maxsize=256)  # a connection has a handful of addresses; asked twice per operation
 def server_of(address: str | None) -> tuple[str, int] | None:
     """``("127.0.0.1", 61613)`` from a connected address ``tcp://127.0.0.1:61613``
     (None when not connected or without a port)."""

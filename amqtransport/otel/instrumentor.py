@@ -1,5 +1,9 @@
-"""The instrumentor: wraps the clients' public methods from outside (``wrapt``, as the
-OpenTelemetry contrib instrumentors do) and turns each call into spans and metrics.
+"""The instrumentor: wraps the clients' public methods from outside, as the
+OpenTelemetry contrib instrumentors do, and turns each call into spans and metrics.
+The wrappers have contrib's ``wrapper(wrapped, instance, args, kwargs)`` shape but are
+installed as plain functions (each original kept for ``uninstrument()``), not as
+``wrapt`` proxies: a proxy's bound-method object on every ``producer.send`` cost more
+than the whole no-SDK path (``benchmarks/bench_otel.py``).
 
 Theory of operation
 -------------------
@@ -31,12 +35,15 @@ new server, and ``server.address``/``server.port`` name the node that served it.
 
 **Cost.** With a no-op tracer and meter (``opentelemetry-api`` without an SDK) a send
 costs one non-recording span and the injection of the ambient context, nothing else:
-no attribute is computed and no context is attached. ``uninstrument()`` unwraps every
-method; the listeners already added stay but do nothing.
+no attribute is computed and no context is attached. ``uninstrument()`` puts every
+original back; the listeners already added stay but do nothing.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 import threading
 import time
 import weakref
@@ -45,10 +52,8 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any
 
-import wrapt  # type: ignore[import-untyped,unused-ignore]
 from opentelemetry import context, propagate, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined,unused-ignore]
-from opentelemetry.instrumentation.utils import unwrap
 from opentelemetry.metrics import Meter, NoOpMeter, get_meter
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
@@ -134,7 +139,11 @@ class _Telemetry:
 
     def __init__(self, tracer: trace.Tracer, meter: Meter) -> None:
         self.tracer = tracer
-        self.metrics_on = not isinstance(meter, NoOpMeter)
+        #: a proxy of the global provider (no meter_provider given) records nothing until
+        #: an SDK provider is set globally: checked per operation until then
+        self._proxy = type(meter).__name__ == "_ProxyMeter"
+        self._metrics = not isinstance(meter, NoOpMeter) and not self._proxy
+        self._meter = meter
         self.duration = meter.create_histogram(
             "messaging.client.operation.duration", unit="s",
             description="Duration of a messaging operation initiated by a producer or consumer client.")
@@ -148,6 +157,26 @@ class _Telemetry:
             "messaging.process.duration", unit="s", description="Duration of processing operation.")
         self.watches: weakref.WeakKeyDictionary[Any, _Watch] = weakref.WeakKeyDictionary()
         self.watch_lock = threading.Lock()
+
+    @property
+    def tracing_on(self) -> bool:
+        """Could a span record anything (False: a no-op tracer, or the global proxy
+        while no SDK provider is set)? An attribute read or two: it is asked per send."""
+        real = getattr(self.tracer, "_tracer", self.tracer)  # a ProxyTracer's current delegate
+        return not isinstance(real, trace.NoOpTracer)
+
+    @property
+    def on(self) -> bool:
+        """Would a span or a metric record anything? (The wrappers' fast path.)"""
+        return self.tracing_on or self.metrics_on
+
+    @property
+    def metrics_on(self) -> bool:
+        """Would a metric record anything?"""
+        if self._proxy and not self._metrics:
+            real = getattr(self._meter, "_real_meter", None)  # set once an SDK provider is global
+            self._metrics = real is not None and not isinstance(real, NoOpMeter)
+        return self._metrics
 
     def watch(self, conn: Any) -> _Watch:
         w = self.watches.get(conn)
@@ -197,6 +226,8 @@ class _Telemetry:
               links: list[Link] | None = None) -> _Op | None:
         """Start the span of one operation and make it current; None when neither a
         span nor a metric would record anything."""
+        if not self.on:
+            return None
         span = self.tracer.start_span(f"{name} {dest}" if dest else name, context=parent, kind=kind, links=links)
         if not span.is_recording():
             if not self.metrics_on:
@@ -243,6 +274,8 @@ class _Telemetry:
 
     def received(self, conn: Any, sub: Any, msg: ReceivedMessage, t0_ns: int, t0: float) -> None:
         """A receive call that returned ``msg``: its span (linked to the producer's)."""
+        if not self.on:
+            return
         dest = msg.destination or getattr(sub, "destination", None)
         span = self.tracer.start_span(f"receive {dest}", kind=SpanKind.CLIENT,
                                       start_time=t0_ns, links=self.links_of(msg))
@@ -290,6 +323,8 @@ def _send_attrs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Callable[[]
 
 def _sync_send(tel: _Telemetry) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not tel.on:
+            return wrapped(*args, **kwargs)
         conn = _conn_of(instance)
         op = tel.begin(conn, "send", "send", _arg(args, kwargs, 0, "destination"), SpanKind.PRODUCER,
                        _send_attrs(args, kwargs))
@@ -310,6 +345,8 @@ def _sync_send(tel: _Telemetry) -> Callable[..., Any]:
 
 def _async_send(tel: _Telemetry) -> Callable[..., Any]:
     async def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not tel.on:
+            return await wrapped(*args, **kwargs)
         conn = _conn_of(instance)
         op = tel.begin(conn, "send", "send", _arg(args, kwargs, 0, "destination"), SpanKind.PRODUCER,
                        _send_attrs(args, kwargs))
@@ -331,6 +368,8 @@ def _async_send(tel: _Telemetry) -> Callable[..., Any]:
 def _inject(wrapped: Callable[..., Frame], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Frame:
     """``send_frame``: the frame with the current context in its headers."""
     frame = wrapped(*args, **kwargs)
+    if not context.get_current():  # no span, no baggage: nothing to carry (the no-SDK fast path)
+        return frame
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     if carrier:
@@ -488,12 +527,30 @@ def _targets(tel: _Telemetry) -> Iterable[tuple[str, str, Callable[..., Any]]]:
     yield _RECEIVED, "ReceivedMessage.process", _process(tel)
 
 
+def _patched(original: Callable[..., Any], wrapper: Callable[..., Any], method: bool) -> Callable[..., Any]:
+    """A plain function calling ``wrapper(wrapped, instance, args, kwargs)``."""
+    patched: Callable[..., Any]
+    if method and inspect.iscoroutinefunction(original):
+        async def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return await wrapper(original.__get__(self), self, args, kwargs)
+    elif method:
+        def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return wrapper(original.__get__(self), self, args, kwargs)
+    else:
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            return wrapper(original, None, args, kwargs)
+    functools.update_wrapper(patched, original)
+    setattr(patched, "__amqtransport_otel__", original)  # noqa: B010 - the original, for uninstrument
+    return patched
+
+
 class AmqtransportInstrumentor(BaseInstrumentor):  # type: ignore[misc,unused-ignore]
     """Traces and meters the amqtransport clients (module docstring, docs/tracing.md).
     ``instrument(tracer_provider=..., meter_provider=...)`` (the global providers
     when not given); ``uninstrument()`` restores every wrapped method."""
 
     _telemetry: _Telemetry | None = None
+    _originals: list[tuple[Any, str, Callable[..., Any]]] = []
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
@@ -504,18 +561,21 @@ class AmqtransportInstrumentor(BaseInstrumentor):  # type: ignore[misc,unused-ig
         meter = get_meter(__name__, __version__, kwargs.get("meter_provider"),
                           schema_url="https://opentelemetry.io/schemas/1.26.0")
         tel = self._telemetry = _Telemetry(tracer, meter)
+        self._originals = []
         for module, name, wrapper in _targets(tel):
-            wrapt.wrap_function_wrapper(module, name, wrapper)
+            owner_name, _, attr = name.rpartition(".")
+            owner: Any = importlib.import_module(module)
+            if owner_name:
+                owner = getattr(owner, owner_name)
+            original = owner.__dict__[attr] if owner_name else getattr(owner, attr)
+            self._originals.append((owner, attr, original))
+            setattr(owner, attr, _patched(original, wrapper, method=bool(owner_name)))
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        import importlib
-
-        for module, name, _ in _targets(_Telemetry(trace.NoOpTracer(), NoOpMeter("x"))):
-            owner, _, attr = name.rpartition(".")
-            target: Any = importlib.import_module(module)
-            if owner:
-                target = getattr(target, owner)
-            unwrap(target, attr)
+        for owner, attr, original in reversed(self._originals):
+            if getattr(getattr(owner, attr, None), "__amqtransport_otel__", None) is original:
+                setattr(owner, attr, original)
+        self._originals = []
         if self._telemetry is not None:
             self._telemetry.close()
             self._telemetry = None
