@@ -223,3 +223,13 @@ def test_the_entry_point_names_the_instrumentor() -> None:
     assert getattr(importlib.import_module(module), name) is AmqtransportInstrumentor
     assert set(data["project"]["optional-dependencies"]["otel"]) >= {
         "opentelemetry-api>=1.27", "opentelemetry-instrumentation>=0.48b0"}
+
+
+def test_a_refused_send_records_its_error(broker: EmbeddedBroker, telemetry: Telemetry) -> None:
+    with amqtransport.connect(uri_of(broker)) as conn, pytest.raises(amqtransport.BrokerError):
+        conn.send("/nonsense/x", "x")
+    (span,) = telemetry.named("send /nonsense/x")
+    assert dict(span.attributes or {})["error.type"] == "BrokerError"
+    assert span.status.status_code.name == "ERROR"
+    (point,) = telemetry.metrics()["messaging.client.sent.messages"]
+    assert point.attributes["error.type"] == "BrokerError"  # type: ignore[attr-defined]
