@@ -7,7 +7,8 @@ than the whole no-SDK path (``benchmarks/bench_otel.py``).
 
 Theory of operation
 -------------------
-``instrument()`` wraps, on both clients (``client`` and ``aio.connection``):
+``instrument()`` wraps, on both clients (``_sync.connection``, generated from
+``aio.connection``, which ``client`` re-exports; and ``aio.connection``):
 
 * the sends (``Connection.send``, ``Producer.send``, ``Transaction.send`` and their
   asyncio twins): a PRODUCER span ``send {destination}`` made current around the call,
@@ -65,7 +66,7 @@ from amqtransport.stomp import IDEMPOTENCY_HEADER, Frame
 
 __all__ = ["AmqtransportInstrumentor"]
 
-_SYNC = "amqtransport.client"
+_SYNC = "amqtransport._sync.connection"  # the generated sync client (client.py re-exports it)
 _AIO = "amqtransport.aio.connection"
 _RECEIVED = "amqtransport.received"
 _SENDS = ("Connection.send", "Producer.send", "Transaction.send")

@@ -16,8 +16,8 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 import amqtransport
+import amqtransport._sync.connection as client_mod
 import amqtransport.aio as aio
-import amqtransport.client as client_mod
 from amqtransport.broker import EmbeddedBroker
 from amqtransport.stomp import IDEMPOTENCY_HEADER
 
