@@ -142,6 +142,22 @@ class BrokerConfig(BaseModel):
     # default), or with true the new one takes over and the old is closed
     allow_link_stealing: bool = False
 
+    # OpenTelemetry (broker/tracing.py, docs/tracing.md): an OTLP/HTTP collector URL
+    # (http://HOST:PORT, traces POSTed to /v1/traces) to which a server span per sampled
+    # SEND is exported, with its journal fsync and replication wait; off when unset.
+    # Spans wait in a queue of otel_queue_size; a full queue or a failed POST drops them
+    otel_endpoint: str | None = None
+    otel_queue_size: int = Field(default=2048, ge=1)
+
+    @field_validator("otel_endpoint")
+    @classmethod
+    def _otel_endpoint(cls, value: str | None) -> str | None:
+        if value is not None:
+            from .tracing import traces_url
+
+            traces_url(value)
+        return value
+
     @field_validator("authorization")
     @classmethod
     def _authorization_entries(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ from .connection.protocol import BrokerConnection
 from .connection.websocket import WebSocketProtocol
 from .dispatch.core import BrokerCore
 from .store import Callback, JournalError, MessageStore, run_completions
+from .tracing import SendTracer
 
 __all__ = ["BrokerServer", "STOP_DEADLINE", "stop_on_signals"]
 
@@ -103,6 +104,11 @@ class BrokerServer:
         if self.authorizer.active and not self.users:
             raise ConfigError("the [[authorization]] entries need users to authorize: give the broker a users "
                               "file (--users / users_file)", path="authorization")
+        #: the server spans of sampled SENDs, exported to ``otel_endpoint`` (tracing.py)
+        self.tracer: SendTracer | None = None
+        if self.config.otel_endpoint:
+            self.tracer = SendTracer(self.config.otel_endpoint, name=self.config.name,
+                                     queue_size=self.config.otel_queue_size)
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.store: MessageStore | None = None
         self.core: BrokerCore = None  # type: ignore[assignment]
@@ -166,6 +172,7 @@ class BrokerServer:
             connect_hook=self.connect_hook,
             authorizer=self.authorizer,
             claim_client_id=self.claim_client_id,
+            tracer=self.tracer,
         )
         self._server = await self.loop.create_server(
             lambda: BrokerConnection(ctx),
@@ -243,6 +250,8 @@ class BrokerServer:
         self._ws_server = self.ws_address = None
         await asyncio.sleep(0)  # let connection_lost callbacks run
         self._close_store()
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.close)  # what is queued, bounded by the POST timeout
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
             self._temp_dir = None

@@ -128,6 +128,10 @@ def fit_open_files(max_connections: int) -> None:
               help="Also serve STOMP over WebSocket (browsers: stompjs) on this address, any path "
                    "(PORT alone binds 127.0.0.1); open only while the client port is "
                    "[default: off; config key ws; allowed browser origins: ws_allowed_origins].")
+@click.option("--otel-endpoint", "otel_endpoint", default=None, metavar="URL",
+              help="Export a server span per sampled SEND (with its journal fsync and replication wait) "
+                   "over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 [default: off; config key "
+                   "otel_endpoint].")
 @ha_options
 def run(
     port: int | None,
@@ -140,6 +144,7 @@ def run(
     store_limit: int | None,
     http: str | None,
     ws: str | None,
+    otel_endpoint: str | None,
     **ha: object,
 ) -> None:
     """Run one broker in the foreground until SIGTERM or Ctrl-C.
@@ -166,6 +171,7 @@ def run(
                 "store_limit": store_limit,
                 "http": http,
                 "ws": ws,
+                "otel_endpoint": otel_endpoint,
             },
         )
         assert isinstance(cfg, BrokerConfig)

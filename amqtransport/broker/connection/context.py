@@ -32,6 +32,7 @@ from amqtransport.stomp import Frame
 from ..authorization import Authorizer
 from ..config import BrokerConfig
 from ..dispatch.core import BrokerCore
+from ..tracing import SendTracer
 
 __all__ = ["BrokerContext", "ConnectHook", "HookedConnection"]
 
@@ -80,3 +81,5 @@ class BrokerContext(Generic[ConnT]):
     authorizer: Authorizer = field(default_factory=lambda: Authorizer((), {}))
     #: ``(conn, client_id) -> refusal or None``: a client-id may be connected once
     claim_client_id: Callable[[ConnT, str], str | None] = lambda _conn, _cid: None
+    #: the server spans of sampled SENDs (``otel_endpoint``; None: off)
+    tracer: SendTracer | None = None

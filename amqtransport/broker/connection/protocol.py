@@ -328,6 +328,9 @@ class BrokerConnection(StompStream):
             self._receipt_when_durable(receipt, "message")
             return
         callback = self._receipt_callback(receipt, "message") if (receipt is not None or persistent) else None
+        tracer = self.ctx.tracer
+        if tracer is not None and callback is not None:
+            callback = tracer.traced(callback, headers, destination, persistent)  # type: ignore[arg-type]
         try:
             self.core.send(
                 destination,

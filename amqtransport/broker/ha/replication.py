@@ -229,7 +229,7 @@ class ReplicationMaster:
             return
         self.check_stall()
         if not self._held and self._may_run(target):
-            run_completions(items)
+            self._run(items, self.loop.time())
             return
         self._held.append((target, self.loop.time(), items))
         self.held_max = max(self.held_max, len(self._held))
@@ -237,7 +237,21 @@ class ReplicationMaster:
     def _release(self) -> None:
         held = self._held
         while held and self._may_run(held[0][0]):
-            run_completions(held.popleft()[2])
+            _, since, items = held.popleft()
+            self._run(items, since)
+
+    def _run(self, items: list[tuple[Callback, BaseException | None]], on_disk_since: float) -> None:
+        """Run a batch's completions; a traced SEND's span learns when the batch was on
+        our disk (loop time ``on_disk_since``): what follows is the wait for the slave."""
+        tracer = self.server.tracer
+        if tracer is None or self._gated is None:
+            run_completions(items)
+            return
+        tracer.durable_ns = time.time_ns() - int((self.loop.time() - on_disk_since) * 1e9)
+        try:
+            run_completions(items)
+        finally:
+            tracer.durable_ns = None
 
     def _refuse(self, batches: list[list[tuple[Callback, BaseException | None]]], reason: str) -> None:
         """Never receipt these: cut every client connection first (their clients fail over

@@ -114,6 +114,13 @@ def render_metrics(stats: NodeStats) -> str:
     out.one("amq_ready", "gauge", "1 when the node serves clients (what /readyz answers 200 for).",
             1 if stats.ready else 0)
     out.one("amq_uptime_seconds", "gauge", "Seconds since the node process started.", stats.uptime)
+    if stats.otel_exported is not None:
+        out.one("amq_otel_spans_exported_total", "counter",
+                "Server spans of sampled SENDs exported to otel_endpoint (OTLP/HTTP).", stats.otel_exported)
+    if stats.otel_dropped is not None:
+        out.one("amq_otel_spans_dropped_total", "counter",
+                "Server spans dropped: the export queue was full or their POST failed (a send never waits for "
+                "the collector).", stats.otel_dropped)
     repl = stats.replication
     if repl is not None:
         out.family("amq_replication_peer_state", "gauge",

@@ -169,6 +169,8 @@ class NodeStats:
     # a slave: messages per destination in its replica of the master's store (the
     # console shows them; /metrics does not, the master counts them)
     replica: tuple[tuple[str, int], ...] = ()
+    otel_exported: int | None = None  # server spans exported to otel_endpoint (None: off)
+    otel_dropped: int | None = None  # and dropped (queue full, POST failed)
     detail: str = ""  # e.g. why a node waits
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -321,6 +323,8 @@ def serving_stats(server: BrokerServer, grace: float) -> dict[str, object]:
         "dead_lettered": core.dead_lettered,
         "expired": core.expired,
         "destinations": _destinations(server),
+        "otel_exported": server.tracer.exported if server.tracer is not None else None,
+        "otel_dropped": server.tracer.dropped if server.tracer is not None else None,
     }
 
 
