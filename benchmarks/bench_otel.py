@@ -7,7 +7,11 @@ pipelined producer (window 100, persistent 256-byte receipted sends through
    alternating, both orders, geometric mean of the two ratios (goal: >= 0.97, i.e. at
    most 3 % fewer messages per second);
 2. the SDK with 100 % sampling, a ``BatchSpanProcessor`` (its exporter drops the
-   batches: the cost measured is the client's) and a metric reader vs not installed.
+   batches: the cost measured is the client's) and a metric reader vs not installed;
+3. the broker's side: two broker processes, one with ``--otel-endpoint`` (an OTLP/HTTP
+   receiver in this process that counts and discards), one without, the client
+   instrumented with the SDK sampling 1 % of its traces (parent-based ratio) against
+   both, alternating (goal: >= 0.95).
 
 Run: .venv/bin/python benchmarks/bench_otel.py [rounds]   (AMQ_BENCH_QUICK=1: smaller runs)
 """
@@ -44,7 +48,7 @@ def instrumented(run: Callable[[], float], **providers: Any) -> Callable[[], flo
     return go
 
 
-def sdk_providers() -> dict[str, Any]:
+def sdk_providers(sampler: Any = None) -> dict[str, Any]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -54,9 +58,44 @@ def sdk_providers() -> dict[str, Any]:
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    tp = TracerProvider()  # the default sampler: parent-based, always on (100 %)
+    tp = TracerProvider(sampler=sampler)  # None: the default, parent-based always on (100 %)
     tp.add_span_processor(BatchSpanProcessor(Dropping()))
     return {"tracer_provider": tp, "meter_provider": MeterProvider(metric_readers=[InMemoryMetricReader()])}
+
+
+class Collector:
+    """An OTLP/HTTP endpoint on loopback that answers 200 and counts the requests."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def sampled_providers(ratio: float) -> dict[str, Any]:
+    """The SDK sampling ``ratio`` of the traces it starts (parent-based), no metrics."""
+    from opentelemetry.metrics import NoOpMeterProvider
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    return {"tracer_provider": sdk_providers(ParentBased(TraceIdRatioBased(ratio)))["tracer_provider"],
+            "meter_provider": NoOpMeterProvider()}
 
 
 def main() -> None:
@@ -102,6 +141,19 @@ def main() -> None:
                      "ours msg/s": statistics.median(c3.ours_all + c4.peer_all),
                      "peer msg/s": statistics.median(c3.peer_all + c4.ours_all),
                      "ratio": (c3.ratio / c4.ratio) ** 0.5, "better": "higher"})
+        collector = Collector()
+        with BrokerProcess(tmp / "traced", args=["--otel-endpoint", collector.url],
+                           log_dir=tmp / "logs-traced") as traced:
+            sampled = sampled_providers(0.01)
+            with_endpoint = instrumented(lambda: producer_rate(f"failover:({traced.uri})", n), **sampled)
+            without = instrumented(plain, **sampled)
+            c5 = compare(with_endpoint, without, rounds=rounds)
+            c6 = compare(without, with_endpoint, rounds=rounds)
+            rows.append({"case": "broker --otel-endpoint vs none, client SDK sampling 1 %, both orders",
+                         "ours msg/s": statistics.median(c5.ours_all + c6.peer_all),
+                         "peer msg/s": statistics.median(c5.peer_all + c6.ours_all),
+                         "ratio": (c5.ratio / c6.ratio) ** 0.5, "better": "higher"})
+            print(f"the collector got {collector.requests} POST(s) of broker spans")
     print_table(rows, title="OpenTelemetry instrumentation cost (our broker process, fsync on, 256-byte persistent sends)")
 
 

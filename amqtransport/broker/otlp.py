@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["ServerSpan", "TraceParent", "encode_export", "parse_traceparent", "SPAN_KIND_INTERNAL", "SPAN_KIND_SERVER"]
@@ -140,6 +140,3 @@ def encode_export(spans: Sequence[ServerSpan], resource: Mapping[str, AttrValue]
     resource_spans = _bytes(1, _attributes(1, resource)) + _bytes(2, scope_spans)
     return _bytes(1, resource_spans)
 
-
-def span_count(batches: Iterable[Sequence[ServerSpan]]) -> int:
-    return sum(len(b) for b in batches)
