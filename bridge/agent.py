@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
+from amqtransport.broker.tracing import SendTracer
+
 from .config import BridgeConfig, leaf_addresses
 from .connector import ConnectFn, NetworkConnector, _default_agent_factory, _default_connect
 from .forwarder import NodeId
@@ -36,8 +38,13 @@ class BridgeAgent:
     ) -> None:
         self.config = config
         self.registry = StatusRegistry()
+        #: the forward spans' exporter (``otel_endpoint``; None: off)
+        self.tracer: SendTracer | None = None
+        if config.otel_endpoint:
+            self.tracer = SendTracer(config.otel_endpoint, name="bridge", service="amq-bridge")
         self.connectors = [
             NetworkConnector(nc, local_uri=config.local_of(nc), registry=self.registry, connect=connect,
+                             tracer=self.tracer,
                              here=NodeId.of(config.local_name_of(nc), leaf_addresses(config.local_of(nc))),
                              agent_factory=agent_factory)
             for nc in config.network_connector
@@ -67,6 +74,8 @@ class BridgeAgent:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        if self.tracer is not None:
+            self.tracer.close()
 
     def __enter__(self) -> BridgeAgent:
         return self.start()

@@ -6,6 +6,7 @@ Example (every key of ``[[network_connector]]`` except ``name`` and ``uri`` is o
     status_listen = "127.0.0.1:8162"          # HTTP status endpoint ("" or omitted: none)
     # broker_name = "spoke1"                  # our identity in the hop path (default: the
     #                                          # addresses of local_uri's brokers)
+    # otel_endpoint = "http://127.0.0.1:4318" # OTLP/HTTP: a forward span per sampled message
 
     [[network_connector]]
     name = "spoke1-to-hub"
@@ -178,7 +179,19 @@ class BridgeConfig(BaseModel):
     local_uri: str | None = None  # required unless every connector has its own
     status_listen: str | None = "127.0.0.1:8162"
     broker_name: str | None = None
+    # an OTLP/HTTP collector (http://HOST:PORT): a forward span per sampled message
+    # (bridge.forwarder), the trace continued on the far side; off when unset
+    otel_endpoint: str | None = None
     network_connector: list[NetworkConnectorConfig] = Field(min_length=1)
+
+    @field_validator("otel_endpoint")
+    @classmethod
+    def _otel_endpoint(cls, v: str | None) -> str | None:
+        if v is not None:
+            from amqtransport.broker.tracing import traces_url
+
+            traces_url(v)
+        return v
 
     @field_validator("local_uri")
     @classmethod

@@ -166,6 +166,7 @@ class _Direction:
                 label=f"{self.bridge.name} {self.label} {destination}", excluded=self.bridge.excluded,
                 ack_mode=cfg.ack_mode,
                 receipt_timeout=cfg.receipt_timeout_ms / 1000.0 if cfg.receipt_timeout_ms else None,
+                tracer=self.bridge.tracer,
             )
             self.forwarders[destination] = fwd
             fwd.start()
@@ -268,8 +269,10 @@ class Bridge:
         watch_interval: float = 0.25,
         previous_failures: int = 0,
         previous_remote: str | None = None,
+        tracer: Any = None,
     ) -> None:
         self.name = name
+        self.tracer = tracer  # forward spans (bridge.forwarder), or None
         self.previous_remote = previous_remote  # where the bridge before this one was connected
         self.last_remote: str | None = None  # where this one is (kept up to date by on_resumed)
         self.previous_failures = previous_failures  # connect failures in a row before this try
@@ -469,8 +472,10 @@ class NetworkConnector:
         registry: StatusRegistry,
         connect: ConnectFn = _default_connect,
         agent_factory: Callable[[Sequence[str], Any, Any], Any] = _default_agent_factory,
+        tracer: Any = None,
     ) -> None:
         self.config = config
+        self.tracer = tracer  # the agent's forward-span exporter, or None
         self.local_uri = local_uri
         self.here = here
         self.registry = registry
@@ -533,7 +538,7 @@ class NetworkConnector:
             bridge = Bridge(name=name, config=self.config, service=service, local_uri=self.local_uri,
                             here=self.here, status=self.registry.get(name), connect=self._connect,
                             previous_failures=self._failures.get(service, 0),
-                            previous_remote=self._last_remote.get(service))
+                            previous_remote=self._last_remote.get(service), tracer=self.tracer)
             self._bridges[service] = bridge
             t = threading.Thread(target=self._run_bridge, args=(service, bridge), daemon=True, name=f"bridge {name}")
             self._threads = [x for x in self._threads if x.is_alive()]

@@ -54,6 +54,15 @@ A message that may not cross is *suppressed*:
   ``loop_pause_ms`` longer in the queue than with ActiveMQ. Prefer dynamic includes
   for queues in duplex bridges.
 
+Tracing
+-------
+With the agent's ``otel_endpoint``, a message whose ``traceparent`` is sampled gets a
+``forward {destination}`` span (parent: the span in its ``traceparent``, the producer's)
+from the batch that took it off the source to the far broker's receipt, and crosses
+with a ``traceparent`` naming that span, so the far broker's and the consumer's spans
+hang under it: one trace across the bridge. Spans go to the agent's exporter
+(``amqtransport/broker/tracing.py``), which never makes the forwarder wait.
+
 Conduit: a forwarder is one subscription per destination (wildcards included), however
 many consumers the far broker has, so a topic message crosses a bridge once.
 """
@@ -62,13 +71,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from amqtransport.broker.otlp import SPAN_KIND_INTERNAL, ServerSpan, parse_traceparent
 from amqtransport.destinations import parse_destination
 from amqtransport.stomp import IDEMPOTENCY_HEADER, IDEMPOTENCY_HEADER_ALIASES
 
@@ -183,7 +194,9 @@ class DestinationForwarder:
         excluded: Callable[[str], bool] | None = None,
         ack_mode: str = "client-individual",
         receipt_timeout: float | None = None,
+        tracer: Any = None,
     ) -> None:
+        self._tracer = tracer  # the agent's span exporter (module docstring, "Tracing"), or None
         if ack_mode not in ("client-individual", "client"):
             raise ValueError(f"ack_mode must be 'client-individual' or 'client', got {ack_mode!r}")
         self._ack_mode = ack_mode
@@ -316,6 +329,7 @@ class DestinationForwarder:
             acks = [m for m, *_ in to_send] + dropped
         if not to_send:
             return (_Batch(None, 0, acks) if acks else None), held
+        traces = self._trace(to_send) if self._tracer is not None else []
         producer = self._dst.producer(window=len(to_send))
         started = time.monotonic()
         self._status.add_in_flight(len(to_send))
@@ -326,7 +340,24 @@ class DestinationForwarder:
             self._status.add_in_flight(-len(to_send))
             self._status.add_failed(len(to_send))
             raise
-        return _Batch(producer, len(to_send), acks, started), held
+        return _Batch(producer, len(to_send), acks, started, traces), held
+
+    def _trace(self, to_send: list[tuple[Any, str, dict[str, str], bool, str]]) -> list[ServerSpan]:
+        """The forward spans of the sampled messages of a batch (ended at its receipts);
+        their forwarded ``traceparent`` now names them."""
+        spans: list[ServerSpan] = []
+        now = time.time_ns()
+        for _msg, dest, headers, _persistent, _key in to_send:
+            tp = parse_traceparent(headers.get("traceparent", ""))
+            if tp is None or not tp.sampled:
+                continue
+            span_id = os.urandom(8)
+            headers["traceparent"] = f"00-{tp.trace_id.hex()}-{span_id.hex()}-01"
+            spans.append(ServerSpan(tp.trace_id, span_id, tp.span_id, f"forward {dest}", SPAN_KIND_INTERNAL,
+                                    now, now, {"messaging.destination.name": dest,
+                                               "amqtransport.bridge": self._label,
+                                               HOPS_HEADER: int(headers.get(HOPS_HEADER, "0"))}))
+        return spans
 
     def _finish_batch(self, batch: _Batch) -> None:
         """Wait for the far broker's receipts, then acknowledge on the source."""
@@ -339,6 +370,11 @@ class DestinationForwarder:
                 raise
             self._status.add_in_flight(-batch.forwarded)
             self._status.forward_seconds.observe(time.monotonic() - batch.started)
+            if batch.traces and self._tracer is not None:
+                end = time.time_ns()
+                for span in batch.traces:
+                    span.end_ns = end
+                self._tracer.export(batch.traces)
         ack_many = getattr(self._src, "ack_many", None)
         if ack_many is not None:
             ack_many(batch.acks)  # one ACK per message, all in one socket write
@@ -355,6 +391,7 @@ class _Batch:
     forwarded: int
     acks: list[Any]
     started: float = 0.0  # time.monotonic() when the batch's first send went out
+    traces: list[ServerSpan] = field(default_factory=list)  # forward spans, ended at the receipts
 
 
 def _quietly(fn: Callable[[], Any]) -> None:

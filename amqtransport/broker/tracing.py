@@ -91,9 +91,10 @@ class TracedCompletion:
 class SendTracer:
     """The spans of one broker (module docstring)."""
 
-    def __init__(self, endpoint: str, *, name: str, queue_size: int = 2048) -> None:
+    def __init__(self, endpoint: str, *, name: str, queue_size: int = 2048, service: str = "amq-broker") -> None:
         self.host, self.port, self.path = traces_url(endpoint)
         self.name = name
+        self.service = service
         self.exported = 0
         #: set by a replicated master while it runs a batch's completions: when the batch
         #: was on its disk (``ReplicationMaster._run``); None otherwise
@@ -138,6 +139,11 @@ class SendTracer:
             if tc.durable_ns is not None:
                 spans.append(ServerSpan(tc.trace_id, os.urandom(8), span_id, "replication wait", SPAN_KIND_INTERNAL,
                                         durable, end_ns))
+        self.export(spans)
+
+    def export(self, spans: Iterable[ServerSpan]) -> None:
+        """Queue ``spans`` for the exporter thread; never waits (a full queue drops them).
+        Also used by the bridge agent for its forward spans (``bridge/forwarder.py``)."""
         for span in spans:
             try:
                 self._queue.put_nowait(span)
@@ -173,8 +179,8 @@ class SendTracer:
             self._post(batch)
 
     def _post(self, batch: list[ServerSpan]) -> None:
-        body = encode_export(batch, {"service.name": "amq-broker", "amqtransport.broker.name": self.name},
-                             "amqtransport.broker", "0.1.0")
+        body = encode_export(batch, {"service.name": self.service, "amqtransport.node.name": self.name},
+                             "amqtransport", "0.1.0")
         conn = http.client.HTTPConnection(self.host, self.port, timeout=POST_TIMEOUT)
         try:
             conn.request("POST", self.path, body, {"Content-Type": "application/x-protobuf"})

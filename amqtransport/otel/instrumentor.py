@@ -11,7 +11,8 @@ Theory of operation
 ``aio.connection``, which ``client`` re-exports; and ``aio.connection``):
 
 * the sends (``Connection.send``, ``Producer.send``, ``Transaction.send`` and their
-  asyncio twins): a PRODUCER span ``send {destination}`` made current around the call,
+  asyncio twins): a PRODUCER span ``send {destination}`` made current around the call
+  (its parent: the current span, or the ``traceparent`` the caller put in the headers),
   so the shared frame builder ``outbound.send_frame`` -- wrapped where each client
   module bound it -- injects the current context into the SEND's headers as W3C
   ``traceparent``/``tracestate``/``baggage``. ``Connection.send`` returns once the
@@ -322,13 +323,22 @@ def _send_attrs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Callable[[]
     return attrs
 
 
+def _given_context(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> context.Context | None:
+    """A send whose headers already carry a ``traceparent`` (a bridge forwarding a
+    message, an application relaying one) continues that trace: its span's parent."""
+    headers = _arg(args, kwargs, 2, "headers")
+    if not headers or "traceparent" not in headers:
+        return None
+    return propagate.extract({str(k): str(v) for k, v in headers.items()}, context=context.get_current())
+
+
 def _sync_send(tel: _Telemetry) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not tel.on:
             return wrapped(*args, **kwargs)
         conn = _conn_of(instance)
         op = tel.begin(conn, "send", "send", _arg(args, kwargs, 0, "destination"), SpanKind.PRODUCER,
-                       _send_attrs(args, kwargs))
+                       _send_attrs(args, kwargs), parent=_given_context(args, kwargs))
         if op is None:
             return wrapped(*args, **kwargs)
         token = _CURRENT_SEND.set(op)
@@ -350,7 +360,7 @@ def _async_send(tel: _Telemetry) -> Callable[..., Any]:
             return await wrapped(*args, **kwargs)
         conn = _conn_of(instance)
         op = tel.begin(conn, "send", "send", _arg(args, kwargs, 0, "destination"), SpanKind.PRODUCER,
-                       _send_attrs(args, kwargs))
+                       _send_attrs(args, kwargs), parent=_given_context(args, kwargs))
         if op is None:
             return await wrapped(*args, **kwargs)
         token = _CURRENT_SEND.set(op)

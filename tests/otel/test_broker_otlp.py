@@ -8,10 +8,7 @@ protobuf encoder round trip."""
 
 from __future__ import annotations
 
-import threading
 import urllib.request
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,56 +26,9 @@ from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.broker_process import BrokerProcess
 from amqtransport.testing.wait import wait_for
 
-from .conftest import Telemetry
+from .conftest import Receiver, Telemetry
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Receiver:
-    """An OTLP/HTTP traces endpoint on loopback: every span it was sent, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-        self.paths: list[str] = []
-        spans, paths = self.spans, self.paths
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                req = ExportTraceServiceRequest()
-                req.ParseFromString(body)
-                paths.append(self.path)
-                for rs in req.resource_spans:
-                    for ss in rs.scope_spans:
-                        spans.extend(ss.spans)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def named(self, name: str) -> list[Any]:
-        return [s for s in list(self.spans) if s.name == name]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 def children_of(r: Receiver, span: Any) -> dict[str, Any]:

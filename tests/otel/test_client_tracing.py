@@ -233,3 +233,17 @@ def test_a_refused_send_records_its_error(broker: EmbeddedBroker, telemetry: Tel
     assert span.status.status_code.name == "ERROR"
     (point,) = telemetry.metrics()["messaging.client.sent.messages"]
     assert point.attributes["error.type"] == "BrokerError"  # type: ignore[attr-defined]
+
+
+def test_a_send_with_its_own_traceparent_continues_that_trace(broker: EmbeddedBroker,
+                                                              telemetry: Telemetry) -> None:
+    given = f"00-{'ab' * 16}-{'cd' * 8}-01"
+    with amqtransport.connect(uri_of(broker)) as conn:
+        sub = conn.subscribe("/queue/otel.relay")
+        conn.send("/queue/otel.relay", "relayed", {"traceparent": given})
+        msg = sub.receive(5)
+        assert msg is not None
+    (span,) = telemetry.named("send /queue/otel.relay")
+    assert span.context.trace_id == int("ab" * 16, 16)
+    assert span.parent is not None and span.parent.span_id == int("cd" * 8, 16)
+    assert msg.headers["traceparent"] == traceparent_of(span)  # the relay's span, in the same trace
