@@ -1,37 +1,53 @@
-"""Tracing a send across a failover: prints the trace tree a person can read.
+"""One trace, producer to consumer, through a failover, the brokers and a bridge:
+prints the trace tree a person can read.
 
-Starts a replicated pair of our brokers (``amq broker pair``'s ``BrokerPair``),
-instruments the client with the OpenTelemetry SDK (an in-memory exporter), sends one
-message through ``failover:`` while the master is frozen then killed (``kill -9``), so
-the send is replayed on the new master, then consumes it with ``msg.process()``. The
-output: each trace as an indented tree of spans (kind, duration, the attributes that
-matter), with the span events (the link lost, the reconnect, the replay)::
+Starts a spoke pair and a hub pair of our brokers (replicated, each node with
+``--otel-endpoint``), a bridge agent from spoke to hub (``otel_endpoint``) and a small
+OTLP/HTTP receiver in this process for the brokers' and the bridge's spans; instruments
+the client with the OpenTelemetry SDK (in-memory exporter). It sends one message
+through ``failover:`` while the spoke's master is frozen then killed (``kill -9``), so
+the send is replayed on the new master; the bridge forwards it to the hub, where a
+consumer handles it with ``msg.process()``. Then it prints each trace as a tree of
+spans (kind, duration, the server, what matters) with the span events::
 
-    trace 3f0c...
-    └─ send /queue/orders  PRODUCER  512.3 ms  server 127.0.0.1:40817  replayed
-       ├─ event amqtransport.failover.interrupted  lost tcp://127.0.0.1:40603
-       ├─ event amqtransport.failover.reconnected  new tcp://127.0.0.1:40817
-       ├─ event amqtransport.send.replayed  tcp://127.0.0.1:40603 -> tcp://127.0.0.1:40817
-       └─ process /queue/orders  CONSUMER  0.4 ms  server 127.0.0.1:40817
-          └─ ack /queue/orders  CLIENT  0.1 ms  server 127.0.0.1:40817
-    trace 9b41...
-    └─ receive /queue/orders  CLIENT  0.2 ms  server 127.0.0.1:40817
-       └─ link to send /queue/orders (the producer's context)
+    trace 5d0e...
+    └─ send /queue/orders  PRODUCER  515.2 ms  server 127.0.0.1:20917  replayed
+       ├─ event amqtransport.failover.interrupted  lost tcp://127.0.0.1:29433
+       ├─ event amqtransport.failover.reconnected  new tcp://127.0.0.1:20917
+       ├─ event amqtransport.send.replayed  tcp://127.0.0.1:29433 -> tcp://127.0.0.1:20917
+       ├─ send /queue/orders  SERVER  1.6 ms  amq-broker b
+       │  └─ journal fsync  INTERNAL  1.5 ms
+       └─ forward /queue/orders  INTERNAL  7.9 ms  amq-bridge
+          └─ send /queue/orders  PRODUCER  7.0 ms  server 127.0.0.1:26385
+             ├─ send /queue/orders  SERVER  4.2 ms  amq-broker a
+             │  ├─ journal fsync  INTERNAL  1.9 ms
+             │  └─ replication wait  INTERNAL  2.3 ms
+             └─ process /queue/orders  CONSUMER  0.3 ms  server 127.0.0.1:26385
+                └─ ack /queue/orders  CLIENT  0.1 ms  server 127.0.0.1:26385
 
-Run: python examples/tracing.py   (needs the ``otel`` extra and the SDK:
-``pip install amqtransport[otel] opentelemetry-sdk``)
+(the first ``send`` is the producer's, the second the spoke broker's; the bridge's own
+client ``send`` sits under its ``forward`` span; the consumer's ``receive`` span is a
+trace of its own, linked to the producer's span.)
+
+Run: python examples/tracing.py   (needs ``pip install amqtransport[otel]
+opentelemetry-sdk opentelemetry-proto``)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -39,52 +55,94 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import amqtransport
 from amqtransport.otel import AmqtransportInstrumentor
 from amqtransport.processes.pair import BrokerPair, HaNodeProcess
+from bridge.agent import BridgeAgent
+from bridge.config import parse_config
 
 QUEUE = "/queue/orders"
+KINDS = {0: "", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 
 
-def describe(span: ReadableSpan) -> str:
+@dataclass
+class Node:
+    """A span, from the SDK (the clients) or from OTLP (the brokers, the bridge)."""
+
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    name: str
+    kind: str
+    start: int
+    end: int
+    note: str = ""
+    events: list[str] = field(default_factory=list)
+    links: list[int] = field(default_factory=list)
+
+
+def from_sdk(span: ReadableSpan) -> Node:
     a = dict(span.attributes or {})
-    ms = ((span.end_time or 0) - (span.start_time or 0)) / 1e6
-    kind = span.kind.name if span.kind is not None else ""
-    text = f"{span.name}  {kind}  {ms:.1f} ms"
-    if "server.address" in a:
-        text += f"  server {a['server.address']}:{a['server.port']}"
+    note = f"server {a['server.address']}:{a['server.port']}" if "server.address" in a else ""
     if a.get("amqtransport.send.replayed"):
-        text += "  replayed"
-    if "error.type" in a:
-        text += f"  error {a['error.type']}"
-    return text
+        note += "  replayed"
+    events = []
+    for e in span.events:
+        ea = dict(e.attributes or {})
+        lost, new = ea.get("amqtransport.failover.lost_server"), ea.get("amqtransport.failover.new_server")
+        where = f"{lost} -> {new}" if lost and new else f"lost {lost}" if lost else f"new {new}" if new else ""
+        events.append(f"event {e.name}  {where}".rstrip())
+    return Node(span.context.trace_id, span.context.span_id, span.parent.span_id if span.parent else None,
+                span.name, span.kind.name, span.start_time or 0, span.end_time or 0, note, events,
+                [lk.context.span_id for lk in span.links])
 
 
-def describe_event(name: str, attrs: dict[str, object]) -> str:
-    lost, new = attrs.get("amqtransport.failover.lost_server"), attrs.get("amqtransport.failover.new_server")
-    if lost and new:
-        return f"event {name}  {lost} -> {new}"
-    if lost:
-        return f"event {name}  lost {lost}"
-    if new:
-        return f"event {name}  new {new}"
-    return f"event {name}"
+class Receiver:
+    """An OTLP/HTTP endpoint on loopback keeping the spans it gets, as :class:`Node`."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        nodes = self.nodes
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+                for rs in req.resource_spans:
+                    res = {kv.key: kv.value.string_value for kv in rs.resource.attributes}
+                    who = f"{res.get('service.name', '')} {res.get('amqtransport.node.name', '')}"
+                    who = who.replace("amq-bridge bridge", "amq-bridge")
+                    for ss in rs.scope_spans:
+                        for s in ss.spans:
+                            nodes.append(Node(int.from_bytes(s.trace_id, "big"), int.from_bytes(s.span_id, "big"),
+                                              int.from_bytes(s.parent_span_id, "big") or None, s.name,
+                                              KINDS.get(s.kind, ""), s.start_time_unix_nano, s.end_time_unix_nano,
+                                              who if s.kind != 1 or s.name.startswith("forward") else ""))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def trace_tree(spans: Sequence[ReadableSpan]) -> str:
+def trace_tree(nodes: Sequence[Node]) -> str:
     """Each trace as an indented tree: spans under their parents, events first."""
-    children: dict[int | None, list[ReadableSpan]] = defaultdict(list)
-    ids = {s.context.span_id for s in spans}
-    for s in sorted(spans, key=lambda s: s.start_time or 0):
-        parent = s.parent.span_id if s.parent is not None and s.parent.span_id in ids else None
-        children[parent].append(s)
-    names = {s.context.span_id: s.name for s in spans}
+    ids = {n.span_id for n in nodes}
+    names = {n.span_id: n.name for n in nodes}
+    children: dict[int | None, list[Node]] = defaultdict(list)
+    for n in sorted(nodes, key=lambda n: n.start):
+        children[n.parent_id if n.parent_id in ids else None].append(n)
     lines: list[str] = []
 
-    def walk(span: ReadableSpan, prefix: str, last: bool) -> None:
-        lines.append(f"{prefix}{'└─ ' if last else '├─ '}{describe(span)}")
+    def walk(n: Node, prefix: str, last: bool) -> None:
+        text = f"{n.name}  {n.kind}  {(n.end - n.start) / 1e6:.1f} ms  {n.note}".rstrip()
+        lines.append(f"{prefix}{'└─ ' if last else '├─ '}{text}")
         inner = prefix + ("   " if last else "│  ")
-        items: list[str | ReadableSpan] = [describe_event(e.name, dict(e.attributes or {})) for e in span.events]
-        items += [f"link to {names.get(lk.context.span_id, f'{lk.context.span_id:016x}')} (the producer's context)"
-                  for lk in span.links]
-        items += children[span.context.span_id]
+        items: list[str | Node] = [*n.events]
+        items += [f"link to {names.get(link, f'{link:016x}')} (the producer's context)" for link in n.links]
+        items += children[n.span_id]
         for i, item in enumerate(items):
             end = i == len(items) - 1
             if isinstance(item, str):
@@ -93,9 +151,9 @@ def trace_tree(spans: Sequence[ReadableSpan]) -> str:
                 walk(item, inner, end)
 
     roots = children[None]
-    for trace_id in dict.fromkeys(s.context.trace_id for s in roots):
+    for trace_id in dict.fromkeys(n.trace_id for n in roots):
         lines.append(f"trace {trace_id:032x}")
-        mine = [s for s in roots if s.context.trace_id == trace_id]
+        mine = [n for n in roots if n.trace_id == trace_id]
         for i, root in enumerate(mine):
             walk(root, "", i == len(mine) - 1)
     return "\n".join(lines)
@@ -108,30 +166,73 @@ def freeze_then_kill(master: HaNodeProcess, written: threading.Event) -> None:
     master.kill()  # kill -9: the client fails over and replays the send
 
 
+def bridge_between(spoke: BrokerPair, hub: BrokerPair, endpoint: str) -> BridgeAgent:
+    return BridgeAgent(parse_config(f'''
+local_uri = "failover:({spoke.a.uri},{spoke.b.uri})?randomize=false&initialReconnectDelay=50"
+status_listen = ""
+otel_endpoint = "{endpoint}"
+[[network_connector]]
+name = "spoke-to-hub"
+uri = "masterslave:({hub.a.uri},{hub.b.uri})?initialReconnectDelay=100"
+static_include = ["{QUEUE}"]
+heartbeat_ms = 1000
+'''))
+
+
+@dataclass
+class Setup:
+    spoke: BrokerPair
+    hub: BrokerPair
+    agent: BridgeAgent
+
+
+@contextlib.contextmanager
+def running(data: Path, receiver: Receiver) -> Iterator[Setup]:
+    otel = ["--otel-endpoint", receiver.url]
+    with BrokerPair("replicated", data / "spoke", extra_args=otel) as spoke, \
+            BrokerPair("replicated", data / "hub", extra_args=otel) as hub, \
+            bridge_between(spoke, hub, receiver.url) as agent:
+        yield Setup(spoke, hub, agent)
+
+
 def main() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     AmqtransportInstrumentor().instrument(tracer_provider=provider)
-    with tempfile.TemporaryDirectory(prefix="amq-tracing-") as data, BrokerPair("replicated", data) as pair:
-        uri = pair.uri + "&initialReconnectDelay=10&maxReconnectDelay=200"
-        master = pair.wait_master()
-        with amqtransport.connect(uri) as conn:
-            conn.send("/queue/warm-up", "connect to the master first")
-            exporter.clear()
-            written = threading.Event()
-            killer = threading.Thread(target=freeze_then_kill, args=(master, written))
-            killer.start()
-            written.wait(10)
-            conn.send(QUEUE, "order 1", {"correlation-id": "order-1"})
-            killer.join(30)
-            sub = conn.subscribe(QUEUE, ack="client-individual")
-            msg = sub.receive(10)
-            assert msg is not None, "the replayed message did not arrive"
-            with msg.process():
-                pass  # the application's work: acknowledged when the block ends
+    receiver = Receiver()
+    fast = "initialReconnectDelay=10&maxReconnectDelay=200"
+    with tempfile.TemporaryDirectory(prefix="amq-tracing-") as data:
+        with running(Path(data), receiver) as s:
+            deadline = time.monotonic() + 60
+            while s.agent.registry.snapshot()["bridges"][0]["state"] != "up" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            master = s.spoke.wait_master()
+            with amqtransport.connect(f"{s.spoke.uri}&{fast}") as conn:
+                conn.send("/queue/warm-up", "connect to the master first")
+                exporter.clear()
+                written = threading.Event()
+                killer = threading.Thread(target=freeze_then_kill, args=(master, written))
+                killer.start()
+                written.wait(10)
+                conn.send(QUEUE, "order 1", {"correlation-id": "order-1"})
+                killer.join(30)
+            with amqtransport.connect(f"{s.hub.uri}&{fast}") as conn:
+                sub = conn.subscribe(QUEUE, ack="client-individual")
+                msg = sub.receive(60)
+                assert msg is not None, "the message did not reach the hub"
+                with msg.process():
+                    pass  # the application's work: acknowledged when the block ends
+            deadline = time.monotonic() + 20  # the brokers' and the bridge's spans, exported in batches
+            while time.monotonic() < deadline and not (
+                    any(n.name.startswith("forward") for n in receiver.nodes)
+                    and sum(n.name == "replication wait" for n in receiver.nodes) >= 1):
+                time.sleep(0.1)
     AmqtransportInstrumentor().uninstrument()
-    print(trace_tree(exporter.get_finished_spans()))
+    traced = {n.trace_id for n in map(from_sdk, exporter.get_finished_spans())}
+    nodes = [from_sdk(s) for s in exporter.get_finished_spans()]
+    nodes += [n for n in receiver.nodes if n.trace_id in traced]
+    print(trace_tree(nodes))
 
 
 if __name__ == "__main__":
