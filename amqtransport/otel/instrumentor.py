@@ -36,8 +36,9 @@ generation (``transport.generation``). Its span then carries
 new server, and ``server.address``/``server.port`` name the node that served it.
 
 **Cost.** With a no-op tracer and meter (``opentelemetry-api`` without an SDK) a send
-costs one non-recording span and the injection of the ambient context, nothing else:
-no attribute is computed and no context is attached. ``uninstrument()`` puts every
+costs one check that nothing would record (the ProxyTracer's delegate, the proxy
+meter's real meter) and a look at the current context (empty: nothing to inject): no
+span is started, no attribute computed, no context attached. ``uninstrument()`` puts every
 original back; the listeners already added stay but do nothing.
 """
 
