@@ -44,6 +44,8 @@ _WRITER_SPELLING = {
     "idprefix": "idPrefix",
     "reportpath": "reportPath",
     "duplicateidheader": "duplicateIdHeader",
+    "otelendpoint": "otelEndpoint",
+    "traceparent": "traceparent",
     "path": "path",
     "checkpointlocation": "checkpointLocation",  # Spark's own (writeStream); ignored here
     TEST_FAIL_OPTION: "test.failFirstAttemptAfter",
@@ -89,6 +91,10 @@ class WriterOptions:
     report_path: str | None = None
     duplicate_id_header: str | None = None
     fail_first_attempt_after: int | None = None
+    #: an OTLP/HTTP collector: a span per partition task, its rows' SENDs in its trace
+    otel_endpoint: str | None = None
+    #: the W3C traceparent the task spans continue (the driver's context); None: each task starts a trace
+    traceparent: str | None = None
 
     def __repr__(self) -> str:  # never print the passcode
         return (
@@ -242,6 +248,22 @@ def parse_writer_options(options: Mapping[str, str]) -> WriterOptions:
             f"amq: option duplicateIdHeader must be a header name without ':', CR, LF or NUL: {dup_header!r}",
             option="duplicateIdHeader",
         )
+    otel_endpoint = _text(opts, "otelendpoint")
+    if otel_endpoint is not None:
+        from amqtransport.broker.tracing import traces_url
+
+        try:
+            traces_url(otel_endpoint)
+        except ValueError as exc:
+            raise AmqSparkOptionError(f"amq: option otelEndpoint: {exc}", option="otelEndpoint") from None
+    traceparent = _text(opts, "traceparent")
+    if traceparent is not None:
+        from amqtransport.broker.otlp import parse_traceparent
+
+        if parse_traceparent(traceparent) is None:
+            raise AmqSparkOptionError(
+                f"amq: option traceparent must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>), got {traceparent!r}",
+                option="traceparent")
     fail_after = None
     if TEST_FAIL_OPTION in opts:
         fail_after = _int(opts, TEST_FAIL_OPTION, "test.failFirstAttemptAfter", 0, 0, 2**31 - 1)
@@ -256,6 +278,8 @@ def parse_writer_options(options: Mapping[str, str]) -> WriterOptions:
         report_path=_text(opts, "reportpath"),
         duplicate_id_header=dup_header,
         fail_first_attempt_after=fail_after,
+        otel_endpoint=otel_endpoint,
+        traceparent=traceparent,
     )
 
 

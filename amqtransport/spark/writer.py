@@ -24,6 +24,15 @@ unreceipted messages with their original keys after reconnecting).
 
 Everything a task needs travels in the pickled writer (options, column positions,
 run id), never in globals or environment variables of the driver process.
+
+Tracing (``otelEndpoint``): each task is a span, ``spark write {destination}`` (kind
+PRODUCER, ``messaging.batch.message_count`` the rows it sent, the partition and
+attempt), in the trace of the ``traceparent`` option (the driver's context) or in a new
+trace per task; every row's SEND carries the task span as its ``traceparent``, so the
+broker's spans (``--otel-endpoint``) and the consumers' hang under the task. The span
+is exported by the broker's exporter (``amqtransport/broker/tracing.py``: bounded
+queue, never waits), one per worker process and endpoint; no OpenTelemetry package is
+needed on the executors.
 """
 
 from __future__ import annotations
@@ -55,6 +64,53 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_TRACERS: dict[str, Any] = {}  # otelEndpoint -> SendTracer, one per worker process
+_TRACERS_LOCK = threading.Lock()
+
+
+def _task_tracer(endpoint: str) -> Any:
+    from amqtransport.broker.tracing import SendTracer
+
+    with _TRACERS_LOCK:
+        tracer = _TRACERS.get(endpoint)
+        if tracer is None:
+            tracer = _TRACERS[endpoint] = SendTracer(endpoint, name=f"spark worker {os.getpid()}",
+                                                     service="amq-spark-writer")
+        return tracer
+
+
+class _TaskSpan:
+    """The span of one partition task (module docstring, "Tracing")."""
+
+    def __init__(self, options: WriterOptions, partition: int, attempt: int) -> None:
+        from amqtransport.broker.otlp import parse_traceparent
+
+        parent = parse_traceparent(options.traceparent) if options.traceparent else None
+        self.trace_id = parent.trace_id if parent is not None else os.urandom(16)
+        self.parent_id = parent.span_id if parent is not None else b""
+        self.span_id = os.urandom(8)
+        self.header = f"00-{self.trace_id.hex()}-{self.span_id.hex()}-01"
+        self.options = options
+        self.partition = partition
+        self.attempt = attempt
+        self.start_ns = time.time_ns()
+
+    def end(self, rows: int, error: BaseException | None) -> None:
+        from amqtransport.broker.otlp import ServerSpan
+
+        dest = self.options.destination or "(destination column)"
+        attrs: dict[str, str | int | bool] = {
+            "messaging.system": "amqtransport", "messaging.destination.name": dest,
+            "messaging.operation.name": "send", "messaging.operation.type": "send",
+            "messaging.batch.message_count": rows, "spark.partition": self.partition,
+            "spark.attempt": self.attempt}
+        if error is not None:
+            attrs["error.type"] = type(error).__qualname__
+        assert self.options.otel_endpoint is not None
+        _task_tracer(self.options.otel_endpoint).export([ServerSpan(
+            self.trace_id, self.span_id, self.parent_id, f"spark write {dest}", 4, self.start_ns, time.time_ns(),
+            attrs, None if error is None else str(error))])
 
 ALLOWED_COLUMNS = ("body", "destination", "headers", "id")
 
@@ -219,6 +275,7 @@ def _send_partition(
     per_dest: dict[str, int] = {}
     dest_cache: dict[str, str] = {}
     fail_after = options.fail_first_attempt_after if attempt == 0 else None
+    task = _TaskSpan(options, partition, attempt) if options.otel_endpoint else None
     try:
         producer = conn.producer(window=options.receipt_window)
         with producer:
@@ -263,14 +320,20 @@ def _send_partition(
                     key = key_of_row(row_no)
                 if options.duplicate_id_header:  # e.g. _AMQ_DUPL_ID for Artemis' duplicate detection
                     headers = {**(headers or {}), options.duplicate_id_header: key}
+                if task is not None:
+                    headers = {**(headers or {}), "traceparent": task.header}
                 assert dest is not None  # resolve_columns guarantees an option or a column
                 producer.send(dest, body, headers=headers, persistent=options.persistent, idempotency_key=key)
                 sent += 1
                 per_dest[dest] = per_dest.get(dest, 0) + 1
             producer.flush()
-    except BaseException:
+    except BaseException as exc:
         _drop(options)  # never reuse a connection of a failed task
+        if task is not None:
+            task.end(sent, exc)
         raise
+    if task is not None:
+        task.end(sent, None)
     seconds = time.monotonic() - started
     log.info("amq: partition %d attempt %d sent %d rows in %.3fs", partition, attempt, sent, seconds)
     return AmqCommitMessage(partition=partition, attempt=attempt, rows=sent, seconds=seconds, destinations=per_dest)
