@@ -39,14 +39,20 @@ DEFAULT_PREFETCH = 1000
 
 
 def send_frame(destination: str, body: bytes | str, headers: Mapping[str, str] | None, persistent: bool,
-               idempotency_key: str | None, *, dialect: Dialect, duplicate_id_header: str | None) -> Frame:
-    """A SEND frame with its idempotency key (see the module docstring)."""
+               idempotency_key: str | None, *, dialect: Dialect, duplicate_id_header: str | None,
+               priority: int | None = None) -> Frame:
+    """A SEND frame with its idempotency key (see the module docstring). ``priority``: the
+    JMS priority, 0-9 (the ``priority`` header; ValueError otherwise)."""
     data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
     hdrs: dict[str, str] = {"destination": destination}
     if isinstance(body, str):
         hdrs["content-type"] = "text/plain;charset=utf-8"
     if headers:
         hdrs.update({str(k): str(v) for k, v in headers.items()})
+    if priority is not None:
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+            raise ValueError(f"priority must be an integer from 0 to 9, got {priority!r}")
+        hdrs["priority"] = str(priority)
     hdrs["persistent"] = "true" if persistent else "false"
     key = hdrs[IDEMPOTENCY_HEADER] = idempotency_key or hdrs.get(IDEMPOTENCY_HEADER) or uuid.uuid4().hex
     if duplicate_id_header is not None and duplicate_id_header not in hdrs:

@@ -88,6 +88,9 @@ class BrokerConfig(BaseModel):
     topic_backlog_limit: int = Field(default=10000, ge=1)
     topic_backlog_bytes: int = Field(default=64 * MiB, ge=1024)
     advisories: bool = True
+    # queues deliver higher `priority` first, FIFO within one (dispatch/priority.py); false:
+    # FIFO whatever the priority (ActiveMQ's default, without prioritizedMessages)
+    prioritized_messages: bool = True
 
     # persistence
     fsync: bool = True

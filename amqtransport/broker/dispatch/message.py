@@ -46,6 +46,8 @@ class Message:
     view: object = field(default=None, repr=False)
     #: the session id of the connection that sent it (``activemq.noLocal``; not persisted)
     origin: str = ""
+    #: its JMS priority, 0-9 (priority.py reads it from the headers; -1: not read yet)
+    priority: int = -1
 
     @property
     def redelivered(self) -> bool:

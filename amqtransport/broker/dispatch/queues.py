@@ -27,6 +27,10 @@ window's worth, or while memory is short only what the ready consumers take now.
 prefetch, redelivery to the front, expiry at dispatch, the DLQ -- happens to resident
 messages exactly as without paging; a paged message is simply further back.
 :attr:`Queue.depth` counts both.
+
+Priority. With ``prioritized_messages`` (the default) the deque is kept in priority
+order, FIFO within a priority, and a message that outranks every paged one is not
+paged: see :mod:`.priority`.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from ..store.journal import Callback
 from .memory import MemoryGauge
 from .message import Message
 from .model import AUTO, Subscription
+from .priority import insert, put_back
 from .selection import dispatch_selective, settle
 
 __all__ = ["Queue", "QueueOwner"]
@@ -49,6 +54,7 @@ class QueueOwner(Protocol):
 
     memory: MemoryGauge
     clock: Callable[[], float]
+    prioritized: bool  # the broker's prioritized_messages
 
     def drop_expired(self, msg: Message) -> None: ...
 
@@ -70,7 +76,7 @@ class QueueOwner(Protocol):
 
 class Queue:
     __slots__ = ("core", "name", "messages", "consumers", "ready", "enqueued", "dequeued", "expired",
-                 "selective", "unmatched", "seq")
+                 "selective", "unmatched", "seq", "prioritized", "paged_top")
 
     def __init__(self, core: QueueOwner, name: str) -> None:
         self.core = core
@@ -84,6 +90,8 @@ class Queue:
         self.selective = 0  # consumers with a selector: dispatch is selection.dispatch_selective
         self.unmatched: deque[Message] = deque()  # resident messages no consumer's selector matches
         self.seq = 0  # the last Message.seq given
+        self.prioritized = core.prioritized  # messages in priority order (priority.py)
+        self.paged_top = -1  # the highest priority paged since the page list was last empty
 
     @property
     def depth(self) -> int:
@@ -99,14 +107,20 @@ class Queue:
         self.core.memory.charge(msg)
         self.seq += 1
         msg.seq = self.seq
-        self.messages.append(msg)
+        if self.prioritized:
+            insert(self.messages, msg)
+        else:
+            self.messages.append(msg)
         if self.ready:
             self.dispatch()
 
     def requeue(self, msgs: Sequence[Message]) -> None:
         """Put messages back at the front, keeping their relative order."""
         for m in reversed(msgs):
-            self.messages.appendleft(m)
+            if self.prioritized:
+                put_back(self.messages, m)
+            else:
+                self.messages.appendleft(m)
         self.dispatch()
 
     def make_ready(self, sub: Subscription) -> None:
@@ -160,7 +174,12 @@ class Queue:
         for m in self.core.page_in(self):
             self.seq += 1
             m.seq = self.seq
-            self.messages.append(m)
+            if self.prioritized:
+                insert(self.messages, m)
+            else:
+                self.messages.append(m)
+        if not self.core.paged(self):
+            self.paged_top = -1
 
     def add_consumer(self, sub: Subscription) -> None:
         self.consumers.append(sub)

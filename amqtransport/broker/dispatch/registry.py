@@ -23,6 +23,7 @@ from .errors import CoreError
 from .memory import MemoryGauge
 from .message import Message
 from .model import Subscription, Topic
+from .priority import DEFAULT_PRIORITY, parse_priority, priority_of
 from .queues import Queue
 
 __all__ = ["Registry", "EXPIRY_SWEEP_S"]
@@ -66,6 +67,7 @@ class Registry:
         self.dead_lettered = 0
         self.expired = 0
         self.shutting_down = False  # set by the server: no dead-lettering while it closes
+        self.prioritized = config.prioritized_messages  # queues deliver by priority (priority.py)
         self.memory = MemoryGauge(config.memory_limit, config.destination_memory_limit, config.memory_low_water,
                                   clock=monotonic)
         if store is not None:
@@ -83,7 +85,9 @@ class Registry:
         for sub in self.store.subs.values():
             self.register_durable(sub)
         for dest in list(self.store.paged):
-            self.queue(dest).enqueued += self.store.paged_count(dest)
+            q = self.queue(dest)
+            q.enqueued += self.store.paged_count(dest)
+            q.paged_top = 9  # not known: what arrives now queues behind them (priority.py)
         return self.store.count
 
     # ------------------------------------------------------------------ paging (QueueOwner)
@@ -96,7 +100,10 @@ class Registry:
         store = self.store
         if store is None:
             return False
-        if not store.paged_count(queue.name):
+        if store.paged_count(queue.name):
+            if queue.prioritized and priority_of(msg) > queue.paged_top:
+                return False  # it outranks every paged message: it waits in memory, ahead of them
+        else:
             if not msg.persistent:
                 return False
             if queue.ready and not queue.messages:
@@ -105,6 +112,8 @@ class Registry:
                 return False
         if not store.page_out(msg):
             return False
+        if queue.prioritized:
+            queue.paged_top = max(queue.paged_top, priority_of(msg))
         if msg.persistent:
             self.memory.release(msg)
         else:
@@ -174,14 +183,18 @@ class Registry:
         key: str,
     ) -> Message:
         expires = 0.0
-        for k, v in headers:
-            if k == "expires":
+        priority = -1
+        timed = False
+        for k, v in headers:  # the first of a repeated header counts (STOMP 1.2)
+            if k == "priority" and priority < 0:
+                priority = parse_priority(v)
+            elif k == "expires" and not timed:
+                timed = True
                 try:
                     ms = int(v)
                 except ValueError:
                     raise CoreError(f"expires header must be milliseconds since the epoch, got {v!r}") from None
                 expires = ms / 1000.0 if ms > 0 else 0.0
-                break
         return Message(
             id=self.new_id(),
             destination=destination,
@@ -191,6 +204,7 @@ class Registry:
             timestamp=self.clock(),
             persistent=persistent and self.store is not None,
             expires=expires,
+            priority=priority if priority >= 0 else DEFAULT_PRIORITY,
         )
 
     # ------------------------------------------------------------------ store glue

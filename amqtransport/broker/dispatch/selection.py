@@ -20,7 +20,7 @@ selector matches. A message that no ready consumer takes stays where it is when 
 consumer without credit wants it (*held*: it is tried again when credit comes back), or
 moves aside to ``Queue.unmatched`` when no consumer at all wants it. Unmatched messages
 are not evaluated again until a consumer arrives (:func:`settle` merges them back, in
-queue order by ``Message.seq``) -- so each message is evaluated about once per consumer
+queue order: by priority, then ``Message.seq``) -- so each message is evaluated about once per consumer
 that could take it, not once per delivery, and the backlog is not rescanned per message.
 
 Paging and cost. Dispatch pages messages in from the store whenever the resident deque
@@ -44,6 +44,7 @@ from amqtransport.selector import MessageView, message_view
 from .memory import MemoryGauge
 from .message import Message
 from .model import AUTO, Subscription
+from .priority import priority_of
 
 __all__ = ["accepts", "dispatch_selective", "settle", "view_of"]
 
@@ -91,6 +92,7 @@ class SelectiveQueue(Protocol):
     consumers: list[Subscription]
     ready: deque[Subscription]
     dequeued: int
+    prioritized: bool
 
     @property
     def core(self) -> _Core: ...
@@ -98,12 +100,16 @@ class SelectiveQueue(Protocol):
     def page_in(self) -> None: ...
 
 
+def _order(m: Message) -> tuple[int, int]:
+    return -priority_of(m), m.seq
+
+
 def settle(q: SelectiveQueue) -> None:
     """Put the unmatched messages back among the others, in queue order (a consumer
     arrived, or someone -- the console, a purge -- needs the whole queue in ``messages``)."""
     if not q.unmatched:
         return
-    merged = sorted([*q.messages, *q.unmatched], key=attrgetter("seq"))
+    merged = sorted([*q.messages, *q.unmatched], key=_order if q.prioritized else attrgetter("seq"))
     q.unmatched.clear()
     q.messages.clear()
     q.messages.extend(merged)

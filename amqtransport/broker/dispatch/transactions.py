@@ -11,6 +11,7 @@ from .memory import send_size
 from .message import Message
 from .model import Subscription, TxSend, TxState
 from .names import check_send_destination
+from .priority import check_priority
 from .registry import Registry
 from .topics import FanOut
 
@@ -39,6 +40,7 @@ class Transactions:
         """Hold a SEND until ``tx`` commits; its bytes count against the memory limits
         meanwhile, and a transaction may hold at most ``max_transaction_size`` bytes."""
         check_send_destination(destination)
+        check_priority(headers)  # refused now, not at COMMIT
         size = send_size(headers, body)
         limit = self.reg.config.max_transaction_size
         if tx.size + size > limit:
