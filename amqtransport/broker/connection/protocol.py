@@ -370,6 +370,17 @@ class BrokerConnection(StompStream):
                 self._error(f"activemq.prefetchSize must be a positive integer, got {prefetch_text!r}", receipt=receipt)
         durable = frame.get("activemq.subscriptionName") or frame.get("durable-subscription-name")
         client_id = frame.get("client-id") or self.client_id
+        consumer_priority = 0
+        priority_text = frame.get("activemq.priority")
+        if priority_text is not None:
+            try:
+                consumer_priority = int(priority_text)
+                if not -128 <= consumer_priority <= 127:
+                    raise ValueError
+            except ValueError:
+                self._error(f"activemq.priority must be an integer from -128 to 127, got {priority_text!r}",
+                            receipt=receipt, close=False)
+                return
         selector_text = frame.get("selector")
         selector = None
         if selector_text is not None:
@@ -393,6 +404,8 @@ class BrokerConnection(StompStream):
                 selector=selector,
                 no_local=self.session if frame.get("activemq.noLocal") == "true" else "",
                 owner=self.login or "",
+                exclusive=(frame.get("activemq.exclusive") or "").lower() == "true",
+                consumer_priority=consumer_priority,
             )
         except CoreError as exc:
             self._error(str(exc), receipt=receipt)

@@ -130,6 +130,8 @@ class BrokerCore(Registry):
         selector: Selector | None = None,
         no_local: str = "",
         owner: str = "",
+        exclusive: bool = False,
+        consumer_priority: int = 0,
     ) -> Subscription:
         """``selector``: only messages it matches (selection.py); for a durable
         subscription it is kept in its record. ``no_local``: the subscriber's session id
@@ -142,6 +144,7 @@ class BrokerCore(Registry):
         sub = Subscription(conn, sub_id, destination, ack_mode, prefetch or self.config.default_prefetch)
         sub.selector = selector
         sub.no_local = no_local
+        sub.exclusive, sub.consumer_priority = exclusive, consumer_priority  # consumers.py
         if kind == "queue":
             sub.name = destination
             qpattern = wildcard_segments(name)

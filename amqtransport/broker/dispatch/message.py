@@ -48,6 +48,8 @@ class Message:
     origin: str = ""
     #: its JMS priority, 0-9 (priority.py reads it from the headers; -1: not read yet)
     priority: int = -1
+    #: its JMSXGroupID ("" none; None: not read yet; see consumers.py)
+    group: str | None = None
 
     @property
     def redelivered(self) -> bool:

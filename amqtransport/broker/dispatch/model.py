@@ -48,6 +48,8 @@ class Subscription:
         "children",
         "selector",
         "no_local",
+        "exclusive",
+        "consumer_priority",
     )
 
     def __init__(
@@ -76,6 +78,8 @@ class Subscription:
         self.children: OrderedDict[str, Subscription] | None = None
         self.selector: Selector | None = None  # the SUBSCRIBE's JMS selector (selection.py)
         self.no_local = ""  # activemq.noLocal: its connection's session id (messages from it are not for it)
+        self.exclusive = False  # activemq.exclusive (consumers.py)
+        self.consumer_priority = 0  # activemq.priority (consumers.py)
 
     def has_credit(self) -> bool:
         if not self.active or not self.conn.writable:

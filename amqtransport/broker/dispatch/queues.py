@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..store.journal import Callback
+from .consumers import added, group_of, owner_left
 from .memory import MemoryGauge
 from .message import Message
 from .model import AUTO, Subscription
@@ -76,7 +77,8 @@ class QueueOwner(Protocol):
 
 class Queue:
     __slots__ = ("core", "name", "messages", "consumers", "ready", "enqueued", "dequeued", "expired",
-                 "selective", "unmatched", "seq", "prioritized", "paged_top")
+                 "selective", "unmatched", "seq", "prioritized", "paged_top", "ranked", "grouped",
+                 "exclusive_owner", "groups")
 
     def __init__(self, core: QueueOwner, name: str) -> None:
         self.core = core
@@ -92,6 +94,11 @@ class Queue:
         self.seq = 0  # the last Message.seq given
         self.prioritized = core.prioritized  # messages in priority order (priority.py)
         self.paged_top = -1  # the highest priority paged since the page list was last empty
+        # consumers.py: exclusive consumers, consumer priority, message groups
+        self.ranked = 0  # consumers that are exclusive or have a priority
+        self.grouped = False  # a message with a JMSXGroupID has been here
+        self.exclusive_owner: Subscription | None = None
+        self.groups: dict[str, Subscription] = {}  # JMSXGroupID -> the consumer that owns it
 
     @property
     def depth(self) -> int:
@@ -107,6 +114,8 @@ class Queue:
         self.core.memory.charge(msg)
         self.seq += 1
         msg.seq = self.seq
+        if not self.grouped and group_of(msg):
+            self.grouped = True
         if self.prioritized:
             insert(self.messages, msg)
         else:
@@ -131,7 +140,7 @@ class Queue:
             self.dispatch()
 
     def dispatch(self) -> None:
-        if self.selective:
+        if self.selective or self.ranked or self.grouped:
             dispatch_selective(self)
             return
         messages, ready = self.messages, self.ready
@@ -140,8 +149,8 @@ class Queue:
         while ready:
             if not messages:
                 self.page_in()
-                if not messages:
-                    break
+                if not messages or self.grouped:
+                    break  # grouped: a message with a group came in, consumers.py decides now
             sub = ready.popleft()
             if not sub.has_credit():
                 sub.in_ready = False
@@ -168,12 +177,16 @@ class Queue:
                 sub.in_ready = False
         if auto_acked:
             self.core.store_ack(auto_acked)
+        if self.grouped and messages and ready:
+            dispatch_selective(self)
 
     def page_in(self) -> None:
         """Bring the next paged messages to the back of the deque, in order."""
         for m in self.core.page_in(self):
             self.seq += 1
             m.seq = self.seq
+            if not self.grouped and group_of(m):
+                self.grouped = True
             if self.prioritized:
                 insert(self.messages, m)
             else:
@@ -185,16 +198,24 @@ class Queue:
         self.consumers.append(sub)
         if sub.selector is not None or sub.no_local:
             self.selective += 1
+        if sub.exclusive or sub.consumer_priority:
+            self.ranked += 1
+            added(self, sub)
         settle(self)  # a new consumer may want what nobody wanted
         self.make_ready(sub)
 
     def remove_consumer(self, sub: Subscription) -> None:
         if sub in self.consumers:
             self.consumers.remove(sub)
+            if sub.exclusive or sub.consumer_priority:
+                self.ranked -= 1
+            owned = owner_left(self, sub)
             if sub.selector is not None or sub.no_local:
                 self.selective -= 1
                 if not self.selective:
-                    settle(self)  # plain dispatch again: nothing stays set aside
+                    owned = True
+            if owned:
+                settle(self)  # plain dispatch again, or a new owner: nothing stays set aside
         if sub.in_ready:
             sub.in_ready = False
             try:

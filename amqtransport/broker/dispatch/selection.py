@@ -13,7 +13,8 @@ Topics. A live subscription whose selector does not match a message never sees i
 record, so its queue receives only the copies that match, and the filter survives a
 restart and a takeover with the record (``Registry.durable_selectors``).
 
-Queues. A queue with no selective consumer dispatches as before (queues.py, O(1) per
+Queues (and the rules of consumers.py: exclusive consumers, consumer priority, message
+groups, which use the same per-message dispatch). A queue with no selective consumer dispatches as before (queues.py, O(1) per
 message). Once a consumer has a selector, :func:`dispatch_selective` walks the resident
 messages in order and gives each to the first ready consumer (round-robin) whose
 selector matches. A message that no ready consumer takes stays where it is when some
@@ -41,6 +42,7 @@ from typing import Protocol
 
 from amqtransport.selector import MessageView, message_view
 
+from .consumers import assigned, eligible, group_of, pick
 from .memory import MemoryGauge
 from .message import Message
 from .model import AUTO, Subscription
@@ -93,6 +95,10 @@ class SelectiveQueue(Protocol):
     ready: deque[Subscription]
     dequeued: int
     prioritized: bool
+    ranked: int
+    grouped: bool
+    exclusive_owner: Subscription | None
+    groups: dict[str, Subscription]
 
     @property
     def core(self) -> _Core: ...
@@ -118,6 +124,7 @@ def settle(q: SelectiveQueue) -> None:
 def dispatch_selective(q: SelectiveQueue) -> None:
     """Queue dispatch when some consumer has a selector (see the module docstring)."""
     messages, ready, core = q.messages, q.ready, q.core
+    ranked = bool(q.ranked or q.grouped)  # consumers.py decides among the consumers
     held: list[Message] = []
     auto_acked: list[str] = []
     now = 0.0
@@ -135,21 +142,27 @@ def dispatch_selective(q: SelectiveQueue) -> None:
                 core.drop_expired(msg)
                 continue
         sub: Subscription | None = None
-        for _ in range(len(ready)):
-            cand = ready.popleft()
-            if not cand.has_credit():
-                cand.in_ready = False
-                continue
-            if accepts(cand, msg):
-                sub = cand
-                break
-            ready.append(cand)
+        if ranked:
+            group_of(msg)
+            sub = pick(q, msg, accepts)
+        else:
+            for _ in range(len(ready)):
+                cand = ready.popleft()
+                if not cand.has_credit():
+                    cand.in_ready = False
+                    continue
+                if accepts(cand, msg):
+                    sub = cand
+                    break
+                ready.append(cand)
         if sub is None:
-            if any(not c.in_ready and accepts(c, msg) for c in q.consumers):
+            if any(not c.in_ready and eligible(q, c, msg) and accepts(c, msg) for c in q.consumers):
                 held.append(msg)  # a consumer without credit wants it: it keeps its place
             else:
                 q.unmatched.append(msg)
             continue
+        if ranked:
+            assigned(q, sub, msg)
         msg.delivery_count += 1
         if sub.ack_mode == AUTO:
             if msg.persistent:

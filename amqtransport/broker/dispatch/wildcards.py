@@ -77,6 +77,7 @@ class WildcardQueues:
         child.name = q.name
         child.selector = sub.selector
         child.no_local = sub.no_local
+        child.exclusive, child.consumer_priority = sub.exclusive, sub.consumer_priority
         sub.children[q.name] = child
         q.add_consumer(child)
         self.advisories.advise(q.name, len(q.consumers))
