@@ -11,7 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import amqtransport
-from amqtransport.broker import EmbeddedBroker
+from amqtransport.broker import BrokerConfig, EmbeddedBroker
+from amqtransport.broker.dispatch.core import BrokerCore
+from amqtransport.broker.dispatch.message import Message
+from amqtransport.broker.dispatch.model import Subscription
 
 EXCLUSIVE = {"activemq.exclusive": "true"}
 
@@ -117,3 +120,29 @@ def test_a_group_message_waits_for_its_full_owner_others_go_on(broker: EmbeddedB
         assert drain(other) == ["free"]
         m.ack()
         assert drain(owner) == ["g-2"]
+
+
+class _Sink:
+    """A connection as the core sees it (``writable`` False: its socket is backed up)."""
+
+    def __init__(self, writable: bool = True) -> None:
+        self.writable = writable
+        self.got: list[bytes] = []
+
+    def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None:
+        self.got.append(message.body)
+
+
+def test_messages_held_for_a_stuck_exclusive_owner_go_on_when_it_leaves() -> None:
+    """An auto-ack exclusive owner whose connection cannot take more holds the queue;
+    when it leaves (nothing unacked to return, so no redelivery to wake the queue) the
+    next consumer gets the waiting messages at once."""
+    core = BrokerCore(BrokerConfig(), None)
+    stuck, other = _Sink(writable=False), _Sink()
+    owner = core.subscribe(stuck, "o", "/queue/stuck", exclusive=True)
+    core.subscribe(other, "p", "/queue/stuck")
+    for i in range(3):
+        core.send("/queue/stuck", (), f"m{i}".encode(), persistent=False)
+    assert stuck.got == [] and other.got == []
+    core.unsubscribe(owner)
+    assert other.got == [b"m0", b"m1", b"m2"]

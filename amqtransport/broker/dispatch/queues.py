@@ -205,20 +205,22 @@ class Queue:
         self.make_ready(sub)
 
     def remove_consumer(self, sub: Subscription) -> None:
-        if sub in self.consumers:
-            self.consumers.remove(sub)
-            if sub.exclusive or sub.consumer_priority:
-                self.ranked -= 1
-            owned = owner_left(self, sub)
-            if sub.selector is not None or sub.no_local:
-                self.selective -= 1
-                if not self.selective:
-                    owned = True
-            if owned:
-                settle(self)  # plain dispatch again, or a new owner: nothing stays set aside
         if sub.in_ready:
             sub.in_ready = False
             try:
                 self.ready.remove(sub)
             except ValueError:
                 pass
+        if sub in self.consumers:
+            self.consumers.remove(sub)
+            if sub.exclusive or sub.consumer_priority:
+                self.ranked -= 1
+            owned = owner_left(self, sub)  # consumers.py: its groups, the queue if it was exclusive
+            if sub.selector is not None or sub.no_local:
+                self.selective -= 1
+                if not self.selective:
+                    owned = True
+            if owned:
+                settle(self)  # plain dispatch again, or a new owner: nothing stays set aside
+                if not sub.unacked and self.ready:
+                    self.dispatch()  # what waited for it goes on (no redelivery will wake us)
