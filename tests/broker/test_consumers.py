@@ -137,7 +137,7 @@ def test_messages_held_for_a_stuck_exclusive_owner_go_on_when_it_leaves() -> Non
     """An auto-ack exclusive owner whose connection cannot take more holds the queue;
     when it leaves (nothing unacked to return, so no redelivery to wake the queue) the
     next consumer gets the waiting messages at once."""
-    core = BrokerCore(BrokerConfig(), None)
+    core = BrokerCore(BrokerConfig(), None, clock=lambda: 1000.0, monotonic=lambda: 1000.0)
     stuck, other = _Sink(writable=False), _Sink()
     owner = core.subscribe(stuck, "o", "/queue/stuck", exclusive=True)
     core.subscribe(other, "p", "/queue/stuck")

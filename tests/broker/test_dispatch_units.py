@@ -54,6 +54,7 @@ class Owner:
         self.memory = MemoryGauge(1 << 30, clock=clock)
         self.expired: list[str] = []
         self.acked: list[list[str]] = []
+        self.prioritized = True  # the broker's prioritized_messages (priority.py)
 
     def drop_expired(self, msg: Message) -> None:
         self.expired.append(msg.id)
@@ -128,6 +129,23 @@ def test_queue_auto_ack_acks_persistent_deliveries_in_one_store_call_and_frees_m
     assert [m for _, m, _ in sink.got] == ["m0", "m1", "m2"]
     assert owner.acked == [["m0", "m2"]]  # one record for the round, persistent ones only
     assert owner.memory.usage == 0 and q.dequeued == 3
+
+
+def test_queue_orders_by_priority_and_requeues_before_the_same_priority() -> None:
+    owner = Owner(Clock())
+    q = Queue(owner, "/queue/q")
+    for i, p in enumerate([4, 9, 0, 9, 4]):
+        q.enqueue(Message(f"m{i}", "/queue/q", (("priority", str(p)),), b"x"))
+    assert [m.id for m in q.messages] == ["m1", "m3", "m0", "m4", "m2"]
+    taken = [q.messages.popleft(), q.messages.popleft(), q.messages.popleft()]  # m1, m3, m0
+    q.enqueue(Message("late", "/queue/q", (("priority", "9"),), b"x"))
+    q.requeue(taken)  # back before the others of their priority, after none of a higher one
+    assert [m.id for m in q.messages] == ["m1", "m3", "late", "m0", "m4", "m2"]
+    owner.prioritized = False
+    fifo = Queue(owner, "/queue/f")
+    for i, p in enumerate([0, 9]):
+        fifo.enqueue(Message(f"f{i}", "/queue/f", (("priority", str(p)),), b"x"))
+    assert [m.id for m in fifo.messages] == ["f0", "f1"]
 
 
 @pytest.fixture
