@@ -36,8 +36,8 @@ from ..store.journal import Callback
 from .acks import Acks
 from .advisories import Advisories
 from .errors import CoreError
-from .model import ACK_MODES, AUTO, Sink, Subscription
-from .names import DURABLE_PREFIX, check_send_destination, split_destination
+from .model import ACK_MODES, AUTO, Sink, Subscription, TxSend
+from .names import DURABLE_PREFIX, check_send_destination, send_targets, split_destination
 from .registry import Registry
 from .selection import settle
 from .topics import FanOut
@@ -93,6 +93,10 @@ class BrokerCore(Registry):
         durable; for a non-persistent message, once everything written before is
         (:meth:`~.registry.Registry.done`: on the journal's order, through its gate).
         """
+        if "," in destination:  # a composite: each part gets a copy, all durable before the receipt
+            targets = send_targets(destination, headers)
+            sends = [TxSend(d, h, body, persistent, key, 0) for d, h in targets]
+            return self.transactions.send_batch(sends, origin, callback) > 0
         kind, name = check_send_destination(destination)
         if key and self.store is not None and self.store.is_duplicate(destination, key, callback):
             self.duplicates += 1

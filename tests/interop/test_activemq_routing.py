@@ -1,0 +1,113 @@
+"""SEND routing, differential: composite destinations and virtual topics, the same
+scenarios against our broker and ActiveMQ 5.17 (one JVM for the module, its scheduler
+on as the issue's reference setup has it).
+
+Every test takes ``broker_uri``, parametrized over ``amq`` (an in-process
+``EmbeddedBroker``) and ``activemq``, and asserts one outcome for both: what ActiveMQ
+does is the specification.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import amqtransport
+from amqtransport.broker import BrokerConfig, EmbeddedBroker
+from amqtransport.processes.activemq import ActiveMQNode
+from amqtransport.testing.pytest_fixtures import require_activemq
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module", params=["amq", pytest.param("activemq", marks=pytest.mark.activemq)])
+def broker_uri(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``tcp://`` of our broker or of ActiveMQ 5.17 (one JVM for the whole module)."""
+    if request.param == "amq":
+        b = EmbeddedBroker(port=0, data_dir=tmp_path_factory.mktemp("amq-routing"), config=BrokerConfig())
+        b.start()
+        try:
+            yield f"tcp://127.0.0.1:{b.port}"
+        finally:
+            b.stop()
+        return
+    require_activemq()
+    node = ActiveMQNode(Path(tmp_path_factory.mktemp("activemq-routing")), "routing", scheduler=True)
+    node.start()
+    try:
+        yield node.uri
+    finally:
+        node.stop(timeout=5)
+
+
+def unique(prefix: str = "r") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+def bodies(sub: amqtransport.Subscription, count: int, quiet: float = 0.3) -> list[str]:
+    """The bodies ``sub`` receives: waits (up to 10 s each) for ``count`` of them, then
+    ``quiet`` seconds for any extra one."""
+    out: list[str] = []
+    while len(out) < count and (m := sub.receive(timeout=10.0)) is not None:
+        out.append(m.text)
+    while (m := sub.receive(timeout=quiet)) is not None:
+        out.append(m.text)
+    return out
+
+
+# ---------------------------------------------------------------- composite destinations
+
+
+def test_composite_send_reaches_each_destination(broker_uri: str) -> None:
+    a, b, c = unique("a"), unique("b"), unique("c")
+    with amqtransport.connect(broker_uri) as conn:
+        topic = conn.subscribe(f"/topic/{b}")
+        conn.send(f"/queue/{a},/topic/{b},/queue/{c}", "hello", headers={"k": "v"})  # waits for its receipt
+        tm = topic.receive(timeout=10)
+        qa = conn.subscribe(f"/queue/{a}").receive(timeout=10)
+        qc = conn.subscribe(f"/queue/{c}").receive(timeout=10)
+        assert tm is not None and qa is not None and qc is not None
+        assert [tm.text, qa.text, qc.text] == ["hello"] * 3
+        assert (tm.headers["destination"], qa.headers["destination"], qc.headers["destination"]) == (
+            f"/topic/{b}", f"/queue/{a}", f"/queue/{c}")
+        want = f"/queue/{a},topic://{b},queue://{c}"  # ActiveMQ's spelling of the composite
+        assert {tm.headers["original-destination"], qa.headers["original-destination"]} == {want}
+        assert tm.headers["k"] == qa.headers["k"] == "v"
+        # the composite itself is no queue: nothing waits under its name
+        assert bodies(conn.subscribe(f"/queue/{a},/topic/{b},/queue/{c}".split(",")[0]), 0) == []
+
+
+def test_composite_send_in_a_transaction_is_delivered_at_commit_only(broker_uri: str) -> None:
+    a, b = unique("a"), unique("b")
+    with amqtransport.connect(broker_uri) as conn:
+        qa = conn.subscribe(f"/queue/{a}")
+        qb = conn.subscribe(f"/queue/{b}")
+        with conn.transaction() as tx:
+            tx.send(f"/queue/{a},/queue/{b}", "aborted")
+            tx.abort()
+        with conn.transaction() as tx:
+            tx.send(f"/queue/{a},/queue/{b}", "committed")
+            assert qa.receive(timeout=0.5) is None and qb.receive(timeout=0.1) is None
+        assert bodies(qa, 1) == ["committed"]
+        assert bodies(qb, 1) == ["committed"]
+
+
+def test_composite_spellings_read_as_activemq_reads_them(broker_uri: str) -> None:
+    """A part without a prefix has the first part's kind, a part named twice gets one
+    copy, a trailing comma is dropped (no composite then: no original-destination)."""
+    a, b, c = unique("a"), unique("b"), unique("c")
+    with amqtransport.connect(broker_uri) as conn:
+        conn.send(f"/queue/{a},{b}", "bare")
+        conn.send(f"/queue/{c},/queue/{c}", "twice")
+        conn.send(f"/queue/{a},", "trailing")
+        sa = conn.subscribe(f"/queue/{a}")
+        got_a = [m for m in (sa.receive(timeout=10), sa.receive(timeout=10)) if m is not None]
+        assert [m.text for m in got_a] == ["bare", "trailing"]
+        assert got_a[0].headers["original-destination"] == f"/queue/{a},queue://{b}"
+        assert "original-destination" not in got_a[1].headers
+        assert bodies(conn.subscribe(f"/queue/{b}"), 1) == ["bare"]
+        assert bodies(conn.subscribe(f"/topic/{b}"), 0) == []
+        assert bodies(conn.subscribe(f"/queue/{c}"), 1) == ["twice"]
