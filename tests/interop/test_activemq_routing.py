@@ -111,3 +111,61 @@ def test_composite_spellings_read_as_activemq_reads_them(broker_uri: str) -> Non
         assert bodies(conn.subscribe(f"/queue/{b}"), 1) == ["bare"]
         assert bodies(conn.subscribe(f"/topic/{b}"), 0) == []
         assert bodies(conn.subscribe(f"/queue/{c}"), 1) == ["twice"]
+
+
+# ---------------------------------------------------------------- virtual topics
+
+
+def test_virtual_topic_copies_to_each_consumer_queue_shared_inside_it(broker_uri: str) -> None:
+    x = f"VirtualTopic.{unique()}"
+    with amqtransport.connect(broker_uri) as c1, amqtransport.connect(broker_uri) as c2:
+        a1 = c1.subscribe(f"/queue/Consumer.A.{x}", ack="client-individual", prefetch=1)
+        a2 = c2.subscribe(f"/queue/Consumer.A.{x}", ack="client-individual", prefetch=1)
+        b = c1.subscribe(f"/queue/Consumer.B.{x}")
+        plain = c2.subscribe(f"/topic/{x}")
+        for i in range(4):
+            c1.send(f"/topic/{x}", f"m{i}")
+        first = [a1.receive(timeout=10), a2.receive(timeout=10)]  # one each: prefetch 1, not acked yet
+        assert all(m is not None for m in first)
+        rest: list[str] = []
+        for sub in (a1, a2):
+            while (m := sub.receive(timeout=0.5)) is not None:
+                rest.append(m.text)
+                m.ack()
+        got_a = sorted([m.text for m in first if m is not None] + rest)
+        for m in first:
+            if m is not None:
+                m.ack()
+        while (m := a1.receive(timeout=0.5) or a2.receive(timeout=0.5)) is not None:
+            got_a.append(m.text)
+            m.ack()
+        assert sorted(got_a) == ["m0", "m1", "m2", "m3"]  # each once, shared by A's two consumers
+        assert bodies(b, 4) == ["m0", "m1", "m2", "m3"]
+        assert bodies(plain, 4) == ["m0", "m1", "m2", "m3"]  # the topic itself still delivers
+        got = first[0]
+        assert got is not None
+        assert got.headers["destination"] == f"/queue/Consumer.A.{x}"
+        assert got.headers["original-destination"] == f"/topic/{x}"
+
+
+def test_a_consumer_queue_receives_once_it_exists_and_keeps_receiving_without_consumers(broker_uri: str) -> None:
+    x = f"VirtualTopic.{unique()}"
+    with amqtransport.connect(broker_uri) as c:
+        c.send(f"/topic/{x}", "before")  # no consumer queue yet: copied nowhere
+        sub = c.subscribe(f"/queue/Consumer.B.{x}")
+        assert bodies(sub, 0) == []
+        sub.unsubscribe()
+        c.send(f"/topic/{x}", "while away")  # the queue exists: it waits there
+        c.send(f"/queue/Consumer.C.{x}", "direct")  # a SEND creates a consumer queue too
+        c.send(f"/topic/{x}", "after")
+        assert bodies(c.subscribe(f"/queue/Consumer.B.{x}"), 2) == ["while away", "after"]
+        assert bodies(c.subscribe(f"/queue/Consumer.C.{x}"), 2) == ["direct", "after"]
+
+
+def test_only_virtual_topics_fan_out(broker_uri: str) -> None:
+    """``Consumer.A.Plain.X`` is no consumer queue of ``/topic/Plain.X``."""
+    x = unique("Plain.")
+    with amqtransport.connect(broker_uri) as c:
+        sub = c.subscribe(f"/queue/Consumer.A.{x}")
+        c.send(f"/topic/{x}", "not copied")
+        assert bodies(sub, 0) == []
