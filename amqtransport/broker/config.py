@@ -88,6 +88,8 @@ class BrokerConfig(BaseModel):
     topic_backlog_limit: int = Field(default=10000, ge=1)
     topic_backlog_bytes: int = Field(default=64 * MiB, ge=1024)
     advisories: bool = True
+    # AMQ_SCHEDULED_* headers schedule a message (ActiveMQ's schedulerSupport); false: delivered at once
+    scheduler_support: bool = True
 
     # persistence
     fsync: bool = True

@@ -53,7 +53,7 @@ from amqtransport.stomp.encoders import (
 
 from ..authorization import ADMIN, READ, WRITE
 from ..dispatch.browse import browse
-from ..dispatch.errors import CoreError
+from ..dispatch.errors import CoreError, HeaderError
 from ..dispatch.message import TRANSPORT_HEADERS, Message
 from ..dispatch.model import AUTO, Subscription, TxState
 from ..dispatch.names import DURABLE_PREFIX, split_destination
@@ -325,7 +325,7 @@ class BrokerConnection(StompStream):
             try:
                 self.core.transactions.tx_send(tx, destination, tuple(headers), frame.body, persistent=persistent, key=key)
             except CoreError as exc:
-                self._error(str(exc), receipt=receipt)
+                self._error(str(exc), receipt=receipt, close=not isinstance(exc, HeaderError))
                 return
             self._receipt_when_durable(receipt, "message")
             return
@@ -341,7 +341,7 @@ class BrokerConnection(StompStream):
                 origin=self.session,
             )
         except CoreError as exc:
-            self._error(str(exc), receipt=receipt)
+            self._error(str(exc), receipt=receipt, close=not isinstance(exc, HeaderError))
 
     def _on_subscribe(self, frame: StompFrame) -> None:
         destination = self._require(frame, "destination")

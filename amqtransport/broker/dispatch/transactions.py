@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..store import Ack, Enq, JournalError, Keys, RecordError
@@ -13,8 +13,9 @@ from .errors import CoreError
 from .memory import send_size
 from .message import Message
 from .model import Subscription, TxSend, TxState
-from .names import check_send_destination, send_targets
+from .names import Headers, check_send_destination, send_targets
 from .registry import Registry
+from .scheduling import Schedule, first_due, job_destination, job_headers, read_schedule
 from .topics import FanOut
 
 __all__ = ["Transactions"]
@@ -29,6 +30,7 @@ class _Plan:
     routed: list[tuple[str, str, Message, list[Message]]] = field(default_factory=list)
     memory_keys: list[tuple[str, str]] = field(default_factory=list)
     duplicates: int = 0
+    jobs: list[tuple[Message, float]] = field(default_factory=list)  # scheduled (scheduling.py), due
 
 
 class Transactions:
@@ -39,6 +41,8 @@ class Transactions:
         self.reg = reg
         self.fanout = fanout
         self.acks = acks
+        #: takes each scheduled job (scheduling.py) once it is written, with when it is due
+        self.on_job: Callable[[Message, float], None] | None = None
 
     def tx_send(
         self,
@@ -53,6 +57,8 @@ class Transactions:
         """Hold a SEND until ``tx`` commits; its bytes count against the memory limits
         meanwhile, and a transaction may hold at most ``max_transaction_size`` bytes."""
         targets = send_targets(destination, headers)  # a composite: one send per part
+        if self.reg.config.scheduler_support:
+            read_schedule(headers)  # wrong AMQ_SCHEDULED_* headers are refused at the SEND
         size = sum(send_size(h, body) for _d, h in targets)
         limit = self.reg.config.max_transaction_size
         if tx.size + size > limit:
@@ -73,7 +79,7 @@ class Transactions:
         one atomic journal record; ``callback`` runs once that record is durable."""
         reg = self.reg
         store = reg.store
-        plan = self._plan(tx.sends, tx.origin)
+        plan = self.plan(tx.sends, tx.origin)
         ack_ids = [m.id for sub, m in tx.acked if sub.kind == "queue" and m.persistent]
         if ack_ids:
             plan.records.append(Ack(tuple(ack_ids)))
@@ -89,7 +95,7 @@ class Transactions:
                 store.remember_key(destination, key)
         else:
             reg.done(callback)
-        reg.sent += len(plan.routed)
+        reg.sent += len(plan.routed) + len(plan.jobs)
         reg.duplicates += plan.duplicates
         for sub, m in tx.acked:
             reg.memory.release(m)
@@ -97,7 +103,7 @@ class Transactions:
                 self.acks.count_dequeued(sub, [m])
         for send in tx.sends:  # the messages are charged as they are enqueued below
             reg.memory.unreserve(send.destination, send.size, settle=False)
-        self._route(plan)
+        self.route(plan)
         reg.memory.settle({send.destination for send in tx.sends})
         for sub, m in tx.nacked:
             self.acks.return_unacked(sub, [m], count_failure=True)
@@ -109,7 +115,7 @@ class Transactions:
         Returns how many were routed (the others were duplicates of their keys)."""
         reg = self.reg
         store = reg.store
-        plan = self._plan(sends, origin)
+        plan = self.plan(sends, origin)
         if store is not None:
             try:
                 store.commit(plan.records, callback)
@@ -119,12 +125,12 @@ class Transactions:
                 store.remember_key(destination, key)
         else:
             reg.done(callback)
-        reg.sent += len(plan.routed)
+        reg.sent += len(plan.routed) + len(plan.jobs)
         reg.duplicates += plan.duplicates
-        self._route(plan)
-        return len(plan.routed)
+        self.route(plan)
+        return len(plan.routed) + len(plan.jobs)
 
-    def _plan(self, sends: Sequence[TxSend], origin: str) -> _Plan:
+    def plan(self, sends: Sequence[TxSend], origin: str) -> _Plan:
         """The messages ``sends`` make (minus duplicates of their keys) and the journal
         records that persist them."""
         reg = self.reg
@@ -137,6 +143,18 @@ class Transactions:
                 (store is not None and store.is_duplicate(destination, key)) or (destination, key) in seen_keys
             ):
                 plan.duplicates += 1
+                continue
+            sched = read_schedule(headers) if reg.config.scheduler_support else None
+            if sched is not None:  # a job: held until due (scheduling.py)
+                scope = job_destination(destination)
+                if key and (
+                    (store is not None and store.is_duplicate(scope, key)) or (scope, key) in seen_keys
+                ):
+                    plan.duplicates += 1
+                    continue
+                if key:
+                    seen_keys.add((scope, key))
+                self.add_job(plan, scope, headers, body, key, origin, sched)
                 continue
             if key:
                 seen_keys.add((destination, key))
@@ -154,7 +172,28 @@ class Transactions:
             plan.routed.append((kind, name, msg, copies))
         return plan
 
-    def _route(self, plan: _Plan) -> None:
+    def add_job(
+        self, plan: _Plan, scope: str, headers: Headers, body: bytes, key: str, origin: str, sched: Schedule
+    ) -> None:
+        """A newly scheduled job (scheduling.py) into ``plan``: its record and its due time."""
+        reg = self.reg
+        now = reg.clock()
+        due = first_due(sched, now)
+        job_id = reg.new_id()
+        job = Message(
+            id=job_id, destination=scope, headers=job_headers(headers, due=due, left=sched.repeat, job=job_id),
+            body=body, key=key, timestamp=now, persistent=reg.store is not None, origin=origin,
+        )
+        if job.persistent:
+            plan.records.append(Enq(job))
+        elif key:
+            plan.memory_keys.append((scope, key))
+        plan.jobs.append((job, due))
+
+    def route(self, plan: _Plan) -> None:
+        if self.on_job is not None:
+            for job, due in plan.jobs:
+                self.on_job(job, due)
         for kind, name, msg, copies in plan.routed:
             if kind == "queue":
                 self.reg.queue(msg.destination).enqueue(msg)
