@@ -5,6 +5,7 @@ cron dialect, the timetable rules) with given times."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import amqtransport
+import amqtransport.aio
 from amqtransport.audit import message_key
 from amqtransport.broker import BrokerConfig, EmbeddedBroker
 from amqtransport.broker.dispatch.cron import CronError, parse_cron
@@ -196,3 +198,25 @@ def test_the_client_keeps_each_delivery_of_a_repeated_message() -> None:
     assert message_key(frame("a")) != message_key(frame("b"))
     assert message_key(frame("a")) == message_key(frame("a"))
     assert message_key(frame("a", job=False)) == message_key(frame("b", job=False)) == "k"
+
+
+def test_send_delay_in_both_clients(tmp_path: Path) -> None:
+    b = EmbeddedBroker(port=0, data_dir=tmp_path / "d", config=BrokerConfig())
+    b.start()
+    try:
+        with amqtransport.connect(uri(b.port)) as c:
+            sub = c.subscribe("/queue/both")
+            c.send("/queue/both", "sync", delay=1500)
+            with pytest.raises(ValueError, match="delay must be"):
+                c.send("/queue/both", "never", delay=-1)
+
+            async def aio_send() -> None:
+                async with amqtransport.aio.connect(uri(b.port)) as a:
+                    await a.send("/queue/both", "async", delay=1500)
+
+            asyncio.run(aio_send())
+            assert sub.receive(timeout=1.0) is None
+            got = sorted(m.text for m in (sub.receive(timeout=10), sub.receive(timeout=10)) if m is not None)
+            assert got == ["async", "sync"]
+    finally:
+        b.stop()
