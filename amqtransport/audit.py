@@ -50,6 +50,10 @@ DUPLICATE_ID_HEADER = "_AMQ_DUPL_ID"
 def message_key(frame: Frame) -> str:
     """What identifies a message across redeliveries (see the module docstring)."""
     key = frame.get(IDEMPOTENCY_HEADER) or frame.get(DUPLICATE_ID_HEADER)
+    if key is not None and frame.get("scheduledJobId") is not None:
+        # a scheduled message (AMQ_SCHEDULED_REPEAT / CRON): each delivery is a message of
+        # its own carrying the producer's key; its message-id tells them apart
+        return f"{key}@{frame.get('message-id') or ''}"
     return key if key is not None else "id:" + (frame.get("message-id") or "")
 
 

@@ -40,9 +40,12 @@ DEFAULT_PREFETCH = 1000
 
 def send_frame(destination: str, body: bytes | str, headers: Mapping[str, str] | None, persistent: bool,
                idempotency_key: str | None, *, dialect: Dialect, duplicate_id_header: str | None,
-               priority: int | None = None) -> Frame:
+               priority: int | None = None, delay: int | None = None) -> Frame:
     """A SEND frame with its idempotency key (see the module docstring). ``priority``: the
-    JMS priority, 0-9 (the ``priority`` header; ValueError otherwise)."""
+    JMS priority, 0-9 (the ``priority`` header; ValueError otherwise); ``delay``:
+    milliseconds, as the ``AMQ_SCHEDULED_DELAY`` header (``ValueError`` when negative)."""
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int) or delay < 0):
+        raise ValueError(f"delay must be a whole number of milliseconds >= 0, got {delay!r}")
     data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
     hdrs: dict[str, str] = {"destination": destination}
     if isinstance(body, str):
@@ -54,6 +57,8 @@ def send_frame(destination: str, body: bytes | str, headers: Mapping[str, str] |
             raise ValueError(f"priority must be an integer from 0 to 9, got {priority!r}")
         hdrs["priority"] = str(priority)
     hdrs["persistent"] = "true" if persistent else "false"
+    if delay is not None:
+        hdrs["AMQ_SCHEDULED_DELAY"] = str(delay)
     key = hdrs[IDEMPOTENCY_HEADER] = idempotency_key or hdrs.get(IDEMPOTENCY_HEADER) or uuid.uuid4().hex
     if duplicate_id_header is not None and duplicate_id_header not in hdrs:
         hdrs[duplicate_id_header] = key

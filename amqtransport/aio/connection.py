@@ -222,11 +222,11 @@ class AsyncProducer:
 
     async def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
                    persistent: bool = True, idempotency_key: str | None = None,
-                   timeout: float | None = None, priority: int | None = None) -> None:
+                   timeout: float | None = None, priority: int | None = None, delay: int | None = None) -> None:
         """Send one message once the window has room: ``timeout`` bounds the wait for the
         oldest receipt (``SendTimeout`` names that send's key; this one is not sent).
-        ``priority``: 0-9 (JMS; the broker's default is 4)."""
-        frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key, priority)
+        ``priority``, ``delay``: as :meth:`AsyncConnection.send`."""
+        frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key, priority, delay)
         while len(self._outstanding) >= self.window:
             await self._reap(timeout)
         rec = await self._conn._transport.request(frame)
@@ -305,10 +305,10 @@ class AsyncTransaction:
 
     async def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
                    persistent: bool = True, idempotency_key: str | None = None,
-                   priority: int | None = None) -> None:
+                   priority: int | None = None, delay: int | None = None) -> None:
         if not self._open:
             raise LocalProtocolError("transaction is not open")
-        frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key, priority)
+        frame = self._conn._send_frame(destination, body, headers, persistent, idempotency_key, priority, delay)
         rec = await self._conn._transport.request(frame.with_headers(transaction=self.id))
         assert rec is not None
         self._sends.append(rec)
@@ -417,21 +417,24 @@ class AsyncConnection(ConnectionInfo, WireTapped):
 
     # -- sending ----------------------------------------------------------------------------
     def _send_frame(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None,
-                    persistent: bool, idempotency_key: str | None, priority: int | None = None) -> Frame:
+                    persistent: bool, idempotency_key: str | None, priority: int | None = None,
+                    delay: int | None = None) -> Frame:
         if self._closed:
             raise ConnectionClosed("connection is closed")
         t = self._transport
         return send_frame(destination, body, headers, persistent, idempotency_key, dialect=t.dialect,
-                          duplicate_id_header=t.duplicate_id_header, priority=priority)
+                          duplicate_id_header=t.duplicate_id_header, priority=priority, delay=delay)
 
     async def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
                    persistent: bool = True, idempotency_key: str | None = None, receipt: bool = True,
-                   timeout: float | None = None, priority: int | None = None) -> None:
+                   timeout: float | None = None, priority: int | None = None, delay: int | None = None) -> None:
         """Send one message; returns once the broker's receipt is in (``receipt=False``:
         once written — replayed after a failover only with ``trackMessages=true``).
         ``timeout``: seconds to wait for the receipt, then ``SendTimeout`` with the key.
-        ``priority``: 0-9, the JMS priority (``priority`` header; higher is delivered first)."""
-        frame = self._send_frame(destination, body, headers, persistent, idempotency_key, priority)
+        ``priority``: 0-9, the JMS priority (``priority`` header; higher is delivered first).
+        ``delay``: milliseconds the broker holds the message before delivering it
+        (``AMQ_SCHEDULED_DELAY``: ActiveMQ with its scheduler on, and our broker)."""
+        frame = self._send_frame(destination, body, headers, persistent, idempotency_key, priority, delay)
         rec = await self._transport.request(frame, receipt=receipt)
         if rec is not None:
             await self._transport.wait(rec, timeout)

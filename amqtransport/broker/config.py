@@ -91,6 +91,8 @@ class BrokerConfig(BaseModel):
     # queues deliver higher `priority` first, FIFO within one (dispatch/priority.py); false:
     # FIFO whatever the priority (ActiveMQ's default, without prioritizedMessages)
     prioritized_messages: bool = True
+    # AMQ_SCHEDULED_* headers schedule a message (ActiveMQ's schedulerSupport); false: delivered at once
+    scheduler_support: bool = True
 
     # persistence
     fsync: bool = True

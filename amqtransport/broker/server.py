@@ -152,6 +152,7 @@ class BrokerServer:
         self._fit_store_limit(self.store)
         self.core = BrokerCore(cfg, self.store, clock=time.time, monotonic=time.monotonic)
         n = self.core.load_from_store()
+        self.core.start_scheduler(self.loop.call_later)
         log.info("broker %s: %d messages recovered from %s", cfg.name, n, self.data_dir)
         self._schedule_compaction()
 

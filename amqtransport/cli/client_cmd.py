@@ -120,9 +120,11 @@ def _apply(fn: Any) -> Any:
 @click.option("--id-prefix", default=None, help="Idempotency-key prefix (default: a fresh run id).")
 @click.option("--priority", type=click.IntRange(0, 9), default=None, metavar="N",
               help="JMS priority 0-9 of every message (higher is delivered first; the broker's default is 4).")
+@click.option("--delay", "delay_ms", type=click.IntRange(min=0), default=None, metavar="MS",
+              help="Deliver each message MS milliseconds later (AMQ_SCHEDULED_DELAY: ActiveMQ's scheduler, ours).")
 def send(uri: str, destination: str, count: int, login: str | None, passcode: str | None, vhost: str | None,
          as_json: bool, progress: bool | None, size: int, window: int, non_persistent: bool,
-         id_prefix: str | None, priority: int | None) -> None:
+         id_prefix: str | None, priority: int | None, delay_ms: int | None) -> None:
     """Send COUNT messages to DESTINATION through URI; exit 0 only if all were receipted."""
     prefix = id_prefix or uuid.uuid4().hex[:12]
     counter = _Counter()
@@ -137,7 +139,7 @@ def send(uri: str, destination: str, count: int, login: str | None, passcode: st
             last = 0
             for i in range(count):
                 producer.send(destination, _body(prefix, i, size), persistent=not non_persistent,
-                              idempotency_key=f"{prefix}-{i}", priority=priority)
+                              idempotency_key=f"{prefix}-{i}", priority=priority, delay=delay_ms)
                 if producer.receipted > last:
                     bar.update(producer.receipted - last)
                     last = producer.receipted

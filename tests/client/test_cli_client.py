@@ -83,3 +83,14 @@ def test_send_through_a_broker_kill_then_recv_gets_all(broker: BrokerProcess, tm
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["received"] == count
+
+
+def test_send_delay_holds_the_messages_for_that_long(broker: BrokerProcess) -> None:
+    runner = CliRunner()
+    res = runner.invoke(cli, ["send", broker.uri, "/queue/later", "--count", "2", "--delay", "3000", "--json"])
+    assert res.exit_code == 0, res.output
+    early = runner.invoke(cli, ["recv", broker.uri, "/queue/later", "--count", "2", "--timeout", "1", "--json"])
+    assert early.exit_code != 0 and json.loads(early.stdout.strip().splitlines()[-1])["received"] == 0
+    res = runner.invoke(cli, ["recv", broker.uri, "/queue/later", "--count", "2", "--timeout", "10", "--json"])
+    assert res.exit_code == 0, res.output
+    assert runner.invoke(cli, ["send", broker.uri, "/queue/later", "--delay", "-1"]).exit_code == 2

@@ -80,6 +80,14 @@ def test_metrics_follow_prometheus_naming_and_count_a_queue(console: Console) ->
         assert metric(text, "amq_queue_in_flight", {"queue": "m.orders"}) == 0
 
 
+def test_metrics_count_scheduled_messages(console: Console) -> None:
+    before = metric(console.get("/metrics").text, "amq_scheduled_messages")
+    assert before is not None
+    with amqtransport.connect(console.uri) as c:
+        c.send("/queue/m.later", "in ten minutes", delay=600_000)
+    assert metric(console.get("/metrics").text, "amq_scheduled_messages") == before + 1
+
+
 def test_metrics_parse_with_the_prometheus_client_parser(console: Console) -> None:
     parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client is a dev dependency")
     send(console.uri, "m.parse", ["x"])

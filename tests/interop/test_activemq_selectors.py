@@ -46,7 +46,9 @@ N_SELECTORS, N_MESSAGES = 150, 10  # 1,500 generated cases per broker
 def broker_uri(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``tcp://`` of our broker or of ActiveMQ 5.17 (one JVM for the whole module)."""
     if request.param == "amq":
-        b = EmbeddedBroker(port=0, data_dir=tmp_path_factory.mktemp("amq-selectors"), config=BrokerConfig())
+        # as the module's ActiveMQ (schedulerSupport off): AMQ_SCHEDULED_DELAY is a plain Long property here
+        b = EmbeddedBroker(port=0, data_dir=tmp_path_factory.mktemp("amq-selectors"),
+                           config=BrokerConfig(scheduler_support=False))
         b.start()
         try:
             yield f"tcp://127.0.0.1:{b.port}"

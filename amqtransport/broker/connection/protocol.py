@@ -271,6 +271,8 @@ class BrokerConnection(StompStream):
         authz = self.ctx.authorizer
         if not authz.active:
             return True
+        if "," in destination and operation == WRITE:  # a composite: every part
+            return all(self._authorized(part, operation, receipt) for part in destination.split(","))
         try:
             dest = parse_destination(destination)
         except DestinationError:

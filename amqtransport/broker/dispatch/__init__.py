@@ -9,7 +9,7 @@ actions) call the core on the loop thread; it answers with deliveries to
   subscribe, ack, begin/commit/abort) and that wires the modules below together.
 - :mod:`.registry`: what exists (queues, topics, subscriptions, counters), paging and
   the expiry sweep; :mod:`.queues`: a queue and its dispatch loop; :mod:`.topics`:
-  fan-out; :mod:`.wildcards`: wildcard queue consumers; :mod:`.advisories`: consumer
+  fan-out; :mod:`.virtual`: virtual topics; :mod:`.scheduling` and :mod:`.cron`: scheduled delivery; :mod:`.wildcards`: wildcard queue consumers; :mod:`.advisories`: consumer
   advisories; :mod:`.backlog`: a slow topic subscriber's bounded backlog.
 - :mod:`.acks`: ACK, NACK, redelivery and the dead-letter queue;
   :mod:`.transactions`: BEGIN .. COMMIT/ABORT.

@@ -13,7 +13,8 @@ stories that change it, one module each: :mod:`.queues` (a queue's dispatch),
 :mod:`.topics` (fan-out, durable subscriptions), :mod:`.wildcards` (wildcard queue
 consumers), :mod:`.acks` (ACK/NACK, redelivery, DLQ), :mod:`.transactions` and
 :mod:`.advisories`; the names are :mod:`.names`, the data types :mod:`.model`.
-SEND, SUBSCRIBE and UNSUBSCRIBE are here.
+SEND, SUBSCRIBE and UNSUBSCRIBE are here, and the loop timer of scheduled delivery
+(:mod:`.scheduling` decides; :meth:`BrokerCore.fire_due` writes and routes).
 
 Persistence is concurrent with dispatch: a persistent message is handed to a consumer
 as soon as its record is queued for the journal (its ack record always follows it in
@@ -25,20 +26,31 @@ advisory subscriber is told the current counts.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from amqtransport.destinations import QUEUE, advisory_name, wildcard_segments
 from amqtransport.selector import Selector
 
 from ..config import BrokerConfig
-from ..store import MessageStore, RecordError, Sub
+from ..store import Ack, Enq, MessageStore, RecordError, Sub
 from ..store.journal import Callback
 from .acks import Acks
 from .advisories import Advisories
 from .errors import CoreError
-from .model import ACK_MODES, AUTO, Sink, Subscription
-from .names import DURABLE_PREFIX, check_send_destination, split_destination
+from .message import Message
+from .model import ACK_MODES, AUTO, Sink, Subscription, TxSend
+from .names import DURABLE_PREFIX, check_send_destination, send_targets, split_destination
 from .registry import Registry
+from .scheduling import (
+    JOB_PREFIX,
+    SCHEDULE_HEADERS,
+    Scheduler,
+    after_fire,
+    delivered_headers,
+    job_headers,
+    job_state,
+)
 from .selection import settle
 from .topics import FanOut
 from .transactions import Transactions
@@ -46,7 +58,13 @@ from .wildcards import WildcardQueues
 
 __all__ = ["BrokerCore"]
 
+log = logging.getLogger(__name__)
+
 _QUEUE_ADVISORIES = advisory_name(QUEUE, "")  # ActiveMQ.Advisory.Consumer.Queue.
+
+
+def _scheduled(headers: tuple[tuple[str, str], ...]) -> bool:
+    return any(k in SCHEDULE_HEADERS for k, _v in headers)
 
 
 class BrokerCore(Registry):
@@ -70,6 +88,84 @@ class BrokerCore(Registry):
         self.queue_created = self.wildcards.queue_created
         self.acks = Acks(self, self.fanout, self.wildcards)
         self.transactions = Transactions(self, self.fanout, self.acks)
+        self.scheduler = Scheduler()
+        self.transactions.on_job = self._job_added
+        self._call_later: Callable[[float, Callable[[], None]], object] | None = None
+        self._armed: float | None = None  # when the loop timer fires next (None: not armed)
+
+    # ------------------------------------------------------------------ scheduled delivery
+    def load_from_store(self) -> int:
+        """As :meth:`Registry.load_from_store`, and the scheduled jobs back to the scheduler."""
+        store = self.store
+        if store is not None:
+            for dest in [d for d in store.paged if d.startswith(JOB_PREFIX)]:
+                for job in store.take(dest, store.paged_count(dest)):
+                    self.scheduler.add(job, job_state(job).due)
+        return super().load_from_store()
+
+    def start_scheduler(self, call_later: Callable[[float, Callable[[], None]], object]) -> None:
+        """Fire jobs when due, on the event loop's timer ``call_later``."""
+        self._call_later = call_later
+        self._arm()
+
+    def _job_added(self, job: Message, due: float) -> None:
+        self.scheduler.add(job, due)
+        self._arm()
+
+    def _arm(self) -> None:
+        due = self.scheduler.next_due()
+        if due is None or self._call_later is None or (self._armed is not None and self._armed <= due):
+            return
+        self._armed = due
+        self._call_later(max(0.0, due - self.clock()), self._tick)
+
+    def _tick(self) -> None:
+        self._armed = None
+        try:
+            self.fire_due()
+        finally:
+            self._arm()
+
+    def fire_due(self) -> int:
+        """Fire every job that is due: each in one atomic journal record (scheduling.py)."""
+        if self.shutting_down:
+            return 0
+        now = self.clock()
+        jobs = self.scheduler.pop_due(now)
+        for i, job in enumerate(jobs):
+            try:
+                self._fire(job, now)
+            except Exception:
+                log.exception("scheduled job %s could not fire; it is retried in 1 s", job.id)
+                for rest in jobs[i:]:
+                    self.scheduler.add(rest, now + 1.0)
+                break
+        return len(jobs)
+
+    def _fire(self, job: Message, now: float) -> None:
+        state = job_state(job)
+        firing = after_fire(state, job.headers, now)
+        sends = []
+        if firing.deliver:
+            persistent = next((v.lower() == "true" for k, v in job.headers if k == "persistent"), False)
+            headers = delivered_headers(job.headers, state.job, int(now * 1000), int(job.timestamp * 1000))
+            sends.append(TxSend(state.destination, headers, job.body, persistent, "", 0))
+        plan = self.transactions.plan(sends, job.origin)
+        for due, left, headers in firing.successors:
+            nxt = Message(
+                id=self.new_id(), destination=job.destination,
+                headers=job_headers(headers, due=due, left=left, job=state.job), body=job.body,
+                timestamp=job.timestamp, persistent=job.persistent, origin=job.origin,
+            )
+            if nxt.persistent:
+                plan.records.append(Enq(nxt))
+            plan.jobs.append((nxt, due))
+        if job.persistent:
+            plan.records.append(Ack((job.id,)))
+        if self.store is not None:
+            self.store.commit(plan.records)
+        self.sent += len(plan.routed)
+        self.transactions.route(plan)
 
     def capacity_changed(self, sub: Subscription) -> None:
         """The subscription may take more (its connection is writable again)."""
@@ -93,6 +189,11 @@ class BrokerCore(Registry):
         durable; for a non-persistent message, once everything written before is
         (:meth:`~.registry.Registry.done`: on the journal's order, through its gate).
         """
+        if "," in destination or (self.config.scheduler_support and _scheduled(headers)):
+            # a composite (each part gets a copy, all durable before the receipt) or a job
+            targets = send_targets(destination, headers)
+            sends = [TxSend(d, h, body, persistent, key, 0) for d, h in targets]
+            return self.transactions.send_batch(sends, origin, callback) > 0
         kind, name = check_send_destination(destination)
         if key and self.store is not None and self.store.is_duplicate(destination, key, callback):
             self.duplicates += 1

@@ -25,6 +25,7 @@ from .message import Message
 from .model import Subscription, Topic
 from .priority import DEFAULT_PRIORITY, parse_priority, priority_of
 from .queues import Queue
+from .virtual import VIRTUAL_CONSUMER_PREFIX, virtual_subscription
 
 __all__ = ["Registry", "EXPIRY_SWEEP_S"]
 
@@ -155,9 +156,21 @@ class Registry:
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = Queue(self, key)
+            if key.startswith(VIRTUAL_CONSUMER_PREFIX) and key not in self.durable_subs:
+                self._virtual_queue_created(key)
             if self.wildcard_queue_subs and self.queue_created is not None:
                 self.queue_created(q)
         return q
+
+    def _virtual_queue_created(self, key: str) -> None:
+        """A virtual topic's consumer queue came to be: from now on it receives the
+        topic's messages, across restarts (virtual.py)."""
+        record = virtual_subscription(key)
+        if record is None:
+            return
+        if self.store is not None:
+            self.store.add_subscription(record)
+        self.register_durable(record)
 
     def forget_idle(self, keys: Sequence[str]) -> None:
         for key in keys:

@@ -10,7 +10,9 @@ bytes -- topics are not durable; :mod:`.backlog`).
 Durable subscriptions (``activemq.subscriptionName`` + the connection's
 ``client-id``) are internal queues named ``durable:<client-id>:<name>``; a persistent
 message published to the topic is copied into each of them (one atomic journal
-record), so they survive restarts and offline periods like any queue.
+record), so they survive restarts and offline periods like any queue. A virtual
+topic's consumer queues (``/queue/Consumer.A.VirtualTopic.X``, :mod:`.virtual`) are
+durable subscriptions of this kind whose queue is the consumer queue itself.
 """
 
 from __future__ import annotations
@@ -23,12 +25,20 @@ from amqtransport.destinations import match
 from ..store.journal import Callback
 from .message import Message
 from .model import AUTO, Subscription
+from .names import DURABLE_PREFIX
 from .registry import Registry
 from .selection import accepts, view_of
 
 __all__ = ["FanOut"]
 
 log = logging.getLogger(__name__)
+
+
+def _virtual_copy_headers(msg: Message) -> tuple[tuple[str, str], ...]:
+    """A virtual topic consumer queue's copy (virtual.py): the topic it came from is its
+    ``original-destination``."""
+    kept = tuple(h for h in msg.headers if h[0] != "original-destination")
+    return (*kept, ("original-destination", msg.destination))
 
 
 class FanOut:
@@ -59,7 +69,9 @@ class FanOut:
             Message(
                 id=f"{msg.id}:{qkey}",
                 destination=qkey,
-                headers=(("destination", msg.destination), *msg.headers),
+                headers=(("destination", msg.destination), *msg.headers)
+                if qkey.startswith(DURABLE_PREFIX)
+                else _virtual_copy_headers(msg),
                 body=msg.body,
                 key="",
                 timestamp=msg.timestamp,

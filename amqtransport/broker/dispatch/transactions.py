@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
 from ..store import Ack, Enq, JournalError, Keys, RecordError
 from ..store.journal import Callback
 from ..store.records import TxPart
@@ -10,12 +13,25 @@ from .errors import CoreError
 from .memory import send_size
 from .message import Message
 from .model import Subscription, TxSend, TxState
-from .names import check_send_destination
+from .names import Headers, check_send_destination, send_targets
 from .priority import check_priority
 from .registry import Registry
+from .scheduling import Schedule, first_due, job_destination, job_headers, read_schedule
 from .topics import FanOut
 
 __all__ = ["Transactions"]
+
+
+@dataclass
+class _Plan:
+    """What a batch of SENDs does: its journal records, the messages to route, the keys
+    of messages not persisted, and how many were duplicates."""
+
+    records: list[TxPart] = field(default_factory=list)
+    routed: list[tuple[str, str, Message, list[Message]]] = field(default_factory=list)
+    memory_keys: list[tuple[str, str]] = field(default_factory=list)
+    duplicates: int = 0
+    jobs: list[tuple[Message, float]] = field(default_factory=list)  # scheduled (scheduling.py), due
 
 
 class Transactions:
@@ -26,6 +42,8 @@ class Transactions:
         self.reg = reg
         self.fanout = fanout
         self.acks = acks
+        #: takes each scheduled job (scheduling.py) once it is written, with when it is due
+        self.on_job: Callable[[Message, float], None] | None = None
 
     def tx_send(
         self,
@@ -39,9 +57,11 @@ class Transactions:
     ) -> None:
         """Hold a SEND until ``tx`` commits; its bytes count against the memory limits
         meanwhile, and a transaction may hold at most ``max_transaction_size`` bytes."""
-        check_send_destination(destination)
+        targets = send_targets(destination, headers)  # a composite: one send per part
         check_priority(headers)  # refused now, not at COMMIT
-        size = send_size(headers, body)
+        if self.reg.config.scheduler_support:
+            read_schedule(headers)  # wrong AMQ_SCHEDULED_* headers are refused at the SEND
+        size = sum(send_size(h, body) for _d, h in targets)
         limit = self.reg.config.max_transaction_size
         if tx.size + size > limit:
             raise CoreError(
@@ -49,74 +69,138 @@ class Transactions:
                 f"max_transaction_size={limit}: send refused, the transaction is rolled back "
                 "(commit in smaller transactions)"
             )
-        tx.sends.append(TxSend(destination, headers, body, persistent, key, size))
-        tx.size += size
-        self.reg.memory.reserve(destination, size)
+        for dest, hdrs in targets:
+            part = send_size(hdrs, body)
+            tx.sends.append(TxSend(dest, hdrs, body, persistent, key, part))
+            tx.size += part
+            self.reg.memory.reserve(dest, part)
 
     def commit(self, tx: TxState, callback: Callback | None = None) -> None:
         """Apply a transaction: everything it does -- queue messages, the durable
         subscribers' copies of its topic messages, their idempotency keys, its acks -- in
         one atomic journal record; ``callback`` runs once that record is durable."""
         reg = self.reg
-        records: list[TxPart] = []
-        routed: list[tuple[str, str, Message, list[Message]]] = []
-        memory_keys: list[tuple[str, str]] = []  # keys of messages that are not persisted
-        seen_keys: set[tuple[str, str]] = set()
         store = reg.store
-        duplicates = 0
-        for destination, headers, body, persistent, key, _size in tx.sends:
-            kind, name = check_send_destination(destination)
-            if key and (
-                (store is not None and store.is_duplicate(destination, key)) or (destination, key) in seen_keys
-            ):
-                duplicates += 1
-                continue
-            if key:
-                seen_keys.add((destination, key))
-            msg = reg.make_message(destination, headers, body, persistent, key)
-            msg.origin = tx.origin
-            copies = self.fanout.durable_copies(name, msg) if kind == "topic" else []
-            if msg.persistent and kind == "queue":
-                records.append(Enq(msg))
-            elif msg.persistent and copies:
-                records.extend(Enq(c) for c in copies)
-                if key:
-                    records.append(Keys(((destination, key, msg.timestamp),)))
-            elif key:
-                memory_keys.append((destination, key))
-            routed.append((kind, name, msg, copies))
+        plan = self.plan(tx.sends, tx.origin)
         ack_ids = [m.id for sub, m in tx.acked if sub.kind == "queue" and m.persistent]
         if ack_ids:
-            records.append(Ack(tuple(ack_ids)))
+            plan.records.append(Ack(tuple(ack_ids)))
         if store is not None:
             try:
-                store.commit(records, callback)
+                store.commit(plan.records, callback)
             except (RecordError, JournalError) as exc:  # nothing was written
                 self.abort(tx)
                 if isinstance(exc, JournalError):
                     raise
                 raise CoreError(f"transaction {tx.id!r} cannot be committed: {exc}") from None
-            for destination, key in memory_keys:
+            for destination, key in plan.memory_keys:
                 store.remember_key(destination, key)
         else:
             reg.done(callback)
-        reg.sent += len(routed)
-        reg.duplicates += duplicates
+        reg.sent += len(plan.routed) + len(plan.jobs)
+        reg.duplicates += plan.duplicates
         for sub, m in tx.acked:
             reg.memory.release(m)
             if sub.kind == "queue":
                 self.acks.count_dequeued(sub, [m])
         for send in tx.sends:  # the messages are charged as they are enqueued below
             reg.memory.unreserve(send.destination, send.size, settle=False)
-        for kind, name, msg, copies in routed:
-            if kind == "queue":
-                reg.queue(msg.destination).enqueue(msg)
-            else:
-                self.fanout.fan_out(name, msg, copies)
+        self.route(plan)
         reg.memory.settle({send.destination for send in tx.sends})
         for sub, m in tx.nacked:
             self.acks.return_unacked(sub, [m], count_failure=True)
         self._clear(tx)
+
+    def send_batch(self, sends: Sequence[TxSend], origin: str, callback: Callback | None) -> int:
+        """Accept several SENDs at once (a composite destination's copies): the
+        persistent ones in one atomic journal record, ``callback`` once it is durable.
+        Returns how many were routed (the others were duplicates of their keys)."""
+        reg = self.reg
+        store = reg.store
+        plan = self.plan(sends, origin)
+        if store is not None:
+            try:
+                store.commit(plan.records, callback)
+            except RecordError as exc:  # nothing was written
+                raise CoreError(f"message refused: {exc}") from None
+            for destination, key in plan.memory_keys:
+                store.remember_key(destination, key)
+        else:
+            reg.done(callback)
+        reg.sent += len(plan.routed) + len(plan.jobs)
+        reg.duplicates += plan.duplicates
+        self.route(plan)
+        return len(plan.routed) + len(plan.jobs)
+
+    def plan(self, sends: Sequence[TxSend], origin: str) -> _Plan:
+        """The messages ``sends`` make (minus duplicates of their keys) and the journal
+        records that persist them."""
+        reg = self.reg
+        store = reg.store
+        plan = _Plan()
+        seen_keys: set[tuple[str, str]] = set()
+        for destination, headers, body, persistent, key, _size in sends:
+            kind, name = check_send_destination(destination)
+            if key and (
+                (store is not None and store.is_duplicate(destination, key)) or (destination, key) in seen_keys
+            ):
+                plan.duplicates += 1
+                continue
+            sched = read_schedule(headers) if reg.config.scheduler_support else None
+            if sched is not None:  # a job: held until due (scheduling.py)
+                scope = job_destination(destination)
+                if key and (
+                    (store is not None and store.is_duplicate(scope, key)) or (scope, key) in seen_keys
+                ):
+                    plan.duplicates += 1
+                    continue
+                if key:
+                    seen_keys.add((scope, key))
+                self.add_job(plan, scope, headers, body, key, origin, sched)
+                continue
+            if key:
+                seen_keys.add((destination, key))
+            msg = reg.make_message(destination, headers, body, persistent, key)
+            msg.origin = origin
+            copies = self.fanout.durable_copies(name, msg) if kind == "topic" else []
+            if msg.persistent and kind == "queue":
+                plan.records.append(Enq(msg))
+            elif msg.persistent and copies:
+                plan.records.extend(Enq(c) for c in copies)
+                if key:
+                    plan.records.append(Keys(((destination, key, msg.timestamp),)))
+            elif key:
+                plan.memory_keys.append((destination, key))
+            plan.routed.append((kind, name, msg, copies))
+        return plan
+
+    def add_job(
+        self, plan: _Plan, scope: str, headers: Headers, body: bytes, key: str, origin: str, sched: Schedule
+    ) -> None:
+        """A newly scheduled job (scheduling.py) into ``plan``: its record and its due time."""
+        reg = self.reg
+        now = reg.clock()
+        due = first_due(sched, now)
+        job_id = reg.new_id()
+        job = Message(
+            id=job_id, destination=scope, headers=job_headers(headers, due=due, left=sched.repeat, job=job_id),
+            body=body, key=key, timestamp=now, persistent=reg.store is not None, origin=origin,
+        )
+        if job.persistent:
+            plan.records.append(Enq(job))
+        elif key:
+            plan.memory_keys.append((scope, key))
+        plan.jobs.append((job, due))
+
+    def route(self, plan: _Plan) -> None:
+        if self.on_job is not None:
+            for job, due in plan.jobs:
+                self.on_job(job, due)
+        for kind, name, msg, copies in plan.routed:
+            if kind == "queue":
+                self.reg.queue(msg.destination).enqueue(msg)
+            else:
+                self.fanout.fan_out(name, msg, copies)
 
     def abort(self, tx: TxState) -> None:
         """Drop a transaction's sends; messages it acked are redelivered."""

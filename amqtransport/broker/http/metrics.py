@@ -145,6 +145,8 @@ def render_metrics(stats: NodeStats) -> str:
         out.one("amq_messages_dead_lettered_total", "counter",
                 "Messages moved to a dead-letter queue after too many deliveries.", stats.dead_lettered)
         out.one("amq_messages_expired_total", "counter", "Messages dropped because they expired.", stats.expired)
+        out.one("amq_scheduled_messages", "gauge", "Scheduled messages (AMQ_SCHEDULED_*) waiting to be delivered.",
+                stats.scheduled)
     mem = stats.memory
     if mem is not None:
         out.one("amq_memory_usage_bytes", "gauge", "Bytes of queued messages held in memory.", mem.usage)

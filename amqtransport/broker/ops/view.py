@@ -165,6 +165,7 @@ class NodeStats:
     duplicates: int = 0
     dead_lettered: int = 0
     expired: int = 0
+    scheduled: int = 0  # AMQ_SCHEDULED_* jobs waiting to fire
     destinations: tuple[DestinationStats, ...] = ()
     # a slave: messages per destination in its replica of the master's store (the
     # console shows them; /metrics does not, the master counts them)
@@ -322,6 +323,7 @@ def serving_stats(server: BrokerServer, grace: float) -> dict[str, object]:
         "duplicates": core.duplicates,
         "dead_lettered": core.dead_lettered,
         "expired": core.expired,
+        "scheduled": len(core.scheduler),
         "destinations": _destinations(server),
         "otel_exported": server.tracer.exported if server.tracer is not None else None,
         "otel_dropped": server.tracer.dropped if server.tracer is not None else None,
