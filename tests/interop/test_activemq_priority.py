@@ -14,18 +14,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from differential import BROKERS, broker
 
 import amqtransport
 import amqtransport.aio
-from amqtransport.broker import BrokerConfig, EmbeddedBroker
 from amqtransport.cli.main import cli
 from amqtransport.errors import AmqTransportError, BrokerError
-from amqtransport.processes.activemq import ActiveMQNode
-from amqtransport.testing.pytest_fixtures import require_activemq
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,24 +32,11 @@ PRIORITY_POLICY = """    <destinationPolicy><policyMap><policyEntries>
     </policyEntries></policyMap></destinationPolicy>"""
 
 
-@pytest.fixture(scope="module", params=["amq", pytest.param("activemq", marks=pytest.mark.activemq)])
+@pytest.fixture(scope="module", params=BROKERS)
 def broker_uri(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``tcp://`` of our broker or of ActiveMQ 5.17 (one JVM for the whole module)."""
-    if request.param == "amq":
-        b = EmbeddedBroker(port=0, data_dir=tmp_path_factory.mktemp("amq-priority"), config=BrokerConfig())
-        b.start()
-        try:
-            yield f"tcp://127.0.0.1:{b.port}"
-        finally:
-            b.stop()
-        return
-    require_activemq()
-    node = ActiveMQNode(Path(tmp_path_factory.mktemp("activemq-priority")), "priority", extra_xml=PRIORITY_POLICY)
-    node.start()
-    try:
-        yield node.uri
-    finally:
-        node.stop(timeout=5)
+    with broker(request.param, tmp_path_factory, "priority", extra_xml=PRIORITY_POLICY) as uri:
+        yield uri
 
 
 def unique() -> str:

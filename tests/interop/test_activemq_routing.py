@@ -12,37 +12,21 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from differential import BROKERS, broker
 
 import amqtransport
-from amqtransport.broker import BrokerConfig, EmbeddedBroker
 from amqtransport.errors import BrokerError, ConnectionClosed
-from amqtransport.processes.activemq import ActiveMQNode
-from amqtransport.testing.pytest_fixtures import require_activemq
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module", params=["amq", pytest.param("activemq", marks=pytest.mark.activemq)])
+@pytest.fixture(scope="module", params=BROKERS)
 def broker_uri(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``tcp://`` of our broker or of ActiveMQ 5.17 (one JVM for the whole module)."""
-    if request.param == "amq":
-        b = EmbeddedBroker(port=0, data_dir=tmp_path_factory.mktemp("amq-routing"), config=BrokerConfig())
-        b.start()
-        try:
-            yield f"tcp://127.0.0.1:{b.port}"
-        finally:
-            b.stop()
-        return
-    require_activemq()
-    node = ActiveMQNode(Path(tmp_path_factory.mktemp("activemq-routing")), "routing", scheduler=True)
-    node.start()
-    try:
-        yield node.uri
-    finally:
-        node.stop(timeout=5)
+    with broker(request.param, tmp_path_factory, "routing", scheduler=True) as uri:
+        yield uri
 
 
 def unique(prefix: str = "r") -> str:

@@ -24,17 +24,15 @@ import random
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from differential import BROKERS, broker
 from selector_cases import SelectorGen, gen_message, token_soup
 
 import amqtransport
-from amqtransport.broker import BrokerConfig, EmbeddedBroker
+from amqtransport.broker import BrokerConfig
 from amqtransport.errors import BrokerError
-from amqtransport.processes.activemq import ActiveMQNode
 from amqtransport.selector import SelectorError, compile_selector, message_view
-from amqtransport.testing.pytest_fixtures import require_activemq
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -42,26 +40,12 @@ SEED = int(os.environ.get("AMQ_SELECTOR_SEED", "20261126"))
 N_SELECTORS, N_MESSAGES = 150, 10  # 1,500 generated cases per broker
 
 
-@pytest.fixture(scope="module", params=["amq", pytest.param("activemq", marks=pytest.mark.activemq)])
+@pytest.fixture(scope="module", params=BROKERS)
 def broker_uri(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``tcp://`` of our broker or of ActiveMQ 5.17 (one JVM for the whole module)."""
-    if request.param == "amq":
-        # as the module's ActiveMQ (schedulerSupport off): AMQ_SCHEDULED_DELAY is a plain Long property here
-        b = EmbeddedBroker(port=0, data_dir=tmp_path_factory.mktemp("amq-selectors"),
-                           config=BrokerConfig(scheduler_support=False))
-        b.start()
-        try:
-            yield f"tcp://127.0.0.1:{b.port}"
-        finally:
-            b.stop()
-        return
-    require_activemq()
-    node = ActiveMQNode(Path(tmp_path_factory.mktemp("activemq-selectors")), "selectors")
-    node.start()
-    try:
-        yield node.uri
-    finally:
-        node.stop(timeout=5)
+    # ours as the module's ActiveMQ (schedulerSupport off): AMQ_SCHEDULED_DELAY is a plain Long property
+    with broker(request.param, tmp_path_factory, "selectors", config=BrokerConfig(scheduler_support=False)) as uri:
+        yield uri
 
 
 def unique(kind: str) -> str:
