@@ -32,14 +32,17 @@ import bisect
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from .errors import BadHeader
+
 __all__ = ["Cron", "CronError", "parse_cron"]
 
 _FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 6))
 _HORIZON_DAYS = 366 * 8  # a cron that does not come within this is refused (leap days come every 4 years)
 
 
-class CronError(ValueError):
-    """A cron entry that does not parse; the message names the field."""
+class CronError(BadHeader, ValueError):
+    """A cron entry that does not parse (it comes in the ``AMQ_SCHEDULED_CRON`` header);
+    the message names the field."""
 
 
 def _number(token: str, field: str, text: str) -> int:
