@@ -152,16 +152,20 @@ def test_our_error_names_the_column(broker_uri: str) -> None:
 
 
 def test_not_binds_tighter_than_equals_so_nothing_matches(broker_uri: str) -> None:
-    q = unique("queue")
+    q, fresh = unique("queue"), unique("queue")
     with amqtransport.connect(broker_uri) as c:
-        c.send(q, "blue", headers={"color": "blue"})
-        c.send(q, "red", headers={"color": "red"})
+        for dest in (q, fresh):
+            c.send(dest, "blue", headers={"color": "blue"})
+            c.send(dest, "red", headers={"color": "red"})
         quirk = c.subscribe(q, selector="NOT color = 'blue'")  # (NOT color) = 'blue': TRUE = 'blue' throws
         assert bodies(quirk, 0, quiet=0.5) == []
-        # (while it is subscribed, ActiveMQ's queue dispatch stalls for every consumer)
-        quirk.unsubscribe()
-        assert bodies(c.subscribe(q, selector="NOT (color = 'blue')"), 1) == ["red"]
-        assert bodies(c.subscribe(q), 1) == ["blue"]  # nothing was consumed by the quirk
+    # While such a selector is subscribed, ActiveMQ's dispatch of that queue stalls for
+    # every consumer, and how soon it recovers once the consumer is gone is its own
+    # business (one run in a few missed a 10 s wait on the same connection): the
+    # parenthesized form is checked on a queue the quirk never touched.
+    with amqtransport.connect(broker_uri) as c:
+        assert bodies(c.subscribe(fresh, selector="NOT (color = 'blue')"), 1) == ["red"]
+        assert sorted(bodies(c.subscribe(q), 2)) == ["blue", "red"]  # nothing was consumed by the quirk
 
 
 def test_jms_headers_from_stomp_headers(broker_uri: str) -> None:
