@@ -57,18 +57,22 @@ def test_send_through_a_broker_kill_then_recv_gets_all(broker: BrokerProcess, tm
     uri = f"failover:({broker.uri})?initialReconnectDelay=20&maxReconnectDelay=200"
     count = 20000
     amq = [sys.executable, "-m", "amqtransport"]
+    # --progress on a pipe prints its label once, after connecting and before the first
+    # send: the first kill waits for it, so it lands mid-run however slow the start is
     proc = subprocess.Popen([*amq, "send", uri, "/queue/kill", "--count", str(count), "--window", "50",
-                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--json", "--progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        # kill and restart every second while it runs (a kill before the child has
-        # connected only delays its start; one landing mid-run is asserted below)
-        for _ in range(5):
-            time.sleep(1.0)
-            if proc.poll() is not None:
-                break
+        assert proc.stderr is not None
+        started = proc.stderr.readline()
+        assert started.startswith("sending"), started
+        time.sleep(0.05)
+        for _ in range(3):
             broker.kill()
             time.sleep(0.3)
             broker.start()
+            time.sleep(1.0)
+            if proc.poll() is not None:
+                break
         out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
