@@ -3,7 +3,7 @@ once, in order, whatever the master sends.
 
 A full sync ends with the journal's tail read back, then live records. When the tail
 reader went past the point where live pushes start, the master sent those records twice
-(fixed in replication.py's MasterLink._pump); the slave applied both copies, so an Enq
+(fixed in master_link.py's MasterLink._pump); the slave applied both copies, so an Enq
 was applied twice and its one ACK removed one copy: the message came back after a
 takeover (the nemesis's redelivered-after-ack in replicated pairs). Here a scripted
 master sends such an overlap, and a gap, to a real SlaveLink over a loopback socket.

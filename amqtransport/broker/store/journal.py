@@ -77,7 +77,7 @@ from pathlib import Path
 from ..ops.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
 from .guard import CHECK_INTERVAL, StorageGuard
 from .records import Record, RecordTooLarge
-from .salvage import Damage, TornTail, scan_with_damage
+from .salvage import Damage, recover_segment
 from .segments import FRAME as _FRAME
 from .segments import (
     MAGIC,
@@ -219,39 +219,11 @@ class Journal(SegmentReads):
             if start is not None and seg_id < start[0]:
                 self._sizes[seg_id] = path.stat().st_size
                 continue
-            data = path.read_bytes()
             first = len(MAGIC)
             if start is not None and seg_id == start[0]:
                 first = max(first, start[1])
-            view = memoryview(data)
-            last = n == len(ids) - 1
-            torn: TornTail | None = None
-            if len(view) < len(MAGIC) or bytes(view[: len(MAGIC)]) != MAGIC:
-                problem = "short segment header" if len(view) < len(MAGIC) else "bad segment magic"
-                if last and len(view) < len(MAGIC):
-                    torn = TornTail(seg_id, 0, problem)  # a crash while the head was created
-                elif data:
-                    self._damaged(Damage(seg_id, 0, len(view), problem, ""))
-            else:
-                for item in scan_with_damage(view, seg_id, min(first, len(view)), self.max_record, last=last):
-                    if isinstance(item, tuple):
-                        yield seg_id, *item
-                    elif isinstance(item, TornTail):
-                        torn = item
-                    else:
-                        self._damaged(item)
-            del view
-            if torn is not None:  # never fsynced, so never receipted: cut it off
-                log.warning("journal %s: %s; truncating %d bytes (a torn tail)", path.name, torn.problem,
-                            len(data) - torn.offset)
-                with open(path, "r+b") as fh:
-                    if torn.offset < len(MAGIC):
-                        fh.truncate(0)
-                        fh.write(MAGIC)
-                    else:
-                        fh.truncate(torn.offset)
-                    fh.flush()
-                    os.fsync(fh.fileno())
+            yield from recover_segment(path, seg_id, first, last=n == len(ids) - 1, max_record=self.max_record,
+                                       on_damage=self._damaged)
             self._sizes[seg_id] = path.stat().st_size
         self.segments = ids
         self.size = sum(self._sizes.values())

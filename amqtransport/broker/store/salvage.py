@@ -33,11 +33,12 @@ the whole journal).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +48,10 @@ from .segments import FRAME, MAGIC, MAX_RECORD, Scan, segment_id
 
 __all__ = [
     "SEARCH_BUDGET", "Damage", "TornTail", "SegmentReport", "JournalReport", "describe", "next_frame", "scan_with_damage",
-    "verify", "repair",
+    "recover_segment", "verify", "repair",
 ]
+
+log = logging.getLogger(__name__)
 
 #: bytes of payload :func:`next_frame` may checksum while looking for the next intact frame
 SEARCH_BUDGET = 256 << 20
@@ -171,6 +174,44 @@ def scan_with_damage(
         if nxt is None:
             return
         pos = nxt
+
+
+def recover_segment(
+    path: Path, seg_id: int, first: int, *, last: bool, max_record: int, on_damage: Callable[[Damage], None]
+) -> Iterator[tuple[int, int, memoryview, Record]]:
+    """Recovery's reading of one segment: yield ``(segment, offset, payload, record)`` for
+    every intact frame from offset ``first``, report each damaged region to ``on_damage``
+    and read on past it, and cut off a torn tail (``last``: only the last segment can have
+    one; it was never fsynced, so never receipted). ``payload`` is valid until the next item."""
+    data = path.read_bytes()
+    view = memoryview(data)
+    torn: TornTail | None = None
+    if len(view) < len(MAGIC) or bytes(view[: len(MAGIC)]) != MAGIC:
+        problem = "short segment header" if len(view) < len(MAGIC) else "bad segment magic"
+        if last and len(view) < len(MAGIC):
+            torn = TornTail(seg_id, 0, problem)  # a crash while the head was created
+        elif data:
+            on_damage(Damage(seg_id, 0, len(view), problem, ""))
+    else:
+        for item in scan_with_damage(view, seg_id, min(first, len(view)), max_record, last=last):
+            if isinstance(item, tuple):
+                yield seg_id, *item
+            elif isinstance(item, TornTail):
+                torn = item
+            else:
+                on_damage(item)
+    del view
+    if torn is not None:  # never fsynced, so never receipted: cut it off
+        log.warning("journal %s: %s; truncating %d bytes (a torn tail)", path.name, torn.problem,
+                    len(data) - torn.offset)
+        with open(path, "r+b") as fh:
+            if torn.offset < len(MAGIC):
+                fh.truncate(0)
+                fh.write(MAGIC)
+            else:
+                fh.truncate(torn.offset)
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 # ---------------------------------------------------------------------- offline
