@@ -19,8 +19,9 @@ from typing import Any
 from amqtransport.broker.tracing import SendTracer
 
 from .config import BridgeConfig, leaf_addresses
-from .connector import ConnectFn, NetworkConnector, _default_agent_factory, _default_connect
+from .connector import ConnectFn, NetworkConnector, _default_agent_factory
 from .forwarder import NodeId
+from .network_bridge import _default_connect
 from .status import StatusRegistry, StatusServer
 
 __all__ = ["BridgeAgent"]

@@ -191,7 +191,8 @@ def test_acks_nack_redelivers_then_dead_letters_after_max_redeliveries(core: Bro
 
 
 class FlowConn:
-    """The :class:`FlowHost` a gate sees: records what went through and what it did."""
+    """The :class:`FlowHost` a gate sees (and its :class:`FlowStream`): records what went
+    through and what it did."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.config = BrokerConfig(memory_limit=4096, max_pending_frames=3)
@@ -199,27 +200,31 @@ class FlowConn:
         self.peer = "test"
         self.connected = True
         self.closing = False
-        self._paused = False
+        self.write_paused = False
         self.handled: list[str] = []
         self.reading_paused = False
 
-    def _handle(self, frame: Frame) -> None:
+    @property
+    def stream(self) -> FlowConn:
+        return self
+
+    def handle(self, frame: Frame) -> None:
         self.handled.append(frame.get("n") or frame.command)
 
-    def _held_by_transactions(self) -> int:
+    def held_by_transactions(self) -> int:
         return 0
 
-    def _error(self, message: str, *, receipt: str | None = None, detail: str = "", close: bool = True,
-               in_doubt: bool = False) -> None:
+    def error(self, message: str, *, receipt: str | None = None, detail: str = "", close: bool = True,
+              in_doubt: bool = False) -> None:
         raise AssertionError(message)
 
-    def _error_no_raise(self, message: str, receipt: str | None = None) -> None:
+    def error_no_raise(self, message: str, receipt: str | None = None) -> None:
         raise AssertionError(message)
 
-    def _pause_reading(self) -> None:
+    def pause_reading(self) -> None:
         self.reading_paused = True
 
-    def _resume_reading(self) -> None:
+    def resume_reading(self) -> None:
         self.reading_paused = False
 
 

@@ -24,7 +24,8 @@ instead (and, as after every ERROR, the connection is closed).
 Composition, not inheritance: a :class:`FlowGate` is a part of its connection
 (``BrokerConnection.flow``), which hands it every frame (:meth:`FlowGate.admit`) and
 asks it whether reading must stay paused (:meth:`FlowGate.full`); the gate sees the
-connection only as a :class:`FlowHost`.
+connection only as a :class:`FlowHost` (frames go ahead through ``handle``) and its
+socket as a :class:`FlowStream` (ERRORs, pausing and resuming reading).
 """
 
 from __future__ import annotations
@@ -40,9 +41,28 @@ from ..config import BrokerConfig
 from ..dispatch.core import BrokerCore
 from .stream import ErrorSent
 
-__all__ = ["FlowGate", "FlowHost"]
+__all__ = ["FlowGate", "FlowHost", "FlowStream"]
 
 log = logging.getLogger(__name__)
+
+
+class FlowStream(Protocol):
+    """What the gate needs of its connection's socket (:class:`~.stream.StompStream`)."""
+
+    peer: str
+    closing: bool
+
+    @property
+    def write_paused(self) -> bool: ...
+
+    def error(self, message: str, *, receipt: str | None = None, detail: str = "", close: bool = True,
+              in_doubt: bool = False) -> None: ...
+
+    def error_no_raise(self, message: str, receipt: str | None = None) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
 
 
 class FlowHost(Protocol):
@@ -50,25 +70,18 @@ class FlowHost(Protocol):
 
     config: BrokerConfig
     loop: asyncio.AbstractEventLoop
-    peer: str
-    connected: bool
-    closing: bool
-    _paused: bool
 
-    def _handle(self, frame: StompFrame) -> None:
+    @property
+    def stream(self) -> FlowStream: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+    def handle(self, frame: StompFrame) -> None:
         """Process a frame (it may go ahead)."""
 
-    def _held_by_transactions(self) -> int:
+    def held_by_transactions(self) -> int:
         """Bytes this connection's open transactions hold in the memory gauge."""
-
-    def _error(self, message: str, *, receipt: str | None = None, detail: str = "", close: bool = True,
-               in_doubt: bool = False) -> None: ...
-
-    def _error_no_raise(self, message: str, receipt: str | None = None) -> None: ...
-
-    def _pause_reading(self) -> None: ...
-
-    def _resume_reading(self) -> None: ...
 
 
 class FlowGate:
@@ -93,24 +106,24 @@ class FlowGate:
         conn = self.conn
         if self.held:
             if frame.command in ("ACK", "NACK"):
-                conn._handle(frame)  # acks free memory: never behind a parked SEND
+                conn.handle(frame)  # acks free memory: never behind a parked SEND
             else:
                 self._hold(frame)
             return
         if conn.connected and self.must_wait(frame):
             if conn.config.send_fail_if_no_space:
-                conn._error(self._no_space_message(frame), receipt=frame.get("receipt"))
-            held = conn._held_by_transactions()
+                conn.stream.error(self._no_space_message(frame), receipt=frame.get("receipt"))
+            held = conn.held_by_transactions()
             if held:
                 # it would wait for memory its own open transaction may be holding
-                conn._error(
+                conn.stream.error(
                     f"{self._no_space_message(frame, refused=False)}; this connection's open transactions "
                     f"hold {held} bytes, so it cannot wait: send refused, transactions rolled back",
                     receipt=frame.get("receipt"),
                 )
             self._hold(frame)
             return
-        conn._handle(frame)
+        conn.handle(frame)
 
     def must_wait(self, frame: StompFrame) -> bool:
         """A SEND waits while memory is over its limit -- except a persistent one outside a
@@ -157,7 +170,7 @@ class FlowGate:
         memory.add_waiter(id(self), self._wake)
         self.core.start_expiry_sweep(self.conn.loop.call_later)
         if self.full():
-            self.conn._pause_reading()
+            self.conn.stream.pause_reading()
 
     def full(self) -> bool:
         """Parked frames over their bound: reading stays paused (TCP back-pressure)."""
@@ -166,7 +179,7 @@ class FlowGate:
 
     def _wake(self) -> None:
         """Called by the gauge when memory was released (inside dispatch: defer)."""
-        if not self._wake_scheduled and not self.conn.closing:
+        if not self._wake_scheduled and not self.conn.stream.closing:
             self._wake_scheduled = True
             self.conn.loop.call_soon(self._replay_held)
 
@@ -175,22 +188,22 @@ class FlowGate:
         conn = self.conn
         held = self.held
         try:
-            while held and not conn.closing:
+            while held and not conn.stream.closing:
                 frame, size = held[0]
                 if frame.command not in ("ACK", "NACK") and self.must_wait(frame):
                     return  # still full: stay registered, wait for the next release
                 held.popleft()
                 self.held_bytes -= size
-                conn._handle(frame)
+                conn.handle(frame)
         except ErrorSent:
             return
         except Exception as exc:  # noqa: BLE001 - as in data_received
-            log.exception("internal error handling a parked frame from %s", conn.peer)
-            conn._error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
+            log.exception("internal error handling a parked frame from %s", conn.stream.peer)
+            conn.stream.error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
             return
         finally:
             if not held:
                 self.held_bytes = 0
                 self.core.memory.remove_waiter(id(self))
-            if not conn._paused and not conn.closing:
-                conn._resume_reading()  # no-op while the parked frames are still over their bound
+            if not conn.stream.write_paused and not conn.stream.closing:
+                conn.stream.resume_reading()  # no-op while the parked frames are still over their bound

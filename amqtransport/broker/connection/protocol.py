@@ -12,10 +12,15 @@ header, a refused login -- is answered with one ERROR frame whose ``message`` he
 says what was wrong (plus ``receipt-id`` when the frame asked for a receipt) and the
 connection is closed, as STOMP requires; other connections never notice.
 
-A connection is three layers, one module each: :mod:`.stream` (the socket: reading,
+A connection is three parts, one module each: :mod:`.stream` (the socket: reading,
 buffered output, back-pressure, heart-beats), :mod:`.flow` (producer flow control)
-and this one (what each frame means). It is given a :class:`~.context.BrokerContext`,
-never the server.
+and this one (what each frame means). They are composed, not inherited (uvicorn's
+protocol owning its h11 connection is the model): :class:`BrokerConnection` is the
+asyncio protocol; it owns a :class:`~.stream.StompStream` (``stream``), hands it the
+socket's events and writes through it, and a :class:`~.flow.FlowGate` (``flow``),
+to which the stream's frames go first. Each part sees the connection only through
+its seam (:class:`~.stream.StreamHost`, :class:`~.flow.FlowHost`). The connection is
+given a :class:`~.context.BrokerContext`, never the server.
 
 Receipts. Every RECEIPT (SEND, SUBSCRIBE, UNSUBSCRIBE, BEGIN, COMMIT, ABORT, ACK/NACK,
 DISCONNECT) is written from a journal completion callback: a frame that wrote records
@@ -71,12 +76,18 @@ STATUS_REQUEST_HEADER = "amq-ha-status"  # CONNECT header of `amq broker status`
 _DELIVERY_HEADERS = frozenset({"subscription", "ack", "redelivered", DELIVERY_COUNT_HEADER, "message-id"})
 
 
-class BrokerConnection(StompStream):
+class BrokerConnection(asyncio.Protocol):
     """A client of the broker: the frame handlers, and the :class:`~.model.Sink` the core
-    delivers to. Its producer flow control is a part, :attr:`flow` (:class:`~.flow.FlowGate`)."""
+    delivers to. It is the asyncio protocol of its socket and is made of two parts: the
+    socket, :attr:`stream` (:class:`~.stream.StompStream`, to which it hands the socket's
+    events and through which it writes), and its producer flow control, :attr:`flow`
+    (:class:`~.flow.FlowGate`). It is the stream's :class:`~.stream.StreamHost` and the
+    gate's :class:`~.flow.FlowHost`."""
 
     def __init__(self, ctx: BrokerContext[BrokerConnection]) -> None:
-        super().__init__(ctx.config, ctx.loop)
+        self.config = ctx.config
+        self.loop = ctx.loop
+        self.stream = StompStream(ctx.config, ctx.loop, self)
         self.core = ctx.core
         self.flow = FlowGate(self, ctx.core)
         self.ctx = ctx
@@ -87,52 +98,124 @@ class BrokerConnection(StompStream):
         self.txs: dict[str, TxState] = {}
         self.messages_out = 0
 
-    def _opened(self) -> bool:
-        refused = self.ctx.register(self)
-        if refused is not None:
-            log.warning("refusing connection from %s: %s", self.peer, refused)
-            self._error_no_raise(refused)
-            return False
-        return True
+    # ------------------------------------------------------------------ asyncio: to the stream
 
-    def _released(self) -> None:
-        for tx in self.txs.values():
-            self.core.transactions.abort(tx)
-        self.txs.clear()
-        self.flow.release()
-        super()._released()
-        for sub in list(self.subs.values()):
-            self.core.unsubscribe(sub)
-        self.subs.clear()
-        self.ctx.unregister(self)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.stream.connection_made(transport)
 
-    def _admit(self, frame: StompFrame) -> None:
-        self.flow.admit(frame)
+    def data_received(self, data: bytes) -> None:
+        self.stream.data_received(data)
 
-    def _keep_paused(self) -> bool:
-        return self.flow.full() or super()._keep_paused()
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stream.connection_lost(exc)
 
-    def _on_writable(self) -> None:
-        for sub in list(self.subs.values()):
-            self.core.capacity_changed(sub)
+    def pause_writing(self) -> None:
+        self.stream.pause_writing()
 
-    def _held_by_transactions(self) -> int:
-        return sum(tx.size for tx in self.txs.values())
+    def resume_writing(self) -> None:
+        self.stream.resume_writing()
+
+    # ------------------------------------------------------------------ what the server and console see
+
+    @property
+    def peer(self) -> str:
+        return self.stream.peer
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self.stream.transport
+
+    @property
+    def version(self) -> str:
+        return self.stream.version
+
+    @property
+    def connected(self) -> bool:
+        return self.stream.connected
+
+    @property
+    def closing(self) -> bool:
+        return self.stream.closing
+
+    @property
+    def opened_at(self) -> float:
+        return self.stream.opened_at
+
+    @property
+    def frames_in(self) -> int:
+        return self.stream.frames_in
+
+    @property
+    def over_websocket(self) -> bool:
+        return self.stream.over_websocket
+
+    @property
+    def writable(self) -> bool:
+        return self.stream.writable
+
+    def refuse(self, reason: str) -> None:
+        """The broker closes this connection (an ERROR frame naming ``reason``)."""
+        self.stream.refuse(reason)
+
+    def close_by_admin(self, reason: str) -> None:
+        """An operator closed this connection (the HTTP console): one ERROR frame naming
+        ``reason``, then close; its subscriptions' unacked messages are redelivered."""
+        self.stream.close_by_admin(reason)
+
+    def fence(self, reason: str) -> None:
+        """The broker stops serving (:meth:`BrokerServer.fence`): say why and close."""
+        self.stream.fence(reason)
 
     def detach(self) -> asyncio.Transport | None:
         """Hand this socket over to a :class:`~.context.ConnectHook` (the HA node answers
         its status and role requests itself): the connection stops its timer and its
         reading, leaves the broker's list of connections and gives back its transport,
         which it no longer touches (None: it is closed already)."""
-        transport = super().detach()
+        transport = self.stream.detach()
         if transport is not None:
             self.ctx.unregister(self)
         return transport
 
+    # ------------------------------------------------------------------ the stream's host (StreamHost)
+
+    def on_open(self) -> bool:
+        refused = self.ctx.register(self)
+        if refused is not None:
+            log.warning("refusing connection from %s: %s", self.peer, refused)
+            self.stream.error_no_raise(refused)
+            return False
+        return True
+
+    def on_close(self) -> None:
+        for tx in self.txs.values():
+            self.core.transactions.abort(tx)
+        self.txs.clear()
+        self.flow.release()
+        for sub in list(self.subs.values()):
+            self.core.unsubscribe(sub)
+        self.subs.clear()
+        self.ctx.unregister(self)
+
+    def on_frame(self, frame: StompFrame) -> None:
+        self.flow.admit(frame)
+
+    def keep_paused(self) -> bool:
+        return self.flow.full()
+
+    def on_writable(self) -> None:
+        for sub in list(self.subs.values()):
+            self.core.capacity_changed(sub)
+
+    # ------------------------------------------------------------------ the gate's host (FlowHost)
+
+    def held_by_transactions(self) -> int:
+        """Bytes this connection's open transactions hold in the memory gauge."""
+        return sum(tx.size for tx in self.txs.values())
+
     # ------------------------------------------------------------------ delivery (Sink)
 
     def deliver(self, sub: Subscription, msg: Message, delivery_count: int) -> None:
-        v = self.version
+        v = self.stream.version
         cache = msg.wire_cache
         if not isinstance(cache, dict):
             cache = msg.wire_cache = {}
@@ -140,7 +223,7 @@ class BrokerConnection(StompStream):
         if common is None:
             common = cache[v] = self._common_block(msg, v)
         head = message_start(sub.id, msg.id if v == "1.2" else None, v, delivery_count)
-        self._write(head + common + msg.body + b"\x00")
+        self.stream.write(head + common + msg.body + b"\x00")
         self.messages_out += 1
 
     def _common_block(self, msg: Message, v: str) -> bytes:
@@ -165,27 +248,27 @@ class BrokerConnection(StompStream):
 
     # ------------------------------------------------------------------ frames
 
-    def _handle(self, frame: StompFrame) -> None:
+    def handle(self, frame: StompFrame) -> None:
         cmd = frame.command
         if not self.connected:
             if cmd in ("CONNECT", "STOMP"):
                 self._on_connect(frame)
                 return
-            self._error(f"expected CONNECT or STOMP as the first frame, got {cmd}", receipt=frame.get("receipt"))
+            self.stream.error(f"expected CONNECT or STOMP as the first frame, got {cmd}", receipt=frame.get("receipt"))
         handler = _HANDLERS.get(cmd)
         if handler is None:  # CONNECT twice
-            self._error(f"{cmd} received on an established connection", receipt=frame.get("receipt"))
+            self.stream.error(f"{cmd} received on an established connection", receipt=frame.get("receipt"))
             return
         try:
             handler(self, frame)
         except JournalError as exc:  # the journal failed: this request cannot be persisted
-            self._error_no_raise(f"could not persist {cmd}: {exc}; not applied", frame.get("receipt"))
+            self.stream.error_no_raise(f"could not persist {cmd}: {exc}; not applied", frame.get("receipt"))
             self.ctx.fence(str(exc))
 
     def _require(self, frame: StompFrame, name: str) -> str:
         value = frame.get(name)
         if value is None or value == "":
-            self._error(f"{frame.command} frame is missing the required '{name}' header", receipt=frame.get("receipt"))
+            self.stream.error(f"{frame.command} frame is missing the required '{name}' header", receipt=frame.get("receipt"))
             raise ErrorSent()
         return value
 
@@ -199,37 +282,33 @@ class BrokerConnection(StompStream):
         try:
             version = negotiate_version(frame.get("accept-version"))
         except RemoteProtocolError as exc:
-            self.version = "1.2"
-            self._error(str(exc))
+            self.stream.use_version("1.2")
+            self.stream.error(str(exc))
             return
-        self.version = version
-        self.parser.version = version
+        self.stream.use_version(version)
         try:
             theirs = parse_heartbeat_header(frame.get("heart-beat"))
         except RemoteProtocolError as exc:
-            self._error(str(exc))
+            self.stream.error(str(exc))
             return
         login = frame.get("login")
         if not self.ctx.authenticate(login, frame.get("passcode")):
             log.warning("authentication failed for login %r from %s", login, self.peer)
-            self._error("authentication failed: bad login or passcode")
+            self.stream.error("authentication failed: bad login or passcode")
             return
         client_id = frame.get("client-id")
         if client_id:
             refusal = self.ctx.claim_client_id(self, client_id)
             if refusal is not None:
                 log.warning("CONNECT from %s refused: %s", self.peer, refusal)
-                self._error(refusal)
+                self.stream.error(refusal)
                 return
         self.login = login
         self.client_id = client_id
-        self.connected = True
-        self._authenticated()
+        self.stream.authenticated()
         self.session = self.ctx.new_session_id()
         cfg = self.config
         send_ms, expect_ms = negotiate_heartbeat((cfg.heartbeat_send_min_ms, cfg.heartbeat_receive_min_ms), theirs)
-        self.hb_send = send_ms / 1000.0
-        self.hb_expect = expect_ms / 1000.0
         headers = [
             ("version", version),
             ("heart-beat", f"{send_ms},{expect_ms}"),
@@ -238,15 +317,11 @@ class BrokerConnection(StompStream):
         ]
         if self.login:
             headers.append(("user-name", self.login))
-        self._write(connected_frame(headers))
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self.hb_send or self.hb_expect:
-            self._schedule_hb()
+        self.stream.write(connected_frame(headers))
+        self.stream.start_heartbeats(send_ms / 1000.0, expect_ms / 1000.0)
         receipt = frame.get("receipt")
         if receipt is not None:
-            self._receipt(receipt)
+            self.stream.write_receipt(receipt)
 
     def _answer_status(self, frame: StompFrame) -> None:
         """One CONNECTED frame of ``amq-ha-*`` status headers (role ``standalone``), then close.
@@ -260,8 +335,8 @@ class BrokerConnection(StompStream):
         if "amq-ha-depths" in st and not self.ctx.authenticate(frame.get("login"), frame.get("passcode")):
             st.pop("amq-ha-depths")
             st.pop("amq-ha-depths-omitted", None)
-        self._write(connected_frame([("version", "1.2"), ("server", SERVER_NAME), *st.items()]))
-        self._close()
+        self.stream.write(connected_frame([("version", "1.2"), ("server", SERVER_NAME), *st.items()]))
+        self.stream.close()
 
     def _authorized(self, destination: str, operation: str, receipt: str | None) -> bool:
         """Whether this connection's user may ``operation`` (read, write) ``destination``
@@ -285,7 +360,7 @@ class BrokerConnection(StompStream):
         if refusal is None:
             return True
         log.warning("%s (connection %s)", refusal, self.peer)
-        self._error(refusal, receipt=receipt, close=False)
+        self.stream.error(refusal, receipt=receipt, close=False)
         return False
 
     def _known(self, kind: str, name: str) -> bool:
@@ -320,16 +395,16 @@ class BrokerConnection(StompStream):
         if tx_id is not None:
             tx = self.txs.get(tx_id)
             if tx is None:
-                self._error(f"SEND names transaction {tx_id!r}, which was not begun", receipt=receipt)
+                self.stream.error(f"SEND names transaction {tx_id!r}, which was not begun", receipt=receipt)
                 return
             try:
                 self.core.transactions.tx_send(tx, destination, tuple(headers), frame.body, persistent=persistent, key=key)
             except CoreError as exc:
-                self._error(str(exc), receipt=receipt, close=not isinstance(exc, BadHeader))
+                self.stream.error(str(exc), receipt=receipt, close=not isinstance(exc, BadHeader))
                 return
             self._receipt_when_durable(receipt, "message")
             return
-        callback = self._receipt_callback(receipt, "message") if (receipt is not None or persistent) else None
+        callback = self.stream.receipt_callback(receipt, "message") if (receipt is not None or persistent) else None
         tracer = self.ctx.tracer
         if tracer is not None and callback is not None:
             callback = tracer.traced(callback, headers, destination, persistent)  # type: ignore[arg-type]
@@ -344,7 +419,7 @@ class BrokerConnection(StompStream):
                 origin=self.session,
             )
         except CoreError as exc:
-            self._error(str(exc), receipt=receipt, close=not isinstance(exc, BadHeader))
+            self.stream.error(str(exc), receipt=receipt, close=not isinstance(exc, BadHeader))
 
     def _on_subscribe(self, frame: StompFrame) -> None:
         destination = self._require(frame, "destination")
@@ -353,13 +428,13 @@ class BrokerConnection(StompStream):
             return
         sub_id = frame.get("id")
         if sub_id is None:
-            if self.version != "1.0":
-                self._error("SUBSCRIBE frame is missing the required 'id' header", receipt=receipt)
+            if self.stream.version != "1.0":
+                self.stream.error("SUBSCRIBE frame is missing the required 'id' header", receipt=receipt)
             sub_id = destination
         if sub_id in self.subs:
-            self._error(f"subscription id {sub_id!r} is already in use on this connection", receipt=receipt)
+            self.stream.error(f"subscription id {sub_id!r} is already in use on this connection", receipt=receipt)
         if len(self.subs) >= self.config.max_subscriptions:
-            self._error(f"too many subscriptions (max_subscriptions={self.config.max_subscriptions})", receipt=receipt)
+            self.stream.error(f"too many subscriptions (max_subscriptions={self.config.max_subscriptions})", receipt=receipt)
         ack = frame.get("ack") or AUTO
         prefetch_text = frame.get("activemq.prefetchSize")
         prefetch: int | None = None
@@ -369,7 +444,7 @@ class BrokerConnection(StompStream):
                 if prefetch < 1:
                     raise ValueError
             except ValueError:
-                self._error(f"activemq.prefetchSize must be a positive integer, got {prefetch_text!r}", receipt=receipt)
+                self.stream.error(f"activemq.prefetchSize must be a positive integer, got {prefetch_text!r}", receipt=receipt)
         durable = frame.get("activemq.subscriptionName") or frame.get("durable-subscription-name")
         client_id = frame.get("client-id") or self.client_id
         consumer_priority = 0
@@ -380,7 +455,7 @@ class BrokerConnection(StompStream):
                 if not -128 <= consumer_priority <= 127:
                     raise ValueError
             except ValueError:
-                self._error(f"activemq.priority must be an integer from -128 to 127, got {priority_text!r}",
+                self.stream.error(f"activemq.priority must be an integer from -128 to 127, got {priority_text!r}",
                             receipt=receipt, close=False)
                 return
         selector_text = frame.get("selector")
@@ -389,7 +464,7 @@ class BrokerConnection(StompStream):
             try:
                 selector = compile_selector(selector_text)
             except SelectorError as exc:  # as ActiveMQ: an ERROR, and the connection stays
-                self._error(str(exc), receipt=receipt, close=False)
+                self.stream.error(str(exc), receipt=receipt, close=False)
                 return
         if frame.get("browser") == "true":
             self._browse(sub_id, destination, ack, selector, receipt)
@@ -410,7 +485,7 @@ class BrokerConnection(StompStream):
                 consumer_priority=consumer_priority,
             )
         except CoreError as exc:
-            self._error(str(exc), receipt=receipt)
+            self.stream.error(str(exc), receipt=receipt)
             return
         self.subs[sub_id] = sub
         self._receipt_when_durable(receipt, "subscription")  # a durable one's record is in the journal
@@ -418,32 +493,32 @@ class BrokerConnection(StompStream):
     def _browse(self, sub_id: str, destination: str, ack: str, selector: Selector | None, receipt: str | None) -> None:
         """``browser:true``: the queue's waiting messages, then a ``browser:end`` MESSAGE
         (dispatch/browse.py). Refusals keep the connection, as ActiveMQ's do."""
-        if self.version == "1.0":
-            self._error("Queue Browser feature only valid for Stomp v1.1+ clients!", receipt=receipt, close=False)
+        if self.stream.version == "1.0":
+            self.stream.error("Queue Browser feature only valid for Stomp v1.1+ clients!", receipt=receipt, close=False)
             return
         try:
             kind, name = split_destination(destination)
         except CoreError as exc:
-            self._error(str(exc), receipt=receipt, close=False)
+            self.stream.error(str(exc), receipt=receipt, close=False)
             return
         if kind != "queue" or wildcard_segments(name) is not None:
-            self._error(f"browser:true is for one queue, not {destination}", receipt=receipt, close=False)
+            self.stream.error(f"browser:true is for one queue, not {destination}", receipt=receipt, close=False)
             return
         sub = Subscription(self, sub_id, destination, ack, 1)
         sub.active = False  # never attached: a browser takes nothing
         self.subs[sub_id] = sub
         if receipt is not None:
-            self._receipt(receipt)
+            self.stream.write_receipt(receipt)
         for msg in browse(self.core, destination, selector):
             self.deliver(sub, msg, max(1, msg.delivery_count))
-        v = self.version
+        v = self.stream.version
         end = [("browser", "end"), ("destination", destination), ("message-id", "0")]
-        self._write(message_start(sub_id, None, v) + message_headers(end, 0, v) + b"\x00")
+        self.stream.write(message_start(sub_id, None, v) + message_headers(end, 0, v) + b"\x00")
 
     def _on_unsubscribe(self, frame: StompFrame) -> None:
         receipt = frame.get("receipt")
         sub_id = frame.get("id")
-        if sub_id is None and self.version == "1.0":
+        if sub_id is None and self.stream.version == "1.0":
             sub_id = frame.get("destination")
         durable = frame.get("activemq.subscriptionName") or frame.get("durable-subscription-name")
         sub = self.subs.pop(sub_id, None) if sub_id is not None else None
@@ -453,10 +528,10 @@ class BrokerConnection(StompStream):
             try:
                 self.core.destroy_durable(self.client_id, durable, self.login or "")
             except CoreError as exc:
-                self._error(str(exc), receipt=receipt)
+                self.stream.error(str(exc), receipt=receipt)
                 return
         elif sub_id is None:
-            self._error("UNSUBSCRIBE frame is missing the required 'id' header", receipt=receipt)
+            self.stream.error("UNSUBSCRIBE frame is missing the required 'id' header", receipt=receipt)
         self._receipt_when_durable(receipt, "unsubscription")
 
     def _find_sub(self, frame: StompFrame, msg_id: str) -> Subscription | None:
@@ -470,10 +545,10 @@ class BrokerConnection(StompStream):
 
     def _on_ack(self, frame: StompFrame, nack: bool = False) -> None:
         receipt = frame.get("receipt")
-        if self.version == "1.2":
+        if self.stream.version == "1.2":
             msg_id = frame.get("id") or frame.get("message-id")
             if msg_id is None:
-                self._error(f"{frame.command} frame is missing the required 'id' header", receipt=receipt)
+                self.stream.error(f"{frame.command} frame is missing the required 'id' header", receipt=receipt)
                 return
         else:
             msg_id = self._require(frame, "message-id")
@@ -482,10 +557,10 @@ class BrokerConnection(StompStream):
         if tx_id is not None:
             tx = self.txs.get(tx_id)
             if tx is None:
-                self._error(f"{frame.command} names transaction {tx_id!r}, which was not begun", receipt=receipt)
+                self.stream.error(f"{frame.command} names transaction {tx_id!r}, which was not begun", receipt=receipt)
                 return
         sub = self._find_sub(frame, msg_id)
-        callback = self._receipt_callback(receipt, "acknowledgement") if receipt is not None else None
+        callback = self.stream.receipt_callback(receipt, "acknowledgement") if receipt is not None else None
         if sub is None:
             log.debug("%s for unknown message %s from %s ignored", frame.command, msg_id, self.peer)
             self._receipt_when_durable(receipt, "acknowledgement")
@@ -496,17 +571,17 @@ class BrokerConnection(StompStream):
             self.core.acks.ack(sub, msg_id, tx=tx, callback=callback)  # type: ignore[arg-type]
 
     def _on_nack(self, frame: StompFrame) -> None:
-        if self.version == "1.0":
-            self._error("NACK is not part of STOMP 1.0", receipt=frame.get("receipt"))
+        if self.stream.version == "1.0":
+            self.stream.error("NACK is not part of STOMP 1.0", receipt=frame.get("receipt"))
         self._on_ack(frame, nack=True)
 
     def _on_begin(self, frame: StompFrame) -> None:
         tx_id = self._require(frame, "transaction")
         receipt = frame.get("receipt")
         if tx_id in self.txs:
-            self._error(f"transaction {tx_id!r} is already open", receipt=receipt)
+            self.stream.error(f"transaction {tx_id!r} is already open", receipt=receipt)
         if len(self.txs) >= self.config.max_transactions:
-            self._error(f"too many open transactions (max_transactions={self.config.max_transactions})", receipt=receipt)
+            self.stream.error(f"too many open transactions (max_transactions={self.config.max_transactions})", receipt=receipt)
         self.txs[tx_id] = TxState(tx_id, origin=self.session)
         self._receipt_when_durable(receipt, "transaction")
 
@@ -515,27 +590,26 @@ class BrokerConnection(StompStream):
         receipt = frame.get("receipt")
         tx = self.txs.pop(tx_id, None)
         if tx is None:
-            self._error(f"COMMIT of transaction {tx_id!r}, which is not open", receipt=receipt)
+            self.stream.error(f"COMMIT of transaction {tx_id!r}, which is not open", receipt=receipt)
             return
         try:
-            self.core.transactions.commit(tx, self._receipt_callback(receipt, "transaction"))  # type: ignore[arg-type]
+            self.core.transactions.commit(tx, self.stream.receipt_callback(receipt, "transaction"))  # type: ignore[arg-type]
         except CoreError as exc:
-            self._error(str(exc), receipt=receipt)
+            self.stream.error(str(exc), receipt=receipt)
 
     def _on_abort(self, frame: StompFrame) -> None:
         tx_id = self._require(frame, "transaction")
         receipt = frame.get("receipt")
         tx = self.txs.pop(tx_id, None)
         if tx is None:
-            self._error(f"ABORT of transaction {tx_id!r}, which is not open", receipt=receipt)
+            self.stream.error(f"ABORT of transaction {tx_id!r}, which is not open", receipt=receipt)
             return
         self.core.transactions.abort(tx)
         self._receipt_when_durable(receipt, "transaction")
 
     def _on_disconnect(self, frame: StompFrame) -> None:
         receipt = frame.get("receipt")
-        self._stop_reading = True
-        self._pause_reading()
+        self.stream.stop_reading()
         # as ActiveMQ: the consumers go now, not when the socket is gone (a message
         # published meanwhile would be handed to this closing connection)
         for sub in list(self.subs.values()):
@@ -544,8 +618,8 @@ class BrokerConnection(StompStream):
 
         def done(_err: BaseException | None) -> None:
             if receipt is not None:
-                self._receipt(receipt)
-            self._close()
+                self.stream.write_receipt(receipt)
+            self.stream.close()
 
         # the receipt promises every earlier frame was processed and persisted (and replicated)
         self.core.done(done)
@@ -556,7 +630,7 @@ class BrokerConnection(StompStream):
         before is durable, through the same path -- and, on a replicated master, the same
         gate and stall check -- as every journal completion (see the module docstring)."""
         if receipt is not None:
-            self.core.done(self._receipt_callback(receipt, what))  # type: ignore[arg-type]
+            self.core.done(self.stream.receipt_callback(receipt, what))  # type: ignore[arg-type]
 
 
 _HANDLERS = {

@@ -3,10 +3,21 @@
 Theory of operation
 -------------------
 Bytes from the socket go into the shared sans-IO :class:`~amqtransport.stomp.FrameParser`
-(``data_received``); each complete frame goes to :meth:`StompStream._admit`, which
-:class:`~.protocol.BrokerConnection` defines (it hands the frame to its producer flow
-control, :class:`~.flow.FlowGate`, which lets it through to the frame handlers or parks it). A frame that breaks the protocol is answered
-with one ERROR frame and the connection is closed.
+(``data_received``); each complete frame goes to its host's :meth:`StreamHost.on_frame`
+(:class:`~.protocol.BrokerConnection` hands it to its producer flow control,
+:class:`~.flow.FlowGate`, which lets it through to the frame handlers or parks it). A
+frame that breaks the protocol is answered with one ERROR frame and the connection is
+closed.
+
+Composition, not inheritance (as uvicorn's protocol owns its h11 connection): the
+asyncio protocol is :class:`~.protocol.BrokerConnection`, which owns one
+:class:`StompStream` (``BrokerConnection.stream``) and hands it the socket's events
+(``connection_made``, ``data_received``, ``connection_lost``, ``pause_writing``,
+``resume_writing``). The stream knows nothing of the broker: it sees its owner only
+through :class:`StreamHost`, the five things it asks of it (the transport is set, a
+frame arrived, the socket is gone, output drained, must reading stay paused). The
+owner writes, answers and closes through the stream's public methods (:meth:`write`,
+:meth:`error`, :meth:`write_receipt`, :meth:`receipt_callback`, :meth:`close`, ...).
 
 Output. Frames are appended to an outgoing list and written with one
 ``transport.write`` per loop iteration (``call_soon``), so a burst of receipts
@@ -51,6 +62,7 @@ import logging
 import struct
 import sys
 import termios
+from typing import Protocol
 
 from amqtransport.errors import RemoteProtocolError
 from amqtransport.stomp import (
@@ -66,7 +78,7 @@ from amqtransport.stomp.encoders import error_frame, receipt_frame
 
 from ..config import BrokerConfig
 
-__all__ = ["ErrorSent", "IN_DOUBT_HEADER", "StompStream"]
+__all__ = ["ErrorSent", "IN_DOUBT_HEADER", "StompStream", "StreamHost"]
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +93,40 @@ class ErrorSent(Exception):
     connection is closing."""
 
 
-class StompStream(asyncio.Protocol):
+class StreamHost(Protocol):
+    """What a :class:`StompStream` asks of the connection that owns it."""
+
+    def on_open(self) -> bool:
+        """The transport is set: False refuses the client (the host wrote an ERROR)."""
+        ...
+
+    def on_frame(self, frame: StompFrame) -> None:
+        """A complete frame arrived."""
+        ...
+
+    def on_close(self) -> None:
+        """The connection is gone: give back what it held."""
+        ...
+
+    def on_writable(self) -> None:
+        """Output drained after a subscription was refused for lack of room: offer it again."""
+        ...
+
+    def keep_paused(self) -> bool:
+        """True while reading must stay paused for the host's own reasons."""
+        ...
+
+
+class StompStream:
     """One client socket: reading into the parser, buffered output, back-pressure, heart-beats.
 
-    Knows nothing of the broker: a subclass says what a frame means (:meth:`_admit`)."""
+    Knows nothing of the broker: its :class:`StreamHost` says what a frame means
+    (:meth:`StreamHost.on_frame`); the host hands it the asyncio protocol's events."""
 
-    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop, host: StreamHost) -> None:
         self.config = config
         self.loop = loop
+        self.host = host
         cfg = self.config
         self._limits = Limits(
             max_frame_size=cfg.max_frame_size,
@@ -133,30 +171,39 @@ class StompStream(asyncio.Protocol):
         #: the client came through the WebSocket port (connection/websocket.py), not plain TCP
         self.over_websocket = False
 
-    def _authenticated(self) -> None:
-        """CONNECTED is written: frames may now be as large as ``max_frame_size``."""
+    # ------------------------------------------------------------------ the session
+
+    def use_version(self, version: str) -> None:
+        """Frames are written, and read, in STOMP ``version`` from now on."""
+        self.version = version
+        self.parser.version = version
+
+    def authenticated(self) -> None:
+        """The client logged in: frames may now be as large as ``max_frame_size``."""
+        self.connected = True
         self.parser.limits = self._limits
 
-    # ------------------------------------------------------------------ what a subclass adds
-    def _opened(self) -> bool:
-        """The transport is set: False refuses the client (the subclass wrote an ERROR)."""
-        return True
+    def start_heartbeats(self, send: float, expect: float) -> None:
+        """CONNECTED is written: the connect timer stops, heart-beats (seconds; 0 none) start."""
+        self.hb_send = send
+        self.hb_expect = expect
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.hb_send or self.hb_expect:
+            self._schedule_hb()
 
-    def _admit(self, frame: StompFrame) -> None:
-        """A complete frame arrived."""
-        raise NotImplementedError
+    def stop_reading(self) -> None:
+        """After DISCONNECT: further input is ignored, the socket is no longer read."""
+        self._stop_reading = True
+        self.pause_reading()
 
-    def _released(self) -> None:
-        """The connection is gone: give back what it held."""
+    @property
+    def write_paused(self) -> bool:
+        """The transport is above its high-water mark (the peer does not read)."""
+        return self._paused
 
-    def _on_writable(self) -> None:
-        """Output drained after a subscription was refused for lack of room: offer it again."""
-
-    def _keep_paused(self) -> bool:
-        """True while reading must stay paused for the subclass's own reasons."""
-        return False
-
-    # ------------------------------------------------------------------ asyncio
+    # ------------------------------------------------------------------ asyncio (the host's events)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -168,7 +215,7 @@ class StompStream(asyncio.Protocol):
         now = self.loop.time()
         self.last_read = self.last_write = now
         self.opened_at = now
-        if not self._opened():
+        if not self.host.on_open():
             return
         self._timer = self.loop.call_later(self.config.connect_timeout_ms / 1000.0, self._connect_timeout)
 
@@ -183,7 +230,7 @@ class StompStream(asyncio.Protocol):
                 event = parser.next_event()
                 if isinstance(event, StompFrame):
                     self.frames_in += 1
-                    self._admit(event)
+                    self.host.on_frame(event)
                 elif isinstance(event, NeedData):
                     break
                 # a Heartbeat needs nothing: last_read is updated already
@@ -196,12 +243,12 @@ class StompStream(asyncio.Protocol):
                 self._frame_timer = None
         except RemoteProtocolError as exc:
             log.info("client %s sent invalid STOMP: %s", self.peer, exc)
-            self._error_no_raise(f"malformed frame: {exc}")
+            self.error_no_raise(f"malformed frame: {exc}")
         except ErrorSent:
             pass
         except Exception as exc:  # noqa: BLE001 - one bad frame must not take the broker down
             log.exception("internal error handling a frame from %s", self.peer)
-            self._error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
+            self.error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -211,14 +258,14 @@ class StompStream(asyncio.Protocol):
         if self._frame_timer is not None:
             self._frame_timer.cancel()
             self._frame_timer = None
-        self._released()
+        self.host.on_close()
         self._out.clear()
         log.debug("connection %s closed (%s)", self.peer, exc or "clean")
 
     def pause_writing(self) -> None:
         self._paused = True
         self._paused_buffer = self._unsent()
-        self._pause_reading()
+        self.pause_reading()
 
     def _unsent(self) -> int:
         """Bytes written but not yet taken by the peer: asyncio's buffer plus the kernel's
@@ -239,7 +286,7 @@ class StompStream(asyncio.Protocol):
         self._paused = False
         self._flush()
         if not self._paused:
-            self._resume_reading()
+            self.resume_reading()
             self._wake()
 
     # ------------------------------------------------------------------ output
@@ -251,7 +298,7 @@ class StompStream(asyncio.Protocol):
             return False
         return True
 
-    def _write(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         if self.closing or self.transport is None:
             return
         self._out.append(data)
@@ -259,7 +306,7 @@ class StompStream(asyncio.Protocol):
         self._out_frames += 1
         if self._paused and self._out_frames > self.config.max_pending_frames:
             log.warning("client %s is not reading: %d frames pending, disconnecting", self.peer, self._out_frames)
-            self._abort()
+            self.abort()
             return
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -282,15 +329,15 @@ class StompStream(asyncio.Protocol):
         if not self._blocked or self.closing:
             return
         self._blocked = False
-        self._on_writable()
+        self.host.on_writable()
 
-    def _pause_reading(self) -> None:
+    def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self.closing:
             self._reading_paused = True
             self.transport.pause_reading()
 
-    def _resume_reading(self) -> None:
-        if self._keep_paused() or self._stop_reading:
+    def resume_reading(self) -> None:
+        if self.host.keep_paused() or self._stop_reading:
             return
         if self._reading_paused and self.transport is not None and not self.closing:
             self._reading_paused = False
@@ -298,14 +345,14 @@ class StompStream(asyncio.Protocol):
 
     def refuse(self, reason: str) -> None:
         """The broker closes this connection (an ERROR frame naming ``reason``)."""
-        self._error_no_raise(reason)
+        self.error_no_raise(reason)
 
     def close_by_admin(self, reason: str) -> None:
         """An operator closed this connection (the HTTP console): one ERROR frame naming
         ``reason``, then close; its subscriptions' unacked messages are redelivered."""
-        self._error_no_raise(reason)
+        self.error_no_raise(reason)
 
-    def _close(self) -> None:
+    def close(self) -> None:
         """Flush what is queued, then close."""
         if self.transport is None:
             return
@@ -313,7 +360,7 @@ class StompStream(asyncio.Protocol):
         self.closing = True
         self.transport.close()
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
         self.closing = True
         if self.transport is not None:
             self.transport.abort()
@@ -326,7 +373,7 @@ class StompStream(asyncio.Protocol):
             self._out_frames = 0
             self.transport.write(data)
 
-    def _error(
+    def error(
         self,
         message: str,
         *,
@@ -341,7 +388,7 @@ class StompStream(asyncio.Protocol):
         flags: tuple[tuple[str, str], ...] = ((IN_DOUBT_HEADER, "true"),) if in_doubt else ()
         if stopped:
             flags += ((BROKER_STOPPED_HEADER, "true"),)
-        self._write(
+        self.write(
             error_frame(
                 message,
                 self.version,
@@ -351,19 +398,19 @@ class StompStream(asyncio.Protocol):
             )
         )
         if close:
-            self._close()
+            self.close()
             raise ErrorSent()
 
-    def _error_no_raise(self, message: str, receipt: str | None = None, *, stopped: bool = False) -> None:
+    def error_no_raise(self, message: str, receipt: str | None = None, *, stopped: bool = False) -> None:
         try:
-            self._error(message, receipt=receipt, stopped=stopped)
+            self.error(message, receipt=receipt, stopped=stopped)
         except ErrorSent:
             pass
 
-    def _receipt(self, receipt: str) -> None:
-        self._write(receipt_frame(receipt, self.version))
+    def write_receipt(self, receipt: str) -> None:
+        self.write(receipt_frame(receipt, self.version))
 
-    def _receipt_callback(self, receipt: str | None, what: str) -> object:
+    def receipt_callback(self, receipt: str | None, what: str) -> object:
         if receipt is None:
 
             def on_error_only(err: BaseException | None) -> None:
@@ -376,7 +423,7 @@ class StompStream(asyncio.Protocol):
             if err is not None:
                 self._persist_failed(what, err, receipt)
             else:
-                self._receipt(receipt)
+                self.write_receipt(receipt)
 
         return done
 
@@ -392,7 +439,7 @@ class StompStream(asyncio.Protocol):
         idempotency key is safe."""
         if self.closing or self.transport is None:
             return
-        self._error(
+        self.error(
             f"could not persist {what}: {err}; outcome unknown (it may have been delivered or kept: "
             "resend with the same idempotency key)",
             receipt=receipt,
@@ -402,13 +449,13 @@ class StompStream(asyncio.Protocol):
         self._stop_reading = True
         if not self._close_scheduled:
             self._close_scheduled = True
-            self.loop.call_soon(self._close)
+            self.loop.call_soon(self.close)
 
     def fence(self, reason: str) -> None:
         """The broker stops serving (:meth:`BrokerServer.fence`): say why and close (a
         connection whose requests failed has had their ERRORs and is closing already)."""
         if not self._close_scheduled:
-            self._error_no_raise(f"broker stopped accepting messages: {reason}", stopped=True)
+            self.error_no_raise(f"broker stopped accepting messages: {reason}", stopped=True)
 
     def detach(self) -> asyncio.Transport | None:
         """Stop handling this socket (its timer, its reading) and give back its
@@ -430,7 +477,7 @@ class StompStream(asyncio.Protocol):
         self._timer = None
         if not self.connected and not self.closing:
             log.info("client %s sent no CONNECT within %d ms", self.peer, self.config.connect_timeout_ms)
-            self._error_no_raise(f"no CONNECT frame within {self.config.connect_timeout_ms} ms")
+            self.error_no_raise(f"no CONNECT frame within {self.config.connect_timeout_ms} ms")
 
     def _frame_late(self) -> None:
         """A frame has been arriving for ``frame_timeout_ms``: unless frames were completed
@@ -445,7 +492,7 @@ class StompStream(asyncio.Protocol):
             return
         log.info("client %s did not finish a frame within %d ms (%d bytes so far)", self.peer,
                  self.config.frame_timeout_ms, self.parser.pending_bytes)
-        self._error_no_raise(f"a frame not finished within frame_timeout_ms={self.config.frame_timeout_ms}")
+        self.error_no_raise(f"a frame not finished within frame_timeout_ms={self.config.frame_timeout_ms}")
 
     def _schedule_hb(self) -> None:
         periods = [p for p in (self.hb_send, self.hb_expect) if p > 0]
@@ -477,9 +524,9 @@ class StompStream(asyncio.Protocol):
                 ", and not reading" if self._paused else "",
             )
             if self._paused:
-                self._abort()  # an ERROR could never reach it: its socket is full
+                self.abort()  # an ERROR could never reach it: its socket is full
             else:
-                self._error_no_raise(f"heart-beat timeout: nothing received for {now - self.last_read:.1f} s")
+                self.error_no_raise(f"heart-beat timeout: nothing received for {now - self.last_read:.1f} s")
             return
         if self.hb_send and now - self.last_write >= self.hb_send * 0.9 and not self._out:
             if self._paused:
