@@ -150,6 +150,9 @@ class HaNodeProcess:
         self._reader: threading.Thread | None = None
         #: called with (node, line) for every stdout line, on the reader thread
         self.on_line: Callable[[HaNodeProcess, str], None] | None = None
+        #: a command prefix the process starts under (e.g. ``ip netns exec NS``: the chaos
+        #: nemesis runs nodes in network namespaces); it must exec, keeping the pid
+        self.wrap: list[str] = []
 
     @property
     def uri(self) -> str:
@@ -198,7 +201,7 @@ class HaNodeProcess:
         with self._cond:
             self.lines = []
         # new session: a terminal's Ctrl-C reaches `amq broker pair`, which stops us in order
-        self.proc = spawn_logged(self.command(), self.log_path, new_session=True)
+        self.proc = spawn_logged([*self.wrap, *self.command()], self.log_path, new_session=True)
         self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True,
                                         name=f"ha-node-reader:{self.name}")
         self._reader.start()

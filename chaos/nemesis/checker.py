@@ -49,7 +49,8 @@ The rules:
 
 Each violation carries the round it happened in (by time), the instant, a one-line
 summary and a short excerpt of the history (the records involved and the faults
-around them).
+around them). Besides the rules the result carries the availability figures of
+:mod:`chaos.nemesis.availability` (per fault kind; a figure, never a violation).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos.nemesis.availability import Availability, availability
 from chaos.nemesis.history import Delivery, History, ProbeRun, Subscriber
 
 __all__ = ["Violation", "CheckResult", "check", "RULES"]
@@ -92,6 +94,8 @@ class CheckResult:
     counts: dict[str, int]  # rule -> number of violations (all of them, not only those kept)
     stats: dict[str, int]
     warnings: list[Violation] = field(default_factory=list)  # suspicious, not a broken rule
+    #: fault kind -> share of 1-s windows with a receipted send (chaos/nemesis/availability.py)
+    availability: dict[str, Availability] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -103,7 +107,8 @@ class CheckResult:
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "counts": self.counts, "stats": self.stats,
                 "violations": [v.to_json() for v in self.violations],
-                "warnings": [w.to_json() for w in self.warnings]}
+                "warnings": [w.to_json() for w in self.warnings],
+                "availability": {k: a.to_json() for k, a in self.availability.items()}}
 
 
 def _rec(kind: str, record: Any) -> dict[str, Any]:
@@ -334,7 +339,7 @@ class _Checker:
         self.gather_stats()
         self.violations.sort(key=lambda v: (v.t, v.rule))
         self.stats["two_masters_suspect"] = len(self.warnings)
-        return CheckResult(self.violations, self.counts, self.stats, self.warnings)
+        return CheckResult(self.violations, self.counts, self.stats, self.warnings, availability(self.h))
 
 
 def _conflict(x: ProbeRun, y: ProbeRun) -> bool:

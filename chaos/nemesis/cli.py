@@ -22,7 +22,8 @@ from chaos.nemesis.checker import RULES
 from chaos.nemesis.runner import ModeResult, ModeRun, NemesisParams, replay_command
 from chaos.nemesis.schedule import FAULT_KINDS, PAIR_MODES
 
-__all__ = ["run_nemesis", "nemesis_modes", "format_summary", "write_nemesis_report", "describe_kinds"]
+__all__ = ["run_nemesis", "nemesis_modes", "format_summary", "format_availability", "write_nemesis_report",
+           "describe_kinds"]
 
 Echo = Callable[[str], None]
 
@@ -89,6 +90,19 @@ def format_summary(results: Sequence[ModeResult]) -> str:
         return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *(fmt(row) for row in rows)])
+
+
+def format_availability(results: Sequence[ModeResult]) -> str:
+    """One line per mode and fault kind: the share of 1-second windows in which a
+    receipted send to the pair completed (chaos/nemesis/availability.py says which
+    windows: the link timeout after each fault's start is excluded)."""
+    lines = ["availability (1-s windows with a receipted send; the first link-timeout after each fault excluded):"]
+    for r in results:
+        figures = r.result.availability if r.result is not None else {}
+        for kind, a in figures.items():
+            share = "-" if a.share is None else f"{100 * a.share:.1f}%"
+            lines.append(f"  {r.mode:<13} {kind:<22} {share:>6}  ({a.available}/{a.windows} windows)")
+    return "\n".join(lines)
 
 
 def write_nemesis_report(directory: Path, results: Sequence[ModeResult], meta: dict[str, Any]) -> Path:
@@ -168,6 +182,7 @@ def run_nemesis(mode: str, params: NemesisParams, *, report_dir: Path | None, ec
     if started:
         echo("")
         echo(format_summary(results))
+        echo(format_availability(results))
     for r in results:
         for note in r.notes:
             echo(f"{r.mode}: {note}")

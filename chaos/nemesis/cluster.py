@@ -21,6 +21,18 @@ for every scenario) built on :class:`~chaos.harness.cluster.EmbeddedPairCluster`
   so the ``disk-full`` fault can fill it with a ballast file and empty it again.
   Where mounting is not allowed, :attr:`disk_reason` says why and the fault is
   skipped. Everything mounted is unmounted by :meth:`close`, after the brokers stop.
+* **Network namespaces** (``netns=True``, root with ``ip`` and ``nft``): each node runs
+  in a network namespace of its own (``ip netns exec``), bound to its address there
+  (:mod:`chaos.nemesis.netns`), so the partition faults cut links with the kernel.
+  The slaves' master connectors then name the peer's address directly (no replication
+  proxy: ``cut-replication`` is a kernel cut of the HA ports' connections only, so the
+  slave still sees the master answer on its client port, as with the proxy). Where namespaces cannot be made,
+  :attr:`net_reason` says why, the nodes stay on 127.0.0.1 with the replication
+  proxies, and the partition faults are skipped.
+* **LazyFS** (``lazyfs=True``, root with ``/dev/fuse``, fusepy and libfuse2): node
+  ``a``'s data directory (replicated) or the shared store is a
+  :mod:`chaos.nemesis.lazyfs` mount over a backing directory (on the tmpfs when there is
+  one), for the ``power-loss`` fault; :attr:`lazy_reason` says why not otherwise.
 * **The spoke and the bridge**: one more broker process (not faulted) and a
   :class:`bridge.agent.BridgeAgent` in this process forwarding the bridged queue from
   the spoke to the pair over the clients' proxies (started by :meth:`attach`, which
@@ -49,6 +61,9 @@ from amqtransport.processes.broker import BrokerProcess
 from amqtransport.processes.disk import TmpfsUnavailable, fill, tmpfs
 from amqtransport.processes.ports import free_port
 from chaos.harness.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
+from chaos.nemesis import lazyfs, netns
+from chaos.nemesis.lazyfs import LazyFs
+from chaos.nemesis.netns import Netns
 from chaos.proxy.server import ToxiproxyServer
 
 __all__ = ["TmpfsMount", "NemesisCluster", "BRIDGED_QUEUE", "BROKER_CONFIG"]
@@ -122,7 +137,8 @@ class NemesisCluster:
     """The pair, its replication proxies, tmpfs mounts, the spoke and the bridge."""
 
     def __init__(self, workdir: Path, mode: str, *, disk: bool = True, disk_mb: int = 64,
-                 link_timeout: float = 2.0, broker_config: Mapping[str, Any] | None = None) -> None:
+                 link_timeout: float = 2.0, broker_config: Mapping[str, Any] | None = None,
+                 net: bool = True, lazy: bool = True) -> None:
         self.kind = mode
         self.login: str | None = None
         self.passcode: str | None = None
@@ -132,6 +148,10 @@ class NemesisCluster:
         self.repl_proxies: dict[str, Proxy] = {}  # node name -> proxy in front of its HA port
         self.mounts: dict[str, TmpfsMount] = {}  # node name (or "store") -> its data filesystem
         self.disk_reason: str | None = None if disk else "disabled (--no-disk)"
+        self.net: Netns | None = None
+        self.net_reason: str | None = None if net else "disabled"
+        self.lazy: LazyFs | None = None
+        self.lazy_reason: str | None = None if lazy else "disabled"
         self.agent: Any = None
         self.spoke: BrokerProcess | None = None
         self.hub: EmbeddedPairCluster | None = None
@@ -139,14 +159,22 @@ class NemesisCluster:
         cfg = workdir / "broker.toml"
         cfg.write_text(_toml({**BROKER_CONFIG, **dict(broker_config or {})}))
         options: dict[str, Any] = {"extra_args": ["--config", str(cfg)], "link_timeout": link_timeout}
+        if self.net_reason is None:
+            netns.sweep_stale()
+            self.net_reason = netns.unavailable_reason()
+        if self.lazy_reason is None:
+            self.lazy_reason = lazyfs.unavailable_reason()
         listen_a = f"127.0.0.1:{free_port()}"
-        if mode == "replicated":
+        if mode == "replicated" and self.net_reason is not None:
             options["master_connector"] = f"tcp://{listen_a}"
         try:
             self.hub = EmbeddedPairCluster(workdir, mode, pair_options=options,
                                            before_start=self._before_start(listen_a, disk, disk_mb))
             pair = self.hub.pair
-            if mode == "replicated":
+            if mode == "replicated" and self.net is not None:
+                # from now on `a` restarts as b's slave, straight to b's address
+                pair.a.args.extend(["--master-connector", f"tcp://{pair.b.host}:{pair.b.ha_port}"])
+            elif mode == "replicated":
                 listen_b = f"127.0.0.1:{free_port()}"
                 self.repl_proxies["b"] = self._proxy("repl-b", f"127.0.0.1:{pair.b.ha_port}", listen_b)
                 # from now on `a` restarts as b's slave through this proxy
@@ -166,16 +194,51 @@ class NemesisCluster:
         def prepare(pair: Any) -> None:
             if disk:
                 self._mount(pair, disk_mb)
-            if self.kind == "replicated":
+            if self.lazy_reason is None:
+                self._lazyfs(pair)
+            if self.net_reason is None:
+                self._netns(pair)
+            elif self.kind == "replicated":
                 self.repl_proxies["a"] = self._proxy("repl-a", f"127.0.0.1:{pair.a.ha_port}", listen_a)
 
         return prepare
+
+    def _netns(self, pair: Any) -> None:
+        try:
+            self.net = Netns([n.name for n in pair.nodes], {n.name: n.port for n in pair.nodes},
+                             {n.name: n.ha_port for n in pair.nodes}).start()
+        except (OSError, netns.NetnsError) as exc:
+            self.net_reason = str(exc)
+            return
+        for node in pair.nodes:
+            node.host = self.net.ip(node.name)
+            node.wrap = self.net.exec_prefix(node.name)
+        if self.kind == "replicated":
+            args = pair.b.args
+            i = args.index("--master-connector")
+            args[i + 1] = f"tcp://{pair.a.host}:{pair.a.ha_port}"
+
+    def _lazy_paths(self, pair: Any) -> tuple[Path, Path]:
+        """(backing directory, mount point) of the LazyFS: node a's data or the store."""
+        target = Path(pair.a.data_dir)
+        return self.workdir / f"lazyfs-{'store' if self.kind == 'shared-store' else 'a'}", target
+
+    def _lazyfs(self, pair: Any) -> None:
+        backing, target = self._lazy_paths(pair)
+        try:
+            self.lazy = LazyFs(backing, target, log=self.workdir / "logs" / "lazyfs.log").start()
+        except (OSError, TimeoutError) as exc:
+            self.lazy_reason = f"LazyFS did not mount: {exc}"
+            self.lazy = None
 
     def _mount(self, pair: Any, disk_mb: int) -> None:
         self.disk_reason = TmpfsMount.unavailable_reason()
         if self.disk_reason is not None:
             return
         targets = {"store": pair.a.data_dir} if self.kind == "shared-store" else {n.name: n.data_dir for n in pair.nodes}
+        if self.lazy_reason is None:  # the LazyFS's backing directory is what fills up
+            backing, _ = self._lazy_paths(pair)
+            targets["store" if self.kind == "shared-store" else "a"] = backing
         try:
             for name, path in targets.items():
                 m = TmpfsMount(Path(path), disk_mb)
@@ -195,6 +258,11 @@ class NemesisCluster:
     def pair(self) -> Any:
         assert self.hub is not None
         return self.hub.pair
+
+    def lazy_node(self, master: Any | None) -> Any | None:
+        """The node a ``power-loss`` hits: replicated, node a (its data is on the
+        LazyFS); shared store, the master (the store is)."""
+        return self.pair.a if self.kind == "replicated" else master
 
     def mount_of(self, node: Any) -> TmpfsMount | None:
         return self.mounts.get("store" if self.kind == "shared-store" else node.name)
@@ -224,7 +292,8 @@ class NemesisCluster:
             raise ClusterError(f"the bridge did not start: {exc}") from exc
 
     def close(self) -> None:
-        """Stop the bridge, the spoke and the pair (by pid), then unmount and stop the proxies."""
+        """Stop the bridge, the spoke and the pair (by pid), then unmount (LazyFS, tmpfs),
+        delete the network namespaces and stop the proxies."""
         try:
             if self.agent is not None:
                 with contextlib.suppress(Exception):
@@ -236,5 +305,13 @@ class NemesisCluster:
             if self.hub is not None:
                 self.hub.close()
         finally:
-            self._unmount()
-            self.server.stop()
+            try:
+                if self.lazy is not None:
+                    self.lazy.stop()
+                    self.lazy = None
+                self._unmount()
+            finally:
+                if self.net is not None:
+                    self.net.close()
+                    self.net = None
+                self.server.stop()

@@ -11,6 +11,18 @@ Every fault becomes a ``Fault`` record (``t`` to ``t_end``, target node, detail)
 has ended. A step whose target does not exist at that moment (no master during a
 takeover, no dead node) is skipped and recorded as such.
 
+Kernel faults (:mod:`chaos.nemesis.netns`): ``partition-*`` and ``isolate-node``
+resolve the roles to the nodes' network endpoints (``clients`` is this process's
+namespace), add the cuts and heal exactly those (a link two faults cut stays cut until
+both healed). ``cut-replication`` is a kernel cut too when the nodes run in namespaces
+(``disable``: a TCP reset both ways, ``half-open``: a silent drop), of the connections
+to the HA ports only: the nodes still see each other answer on their client ports. ``power-loss``
+freezes the LazyFS (:mod:`chaos.nemesis.lazyfs`), SIGKILLs the node whose data is on it
+and drops every unsynced write (tearing the newest with ``tear=1``); the node stays
+down until ``restart-dead``. ``bit-flip`` stops the slave cleanly, flips one bit of one
+record of a finished journal segment (:mod:`chaos.nemesis.bitflip`, seeded by the
+round and the step) and starts it again.
+
 Signals go to the pid of the ``Popen`` we started, and only while that process is
 still running: a reaped pid is never signalled. :meth:`Nemesis.heal_all` (end of a
 round, Ctrl-C) heals every active fault, :meth:`Nemesis.restart_dead` restarts the
@@ -24,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import time
 from collections.abc import Callable
@@ -35,14 +48,19 @@ from toxiproxy.proxy import Proxy
 
 from amqtransport.errors import AmqTransportError
 from chaos.harness.cluster import Stage
+from chaos.nemesis.bitflip import flip_bit
 from chaos.nemesis.cluster import NemesisCluster
 from chaos.nemesis.history import Fault, History
+from chaos.nemesis.netns import CLIENTS, isolate, one_way, partition
 from chaos.nemesis.schedule import Step
 from chaos.nemesis.workload import InFlightCheck
 
 __all__ = ["Active", "Nemesis"]
 
 log = logging.getLogger(__name__)
+
+#: the fault kinds done by the kernel (skipped when the nodes are not in namespaces)
+NET_KINDS = ("partition-replication", "partition-clients", "partition-one-way", "isolate-node")
 
 Clock = Callable[[], float]
 
@@ -162,11 +180,19 @@ class Nemesis:
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()
             return Active(step, round_no, t, "store", f"deleted {lock}" if existed else f"{lock} was not there")
+        if kind == "bit-flip":
+            return self._bit_flip(step, round_no)
         master = self.master()
         if master is None:
             self._skip(step, round_no, "no serving master at that moment")
             return None
         t = self.clock()
+        if kind in NET_KINDS:
+            return self._partition(step, round_no, master)
+        if kind == "power-loss":
+            return self._power_loss(step, round_no, master)
+        if kind == "cut-replication" and self.cluster.net is not None:
+            return self._partition(step, round_no, master)
         if kind == "kill-master":
             pid = master.pid
             master.kill()
@@ -199,13 +225,78 @@ class Nemesis:
         if kind == "latency":
             where = str(step.params.get("where", "client"))
             if where == "replication":
-                proxy = self.cluster.repl_proxies.get(master.name, proxy)
+                if master.name not in self.cluster.repl_proxies:
+                    self._skip(step, round_no, "no replication proxy (the nodes are in network namespaces)")
+                    return None
+                proxy = self.cluster.repl_proxies[master.name]
             ms = int(step.params.get("ms", 300))
             attrs = {"latency": ms, "jitter": ms // 10}
             names = self._toxics(proxy, step, [("latency", "downstream", attrs), ("latency", "upstream", attrs)])
             return Active(step, round_no, self.clock(), master.name, f"{proxy.name}: latency {ms} ms",
                           heal=lambda: self._remove(proxy, names))
         raise ValueError(f"unknown fault kind {kind!r}")
+
+    def _other(self, node: Any) -> Any:
+        return next(n for n in self.nodes if n is not node)
+
+    def _partition(self, step: Step, round_no: int, master: Any) -> Active | None:
+        net = self.cluster.net
+        if net is None:
+            self._skip(step, round_no, f"no network namespaces ({self.cluster.net_reason})")
+            return None
+        slave = self._other(master)
+        roles = {"master": master.name, "slave": slave.name, "clients": CLIENTS}
+        kind, action = step.kind, "drop"
+        if kind == "partition-replication":
+            cuts = partition(master.name, slave.name)
+        elif kind == "cut-replication":  # the HA ports only: each node still sees the other's client port
+            cuts = partition(master.name, slave.name, "ha")
+            if step.params.get("variant") == "disable":
+                action = "reject"
+        elif kind == "partition-clients":
+            cuts = partition(master.name, CLIENTS)
+        elif kind == "partition-one-way":
+            src, dst = str(step.params.get("dir", "master->slave")).split("->")
+            cuts = one_way(roles[src], roles[dst])
+        else:  # isolate-node
+            cuts = isolate(roles[str(step.params.get("node", "master"))], net.endpoints)
+        held = net.cut(cuts, action)
+        what = ", ".join(f"{a}->{b}" + ("" if svc == "all" else f" ({svc} ports)") for a, b, svc in held)
+        target = slave.name if step.params.get("node") == "slave" else master.name
+        return Active(step, round_no, self.clock(), target, f"kernel {action}: {what} (master {master.name})",
+                      heal=lambda: net.heal(held))
+
+    def _power_loss(self, step: Step, round_no: int, master: Any) -> Active | None:
+        fs = self.cluster.lazy
+        node = self.cluster.lazy_node(master)
+        if fs is None or node is None:
+            self._skip(step, round_no, f"no LazyFS ({self.cluster.lazy_reason})")
+            return None
+        if not node.alive or node.name in self.frozen:
+            self._skip(step, round_no, f"node {node.name} is not running")
+            return None
+        role = "master" if node is master else "slave"
+        t, pid = self.clock(), node.pid
+        what = fs.power_loss(node.kill, tear=bool(step.params.get("tear", 0)))
+        return Active(step, round_no, t, node.name, f"power loss of the {role}: SIGKILL pid {pid}; {what}")
+
+    def _bit_flip(self, step: Step, round_no: int) -> Active | None:
+        master = self.master()
+        slave = None if master is None else self._other(master)
+        if slave is None or not slave.alive or slave.name in self.frozen:
+            self._skip(step, round_no, "no master with a running slave")
+            return None
+        t = self.clock()
+        slave.terminate()
+        try:
+            flip = flip_bit(Path(slave.data_dir), random.Random(f"bit-flip:{round_no}:{step.at}"))
+        finally:
+            slave.start(timeout=30)
+        if flip is None:
+            self._skip(step, round_no, f"no finished journal segment on node {slave.name} yet (it was stopped "
+                       "and started again, nothing flipped)")
+            return None
+        return Active(step, round_no, t, slave.name, f"stopped; {flip.describe()}; restarted as pid {slave.pid}")
 
     def _freeze(self, step: Step, round_no: int, node: Any) -> Active:
         proc = node.proc

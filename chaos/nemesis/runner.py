@@ -40,7 +40,7 @@ from chaos.harness.clients import ClientSettings
 from chaos.harness.cluster import ClusterError, Stage
 from chaos.nemesis.checker import CheckResult, Violation, check
 from chaos.nemesis.cluster import BRIDGED_QUEUE, NemesisCluster
-from chaos.nemesis.faults import Active, Nemesis
+from chaos.nemesis.faults import NET_KINDS, Active, Nemesis
 from chaos.nemesis.history import History, RoundRecord, Subscriber
 from chaos.nemesis.probe import Prober
 from chaos.nemesis.schedule import FAULT_KINDS, RoundPlan, default_kinds, plan_round, round_seeds
@@ -69,6 +69,8 @@ class NemesisParams:
     rate: float = 20.0  # messages/s per producer
     disk: bool = True
     disk_mb: int = 64
+    netns: bool = True  # the nodes in network namespaces (the kernel partition faults)
+    lazyfs: bool = True  # node a's data (replicated) or the shared store on LazyFS (power-loss)
     link_timeout_s: float = 1.0  # the pair's --link-timeout: a freeze longer than about 4x this is a takeover
     heartbeat_ms: int = 1000
     warmup_s: float = 2.0
@@ -219,7 +221,8 @@ class ModeRun:
         self.clock = clock
         self.kinds = params.kinds_for(mode)
         self.history = History({"mode": mode, "seed": params.seed, "rounds": params.rounds,
-                                "kinds": self.kinds, "double_faults": params.double_faults})
+                                "kinds": self.kinds, "double_faults": params.double_faults,
+                                "link_timeout_s": params.link_timeout_s})
         self.result = ModeResult(mode, params, self.kinds, self.history)
         self.cluster: NemesisCluster | None = None
         self.stage: Stage | None = None
@@ -263,16 +266,22 @@ class ModeRun:
         try:
             self.cluster = NemesisCluster(base, self.mode, disk=self.params.disk, disk_mb=self.params.disk_mb,
                                           link_timeout=self.params.link_timeout_s,
-                                          broker_config={"dedupe_window_size": self.params.dedupe_window_keys})
+                                          broker_config={"dedupe_window_size": self.params.dedupe_window_keys},
+                                          net=self.params.netns, lazy=self.params.lazyfs)
         except ClusterError:
             raise
         except Exception as exc:
             raise ClusterError(f"the {self.mode} cluster did not start: {exc}") from exc
-        if self.cluster.disk_reason is not None and "disk-full" in self.kinds:
-            note = f"disk-full skipped: {self.cluster.disk_reason}"
-            self.result.notes.append(note)
-            self.echo(f"{self.label()}: {note}")
-            self.kinds.remove("disk-full")
+        cl = self.cluster
+        missing = {"disk-full": cl.disk_reason, "power-loss": cl.lazy_reason,
+                   **dict.fromkeys(NET_KINDS, None if cl.net_reason is None
+                                   else f"no network namespaces: {cl.net_reason}")}
+        for kind, reason in missing.items():
+            if reason is not None and kind in self.kinds:
+                note = f"{kind} skipped: {reason}"
+                self.result.notes.append(note)
+                self.echo(f"{self.label()}: {note}")
+                self.kinds.remove(kind)
         self.stage = Stage(self.cluster, prefix=f"nemesis-{self.mode}", server=self.cluster.server)
         self.nemesis = Nemesis(self.cluster, self.stage, self.history, self.clock)
         nodes = [(n.name, n.host, n.port) for n in self.cluster.pair.nodes]

@@ -1,0 +1,94 @@
+"""Availability per fault kind: the share of 1-second windows in which a receipted send completed.
+
+Theory of operation
+-------------------
+A pure function of the history (like the checker, which calls it and carries its
+figures). For every fault that was done (not ``skipped``/``failed``) its *observed
+span* is ``[t + L, t_end + A)``: from ``L`` seconds after the fault began (``L`` = the
+pair's ``--link-timeout``, ``history.meta["link_timeout_s"]``, default 1 s: the window
+right after a fault in which the pair cannot have noticed it yet is **excluded**)
+to ``A`` seconds (:data:`AFTER_S`, 5 s) after it ended (an instant fault, a SIGKILL,
+has ``t_end == t``: its span is the 4 s from ``t + L`` to ``t + 5``; a held fault is
+observed while it holds and for 5 s after its heal, the time a takeover or a resync
+takes to give service back). A span shorter than ``L`` yields nothing.
+
+The span is cut into consecutive 1-second windows starting at ``t + L`` (the last,
+partial one dropped). A window is **available** when at least one *receipted send to
+the pair* (``sends`` ``rcpt``, outcome ``ok``, not the spoke's ``p-bridged``
+producer) got its receipt inside it (``t_done`` in ``[w, w + 1)``). A kind's figure
+is available windows / windows over all its faults (a window inside the spans of two
+concurrent faults counts for both kinds). ``no-fault`` is the same over the 1-second
+windows of the rounds' time that lie in no fault's ``[t, t_end + A)`` (the baseline,
+not excluded from anything), ``all-faults`` over every fault's windows.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from chaos.nemesis.history import History
+
+__all__ = ["Availability", "availability", "AFTER_S", "WINDOW_S", "NOT_PAIR_CLIENTS"]
+
+WINDOW_S = 1.0
+AFTER_S = 5.0
+#: producers whose sends do not go to the pair (the spoke's, forwarded by the bridge)
+NOT_PAIR_CLIENTS = ("p-bridged",)
+
+
+@dataclass(frozen=True)
+class Availability:
+    kind: str
+    windows: int
+    available: int
+
+    @property
+    def share(self) -> float | None:
+        return self.available / self.windows if self.windows else None
+
+    def to_json(self) -> dict[str, float | int | None]:
+        share = self.share
+        return {"windows": self.windows, "available": self.available,
+                "share": None if share is None else round(share, 4)}
+
+
+def _windows(lo: float, hi: float) -> list[float]:
+    out = []
+    w = lo
+    while w + WINDOW_S <= hi + 1e-9:
+        out.append(w)
+        w += WINDOW_S
+    return out
+
+
+def _hit(done: list[float], w: float) -> bool:
+    i = bisect.bisect_left(done, w)
+    return i < len(done) and done[i] < w + WINDOW_S
+
+
+def availability(h: History, link_timeout_s: float | None = None,
+                 exclude_clients: Iterable[str] = NOT_PAIR_CLIENTS) -> dict[str, Availability]:
+    """Figures per fault kind, plus ``all-faults`` and ``no-fault`` (module docstring)."""
+    lt = float(h.meta.get("link_timeout_s", 1.0) if link_timeout_s is None else link_timeout_s)
+    skip = set(exclude_clients)
+    done = sorted(s.t_done for s in h.sends if s.kind == "rcpt" and s.outcome == "ok" and s.client not in skip)
+    faults = [f for f in h.faults if not f.detail.startswith(("skipped", "failed"))]
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for f in faults:
+        for w in _windows(f.t + lt, f.t_end + AFTER_S):
+            for kind in (f.kind, "all-faults"):
+                counts[kind][0] += 1
+                counts[kind][1] += _hit(done, w)
+    busy = sorted((f.t, f.t_end + AFTER_S) for f in faults)
+    starts = [b[0] for b in busy]
+    for r in h.rounds:
+        for w in _windows(r.t, r.t_end):
+            i = bisect.bisect_right(starts, w + WINDOW_S)
+            if any(lo < w + WINDOW_S and hi > w for lo, hi in busy[:i]):
+                continue
+            counts["no-fault"][0] += 1
+            counts["no-fault"][1] += _hit(done, w)
+    return {k: Availability(k, n, ok) for k, (n, ok) in sorted(counts.items())}

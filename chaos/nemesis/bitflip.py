@@ -1,0 +1,74 @@
+"""The ``bit-flip`` fault's damage: one bit flipped in one record of a finished journal segment.
+
+Theory of operation
+-------------------
+:func:`flip_bit` runs while the node is down. It lists the journal's segment files
+(``seg-<id>.log`` anywhere under the data directory, ``quarantine/`` left out), keeps
+those that are not the newest (a finished segment: the writer fsynced it before it
+opened the next, so recovery reads a bad frame there as *damage*, skips exactly that
+record and reports it -- :mod:`amqtransport.broker.store.salvage` -- never as a torn
+tail to cut), picks one (seeded), walks its intact frames with the store's own
+:class:`~amqtransport.broker.store.segments.Scan`, picks a frame and flips one bit of
+its *payload* (its length stays intact: exactly one record is lost on that node) and
+fsyncs the file. A pair node whose record was skipped must get it back from its peer
+(a resync), so the checker still sees nothing lost.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from amqtransport.broker.store.salvage import describe
+from amqtransport.broker.store.segments import FRAME, MAGIC, MAX_RECORD, Scan, segment_id
+
+__all__ = ["Flip", "finished_segments", "flip_bit"]
+
+
+@dataclass(frozen=True)
+class Flip:
+    segment: Path
+    frame: int  # the frame's offset in the segment
+    byte: int  # the flipped byte's offset in the segment
+    bit: int
+    record: str  # what the record was
+
+    def describe(self) -> str:
+        return (f"bit {self.bit} of byte {self.byte} flipped in {self.segment.name} (the record at offset "
+                f"{self.frame}: {self.record})")
+
+
+def finished_segments(data_dir: Path) -> list[Path]:
+    """The segments of ``data_dir``'s journal but the newest, oldest first."""
+    segs = [(i, p) for p in data_dir.rglob("seg-*.log")
+            if "quarantine" not in p.parts and (i := segment_id(p)) is not None]
+    segs.sort()
+    return [p for _, p in segs[:-1]]
+
+
+def flip_bit(data_dir: Path, rng: random.Random) -> Flip | None:
+    """Flip one bit of one record of a finished segment (see the module docstring);
+    None when there is no finished segment with an intact record."""
+    segs = finished_segments(data_dir)
+    rng.shuffle(segs)
+    for seg in segs:
+        data = seg.read_bytes()
+        if not data.startswith(MAGIC):
+            continue
+        frames = [(off, len(payload)) for off, payload, _rec in Scan(memoryview(data), len(MAGIC), MAX_RECORD)]
+        if not frames:
+            continue
+        off, length = rng.choice(frames)
+        byte = off + FRAME.size + rng.randrange(length)
+        bit = rng.randrange(8)
+        fd = os.open(seg, os.O_RDWR)
+        try:
+            os.pwrite(fd, bytes([data[byte] ^ (1 << bit)]), byte)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return Flip(seg, off, byte, bit, describe(memoryview(data), off, off + FRAME.size + length) or "?")
+    return None
+
