@@ -1,15 +1,19 @@
-"""The ``bit-flip`` fault's damage: one bit flipped in one record of a finished journal segment.
+"""The ``bit-flip`` fault's damage: one bit flipped in one journal record that is not the last.
 
 Theory of operation
 -------------------
 :func:`flip_bit` runs while the node is down. It lists the journal's segment files
-(``seg-<id>.log`` anywhere under the data directory, ``quarantine/`` left out), keeps
-those that are not the newest (a finished segment: the writer fsynced it before it
-opened the next, so recovery reads a bad frame there as *damage*, skips exactly that
-record and reports it -- :mod:`amqtransport.broker.store.salvage` -- never as a torn
-tail to cut), picks one (seeded), walks its intact frames with the store's own
-:class:`~amqtransport.broker.store.segments.Scan`, picks a frame and flips one bit of
-its *payload* (its length stays intact: exactly one record is lost on that node) and
+(``seg-<id>.log`` anywhere under the data directory, ``quarantine/`` left out). A
+record of a segment that is not the newest (a finished segment: the writer fsynced it
+before it opened the next) is *damage* to recovery when it does not check out, never a
+torn tail to cut (:mod:`amqtransport.broker.store.salvage`): it skips exactly that
+record and reports it. So is a record of the newest segment that has an intact frame
+after it. The nemesis's brokers compact every 500 ms, which most of the time leaves a
+single segment, so: a record of a finished segment when there is one, else a record of
+the newest segment but its last one. It picks the segment and the record (seeded),
+walking the frames with the store's own
+:class:`~amqtransport.broker.store.segments.Scan`, flips one bit of the record's
+*payload* (its length stays intact: exactly one record is lost on that node) and
 fsyncs the file. A pair node whose record was skipped must get it back from its peer
 (a resync), so the checker still sees nothing lost.
 """
@@ -40,24 +44,32 @@ class Flip:
                 f"{self.frame}: {self.record})")
 
 
-def finished_segments(data_dir: Path) -> list[Path]:
-    """The segments of ``data_dir``'s journal but the newest, oldest first."""
+def segments(data_dir: Path) -> list[Path]:
+    """The segments of ``data_dir``'s journal, oldest first."""
     segs = [(i, p) for p in data_dir.rglob("seg-*.log")
             if "quarantine" not in p.parts and (i := segment_id(p)) is not None]
     segs.sort()
-    return [p for _, p in segs[:-1]]
+    return [p for _, p in segs]
+
+
+def finished_segments(data_dir: Path) -> list[Path]:
+    """The segments of ``data_dir``'s journal but the newest, oldest first."""
+    return segments(data_dir)[:-1]
 
 
 def flip_bit(data_dir: Path, rng: random.Random) -> Flip | None:
-    """Flip one bit of one record of a finished segment (see the module docstring);
-    None when there is no finished segment with an intact record."""
-    segs = finished_segments(data_dir)
-    rng.shuffle(segs)
-    for seg in segs:
+    """Flip one bit of one record (see the module docstring); None when the journal
+    has no record but the newest segment's last."""
+    segs = segments(data_dir)
+    finished = segs[:-1]
+    rng.shuffle(finished)
+    for seg in [*finished, *segs[-1:]]:
         data = seg.read_bytes()
         if not data.startswith(MAGIC):
             continue
         frames = [(off, len(payload)) for off, payload, _rec in Scan(memoryview(data), len(MAGIC), MAX_RECORD)]
+        if seg == segs[-1]:
+            frames = frames[:-1]  # the newest segment's last record would read as a torn tail
         if not frames:
             continue
         off, length = rng.choice(frames)

@@ -20,7 +20,7 @@ to the HA ports only: the nodes still see each other answer on their client port
 freezes the LazyFS (:mod:`chaos.nemesis.lazyfs`), SIGKILLs the node whose data is on it
 and drops every unsynced write (tearing the newest with ``tear=1``); the node stays
 down until ``restart-dead``. ``bit-flip`` stops the slave cleanly, flips one bit of one
-record of a finished journal segment (:mod:`chaos.nemesis.bitflip`, seeded by the
+journal record that is not the last (:mod:`chaos.nemesis.bitflip`, seeded by the
 round and the step) and starts it again.
 
 Signals go to the pid of the ``Popen`` we started, and only while that process is
@@ -293,7 +293,7 @@ class Nemesis:
         finally:
             slave.start(timeout=30)
         if flip is None:
-            self._skip(step, round_no, f"no finished journal segment on node {slave.name} yet (it was stopped "
+            self._skip(step, round_no, f"no journal record to damage on node {slave.name} (it was stopped "
                        "and started again, nothing flipped)")
             return None
         return Active(step, round_no, t, slave.name, f"stopped; {flip.describe()}; restarted as pid {slave.pid}")

@@ -108,8 +108,8 @@ FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("power-loss", "SIGKILL a node whose data is on LazyFS and lose every write it had not fsynced "
               "(sometimes tearing the last one): replicated node a, whatever its role; the shared store's master",
               "pair"),
-    FaultKind("bit-flip", "stop the slave, flip one bit in a record of a finished journal segment, start it "
-              "again: it must skip the record, report it and resync from the master", "pair",
+    FaultKind("bit-flip", "stop the slave, flip one bit in a journal record (of a finished segment when there "
+              "is one; never the newest record), start it again: it must skip the record, report it and resync from the master", "pair",
               modes=("replicated",)),
     FaultKind("delete-lock", "delete the shared store's lock file under the running pair", "pair",
               modes=("shared-store",)),
