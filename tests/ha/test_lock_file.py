@@ -121,3 +121,21 @@ def test_file_lock_follows_its_name(tmp_path: Path) -> None:
     assert not (tmp_path / "missing").exists(), "probing does not create the file"
     a.release()
     assert not is_locked(path)
+
+
+@pytest.mark.parametrize("content", ["", "\n"], ids=["empty", "blank"])
+def test_a_failback_request_naming_nobody_does_not_block_the_pair(tmp_path: Path, content: str) -> None:
+    """A power loss leaves ``ha-failback-request`` created but empty (its write never
+    reached the disk: found by the nemesis's power-loss fault, LazyFS). Before: both
+    nodes read a request naming neither of them and waited for each other forever
+    ("slave waiting for the store lock" on a free lock). Now a request naming no node
+    asks nothing."""
+    bp = BrokerPair("shared-store", tmp_path, lock_interval=0.05)
+    store = bp.a.data_dir
+    store.mkdir(parents=True, exist_ok=True)
+    (store / "ha-failback-request").write_text(content)
+    try:
+        bp.start(timeout=20)
+        assert bp.a.status()["amq-ha-role"] == "master"
+    finally:
+        bp.stop()

@@ -10,7 +10,9 @@ within one poll interval (``failover-on-shutdown``). ``--allow-failback`` on a n
 makes it yield to the pair's *primary* (the node that first took the lock on this
 store, recorded in the state file): a restarted primary that finds the lock taken
 drops a request file; a live node with ``--allow-failback`` sees it, stops cleanly and
-releases the lock, and does not take it back until the primary is master.
+releases the lock, and does not take it back until the primary is master. A request
+file naming no node (created, its content lost to a power cut before it reached the
+disk) asks nothing: before, both nodes waited for each other forever.
 
 Who else is there. The lock says only that *someone* is master, so each node also
 announces itself in ``<data-dir>/ha-nodes/<name>.json`` (its name and its client, HA and
@@ -159,11 +161,12 @@ class SharedStoreRole:
                     log.info("node %s: primary is back; asking the live node to fail back", node.name)
 
                 def may_take() -> bool:
-                    # a node that yielded waits until the requester has the lock
+                    # a node that yielded waits until the requester has the lock; a request
+                    # naming no node (created, but its write lost to a power cut) asks nothing
                     if not request.exists():
                         return True
                     with contextlib.suppress(OSError):
-                        return request.read_text().strip() == node.name
+                        return request.read_text().strip() in ("", node.name)
                     return True
 
                 got = await wait_for_lock(lock, node.opts.lock_interval, stop=node.stop_event, may_take=may_take)
