@@ -61,6 +61,18 @@ if [ "${AMQ_SKIP_FAKETIME:-0}" != "1" ] && ! ls /usr/lib/*/faketime/libfaketime.
     fi
 fi
 
+# Debian's nftables (the nemesis's kernel partitions between network namespaces) and libfuse2
+# (its LazyFS power-loss fault, through fusepy): chaos/nemesis/netns.py, chaos/nemesis/lazyfs.py
+if [ "${AMQ_SKIP_NEMESIS_KERNEL:-0}" != "1" ] && { ! command -v nft >/dev/null 2>&1 || ! ls /usr/lib/*/libfuse.so.2 >/dev/null 2>&1; }; then
+    if [ "$(id -u)" = "0" ]; then
+        echo "setup: installing Debian's nftables and libfuse2 for the nemesis's partition and power-loss faults" >&2
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables libfuse2 >/dev/null
+    else
+        echo "setup: not root, the nemesis's partition and power-loss faults will be skipped (apt-get install -y nftables libfuse2)" >&2
+    fi
+fi
+
 # The real @stomp/stompjs from npm for the browser test of the WebSocket port
 # (tests/http/test_websocket_browser.py); kept in .venv, never in the repository
 STOMPJS_VERSION=7.5.0

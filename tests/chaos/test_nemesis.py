@@ -2,9 +2,9 @@
 the tmpfs full-disk plumbing works, and the command line refuses bad input.
 
 ``test_short_nemesis_both_modes`` is the README's short nemesis: two rounds per mode
-(seed 1: a SIGKILL of the master in each mode with client-link cuts alongside, a
-half-open replication link and a full disk on the replicated master), under a minute
-per mode. The long run
+(seed 678: replicated, a half-open replication link, a freeze, client-link cuts and a
+full disk on the master; shared store, a SIGKILL of the master with a kernel client
+partition alongside, full disks and a half-open client link), under a minute per mode. The long run
 is ``amq chaos run nemesis --rounds 200 --mode both`` (chaos/README.md).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from click.testing import CliRunner
 
 from amqtransport.cli.main import cli
 from amqtransport.processes.disk import TmpfsUnavailable
+from chaos.nemesis import netns
 from chaos.nemesis.checker import check
 from chaos.nemesis.cli import run_nemesis
 from chaos.nemesis.cluster import TmpfsMount
@@ -34,7 +36,7 @@ pytestmark = [pytest.mark.chaos]
 
 # the seed's two rounds per mode hold every fault family the assertions below name
 # (chaos.nemesis.schedule.plan_rounds; a new default fault kind reshuffles the plans)
-SEED = 71
+SEED = 678
 
 
 @pytest.mark.timeout(420)
@@ -132,6 +134,7 @@ def test_ctrl_c_stops_every_process_and_unmounts(tmp_path: Path) -> None:
         children = _descendants(proc.pid)
         assert len(children) >= 3, children  # two pair nodes and the spoke
         mounted = _mounts_under(tmp_path)
+        namespaces = _namespaces_of(proc.pid)
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:
@@ -141,13 +144,24 @@ def test_ctrl_c_stops_every_process_and_unmounts(tmp_path: Path) -> None:
         assert proc.returncode == 130, out
         assert "interrupted; stopping every process and unmounting" in out
         assert [p for p in children if _alive(p)] == [], out
-        assert _mounts_under(tmp_path) == []
+        assert _mounts_under(tmp_path) == []  # the tmpfs and the LazyFS (FUSE) mounts
         if TmpfsMount.unavailable_reason() is None:
             assert mounted, "the shared store was on a tmpfs while it ran"
+        assert _namespaces_of(proc.pid) == []
+        if netns.unavailable_reason() is None:
+            assert len(namespaces) == 3, namespaces  # the two nodes' and the switch's
     finally:  # whatever the nemesis left behind (a failed test) must not outlive the test
         _reap(proc, children, tmp_path)
         for target in _mounts_under(tmp_path):
             subprocess.run(["umount", "-l", target], check=False)
+
+
+def _namespaces_of(pid: int) -> list[str]:
+    """The network namespaces the nemesis process ``pid`` made (chaos/nemesis/netns.py)."""
+    if shutil.which("ip") is None:
+        return []
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"{netns.NS_PREFIX}{pid}x")]
 
 
 def _mounts_under(path: Path) -> list[str]:

@@ -21,7 +21,15 @@ from chaos.nemesis.bitflip import finished_segments, flip_bit
 from chaos.nemesis.checker import check
 from chaos.nemesis.history import Fault, History, RoundRecord, Send
 from chaos.nemesis.lazyfs import Overlay
-from chaos.nemesis.netns import CLIENTS, TABLE, isolate, nft_script, one_way, partition, plan_endpoints
+from chaos.nemesis.netns import (
+    CLIENTS,
+    TABLE,
+    isolate,
+    nft_script,
+    one_way,
+    partition,
+    plan_endpoints,
+)
 
 pytestmark = pytest.mark.chaos
 
