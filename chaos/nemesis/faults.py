@@ -277,7 +277,10 @@ class Nemesis:
             return None
         role = "master" if node is master else "slave"
         t, pid = self.clock(), node.pid
-        what = fs.power_loss(node.kill, tear=bool(step.params.get("tear", 0)))
+        try:
+            what = fs.power_loss(pid, tear=bool(step.params.get("tear", 0)))
+        finally:
+            node.kill()  # reaps it
         return Active(step, round_no, t, node.name, f"power loss of the {role}: SIGKILL pid {pid}; {what}")
 
     def _bit_flip(self, step: Step, round_no: int) -> Active | None:

@@ -22,10 +22,14 @@ of the directory ``BACKING``:
 
 Control: one command per line on stdin, one answer per line on stdout. ``freeze``
 takes the lock every operation takes and keeps it (every filesystem call waits),
-``drop [tear]`` loses the unsynced data and lets go of the lock, ``thaw`` lets go
-without losing anything, ``stats`` counts. The nemesis freezes, SIGKILLs the node,
-then drops: no write of the dead node and no read of the other node (shared store)
-lands between the kill and the loss. ``mounted`` is printed once the mount is up.
+``drop [tear] [TID...]`` loses the unsynced data, fails every later request of those
+threads (the killed node's: a request it had in flight when the power went, held by
+the freeze, must not land after the loss) and lets go of the lock, ``thaw`` lets go
+without losing anything, ``stats`` counts. The nemesis freezes, SIGKILLs the node
+(without waiting: a process blocked in a request the frozen filesystem holds cannot
+die until it is answered), then drops: no write of the dead node and no read of the
+other node (shared store) lands between the kill and the loss. The kernel names a
+request's caller by its thread id, hence the list of the node's threads. ``mounted`` is printed once the mount is up.
 :class:`LazyFs` is the parent's handle (start, command, stop by pid, unmount).
 """
 
@@ -35,6 +39,7 @@ import contextlib
 import errno
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -158,16 +163,20 @@ class LazyOps(_operations_base()):  # type: ignore[misc]
         self.mutex = threading.RLock()
         self.rng = random.Random(seed)
         self.fh_ino: dict[int, int] = {}
+        self.dead: set[int] = set()  # thread ids of the processes that lost their power
 
     def _p(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
 
     def _guard(self, fn: Callable[[], Any]) -> Any:
+        fuse = _fuse_module()
         with self.mutex:
+            if self.dead and fuse.fuse_get_context()[2] in self.dead:
+                raise fuse.FuseOSError(errno.EIO)  # a request of a process that lost its power
             try:
                 return fn()
             except OSError as exc:
-                raise _fuse_module().FuseOSError(exc.errno or errno.EIO) from exc
+                raise fuse.FuseOSError(exc.errno or errno.EIO) from exc
 
     # attributes and directories
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
@@ -323,6 +332,7 @@ def _control(ops: LazyOps) -> None:
                 print("frozen", flush=True)
             elif cmd[:1] == ["drop"]:
                 with ops.mutex:
+                    ops.dead.update(int(x) for x in cmd[1:] if x.isdigit())
                     loss = ops.power_loss(tear="tear" in cmd[1:])
                 if frozen:
                     ops.mutex.release()
@@ -441,15 +451,23 @@ class LazyFs:
             raise OSError(f"LazyFS at {self.mount}: {cmd!r} -> {answer or 'the process exited'}")
         return answer
 
-    def power_loss(self, kill: Callable[[], None], tear: bool = False) -> str:
-        """Freeze the filesystem, ``kill()`` (the node), drop the unsynced data."""
+    def power_loss(self, pid: int | None, tear: bool = False) -> str:
+        """Freeze the filesystem, SIGKILL process ``pid`` (not waiting: it may be stuck in
+        a request the frozen filesystem holds), drop the unsynced data, and fail every
+        request of that process's threads from now on (those it had in flight
+        included: they come after the power went). The caller reaps ``pid``."""
         self.command("freeze")
+        tids: list[str] = []
         try:
-            kill()
+            if pid is not None:
+                tids = [t.name for t in Path(f"/proc/{pid}/task").iterdir()] if Path(f"/proc/{pid}").exists() else []
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         except BaseException:
             self.command("thaw")
             raise
-        return self.command("drop tear" if tear else "drop").removeprefix("dropped ")
+        return self.command(" ".join(["drop", *(["tear"] if tear else []), str(pid or ""), *tids]).strip()
+                            ).removeprefix("dropped ")
 
     def stop(self) -> None:
         """Unmount (lazily if still busy) and stop the process by pid; idempotent."""
