@@ -18,16 +18,18 @@ The generator keeps a small model of the pair while it draws steps:
 
 * ``dead``: how many nodes are down. ``kill-master``/``kill-slave`` need both nodes
   up (never both down: the promise is about *single* failures), ``restart-dead``
-  needs one down. ``disk-full`` counts as a node down too: a master whose journal
+  needs one down. ``power-loss`` leaves its node down like a kill. ``disk-full`` counts as a node down too: a master whose journal
   fails fences itself and hands over, and stays out until it has space and resyncs
   (or is restarted).
-* pair faults (``scope == "pair"``: process, disk, lock and replication-link faults)
+* pair faults (``scope == "pair"``: process, disk, power, journal, lock, replication-link
+  and kernel partitions between the nodes)
   never overlap each other and start only with both nodes up, so a round never
   stacks two failures of the pair (``double_faults=True`` lifts that, for runs that
   look beyond the promise);
 * client-link faults (``scope == "link"``: cut, half-open, latency on the clients'
-  proxy) may start at any time, and with probability ``p_concurrent`` one of them is
-  added alongside a step ("sometimes two at once").
+  proxy, the kernel partition of the clients from the master) may start at any time,
+  and with probability ``p_concurrent`` one of them is added alongside a step
+  ("sometimes two at once").
 
 The round's fault window ends one second after the last step has healed; the runner
 then heals whatever is left, restarts dead nodes and checks that the pair is whole.
