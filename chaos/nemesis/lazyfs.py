@@ -244,10 +244,10 @@ class LazyOps(_operations_base()):  # type: ignore[misc]
         return fd
 
     def open(self, path: str, flags: int) -> int:
-        flags &= ~(os.O_APPEND | os.O_TRUNC | os.O_CREAT | os.O_EXCL)
-        acc = flags & os.O_ACCMODE
-        return self._guard(lambda: self._opened(os.open(self._p(path), (flags & ~os.O_ACCMODE) | (  # type: ignore[no-any-return]
-            os.O_RDWR if acc != os.O_RDONLY else os.O_RDONLY))))
+        # read-write whatever the caller asked (an fsync through a read-only descriptor
+        # writes the file's pending data too); no O_APPEND: writes come with their offset
+        flags &= ~(os.O_APPEND | os.O_TRUNC | os.O_CREAT | os.O_EXCL | os.O_ACCMODE)
+        return self._guard(lambda: self._opened(os.open(self._p(path), flags | os.O_RDWR)))  # type: ignore[no-any-return]
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
         return self._guard(lambda: self._opened(os.open(self._p(path), os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)))  # type: ignore[no-any-return]
