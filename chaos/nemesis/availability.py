@@ -17,7 +17,9 @@ partial one dropped). A window is **available** when at least one *receipted sen
 the pair* (``sends`` ``rcpt``, outcome ``ok``, not the spoke's ``p-bridged``
 producer) got its receipt inside it (``t_done`` in ``[w, w + 1)``). A kind's figure
 is available windows / windows over all its faults (a window inside the spans of two
-concurrent faults counts for both kinds). ``no-fault`` is the same over the 1-second
+concurrent faults counts for both kinds). Its *alone* figure counts only the windows
+that lie in no other fault's ``[t, t_end + A)``: what that kind does by itself (a
+``delete-lock`` with a half-open client link alongside says little about the lock). ``no-fault`` is the same over the 1-second
 windows of the rounds' time that lie in no fault's ``[t, t_end + A)`` (the baseline,
 not excluded from anything), ``all-faults`` over every fault's windows.
 """
@@ -44,15 +46,23 @@ class Availability:
     kind: str
     windows: int
     available: int
+    alone_windows: int = 0  # windows in no other fault's span
+    alone_available: int = 0
 
     @property
     def share(self) -> float | None:
         return self.available / self.windows if self.windows else None
 
+    @property
+    def alone_share(self) -> float | None:
+        return self.alone_available / self.alone_windows if self.alone_windows else None
+
     def to_json(self) -> dict[str, float | int | None]:
-        share = self.share
+        share, alone = self.share, self.alone_share
         return {"windows": self.windows, "available": self.available,
-                "share": None if share is None else round(share, 4)}
+                "share": None if share is None else round(share, 4),
+                "alone_windows": self.alone_windows, "alone_available": self.alone_available,
+                "alone_share": None if alone is None else round(alone, 4)}
 
 
 def _windows(lo: float, hi: float) -> list[float]:
@@ -76,19 +86,26 @@ def availability(h: History, link_timeout_s: float | None = None,
     skip = set(exclude_clients)
     done = sorted(s.t_done for s in h.sends if s.kind == "rcpt" and s.outcome == "ok" and s.client not in skip)
     faults = [f for f in h.faults if not f.detail.startswith(("skipped", "failed"))]
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for f in faults:
-        for w in _windows(f.t + lt, f.t_end + AFTER_S):
-            for kind in (f.kind, "all-faults"):
-                counts[kind][0] += 1
-                counts[kind][1] += _hit(done, w)
-    busy = sorted((f.t, f.t_end + AFTER_S) for f in faults)
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    busy = sorted((f.t, f.t_end + AFTER_S, i) for i, f in enumerate(faults))
     starts = [b[0] for b in busy]
+    for i, f in enumerate(faults):
+        for w in _windows(f.t + lt, f.t_end + AFTER_S):
+            hit = _hit(done, w)
+            j = bisect.bisect_right(starts, w + WINDOW_S)
+            alone = not any(lo < w + WINDOW_S and hi > w and k != i for lo, hi, k in busy[:j])
+            for kind in (f.kind, "all-faults"):
+                c = counts[kind]
+                c[0] += 1
+                c[1] += hit
+                if alone:
+                    c[2] += 1
+                    c[3] += hit
     for r in h.rounds:
         for w in _windows(r.t, r.t_end):
             i = bisect.bisect_right(starts, w + WINDOW_S)
-            if any(lo < w + WINDOW_S and hi > w for lo, hi in busy[:i]):
+            if any(lo < w + WINDOW_S and hi > w for lo, hi, _ in busy[:i]):
                 continue
-            counts["no-fault"][0] += 1
-            counts["no-fault"][1] += _hit(done, w)
-    return {k: Availability(k, n, ok) for k, (n, ok) in sorted(counts.items())}
+            hit = _hit(done, w)
+            counts["no-fault"][:] = [x + d for x, d in zip(counts["no-fault"], (1, hit, 1, hit), strict=True)]
+    return {k: Availability(k, *c) for k, c in sorted(counts.items())}

@@ -101,7 +101,9 @@ def format_availability(results: Sequence[ModeResult]) -> str:
         figures = r.result.availability if r.result is not None else {}
         for kind, a in figures.items():
             share = "-" if a.share is None else f"{100 * a.share:.1f}%"
-            lines.append(f"  {r.mode:<13} {kind:<22} {share:>6}  ({a.available}/{a.windows} windows)")
+            alone = "-" if a.alone_share is None else f"{100 * a.alone_share:.1f}%"
+            lines.append(f"  {r.mode:<13} {kind:<22} {share:>6}  ({a.available}/{a.windows} windows; alone, with no "
+                         f"other fault near: {alone} of {a.alone_windows})")
     return "\n".join(lines)
 
 

@@ -152,7 +152,16 @@ def test_the_spokes_producer_does_not_count_as_the_pair_answering() -> None:
 def test_the_checker_carries_the_figures_in_its_json() -> None:
     kill = Fault(10.0, 10.0, 1, "kill-master", "a", "SIGKILL")
     out = check(_history([11.5], [kill]), complete=False).to_json()
-    assert out["availability"]["kill-master"] == {"windows": 4, "available": 1, "share": 0.25}
+    assert out["availability"]["kill-master"] == {"windows": 4, "available": 1, "share": 0.25, "alone_windows": 4,
+                                                  "alone_available": 1, "alone_share": 0.25}
+
+
+def test_alone_counts_only_the_windows_no_other_fault_is_near() -> None:
+    lock = Fault(10.0, 10.0, 1, "delete-lock", "store", "deleted")
+    cut = Fault(12.0, 13.0, 1, "half-open-client", "a", "timeout toxic")  # its span: [12, 18)
+    a = availability(_history([11.5, 12.5], [lock, cut]))["delete-lock"]
+    assert (a.windows, a.available) == (4, 2)  # [11,12) [12,13) [13,14) [14,15)
+    assert (a.alone_windows, a.alone_available) == (1, 1)  # only [11,12) is clear of the cut
 
 
 # -- LazyFS's overlay -------------------------------------------------------------------------
