@@ -81,7 +81,7 @@ class FaultKind:
 
 
 #: why the kernel partitions that separate the two nodes are not in the default set yet
-SPLIT_BRAIN = ("the witness (amq broker witness, issue 24): a pair of two cannot tell a partition from a dead peer; "
+SPLIT_BRAIN = ("waits for the witness node (issue 24): a pair of two cannot tell a partition from a dead peer; "
                "the cut-off slave takes over after the link timeout, and when the partition heals the side that "
                "loses drops its receipted writes (seen: redelivered-after-ack)")
 
@@ -93,7 +93,8 @@ FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
               "written into the frozen master's sockets", "pair", hold=(2.0, 5.0)),
     FaultKind("kill-slave", "SIGKILL the slave's process", "pair"),
     FaultKind("restart-dead", "start the node that is down again (it must come back as the slave)", "pair"),
-    FaultKind("cut-replication", "break the replication link (its proxy disabled, or half-open) for the hold",
+    FaultKind("cut-replication", "break the replication link for the hold: nft on the nodes' HA ports (a reset, "
+              "or a silent drop) in network namespaces, else its proxy disabled or half-open",
               "pair", modes=("replicated",), hold=(1.0, 4.0)),
     FaultKind("disk-full", "fill the master's data filesystem (a size-limited tmpfs) for the hold; the master "
               "fences and hands over (shared store: the whole pair waits for space)", "pair", hold=(1.0, 4.0)),
