@@ -267,3 +267,28 @@ def test_bit_flip_damages_one_record_of_a_finished_segment_that_verify_reports(t
     assert "Ack" in flip.record and "ID:m-" in flip.record
     report = verify(d)
     assert [s.segment for s in report.damaged] == [int(flip.segment.name[4:-4])]
+
+
+def test_bit_flip_prefers_a_record_recovery_replays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records before the checkpoint's position are never read again by recovery: a
+    record at or after it comes first (here: segment 2 from its 10th frame on)."""
+    import chaos.nemesis.bitflip as bitflip
+
+    _journal(tmp_path, 3)
+    frame = FRAME.size + len(encode(Ack(("ID:m-2-0",), "/queue/q")))
+    start = (2, len(MAGIC) + 10 * frame)
+    monkeypatch.setattr(bitflip, "replay_start", lambda journal: start)
+    for seed in range(20):
+        flip = flip_bit(tmp_path, random.Random(seed))
+        assert flip is not None and flip.segment.name == segment_name(2) and flip.frame >= start[1], flip
+        flipped = bytearray(flip.segment.read_bytes())
+        flipped[flip.byte] ^= 1 << flip.bit  # undo, for the next seed
+        flip.segment.write_bytes(bytes(flipped))
+
+
+def test_replay_start_reads_no_position_without_a_usable_checkpoint(tmp_path: Path) -> None:
+    from chaos.nemesis.bitflip import replay_start
+
+    assert replay_start(tmp_path) is None
+    (tmp_path / "checkpoint").write_bytes(b"not a checkpoint")
+    assert replay_start(tmp_path) is None
