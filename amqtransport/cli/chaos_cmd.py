@@ -87,7 +87,9 @@ def run(names: tuple[str, ...], rounds: int, report_dir: str | None, mode: str, 
     \b
     The nemesis: randomized rounds of faults (SIGKILL/SIGSTOP of the master, SIGKILL of
     the slave, restarts, replication and client link cuts, half-open links, latency, a
-    full disk, the shared lock file deleted; sometimes two at once) under a mixed
+    full disk, the shared lock file deleted, kernel partitions between network
+    namespaces, power loss on a FUSE layer, a flipped journal bit; sometimes two at
+    once) under a mixed
     workload (receipted, transactional and fire-and-forget producers, consumers in
     every ack mode, durable topic subscribers, a bridge). A checker then reads the
     recorded history: no receipted message lost, none delivered twice, no acked
