@@ -12,12 +12,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chaos.nemesis import lazyfs, netns
 from chaos.nemesis.cli import run_nemesis
-from chaos.nemesis.history import load_history
+from chaos.nemesis.history import History, load_history
 from chaos.nemesis.lazyfs import LazyFs
 from chaos.nemesis.netns import CLIENTS, Netns, isolate, one_way, partition
 from chaos.nemesis.runner import NemesisParams
@@ -229,7 +230,7 @@ def _seed(mode: str, kinds: list[str], want: set[str]) -> int:
     return next(s for s in range(1, 5000) if want <= {st.kind for st in plan_round(s, mode, kinds).steps})
 
 
-def _run(tmp_path: Path, mode: str, kinds: list[str], want: set[str]) -> tuple[int, str, dict, object]:
+def _run(tmp_path: Path, mode: str, kinds: list[str], want: set[str]) -> tuple[int, str, dict[str, Any], History]:
     seed = _seed(mode, kinds, want)
     lines: list[str] = []
     code = run_nemesis(mode, NemesisParams(rounds=1, seed=seed, kinds=tuple(kinds)), report_dir=tmp_path / "report",
@@ -248,11 +249,13 @@ def test_a_round_of_power_loss_bit_flip_and_client_partition_loses_nothing(tmp_p
     code, text, data, history = _run(tmp_path, mode, kinds, {"power-loss", "partition-clients"}
                                      | ({"bit-flip"} if mode == "replicated" else set()))
     assert code == 0, text
-    done = {f.kind: f.detail for f in history.faults}  # type: ignore[attr-defined]
-    assert done["power-loss"].startswith("power loss of the"), done
-    assert done["partition-clients"].startswith("kernel drop:"), done
+    done: dict[str, list[str]] = {}
+    for f in history.faults:
+        done.setdefault(f.kind, []).append(f.detail)
+    assert any(d.startswith("power loss of the") for d in done["power-loss"]), done
+    assert any(d.startswith("kernel drop:") for d in done["partition-clients"]), done
     if mode == "replicated":
-        assert "flipped in seg-" in done["bit-flip"], done
+        assert any("flipped in seg-" in d for d in done["bit-flip"]), done
     result = data["results"][mode]
     assert result["ok"] and all(r["healthy"] for r in result["rounds"])
     figures = result["check"]["availability"]
@@ -277,6 +280,7 @@ def test_split_brain_partitions_are_done_by_the_kernel_and_the_pair_comes_back(t
     result = json.loads(report.read_text())["results"]["replicated"]
     assert not result["aborted"] and all(r["healthy"] for r in result["rounds"]), "\n".join(lines)
     faults = [f for f in load_history(report, "replicated").faults if f.kind in kinds]
-    assert len({f.kind for f in faults}) >= 2
-    assert all(f.detail.startswith("kernel drop:") for f in faults), faults
+    # done by the kernel (a step may be skipped: no serving master for 5 s after a takeover)
+    done = [f for f in faults if not f.detail.startswith("skipped")]
+    assert done and all(f.detail.startswith("kernel drop:") for f in done), faults
 
