@@ -186,8 +186,8 @@ class SendTimeout(AmqTransportError):
 
 
 class RequestTimeout(AmqTransportError):
-    """``conn.request()`` got no reply within its ``timeout`` (or the connection failed
-    first: then the failover's error is its ``__cause__``).
+    """``conn.request()`` got no reply within its ``timeout`` (or ``conn.browse()`` no
+    ``browser:end``).
 
     The request may have been served: a reply that comes later is dropped, never handed
     to anyone. ``correlation_id`` names the request (its ``correlation-id`` header) and
