@@ -84,6 +84,35 @@ def test_request_reply_round_trip_through_a_temp_queue(broker_uri: str) -> None:
         responder.close()
 
 
+def test_a_second_reply_is_dropped_not_handed_to_the_next_request(broker_uri: str) -> None:
+    """A request served twice (a redelivery after a failover) is answered once: the
+    second reply finds nobody waiting for its correlation-id."""
+    q = unique()
+    with amqtransport.connect(broker_uri) as service, amqtransport.connect(broker_uri) as conn:
+        sub = service.subscribe(q)
+        answered = threading.Event()
+
+        def answer_twice() -> None:
+            msg = sub.receive(timeout=20)
+            assert msg is not None
+            for body in ("first", "second"):
+                service.send(msg.headers["reply-to"], body, headers={"correlation-id": msg.headers["correlation-id"]})
+            answered.set()
+
+        worker = threading.Thread(target=answer_twice, daemon=True)
+        worker.start()
+        assert conn.request(q, "once", timeout=20).text == "first"
+        assert answered.wait(20)
+        worker.join(20)
+        sub.unsubscribe()
+        responder = Responder(broker_uri, q)
+        try:
+            assert conn.request(q, "next", timeout=20).text == "NEXT"
+        finally:
+            responder.close()
+        assert conn._requests.late == 1
+
+
 def test_async_request_and_browse(broker_uri: str) -> None:
     import asyncio
 
