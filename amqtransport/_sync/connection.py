@@ -68,7 +68,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 
 from amqtransport._sync.flavour import Driver, Inbox, Interrupted
@@ -140,8 +140,6 @@ class Subscription:
         self.durable_name = durable_name
         self._inbox: Inbox[Message | _Closed] = Inbox()
         self.active = True
-        #: where its messages go instead of the inbox (a connection's reply queue: requests.py)
-        self.route: Callable[[Message], None] | None = None
 
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds (or once unsubscribed /
@@ -398,7 +396,7 @@ class Connection(ConnectionInfo, WireTapped):
         self._inbound = Inbound(transport, dedupe=dedupe, audit_size=audit_size)
         self._subs: dict[str, Subscription] = {}
         self._closed = False
-        self._requests = Requester(self)
+        self._requests: Requester[Message] = Requester(self)
         transport.on_message = self._on_message
         transport.add_listener(_FailedListener(self))
 
@@ -406,6 +404,10 @@ class Connection(ConnectionInfo, WireTapped):
     @property
     def transport(self) -> Driver:
         return self._transport
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _status(self) -> Driver:
         return self._transport
@@ -536,8 +538,8 @@ class Connection(ConnectionInfo, WireTapped):
         got = self._inbound.arrived(sub_id, sub.ack_mode, frame, generation)
         if got is not None:
             msg = Message(frame, self, sub, generation, *got)
-            if sub.route is not None:
-                sub.route(msg)
+            if sub is self._requests.replies:
+                self._requests.arrived(msg)  # to the request waiting for it
             else:
                 sub._inbox.put(msg)
 

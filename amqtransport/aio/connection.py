@@ -66,7 +66,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
 
 from amqtransport.aio.flavour import Driver, Inbox, Interrupted
@@ -138,8 +138,6 @@ class AsyncSubscription:
         self.durable_name = durable_name
         self._inbox: Inbox[AsyncMessage | _Closed] = Inbox()
         self.active = True
-        #: where its messages go instead of the inbox (a connection's reply queue: requests.py)
-        self.route: Callable[[AsyncMessage], None] | None = None
 
     async def receive(self, timeout: float | None = None) -> AsyncMessage | None:
         """The next message, or None after ``timeout`` seconds (or once unsubscribed /
@@ -396,7 +394,7 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         self._inbound = Inbound(transport, dedupe=dedupe, audit_size=audit_size)
         self._subs: dict[str, AsyncSubscription] = {}
         self._closed = False
-        self._requests = AsyncRequester(self)
+        self._requests: AsyncRequester[AsyncMessage] = AsyncRequester(self)
         transport.on_message = self._on_message
         transport.add_listener(_FailedListener(self))
 
@@ -404,6 +402,10 @@ class AsyncConnection(ConnectionInfo, WireTapped):
     @property
     def transport(self) -> Driver:
         return self._transport
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _status(self) -> Driver:
         return self._transport
@@ -534,8 +536,8 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         got = self._inbound.arrived(sub_id, sub.ack_mode, frame, generation)
         if got is not None:
             msg = AsyncMessage(frame, self, sub, generation, *got)
-            if sub.route is not None:
-                sub.route(msg)
+            if sub is self._requests.replies:
+                self._requests.arrived(msg)  # to the request waiting for it
             else:
                 sub._inbox.put(msg)
 

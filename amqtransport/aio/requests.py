@@ -49,13 +49,11 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from amqtransport.aio.flavour import Inbox, Lock
 from amqtransport.errors import ConnectionClosed, LocalProtocolError, RequestTimeout, SendTimeout
-
-if TYPE_CHECKING:
-    from amqtransport.aio.connection import AsyncConnection, AsyncMessage, AsyncSubscription
+from amqtransport.received import ReceivedMessage
 
 __all__ = ["BROWSING_DIALECTS", "REPLY_PREFIX", "AsyncRequester", "browse_queue", "remaining"]
 
@@ -65,6 +63,41 @@ log = logging.getLogger(__name__)
 REPLY_PREFIX = "/temp-queue/amq.replies."
 #: the brokers whose ``browser:true`` browses (elsewhere a browser would consume)
 BROWSING_DIALECTS = ("amq", "activemq")
+
+
+M = TypeVar("M", bound=ReceivedMessage)
+M_co = TypeVar("M_co", bound=ReceivedMessage, covariant=True)
+
+
+class _Subscription(Protocol[M_co]):
+    """What this module uses of a subscription (``AsyncSubscription``; the connection
+    module imports this one, not the other way round)."""
+
+    @property
+    def destination(self) -> str: ...
+
+    @property
+    def active(self) -> bool: ...
+
+    async def receive(self, timeout: float | None = None) -> M_co | None: ...
+
+    async def unsubscribe(self, durable: bool = False) -> None: ...
+
+
+class _Connection(Protocol[M_co]):
+    """What this module uses of a connection (``AsyncConnection``)."""
+
+    @property
+    def dialect(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def send(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
+                   persistent: bool = True, timeout: float | None = None) -> None: ...
+
+    async def subscribe(self, destination: str, *, headers: Mapping[str, str] | None = None,
+                        selector: str | None = None, timeout: float | None = None) -> _Subscription[M_co]: ...
 
 
 class _Failed:
@@ -77,27 +110,27 @@ def remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-class AsyncRequester:
-    """One connection's requests: its reply queue and who waits for which reply."""
+class AsyncRequester(Generic[M]):
+    """One connection's requests: its reply queue and who waits for which reply. The
+    connection hands every message of :attr:`replies` to :meth:`arrived`."""
 
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: _Connection[M]) -> None:
         self._conn = conn
         self._lock = Lock()
-        self._replies: AsyncSubscription | None = None
-        self._waiting: dict[str, Inbox[AsyncMessage | _Failed]] = {}
+        #: the reply queue's subscription (None until the first request)
+        self.replies: _Subscription[M] | None = None
+        self._waiting: dict[str, Inbox[M | _Failed]] = {}
         #: replies that came when nobody waited for them (dropped)
         self.late = 0
 
-    async def _reply_queue(self, timeout: float | None) -> AsyncSubscription:
+    async def _reply_queue(self, timeout: float | None) -> _Subscription[M]:
         async with self._lock:
-            if self._replies is None:
-                sub = await self._conn.subscribe(REPLY_PREFIX + uuid.uuid4().hex[:16], timeout=timeout)
-                sub.route = self.arrived
-                self._replies = sub
-            return self._replies
+            if self.replies is None:
+                self.replies = await self._conn.subscribe(REPLY_PREFIX + uuid.uuid4().hex[:16], timeout=timeout)
+            return self.replies
 
     async def request(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None, *,
-                      timeout: float | None, persistent: bool) -> AsyncMessage:
+                      timeout: float | None, persistent: bool) -> M:
         """See :meth:`AsyncConnection.request`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         replies = await self._reply_queue(timeout)
@@ -106,7 +139,7 @@ class AsyncRequester:
         if cid in self._waiting:
             raise LocalProtocolError(f"a request with correlation-id {cid!r} is already waiting for its reply")
         hdrs.update({"reply-to": replies.destination, "correlation-id": cid})
-        inbox: Inbox[AsyncMessage | _Failed] = Inbox()
+        inbox: Inbox[M | _Failed] = Inbox()
         self._waiting[cid] = inbox  # before the send: a reply may overtake the receipt
         try:
             try:
@@ -124,7 +157,7 @@ class AsyncRequester:
             raise item.error
         return item
 
-    def arrived(self, msg: AsyncMessage) -> None:
+    def arrived(self, msg: M) -> None:
         """A message on the reply queue (the transport calls it): to the one who waits."""
         cid = msg.headers.get("correlation-id") or ""
         inbox = self._waiting.pop(cid, None)
@@ -143,8 +176,8 @@ class AsyncRequester:
                 inbox.put(_Failed(error))
 
 
-async def browse_queue(conn: AsyncConnection, destination: str, selector: str | None,
-                       timeout: float | None) -> AsyncIterator[AsyncMessage]:
+async def browse_queue(conn: _Connection[M], destination: str, selector: str | None,
+                       timeout: float | None) -> AsyncIterator[M]:
     """See :meth:`AsyncConnection.browse`."""
     dialect = conn.dialect
     if dialect not in BROWSING_DIALECTS:
@@ -155,7 +188,7 @@ async def browse_queue(conn: AsyncConnection, destination: str, selector: str | 
         while True:
             msg = await sub.receive(timeout)
             if msg is None:
-                if conn._closed:
+                if conn.closed:
                     raise ConnectionClosed(f"connection closed while browsing {destination}")
                 raise RequestTimeout(f"browse of {destination}: nothing from the broker for {timeout} s "
                                      "(no browser:end)", destination=destination)
@@ -163,5 +196,5 @@ async def browse_queue(conn: AsyncConnection, destination: str, selector: str | 
                 return
             yield msg
     finally:
-        if sub.active and not conn._closed:
+        if sub.active and not conn.closed:
             await sub.unsubscribe()
