@@ -1,7 +1,10 @@
 """ActiveMQ destination names and wildcards: the one grammar of the broker and the bridge.
 
 A STOMP destination is ``/queue/NAME`` or ``/topic/NAME``; ``/temp-queue/NAME`` and
-``/temp-topic/NAME`` name temporary ones (routed as a queue and a topic). Where a
+``/temp-topic/NAME`` name temporary ones (routed as a queue and a topic), which
+belong to the connection that names them; another connection reaches one through the
+name the broker gives it in a ``reply-to`` header, ``/remote-temp-queue/ID:...`` or
+``/remote-temp-topic/ID:...`` (ActiveMQ's spelling; ``Destination.remote``). Where a
 person writes destinations (the bridge's config), ActiveMQ's ``queue://NAME`` and
 ``topic://NAME`` are accepted too (``uri_form=True``) and normalised. NAME is a path
 of segments separated by ``.``. Two segments are wildcards, as in ActiveMQ:
@@ -48,6 +51,8 @@ __all__ = [
     "ADVISORY_PREFIX",
     "QUEUE",
     "QUEUE_PREFIX",
+    "REMOTE_TEMP_QUEUE_PREFIX",
+    "REMOTE_TEMP_TOPIC_PREFIX",
     "TEMP_QUEUE_PREFIX",
     "TEMP_TOPIC_PREFIX",
     "TOPIC",
@@ -70,6 +75,9 @@ QUEUE_PREFIX = "/queue/"
 TOPIC_PREFIX = "/topic/"
 TEMP_QUEUE_PREFIX = "/temp-queue/"
 TEMP_TOPIC_PREFIX = "/temp-topic/"
+#: another connection's temporary destination, as the broker names it in ``reply-to``
+REMOTE_TEMP_QUEUE_PREFIX = "/remote-temp-queue/"
+REMOTE_TEMP_TOPIC_PREFIX = "/remote-temp-topic/"
 #: the consumer advisory topics: ``ActiveMQ.Advisory.Consumer.Queue.X``, ``...Topic.X``
 ADVISORY_PREFIX = "ActiveMQ.Advisory.Consumer."
 
@@ -79,7 +87,10 @@ _WIRE_PREFIXES = (
     (TOPIC_PREFIX, TOPIC, False),
     (TEMP_QUEUE_PREFIX, QUEUE, True),
     (TEMP_TOPIC_PREFIX, TOPIC, True),
+    (REMOTE_TEMP_QUEUE_PREFIX, QUEUE, True),
+    (REMOTE_TEMP_TOPIC_PREFIX, TOPIC, True),
 )
+_REMOTE_PREFIXES = (REMOTE_TEMP_QUEUE_PREFIX, REMOTE_TEMP_TOPIC_PREFIX)
 _URI_PREFIXES = (
     (QUEUE_PREFIX, QUEUE, False),
     ("queue://", QUEUE, False),
@@ -121,24 +132,28 @@ class Destination(_Kinded):
     kind: str
     name: str
     temporary: bool = False
+    #: another connection's temporary destination (``/remote-temp-queue/``, ``/remote-temp-topic/``)
+    remote: bool = False
 
     @property
     def segments(self) -> tuple[str, ...]:
         return tuple(self.name.split("."))
 
     def __str__(self) -> str:
-        return f"/{'temp-' if self.temporary else ''}{self.kind}/{self.name}"
+        prefix = "remote-temp-" if self.remote else "temp-" if self.temporary else ""
+        return f"/{prefix}{self.kind}/{self.name}"
 
 
 def parse_destination(text: str, *, uri_form: bool = False) -> Destination:
     """Parse a concrete destination: the STOMP spellings (``/queue/``, ``/topic/``,
-    ``/temp-queue/``, ``/temp-topic/``), or with ``uri_form`` the ones a person writes
-    (``/queue/``, ``/topic/``, ``queue://``, ``topic://``). The name is not checked
-    further: a broker takes any name a client gives."""
+    ``/temp-queue/``, ``/temp-topic/``, ``/remote-temp-queue/``, ``/remote-temp-topic/``),
+    or with ``uri_form`` the ones a person writes (``/queue/``, ``/topic/``,
+    ``queue://``, ``topic://``). The name is not checked further: a broker takes any
+    name a client gives."""
     kind, name, temporary = _split(text, uri_form=uri_form)
     if not name:
         raise DestinationError(f"destination {text!r} has an empty name")
-    return Destination(kind, name, temporary)
+    return Destination(kind, name, temporary, temporary and text.startswith(_REMOTE_PREFIXES))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ layer (including the sans-IO ``stomp`` package) may import it.
     │   └── AuthenticationError
     ├── ReconnectExhausted                  failover gave up (maxReconnectAttempts)
     ├── SendTimeout                         failover ``timeout`` elapsed while disconnected
+    ├── RequestTimeout                      ``conn.request()`` got no reply in time
     ├── TransactionRolledBack               a transaction spanned a failover
 │   └── TransactionInDoubt              the link died while its COMMIT was in flight
 └── ServerError                         raised by the broker's own code (store, core, HA,
@@ -53,6 +54,7 @@ __all__ = [
     "AuthenticationError",
     "ReconnectExhausted",
     "SendTimeout",
+    "RequestTimeout",
     "TransactionRolledBack",
     "TransactionInDoubt",
     "ServerError",
@@ -181,6 +183,20 @@ class SendTimeout(AmqTransportError):
         super().__init__(message)
         self.idempotency_key = idempotency_key
         self.receipt_id = receipt_id
+
+
+class RequestTimeout(AmqTransportError):
+    """``conn.request()`` got no reply within its ``timeout`` (or ``conn.browse()`` no
+    ``browser:end``).
+
+    The request may have been served: a reply that comes later is dropped, never handed
+    to anyone. ``correlation_id`` names the request (its ``correlation-id`` header) and
+    ``destination`` where it was sent."""
+
+    def __init__(self, message: str, *, correlation_id: str | None = None, destination: str | None = None) -> None:
+        super().__init__(message)
+        self.correlation_id = correlation_id
+        self.destination = destination
 
 
 class TransactionRolledBack(AmqTransportError):

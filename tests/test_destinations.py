@@ -94,6 +94,8 @@ def test_bad_patterns_name_the_problem(bad: str, fragment: str) -> None:
         ("/topic/a", Destination("topic", "a")),
         ("/temp-queue/x", Destination("queue", "x", temporary=True)),
         ("/temp-topic/x", Destination("topic", "x", temporary=True)),
+        ("/remote-temp-queue/ID:b-1:1", Destination("queue", "ID:b-1:1", temporary=True, remote=True)),
+        ("/remote-temp-topic/ID:b-1:2", Destination("topic", "ID:b-1:2", temporary=True, remote=True)),
         ("/queue/a..b", Destination("queue", "a..b")),  # a broker takes any name
     ],
 )
@@ -379,3 +381,17 @@ def test_pattern_is_hashable_and_printable() -> None:
     p = parse_pattern("queue://a.*")
     assert p == Pattern("queue", ("a", "*")) and str(p) == "/queue/a.*" and p.has_wildcard
     assert {p: 1}[Pattern("queue", ("a", "*"))] == 1
+
+
+@given(st.sampled_from(["/temp-queue/", "/temp-topic/", "/remote-temp-queue/", "/remote-temp-topic/"]),
+       st.text(max_size=12))
+def test_temporary_names_round_trip_or_are_refused(prefix: str, name: str) -> None:
+    """Every temporary spelling parses back to itself (remote ones stay remote); an
+    empty name is refused, naming the destination."""
+    if not name:
+        with pytest.raises(DestinationError, match="has an empty name"):
+            parse_destination(prefix + name)
+        return
+    parsed = parse_destination(prefix + name)
+    assert parsed.temporary and parsed.remote == prefix.startswith("/remote-")
+    assert str(parsed) == prefix + name

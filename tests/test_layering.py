@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.transports", 5),
     ("amqtransport.client", 6),
     ("amqtransport.aio", 6),  # the asyncio client API over the asyncio failover driver (the client's one source)
-    ("amqtransport._sync", 6),  # the sync client's classes, generated from aio/connection.py, and its seams
+    ("amqtransport._sync", 6),  # the sync client's classes, generated from aio/connection.py and aio/requests.py, and its seams
     ("amqtransport.outbound", 6),  # frames both clients build
     ("amqtransport.received", 6),  # the duplicate filter and ack rules both clients apply
     ("amqtransport.connection_info", 6),  # the status both clients' connections show

@@ -3,17 +3,18 @@
 The sync client (:mod:`amqtransport._sync.connection`) is generated from the asyncio
 one (:mod:`amqtransport.aio.connection`) by ``scripts/async_to_sync.py``; what cannot
 be written once lives here and in :mod:`amqtransport.aio.flavour`, with the same names
-(see that module): :class:`Inbox`, :data:`Interrupted`, :data:`Driver`.
+(see that module): :class:`Inbox`, :data:`Interrupted`, :data:`Driver`, :data:`Lock`.
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 from typing import Generic, TypeVar
 
 from amqtransport.transports.base import Transport
 
-__all__ = ["Driver", "Inbox", "Interrupted"]
+__all__ = ["Driver", "Inbox", "Interrupted", "Lock"]
 
 T = TypeVar("T")
 
@@ -22,6 +23,8 @@ T = TypeVar("T")
 Driver = Transport
 #: a wait abandoned by its caller (Ctrl-C in the waiting thread)
 Interrupted = KeyboardInterrupt
+#: a lock between the threads sharing a connection
+Lock = threading.Lock
 
 
 class Inbox(Generic[T]):

@@ -8,6 +8,9 @@ exceptions, duplicate filter and failover guarantees (docs/client-async.md)::
         sub = await conn.subscribe("/queue/orders", ack="client-individual")
         async for msg in sub:
             await msg.ack()
+        reply = await conn.request("/queue/prices", b"EURUSD", timeout=5)  # RequestTimeout if none
+        async for msg in conn.browse("/queue/orders"):   # what it holds; nothing consumed
+            print(msg.text)
 """
 
 from amqtransport.aio.connecting import connect
@@ -19,6 +22,7 @@ from amqtransport.aio.connection import (
     AsyncTransaction,
 )
 from amqtransport.aio.failover import AsyncFailoverTransport
+from amqtransport.errors import RequestTimeout
 
 __all__ = ["AsyncConnection", "AsyncFailoverTransport", "AsyncMessage", "AsyncProducer", "AsyncSubscription",
-           "AsyncTransaction", "connect"]
+           "AsyncTransaction", "RequestTimeout", "connect"]

@@ -70,6 +70,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
 
 from amqtransport.aio.flavour import Driver, Inbox, Interrupted
+from amqtransport.aio.requests import AsyncRequester, browse_queue, remaining
 from amqtransport.audit import Delivery
 from amqtransport.connection_info import ConnectionInfo
 from amqtransport.errors import AmqTransportError, ConnectionClosed, LocalProtocolError, SendTimeout
@@ -94,11 +95,6 @@ log = logging.getLogger(__name__)
 class _Closed:
     def __init__(self, error: BaseException | None) -> None:
         self.error = error
-
-
-def _remaining(deadline: float | None) -> float | None:
-    """Seconds left until ``deadline`` (a ``time.monotonic()``; None: no deadline)."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 class AsyncMessage(ReceivedMessage):
@@ -259,7 +255,7 @@ class AsyncProducer:
         all, then ``SendTimeout`` naming the key of the send still waited for)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._outstanding:
-            await self._reap(_remaining(deadline))
+            await self._reap(remaining(deadline))
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -346,7 +342,7 @@ class AsyncTransaction:
             await t.wait(await t.commit(self.id), timeout)
             committed = True
             for rec in self._sends:  # already in (ActiveMQ, ours), or following the COMMIT's (RabbitMQ)
-                await t.wait(rec, _remaining(deadline))
+                await t.wait(rec, remaining(deadline))
         except BaseException as exc:
             inbound.forget_acks(self._acks + self._after_commit)
             mapped = commit_failure(exc, self.id, [r.frame for r in self._sends], committed=committed)
@@ -398,6 +394,7 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         self._inbound = Inbound(transport, dedupe=dedupe, audit_size=audit_size)
         self._subs: dict[str, AsyncSubscription] = {}
         self._closed = False
+        self._requests: AsyncRequester[AsyncMessage] = AsyncRequester(self)
         transport.on_message = self._on_message
         transport.add_listener(_FailedListener(self))
 
@@ -405,6 +402,10 @@ class AsyncConnection(ConnectionInfo, WireTapped):
     @property
     def transport(self) -> Driver:
         return self._transport
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _status(self) -> Driver:
         return self._transport
@@ -506,6 +507,25 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         if rec is not None:
             await t.wait(rec)
 
+    # -- request/reply and browsing (requests.py) --------------------------------------------
+    async def request(self, destination: str, body: bytes | str, headers: Mapping[str, str] | None = None, *,
+                      timeout: float | None = None, persistent: bool = False) -> AsyncMessage:
+        """Send a request and return its reply: the message carries ``reply-to`` (this
+        connection's temporary reply queue) and a ``correlation-id`` (fresh, or the one
+        in ``headers``); the reply is the first message on the reply queue with that
+        ``correlation-id``, and the only one (a second is dropped). ``timeout``: seconds
+        for all of it, then :class:`~amqtransport.errors.RequestTimeout`. Across a
+        failover: answered once, or ``RequestTimeout`` (docs/client.md)."""
+        return await self._requests.request(destination, body, headers, timeout=timeout, persistent=persistent)
+
+    def browse(self, destination: str, *, selector: str | None = None,
+               timeout: float | None = 30.0) -> AsyncIterator[AsyncMessage]:
+        """The messages queue ``destination`` holds now, in order, nothing consumed
+        (``browser:true``; ActiveMQ and our broker): ``async for msg in conn.browse(q)``.
+        Ends at the broker's ``browser:end``; ``selector``: only matching ones;
+        ``timeout``: seconds to wait for each message, then ``RequestTimeout``."""
+        return browse_queue(self, destination, selector, timeout)
+
     def _on_message(self, frame: Frame, generation: int) -> None:
         self._tap_wire(frame, generation)
         sub_id = frame.get("subscription") or ""
@@ -515,7 +535,11 @@ class AsyncConnection(ConnectionInfo, WireTapped):
             return
         got = self._inbound.arrived(sub_id, sub.ack_mode, frame, generation)
         if got is not None:
-            sub._inbox.put(AsyncMessage(frame, self, sub, generation, *got))
+            msg = AsyncMessage(frame, self, sub, generation, *got)
+            if sub is self._requests.replies:
+                self._requests.arrived(msg)  # to the request waiting for it
+            else:
+                sub._inbox.put(msg)
 
     async def ack_many(self, messages: Iterable[AsyncMessage]) -> None:
         """Acknowledge several messages at once: the same as ``await msg.ack()`` for
@@ -527,6 +551,7 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         self._inbound.ack_many(messages)
 
     def _on_failed(self, error: BaseException) -> None:
+        self._requests.fail(error)
         for sub in list(self._subs.values()):
             sub._close(error)
 
@@ -538,6 +563,7 @@ class AsyncConnection(ConnectionInfo, WireTapped):
         try:
             await self._transport.close()
         finally:
+            self._requests.fail(ConnectionClosed("connection closed while the request waited for its reply"))
             for sub in list(self._subs.values()):
                 sub._close(None)
 

@@ -11,7 +11,8 @@ the same names:
   (the reader task here, reader threads there) and read by ``receive(timeout)``;
 - :data:`Interrupted`: the exception of a wait that was abandoned, not answered
   (a cancelled task here); it leaves a producer's receipt outstanding;
-- :data:`Driver`: the transport type the connection drives.
+- :data:`Driver`: the transport type the connection drives;
+- :data:`Lock`: a lock held across awaits (``async with``) here, a thread lock there.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Generic, TypeVar
 
 from amqtransport.aio.failover import AsyncFailoverTransport
 
-__all__ = ["Driver", "Inbox", "Interrupted"]
+__all__ = ["Driver", "Inbox", "Interrupted", "Lock"]
 
 T = TypeVar("T")
 
@@ -30,6 +31,8 @@ T = TypeVar("T")
 Driver = AsyncFailoverTransport
 #: a wait abandoned by its caller (the task was cancelled)
 Interrupted = asyncio.CancelledError
+#: a lock between the tasks of one event loop
+Lock = asyncio.Lock
 
 
 class Inbox(Generic[T]):

@@ -1,4 +1,4 @@
-"""``amq send`` and ``amq recv``: the seed's ``artemis producer``/``consumer`` check.
+"""``amq send``, ``amq recv`` and ``amq browse``: the seed's ``artemis producer``/``consumer`` check.
 
 ``amq send URI DEST --count N`` sends N messages through the URI with pipelined
 receipts (``--window``) and exits 0 only when every one was receipted. Each message
@@ -11,6 +11,12 @@ than N arrive before ``--timeout`` seconds pass without a message.
 Both show a progress bar on a terminal (stderr) and print a JSON summary with
 ``--json``: ``{"sent", "seconds", "rate", ...}`` / ``{"received", "duplicates",
 "seconds", ...}``. Errors print one ``error: ...`` line; exit 2 for a bad URI.
+
+``amq browse URI QUEUE`` prints the bodies of the messages the queue holds, in order,
+consuming nothing (``conn.browse``: ``browser:true``, ActiveMQ and our broker), or with
+``--json`` one summary ``{"browsed", "destination", "messages": [{"message_id",
+"bytes", "headers"}], ...}``; ``--selector`` shows only matching messages, ``--count``
+at most that many.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import click
 from amqtransport.client import Connection, connect
 from amqtransport.errors import AmqTransportError, UriError
 
-__all__ = ["send", "recv"]
+__all__ = ["browse", "recv", "send"]
 
 log = logging.getLogger("amqtransport.cli")
 
@@ -219,3 +225,44 @@ def recv(uri: str, destination: str, count: int, login: str | None, passcode: st
     elif received == count:
         click.echo(f"received {received} messages in {seconds:.2f} s ({duplicates} duplicates dropped)")
     sys.exit(0 if error is None and received == count else 1)
+
+
+@click.command("browse")
+@click.argument("uri")
+@click.argument("destination")
+@click.option("--count", "-n", type=click.IntRange(min=1), default=None, help="Show at most this many [default: all].")
+@click.option("--selector", default=None, metavar="EXPR",
+              help="A JMS message selector: show only matching messages (e.g. \"color = 'red'\").")
+@click.option("--timeout", "-t", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Give up after this many seconds without a message or the end of the browse.")
+@click.option("--login", "-u", default=None, help="STOMP login.")
+@click.option("--passcode", "-p", default=None, help="STOMP passcode.")
+@click.option("--vhost", default=None, help="Virtual host (the CONNECT host header) [default: the URI's, else /].")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (message ids, sizes, headers) on stdout.")
+def browse(uri: str, destination: str, count: int | None, selector: str | None, timeout: float, login: str | None,
+           passcode: str | None, vhost: str | None, as_json: bool) -> None:
+    """Show the messages queue DESTINATION holds, in order; nothing is consumed."""
+    conn = _open(uri, login, passcode, vhost, _Counter())
+    shown: list[dict[str, Any]] = []
+    error: BaseException | None = None
+    try:
+        for msg in conn.browse(destination, selector=selector, timeout=timeout):
+            shown.append({"message_id": msg.message_id, "bytes": len(msg.body), "headers": msg.headers})
+            if not as_json:
+                click.echo(msg.body.decode("utf-8", "replace"))
+            if count is not None and len(shown) >= count:
+                break
+    except AmqTransportError as exc:
+        error = exc
+    finally:
+        info = _link_info(conn)
+        conn.close()
+    if error is not None:
+        click.echo(f"error: {error}", err=True)
+    if as_json:
+        summary = {"browsed": len(shown), "destination": destination, "selector": selector, **info,
+                   "messages": shown}
+        if error is not None:
+            summary["error"] = str(error)
+        click.echo(json.dumps(summary))
+    sys.exit(0 if error is None else 1)

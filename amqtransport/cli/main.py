@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "broker": ("amqtransport.cli.broker_cmd", "broker", "Run the embedded broker (one node or an HA pair)."),
     "send": ("amqtransport.cli.client_cmd", "send", "Send N messages through a URI, with receipts."),
     "recv": ("amqtransport.cli.client_cmd", "recv", "Receive N messages through a URI."),
+    "browse": ("amqtransport.cli.client_cmd", "browse", "Show what a queue holds, consuming nothing."),
     "bridge": ("amqtransport.cli.bridge_cmd", "bridge", "Run or inspect the network-bridge agent."),
     "chaos": ("amqtransport.cli.chaos_cmd", "chaos", "Toxiproxy-compatible proxy and chaos scenarios."),
     "demo": ("amqtransport.cli.demo_cmd", "demo", "Spark producer surviving a master kill (the main job)."),

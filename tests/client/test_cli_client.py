@@ -98,3 +98,28 @@ def test_send_delay_holds_the_messages_for_that_long(broker: BrokerProcess) -> N
     res = runner.invoke(cli, ["recv", broker.uri, "/queue/later", "--count", "2", "--timeout", "10", "--json"])
     assert res.exit_code == 0, res.output
     assert runner.invoke(cli, ["send", broker.uri, "/queue/later", "--delay", "-1"]).exit_code == 2
+
+
+def test_browse_prints_what_the_queue_holds_and_consumes_nothing(broker: BrokerProcess) -> None:
+    import amqtransport
+
+    with amqtransport.connect(broker.uri) as conn:
+        for i in range(5):
+            conn.send("/queue/browsed", f"b{i}", headers={"color": "red" if i % 2 else "blue"})
+    runner = CliRunner()
+    res = runner.invoke(cli, ["browse", broker.uri, "/queue/browsed"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines() == ["b0", "b1", "b2", "b3", "b4"]
+    res = runner.invoke(cli, ["browse", broker.uri, "/queue/browsed", "--selector", "color = 'red'", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["browsed"] == 2 and summary["destination"] == "/queue/browsed"
+    assert [m["headers"]["color"] for m in summary["messages"]] == ["red", "red"]
+    assert all(m["bytes"] == 2 and m["message_id"] for m in summary["messages"])
+    res = runner.invoke(cli, ["browse", broker.uri, "/queue/browsed", "--count", "2"])
+    assert res.exit_code == 0 and res.stdout.splitlines() == ["b0", "b1"]
+    res = runner.invoke(cli, ["recv", broker.uri, "/queue/browsed", "--count", "5", "--timeout", "5", "--print"])
+    assert res.exit_code == 0, res.output  # all five still there
+    assert res.stdout.splitlines()[:5] == ["b0", "b1", "b2", "b3", "b4"]
+    res = runner.invoke(cli, ["browse", broker.uri, "/topic/x"])
+    assert res.exit_code == 1 and "browser:true is for one queue" in res.stderr

@@ -66,6 +66,7 @@ from ..store import JournalError
 from .context import BrokerContext
 from .flow import FlowGate
 from .stream import ErrorSent, StompStream
+from .temporary import TempNames
 
 __all__ = ["BrokerConnection"]
 
@@ -97,6 +98,7 @@ class BrokerConnection(asyncio.Protocol):
         self.subs: dict[str, Subscription] = {}
         self.txs: dict[str, TxState] = {}
         self.messages_out = 0
+        self.temps = TempNames(ctx.core, lambda: self.session)  # its temporary destinations (temporary.py)
 
     # ------------------------------------------------------------------ asyncio: to the stream
 
@@ -194,6 +196,7 @@ class BrokerConnection(asyncio.Protocol):
         for sub in list(self.subs.values()):
             self.core.unsubscribe(sub)
         self.subs.clear()
+        self.temps.release()
         self.ctx.unregister(self)
 
     def on_frame(self, frame: StompFrame) -> None:
@@ -229,7 +232,9 @@ class BrokerConnection(asyncio.Protocol):
     def _common_block(self, msg: Message, v: str) -> bytes:
         dest = msg.destination
         user = msg.headers
-        if dest.startswith(DURABLE_PREFIX):
+        if dest.startswith("/temp-"):  # only its owner reads it: its name for it
+            dest = self.temps.wire_name(dest)
+        elif dest.startswith(DURABLE_PREFIX):
             for k, val in user:
                 if k == "destination":
                     dest = val
@@ -372,6 +377,11 @@ class BrokerConnection(asyncio.Protocol):
         receipt = frame.get("receipt")
         if not self._authorized(destination, WRITE, receipt):
             return
+        try:
+            destination, temporary = self.temps.resolve(destination, reading=False)
+        except CoreError as exc:
+            self.stream.error(str(exc), receipt=receipt, close=False)
+            return
         persistent = False
         key = ""
         tx_id: str | None = None
@@ -388,10 +398,13 @@ class BrokerConnection(asyncio.Protocol):
                 headers.append((k, v))
             elif k in TRANSPORT_HEADERS:
                 continue
+            elif k == "reply-to":
+                headers.append((k, self.temps.reply_to(v)))  # as ActiveMQ: /remote-temp-queue/ID:...
             else:
                 if not key and k in IDEMPOTENCY_HEADER_ALIASES:
                     key = v
                 headers.append((k, v))
+        persistent = persistent and not temporary  # a temporary destination has no store
         if tx_id is not None:
             tx = self.txs.get(tx_id)
             if tx is None:
@@ -425,6 +438,11 @@ class BrokerConnection(asyncio.Protocol):
         destination = self._require(frame, "destination")
         receipt = frame.get("receipt")
         if not self._authorized(destination, READ, receipt):
+            return
+        try:
+            destination = self.temps.resolve(destination, reading=True)[0]
+        except CoreError as exc:
+            self.stream.error(str(exc), receipt=receipt, close=False)
             return
         sub_id = frame.get("id")
         if sub_id is None:
@@ -512,7 +530,7 @@ class BrokerConnection(asyncio.Protocol):
         for msg in browse(self.core, destination, selector):
             self.deliver(sub, msg, max(1, msg.delivery_count))
         v = self.stream.version
-        end = [("browser", "end"), ("destination", destination), ("message-id", "0")]
+        end = [("browser", "end"), ("destination", self.temps.wire_name(destination)), ("message-id", "0")]
         self.stream.write(message_start(sub_id, None, v) + message_headers(end, 0, v) + b"\x00")
 
     def _on_unsubscribe(self, frame: StompFrame) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from amqtransport.destinations import QUEUE, advisory_name, wildcard_segments
+from amqtransport.destinations import QUEUE, TEMP_TOPIC_PREFIX, advisory_name, wildcard_segments
 from amqtransport.selector import Selector
 
 from ..config import BrokerConfig
@@ -41,6 +41,7 @@ from .errors import CoreError
 from .message import Message
 from .model import ACK_MODES, AUTO, Sink, Subscription, TxSend
 from .names import DURABLE_PREFIX, check_send_destination, send_targets, split_destination
+from .queues import Queue
 from .registry import Registry
 from .scheduling import (
     JOB_PREFIX,
@@ -52,6 +53,7 @@ from .scheduling import (
     job_state,
 )
 from .selection import settle
+from .temporary import TempDestinations
 from .topics import FanOut
 from .transactions import Transactions
 from .wildcards import WildcardQueues
@@ -89,6 +91,7 @@ class BrokerCore(Registry):
         self.acks = Acks(self, self.fanout, self.wildcards)
         self.transactions = Transactions(self, self.fanout, self.acks)
         self.scheduler = Scheduler()
+        self.temporaries = TempDestinations()  # temporary.py: who owns each temporary destination
         self.transactions.on_job = self._job_added
         self._call_later: Callable[[float, Callable[[], None]], object] | None = None
         self._armed: float | None = None  # when the loop timer fires next (None: not armed)
@@ -257,6 +260,8 @@ class BrokerCore(Registry):
             self.advisories.advise(destination, len(q.consumers))
             return sub
         if durable_name:
+            if destination.startswith(TEMP_TOPIC_PREFIX):
+                raise CoreError(f"a durable subscription cannot be made to a temporary topic ({destination})")
             if not client_id:
                 raise CoreError("a durable subscription needs a client-id header on CONNECT")
             qkey = f"{DURABLE_PREFIX}{client_id}:{durable_name}"
@@ -357,15 +362,31 @@ class BrokerCore(Registry):
             t.durable.pop(qkey, None)
         q = self.queues.pop(qkey, None)
         if q is not None:
-            settle(q)
-            msgs = list(q.messages)
-            while True:  # and what is paged, a window at a time
-                self.memory.release_all(msgs)
-                ids = [m.id for m in msgs if m.persistent]
-                if ids:
-                    self.store_ack(ids)
-                msgs = self.page_in(q)
-                if not msgs:
-                    break
+            self._discard(q)
         if self.store is not None:
             self.store.remove_subscription(qkey)
+
+    def _discard(self, q: Queue) -> None:
+        """Drop every message of queue ``q``, which is no longer in the registry."""
+        settle(q)
+        msgs = list(q.messages)
+        while True:  # and what is paged, a window at a time
+            self.memory.release_all(msgs)
+            ids = [m.id for m in msgs if m.persistent]
+            if ids:
+                self.store_ack(ids)
+            msgs = self.page_in(q)
+            if not msgs:
+                break
+
+    def drop_temporaries(self, keys: list[str]) -> None:
+        """The connection that owned these temporary destinations is gone: so are they,
+        with their messages (temporary.py). Its subscriptions are gone already."""
+        self.temporaries.release(keys)
+        for key in keys:
+            q = self.queues.pop(key, None)
+            if q is not None:
+                for sub in list(q.consumers):
+                    self.unsubscribe(sub)
+                self._discard(q)
+            self.topics.pop(key, None)

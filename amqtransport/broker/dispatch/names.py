@@ -37,7 +37,9 @@ _SPLIT_CACHE: dict[str, tuple[str, str]] = {}
 
 
 def split_destination(destination: str) -> tuple[str, str]:
-    """``("queue"|"topic", name)``; CoreError for anything else."""
+    """``("queue"|"topic", name)``; CoreError for anything else. A temporary topic's
+    name is the whole key (``/temp-topic/ID:s:1``: the registry's topics are keyed by
+    name, and no ordinary topic has that one; see temporary.py)."""
     hit = _SPLIT_CACHE.get(destination)
     if hit is not None:
         return hit
@@ -47,7 +49,7 @@ def split_destination(destination: str) -> tuple[str, str]:
         dest = parse_destination(destination)
     except DestinationError as exc:
         raise CoreError(str(exc)) from None
-    _SPLIT_CACHE[destination] = hit = (dest.kind, dest.name)
+    _SPLIT_CACHE[destination] = hit = (dest.kind, destination if dest.temporary and dest.is_topic else dest.name)
     return hit
 
 

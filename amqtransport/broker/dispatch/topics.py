@@ -94,7 +94,7 @@ class FanOut:
             topic.enqueued += 1
             for sub in topic.subs:
                 self.offer(sub, msg)
-        if reg.wildcard_subs:
+        if reg.wildcard_subs and not name.startswith("/"):  # a temporary topic's name is its key: no wildcard reads it
             parts = name.split(".")
             for sub in reg.wildcard_subs:
                 assert sub.pattern is not None
