@@ -27,7 +27,7 @@ def broker() -> None:
     """The embedded STOMP broker: 'run' one (with --ha, one node of a master/slave
     pair), start a 'pair', ask a running broker or HA node for its 'status' (role,
     message counts, memory), 'release' an HA master that holds receipts for a peer that
-    is gone for good, 'hash-password' for a users file."""
+    is gone for good, run a 'witness' for replicated pairs, 'hash-password' for a users file."""
 
 
 def register(command: click.Command) -> None:
@@ -268,10 +268,12 @@ def hash_password_cmd(password: str | None, user: str | None) -> None:
 
 def _register_ha() -> None:
     from amqtransport.cli.ha_cmd import pair, release, status
+    from amqtransport.cli.witness_cmd import witness
 
     broker.add_command(pair)
     broker.add_command(status)
     broker.add_command(release)
+    broker.add_command(witness)
 
 
 _register_ha()

@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from ..server import BrokerServer
     from ..store import MessageStore
 
-__all__ = ["HaPortProtocol", "HaRequests", "NodeReadout", "PortHost", "RefusalLog", "ROLE_REQUESTS", "answer_error", "status_headers"]
+__all__ = ["HaPortProtocol", "HaRequests", "RequestHandler", "NodeReadout", "PortHost", "RefusalLog", "ROLE_REQUESTS", "answer_error", "status_headers"]
 
 log = logging.getLogger(__name__)
 
@@ -444,10 +444,19 @@ class HaRequests:
         transport.close()
 
 
-class HaPortProtocol(asyncio.Protocol):
-    """One connection to the HA port, until its request is handed to the node."""
+class RequestHandler(Protocol):
+    """What answers the one request of a connection (:class:`HaRequests`; the witness's
+    :class:`.witness.Witness`)."""
 
-    def __init__(self, requests: HaRequests, limits: HaPortLimits, waiting: set[HaPortProtocol]) -> None:
+    refused: RefusalLog
+
+    def handle(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None: ...
+
+
+class HaPortProtocol(asyncio.Protocol):
+    """One connection to the HA port (or a witness port), until its request is handed on."""
+
+    def __init__(self, requests: RequestHandler, limits: HaPortLimits, waiting: set[HaPortProtocol]) -> None:
         self.requests = requests
         self.limits = limits
         self.waiting = waiting
