@@ -116,6 +116,7 @@ class MasterRole:
         self.held_since = 0.0  # receipts held for a peer check since (monotonic), 0: not held
         self.held_logged = 0.0
         self.port_closed_for_suspect = False  # the client port was closed by _on_suspect
+        self.renew_now: asyncio.Event | None = None  # set: renew the witness lease now (a slave synced)
 
     async def start(self, *, replicate: bool) -> None:
         """Open the store and the broker, install the receipt gate (``replicate``), bind
@@ -203,6 +204,8 @@ class MasterRole:
         node.state.peer.update(peer, name=link.slave)
         node.state.save(node.data_dir)
         node.say(f"slave {link.slave} in sync")
+        if self.renew_now is not None:  # tell the witness at once that we no longer receipt alone
+            self.renew_now.set()
         if not node.listening and node.loop is not None:
             node.loop.create_task(self.listen())
 
@@ -314,6 +317,7 @@ class MasterRole:
         node = self.node
         every = max(0.05, node.opts.link_timeout / 3)
         logged = ""
+        self.renew_now = asyncio.Event()
         while not node.stopping:
             repl = node.repl
             if repl is None:
@@ -333,7 +337,9 @@ class MasterRole:
                 (log.info if answer.granted else log.warning)("node %s: witness lease: %s", node.name,
                                                                answer.reason)
                 logged = state
-            await asyncio.sleep(every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.renew_now.wait(), every)
+            self.renew_now.clear()
 
     async def _confirm_peer(self) -> None:
         """One round of asking the peer to stand by while receipts are held (decide.py,

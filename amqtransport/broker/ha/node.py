@@ -369,6 +369,11 @@ class HaNode:
         self.set_waiting(d.reason)
         return "wait", None
 
+    def lease_left(self) -> float | None:
+        if self.witness is None or self.role != "master" or self.loop is None:
+            return None
+        return max(0.0, self.lease_until - self.loop.time())
+
     async def ask_witness(self, request: str, epoch: int, *, alone: bool = False) -> WitnessAnswer:
         """One request to the witness (there must be one: --witness)."""
         assert self.witness is not None

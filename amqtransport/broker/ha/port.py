@@ -76,6 +76,7 @@ from .wire import (
 
 if TYPE_CHECKING:
     from ..http import HttpServer
+    from .witness import WitnessClient
     from ..server import BrokerServer
     from ..store import MessageStore
 
@@ -159,6 +160,12 @@ class NodeReadout(Protocol):
     def master_address(self) -> str: ...
     @property
     def slave_synced(self) -> bool: ...
+    @property
+    def witness(self) -> WitnessClient | None: ...
+
+    def lease_left(self) -> float | None:
+        """A master with a witness: seconds its lease lasts by its own count (else None)."""
+        ...
 
     def peer_addresses(self) -> list[tuple[str, int]]:
         """Every address the node knows for its peer."""
@@ -206,6 +213,12 @@ def status_headers(node: NodeReadout) -> dict[str, str]:
     }
     if node.http is not None:
         st["amq-ha-http"] = node.http.address
+    if node.witness is not None:
+        st["amq-ha-witness"] = node.witness.where
+        st["amq-ha-witness-state"] = witness_state(node.witness)
+        left = node.lease_left()
+        if left is not None:
+            st["amq-ha-lease"] = f"{left:.1f}"
     if node.role == "master" and node.server is not None and node.server.store is not None:
         # messages, sent, queues, topics, connections, memory-*, uptime (no queue names)
         st.update(node.server.status_stats(names=False))
@@ -231,6 +244,13 @@ def status_headers(node: NodeReadout) -> dict[str, str]:
     elif node.opts.mode == "shared-store":
         st["amq-ha-peer"] = str(node.data_dir / "ha.lock")
     return st
+
+
+def witness_state(client: WitnessClient) -> str:
+    """``up`` (it answered the last request), ``down`` or ``unknown`` (not asked yet)."""
+    if client.last is None:
+        return "unknown"
+    return "up" if client.up else "down"
 
 
 class HaRequests:

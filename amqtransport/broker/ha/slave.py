@@ -417,7 +417,7 @@ async def _after_master_loss(node: SlaveHost, addr: tuple[str, int], where: str)
             isolated = True
             await node.sleep(max(node.opts.lock_interval, 0.2))
             continue
-        log.warning("node %s: master %s:%d lost: taking over", node.name, *addr)
+        log.warning("node %s: master %s:%d lost: taking over (%s)", node.name, *addr, d.reason)
         node.close_slave_store()
         node.takeovers += 1
         return "master"

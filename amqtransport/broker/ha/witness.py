@@ -180,6 +180,7 @@ class Witness:
         headers["amq-witness-known"] = "true" if p is not None else "false"
         if p is not None:
             headers.update({"amq-witness-holder": p.holder, "amq-witness-epoch": str(p.epoch),
+                            "amq-witness-alone": "true" if p.alone else "false",
                             "amq-witness-remaining": f"{p.remaining(now):.3f}",
                             CHALLENGE_HEADER: self._verifier(pid).challenge(now)})
         return headers
