@@ -92,11 +92,18 @@ from .port import HaPortProtocol, HaRequests
 from .replication import ReplicationMaster
 from .shared import SharedStoreRole
 from .slave import SlaveLink, serve_slave
-from .witness import LEASE_MARGIN, RENEW_HEADER, TAKEOVER_HEADER, WitnessAnswer, WitnessClient, lease_seconds
 from .wire import (
     REPLICA_HEADER,
     ask_peer,
     reachable,
+)
+from .witness import (
+    LEASE_MARGIN,
+    RENEW_HEADER,
+    TAKEOVER_HEADER,
+    WitnessAnswer,
+    WitnessClient,
+    lease_seconds,
 )
 
 if TYPE_CHECKING:

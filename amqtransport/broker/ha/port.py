@@ -76,7 +76,6 @@ from .wire import (
 
 if TYPE_CHECKING:
     from ..http import HttpServer
-    from .witness import WitnessClient
     from ..server import BrokerServer
     from ..store import MessageStore
 
@@ -122,6 +121,20 @@ class RefusalLog:
         self.logger.warning("HA port: refused %s from %s: %s", what, peer, reason)
 
 
+class WitnessLink(Protocol):
+    """A node's link to its pair's witness, as status and console read it
+    (:class:`.witness.WitnessClient`)."""
+
+    @property
+    def where(self) -> str: ...
+    @property
+    def state(self) -> str:
+        """``up`` (it answered the last request), ``down`` or ``unknown`` (not asked yet)."""
+        ...
+    @property
+    def last_reason(self) -> str: ...
+
+
 class NodeReadout(Protocol):
     """What a node's status headers (:func:`status_headers`) and its console
     (:class:`.view.HaNodeView`) read of the node (:class:`.node.HaNode`)."""
@@ -161,7 +174,7 @@ class NodeReadout(Protocol):
     @property
     def slave_synced(self) -> bool: ...
     @property
-    def witness(self) -> WitnessClient | None: ...
+    def witness(self) -> WitnessLink | None: ...
 
     def lease_left(self) -> float | None:
         """A master with a witness: seconds its lease lasts by its own count (else None)."""
@@ -215,7 +228,7 @@ def status_headers(node: NodeReadout) -> dict[str, str]:
         st["amq-ha-http"] = node.http.address
     if node.witness is not None:
         st["amq-ha-witness"] = node.witness.where
-        st["amq-ha-witness-state"] = witness_state(node.witness)
+        st["amq-ha-witness-state"] = node.witness.state
         left = node.lease_left()
         if left is not None:
             st["amq-ha-lease"] = f"{left:.1f}"
@@ -244,13 +257,6 @@ def status_headers(node: NodeReadout) -> dict[str, str]:
     elif node.opts.mode == "shared-store":
         st["amq-ha-peer"] = str(node.data_dir / "ha.lock")
     return st
-
-
-def witness_state(client: WitnessClient) -> str:
-    """``up`` (it answered the last request), ``down`` or ``unknown`` (not asked yet)."""
-    if client.last is None:
-        return "unknown"
-    return "up" if client.up else "down"
 
 
 class HaRequests:

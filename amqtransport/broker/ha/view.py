@@ -24,9 +24,16 @@ from typing import TYPE_CHECKING
 from amqtransport.errors import ConfigError
 
 from ..ops.admin import BrokerAdmin, ServerAdmin
-from ..ops.view import NodeStats, PeerStatus, ReplicationStats, WitnessStats, journal_stats, serving_stats
+from ..ops.view import (
+    NodeStats,
+    PeerStatus,
+    ReplicationStats,
+    WitnessStats,
+    journal_stats,
+    serving_stats,
+)
 from .config import parse_address
-from .port import NodeReadout, witness_state
+from .port import NodeReadout
 from .shared import known_nodes
 from .wire import probe
 
@@ -100,10 +107,8 @@ class HaNodeView:
             "extra": {"ha_port": f"{node.host}:{node.ha_port}"},
         }
         if node.witness is not None:
-            last = node.witness.last
-            base["witness"] = WitnessStats(address=node.witness.where, state=witness_state(node.witness),
-                                           last_answer=last.reason if last is not None else "",
-                                           lease_seconds=node.lease_left())
+            base["witness"] = WitnessStats(address=node.witness.where, state=node.witness.state,
+                                           last_answer=node.witness.last_reason, lease_seconds=node.lease_left())
         server = self._master_server()
         if server is not None:
             base.update(serving_stats(server, node.config.http_ready_flow_control_seconds))

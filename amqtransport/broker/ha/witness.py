@@ -306,6 +306,15 @@ class WitnessClient:
         """The witness answered the last request."""
         return self.last is not None and self.last.reached
 
+    @property
+    def state(self) -> str:
+        """``up`` (it answered the last request), ``down`` or ``unknown`` (not asked yet)."""
+        return "unknown" if self.last is None else "up" if self.last.reached else "down"
+
+    @property
+    def last_reason(self) -> str:
+        return self.last.reason if self.last is not None else ""
+
     async def ask(self, request: str, epoch: int, *, alone: bool = False, timeout: float = 1.0) -> WitnessAnswer:
         """One renewal (:data:`RENEW_HEADER`) or takeover request."""
         self.requests += 1
