@@ -213,3 +213,44 @@ def test_the_docs_witness_table_follows_the_rules(row: tuple[bool, bool, bool, s
     got = who_serves(ms, mw, sw)
     assert got != "both", f"split brain for links {row[:3]}"
     assert got == serves, f"links master-slave {ms}, master-witness {mw}, slave-witness {sw}: {got} serves"
+
+
+# ---------------------------------------------------------------------- options
+def test_the_witness_option_and_config_keys_are_checked(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from amqtransport.broker.config import load_config
+    from amqtransport.broker.ha.config import HaOptions, load_ha_table
+    from amqtransport.errors import ConfigError
+
+    cfg = tmp_path / "b.toml"
+    cfg.write_text('[broker]\nport = 61999\nwitness = "10.0.0.9:7000"\n\n[ha]\nmode = "replicated"\n'
+                   'witness = "10.0.0.9:7001"\n')
+    assert load_config(cfg).witness == "10.0.0.9:7000"
+    assert load_ha_table(cfg)["witness"] == "10.0.0.9:7001"
+    assert DecideOptions.of("a", HaOptions(witness="tcp://w:9", cluster_password="x" * 16)).witness == ("w", 9)
+    cfg.write_text('[broker]\nwitness = "nowhere"\n')
+    with pytest.raises(ConfigError, match="witness"):
+        load_config(cfg)
+    cfg.write_text('[ha]\nwitnes = "h:1"\n')
+    with pytest.raises(ConfigError, match=r"unknown key 'ha.witnes' \(valid keys: .*witness"):
+        load_ha_table(cfg)
+    with pytest.raises(ConfigError, match="--witness"):
+        HaOptions(witness="h", cluster_password="x" * 16).validate()
+    with pytest.raises(ConfigError, match="--witness is for --ha replicated"):
+        HaOptions(mode="shared-store", witness="h:1").validate()
+    base = [sys.executable, "-m", "amqtransport", "broker"]
+    out = subprocess.run([*base, "run", "--port", "5", "--ha", "replicated", "--cluster-password", "x" * 16,
+                          "--witness", "nope", "--data-dir", str(tmp_path / "d")],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "--witness" in out.stderr, out.stderr
+    out = subprocess.run([*base, "witness", "--port", "0", "--data-dir", str(tmp_path / "w")],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "--port" in out.stderr, out.stderr
+    bad = tmp_path / "w2"
+    bad.mkdir()
+    (bad / "witness-state.json").write_text("{not json")
+    out = subprocess.run([*base, "witness", "--port", "1", "--data-dir", str(bad)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "witness-state.json: not JSON" in out.stderr, out.stderr

@@ -147,6 +147,13 @@ master, S = slave, C = the takeover-check address):
    restarts: it waits for its peer instead of serving stale data (``start``, row 8).
    Delete ``ha-state.json`` on it to force it up if the other node's disk is lost for
    good.
+9. With a witness (``--witness``, :mod:`.witness`), cases 5 and 7 change: in case 5 the
+   master asks the witness (``ask-witness``) and receipts alone while it renews the
+   master's lease (``lease``), which it does only while it has granted the slave
+   nothing; in case 7 the slave takes over only with the witness's grant, given once
+   the master's lease ran out unrenewed -- so only when the master cannot reach the
+   witness either, and then it holds its receipts. docs/ha.md has the table of who may
+   serve for each link down (master-slave, master-witness, slave-witness).
 """
 
 from __future__ import annotations
