@@ -10,11 +10,13 @@ other; a restarted witness does not grant twice (its state is durable).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,7 @@ from amqtransport.broker.ha.witness import (
 from amqtransport.processes.witness import WitnessProcess
 from amqtransport.stomp import IDEMPOTENCY_HEADER
 from amqtransport.testing.broker_pair import BrokerPair, HaNodeProcess
+from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -136,13 +139,34 @@ def test_a_frozen_master_is_replaced_only_with_the_witness_grant_and_fenced_when
         assert bp.wait_master(10) is new
 
 
+def _get(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        return r.read().decode()
+
+
+def _metric(text: str, name: str) -> float:
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert values, f"no {name} in /metrics"
+    return values[0]
+
+
 def test_a_witness_killed_alone_changes_nothing_while_the_nodes_see_each_other(tmp_path: Path) -> None:
+    http = {"a": free_port(), "b": free_port()}
     with WitnessProcess(tmp_path / "witness") as witness, BrokerPair(
-        "replicated", tmp_path / "pair", link_timeout=LINK_TIMEOUT, witness=witness.address
+        "replicated", tmp_path / "pair", link_timeout=LINK_TIMEOUT, witness=witness.address,
+        master_args=["--http", f"127.0.0.1:{http['a']}"], slave_args=["--http", f"127.0.0.1:{http['b']}"],
     ) as bp:
         master, _slave = _in_sync(bp, witness)
+        # the console and /metrics show the witness link and the lease
+        metrics = _get(http[master.name], "/metrics")
+        assert _metric(metrics, "amq_ha_witness_up") == 1 and _metric(metrics, "amq_ha_witness_lease_seconds") > 0
+        node = json.loads(_get(http[master.name], "/api/node"))
+        assert node["witness"]["address"] == witness.address and node["witness"]["state"] == "up", node
+        assert f"{witness.address} up, lease" in _get(http[master.name], "/")
         witness.kill()
         wait_for(lambda: master.status().get("amq-ha-witness-state") == "down", 30, "the master to miss the witness")
+        wait_for(lambda: _metric(_get(http[master.name], "/metrics"), "amq_ha_witness_up") == 0, 30,
+                 "/metrics to show the witness down")
         with amqtransport.connect(bp.uri) as c:
             deadline = time.monotonic() + 3 * 2 * LINK_TIMEOUT  # three leases long
             n = 0
