@@ -77,12 +77,15 @@ def test_a_master_whose_slave_hangs_keeps_receipting_on_the_witness_lease(tmp_pa
         with amqtransport.connect(bp.uri) as c:
             c.send(queue, "before", idempotency_key="k-before")
             with frozen(slave):
+                frozen_at = time.monotonic()
+                first_at: list[float] = []
 
                 def send() -> None:
                     try:
                         for i in range(5):  # the first is in flight while the master drops the slave
                             c.send(queue, f"during-{i}", idempotency_key=f"k-during-{i}")
                             done.append(f"during-{i}")
+                            first_at.append(time.monotonic())
                     except BaseException as exc:  # noqa: BLE001 - reported below
                         errors.append(exc)
 
@@ -95,6 +98,8 @@ def test_a_master_whose_slave_hangs_keeps_receipting_on_the_witness_lease(tmp_pa
                 assert _stopped(slave.pid), "the slave was thawed before the receipts came"
                 log = master.log_text()
                 assert "the witness renews our lease" in log, log[-3000:]
+                print(f"slave frozen -> first receipt from the master alone: {first_at[0] - frozen_at:.2f} s "
+                      f"(--link-timeout {LINK_TIMEOUT:g} s, lease {2 * LINK_TIMEOUT:g} s)")
                 assert float(master.status().get("amq-ha-lease", "0")) > 0
         # the slave is back: it relinks and resyncs; nothing receipted is missing
         wait_for(lambda: master.status().get("amq-ha-peer-state") == "in-sync", 60, "the slave to resync")
@@ -116,11 +121,14 @@ def test_a_frozen_master_is_replaced_only_with_the_witness_grant_and_fenced_when
         bodies = [f"in-flight-{i}" for i in range(len(socks))]
         try:
             os.kill(old.pid, signal.SIGSTOP)
+            frozen_at = time.monotonic()
             try:
                 for sock, body in zip(socks, bodies, strict=True):
                     sock.sendall(f"SEND\ndestination:{queue}\nreceipt:{body}\npersistent:true\n"
                                  f"{IDEMPOTENCY_HEADER}:key-{body}\ncontent-length:{len(body)}\n\n{body}\x00".encode())
                 assert bp.wait_master(60, exclude=old) is new
+                print(f"master frozen -> the slave serves as master: {time.monotonic() - frozen_at:.2f} s "
+                      f"(--link-timeout {LINK_TIMEOUT:g} s, lease {2 * LINK_TIMEOUT:g} s)")
             finally:
                 os.kill(old.pid, signal.SIGCONT)
             until = time.monotonic() + 5
@@ -152,8 +160,9 @@ def _metric(text: str, name: str) -> float:
 
 def test_a_witness_killed_alone_changes_nothing_while_the_nodes_see_each_other(tmp_path: Path) -> None:
     http = {"a": free_port(), "b": free_port()}
+    link_timeout = 2.0  # the default: a slow machine must not drop the slave while the witness is down
     with WitnessProcess(tmp_path / "witness") as witness, BrokerPair(
-        "replicated", tmp_path / "pair", link_timeout=LINK_TIMEOUT, witness=witness.address,
+        "replicated", tmp_path / "pair", link_timeout=link_timeout, witness=witness.address,
         master_args=["--http", f"127.0.0.1:{http['a']}"], slave_args=["--http", f"127.0.0.1:{http['b']}"],
     ) as bp:
         master, _slave = _in_sync(bp, witness)
@@ -168,7 +177,7 @@ def test_a_witness_killed_alone_changes_nothing_while_the_nodes_see_each_other(t
         wait_for(lambda: _metric(_get(http[master.name], "/metrics"), "amq_ha_witness_up") == 0, 30,
                  "/metrics to show the witness down")
         with amqtransport.connect(bp.uri) as c:
-            deadline = time.monotonic() + 3 * 2 * LINK_TIMEOUT  # three leases long
+            deadline = time.monotonic() + 3 * 2 * link_timeout  # three leases long
             n = 0
             while time.monotonic() < deadline or n < 20:
                 c.send("/queue/witness.gone", f"m{n}", idempotency_key=f"k{n}")
