@@ -248,6 +248,14 @@ def test_the_witness_option_and_config_keys_are_checked(tmp_path: Path) -> None:
     out = subprocess.run([*base, "witness", "--port", "0", "--data-dir", str(tmp_path / "w")],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "--port" in out.stderr, out.stderr
+    from amqtransport.processes.pair import BrokerPair
+
+    bp = BrokerPair("replicated", tmp_path / "pair", witness="127.0.0.1:7000")  # not started
+    for node in bp.nodes:
+        cmd = node.command()
+        assert cmd[cmd.index("--witness") + 1] == "127.0.0.1:7000", cmd
+    out = subprocess.run([*base, "pair", "--help"], capture_output=True, text=True, timeout=30)
+    assert "--witness" in out.stdout
     bad = tmp_path / "w2"
     bad.mkdir()
     (bad / "witness-state.json").write_text("{not json")
