@@ -100,7 +100,8 @@ def test_a_master_whose_slave_hangs_keeps_receipting_on_the_witness_lease(tmp_pa
                 assert "the witness renews our lease" in log, log[-3000:]
                 print(f"slave frozen -> first receipt from the master alone: {first_at[0] - frozen_at:.2f} s "
                       f"(--link-timeout {LINK_TIMEOUT:g} s, lease {2 * LINK_TIMEOUT:g} s)")
-                assert float(master.status().get("amq-ha-lease", "0")) > 0
+                wait_for(lambda: float(master.status().get("amq-ha-lease", "0")) > 0, 30,
+                         "the master's status to show its lease")
         # the slave is back: it relinks and resyncs; nothing receipted is missing
         wait_for(lambda: master.status().get("amq-ha-peer-state") == "in-sync", 60, "the slave to resync")
         with amqtransport.connect(bp.uri) as c:
@@ -167,8 +168,9 @@ def test_a_witness_killed_alone_changes_nothing_while_the_nodes_see_each_other(t
     ) as bp:
         master, _slave = _in_sync(bp, witness)
         # the console and /metrics show the witness link and the lease
-        metrics = _get(http[master.name], "/metrics")
-        assert _metric(metrics, "amq_ha_witness_up") == 1 and _metric(metrics, "amq_ha_witness_lease_seconds") > 0
+        wait_for(lambda: _metric(_get(http[master.name], "/metrics"), "amq_ha_witness_lease_seconds") > 0, 30,
+                 "/metrics to show the master's lease")
+        assert _metric(_get(http[master.name], "/metrics"), "amq_ha_witness_up") == 1
         node = json.loads(_get(http[master.name], "/api/node"))
         assert node["witness"]["address"] == witness.address and node["witness"]["state"] == "up", node
         assert f"{witness.address} up, lease" in _get(http[master.name], "/")
