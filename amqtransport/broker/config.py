@@ -154,6 +154,20 @@ class BrokerConfig(BaseModel):
     otel_endpoint: str | None = None
     otel_queue_size: int = Field(default=2048, ge=1)
 
+    # a replicated HA node's witness (broker/ha/witness.py, docs/ha.md): "HOST:PORT" of an
+    # `amq broker witness`; the same as `witness` in the [ha] table or --witness. Unset: no
+    # witness (a master that loses its slave holds receipts until its peer answers)
+    witness: str | None = None
+
+    @field_validator("witness")
+    @classmethod
+    def _witness(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, sep, port = value.strip().removeprefix("tcp://").rpartition(":")
+            if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+                raise ValueError(f"expected HOST:PORT of an `amq broker witness`, got {value!r}")
+        return value
+
     @field_validator("otel_endpoint")
     @classmethod
     def _otel_endpoint(cls, value: str | None) -> str | None:

@@ -60,6 +60,10 @@ def ha_options(fn: F) -> F:
                      help="Seconds without an ack/ping before the replication link counts as dead [default: 2]."),
         click.option("--takeover-check", default=None,
                      help="HOST:PORT both nodes must reach; a slave takes over only if it answers."),
+        click.option("--witness", default=None, metavar="HOST:PORT",
+                     help="Replicated: the pair's witness (amq broker witness): a master that loses its slave "
+                          "receipts alone on its lease, a slave takes over only with its grant [default: none, "
+                          "the master holds receipts until the peer answers; config key witness in [ha]]."),
         click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False),
                      help="Replicated: file holding the pair's shared secret (both nodes, same content); "
                           "every replication/demote request is signed with it."),
@@ -100,6 +104,8 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
 
     assert isinstance(cfg, BrokerConfig)
     kwargs = {("mode" if k == "ha" else k): v for k, v in ha.items()}
+    if kwargs.get("witness") is None and cfg.witness is not None:  # the [broker] key (the [ha] one fills kwargs)
+        kwargs["witness"] = cfg.witness
     try:
         kwargs["master_password"] = replication_passcode(kwargs.pop("master_password", None),
                                                          kwargs.pop("master_password_file", None),
@@ -153,6 +159,8 @@ def replication_passcode(value: object, path: object, *, user: object) -> str | 
 @click.option("--master-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="File holding the replication link's passcode (first line).")
 @click.option("--takeover-check", default=None, help="HOST:PORT both nodes must reach to take over.")
+@click.option("--witness", default=None, metavar="HOST:PORT",
+              help="Replicated: both nodes use this witness (amq broker witness) [default: none].")
 @click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Replicated: the pair's shared secret [default: DATA_DIR/cluster.secret, generated once].")
 @click.option("--http-port", type=int, default=None,
@@ -177,6 +185,7 @@ def pair(
     master_password: str | None,
     master_password_file: str | None,
     takeover_check: str | None,
+    witness: str | None,
     cluster_password_file: str | None,
     http_port: int | None,
     slave_http_port: int | None,
@@ -249,7 +258,7 @@ def pair(
         ha_ports = _earlier_ha_ports(data_dir, (port, slave_port), load_ports, port_in_use, say)
     bp = BrokerPair(
         mode, Path(data_dir).resolve(), port=port, slave_port=slave_port, master_user=master_user,
-        master_password=password, takeover_check=takeover_check, extra_args=extra,
+        master_password=password, takeover_check=takeover_check, witness=witness, extra_args=extra,
         cluster_password_file=cluster_password_file, ha_ports=ha_ports,
         master_args=[*(["--http", f"127.0.0.1:{http_port}"] if http_port else []),
                      *(["--ws", f"127.0.0.1:{ws_port}"] if ws_port else [])],

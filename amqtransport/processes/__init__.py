@@ -4,6 +4,8 @@
   chaos scenarios, tests that kill a broker the hard way);
 - :mod:`.pair`: :class:`~.pair.BrokerPair`, a master/slave pair as two child
   processes (``amq broker pair``, the demo, chaos, the HA tests);
+- :mod:`.witness`: :class:`~.witness.WitnessProcess`, one ``amq broker witness`` (the
+  arbiter of replicated pairs) on a fixed free port (tests, chaos);
 - :mod:`.spawn`: start a child with its log in a file, stop it by pid and reap it,
   kill what is left at exit, the STOMP readiness probe;
 - :mod:`.ports`: free ports for a server that cannot bind port 0 itself.

@@ -312,6 +312,7 @@ class BrokerPair:
         slave_master_password: str | None = None,
         master_connector: str | None = None,
         takeover_check: str | None = None,
+        witness: str | None = None,
         lock_interval: float | None = None,
         link_timeout: float | None = None,
         extra_args: Sequence[str] = (),
@@ -344,6 +345,8 @@ class BrokerPair:
             common += ["--link-timeout", str(link_timeout)]
         if takeover_check:
             common += ["--takeover-check", takeover_check]
+        if witness:
+            common += ["--witness", witness]
         if not fsync:
             cfg = self.data_dir / "broker.toml"
             cfg.write_text("fsync = false\n")

@@ -37,6 +37,7 @@ NAME, EPOCH = "b", 3
 A1, A2 = ("10.0.0.1", 1), ("10.0.0.2", 2)
 CONNECTOR = "tcp://10.0.0.1:1"  # = A1
 CHECK_ADDR = ("10.9.9.9", 9)
+WITNESS_ADDR = ("10.8.8.8", 8)
 
 
 def table_rows(text: str) -> list[tuple[str, int, list[str], str]]:
@@ -122,6 +123,9 @@ CONDITIONS: dict[str, Callable[[Case], bool]] = {
     "this node is master": lambda c: c.state.role == "master",
     "its epoch is newer than the requester's": lambda c: c.state.epoch > c.requester_epoch,
     "our link to the requester is up and in sync": lambda c: c.state.linked_to == c.requester,
+    "no witness": lambda c: c.options.witness is None,
+    "the witness not asked": lambda c: c.options.witness is not None and c.peers.witness is None,
+    "the witness grants": lambda c: c.options.witness is not None and c.peers.witness is True,
 }
 
 
@@ -194,6 +198,13 @@ def check_options() -> Iterator[tuple[tuple[str, int] | None, bool | None]]:
         yield CHECK_ADDR, answered
 
 
+def witness_options() -> Iterator[tuple[tuple[str, int] | None, bool | None]]:
+    """(--witness, what it answered): not set, or set and not asked/granted/refused."""
+    yield None, None
+    for answered in (None, True, False):
+        yield WITNESS_ADDR, answered
+
+
 def states(phase: str, **fixed: object) -> Iterator[NodeState]:
     dims = {
         "synced": (True, False), "last_role": ("none", "master", "slave"), "peer_may_be_master": (False, True),
@@ -214,16 +225,17 @@ def cases(phase: str) -> Iterator[Case]:
             yield Case(st, opts, Peers(answers, answered))
     elif phase == "link-lost":
         small = list(infos({k: PEER[k] for k in ("amq-ha-role", "amq-ha-epoch", "amq-ha-synced")}))
-        for st, connector, (check, answered), smf, answers in itertools.product(
-            states(phase), (None, CONNECTOR), check_options(), (False, True), answer_lists(small)
+        for st, connector, (check, answered), smf, answers, (witness, granted) in itertools.product(
+            states(phase), (None, CONNECTOR), check_options(), (False, True), answer_lists(small), witness_options()
         ):
-            yield Case(st, DecideOptions(NAME, connector, check, smf, False), Peers(answers, answered))
+            yield Case(st, DecideOptions(NAME, connector, check, smf, False, witness),
+                       Peers(answers, answered, granted, "said so" if granted is not None else ""))
     elif phase == "master":
-        for linked, synced, answers in itertools.product(
-            (None, "a", "c"), (True, False), answer_lists(list(infos(PEER)), STANDBY)
+        for linked, synced, answers, (witness, granted) in itertools.product(
+            (None, "a", "c"), (True, False), answer_lists(list(infos(PEER)), STANDBY), witness_options()
         ):
             st = NodeState(phase, epoch=EPOCH, synced=synced, role="master", linked_to=linked)
-            yield Case(st, DecideOptions(NAME), Peers(answers))
+            yield Case(st, DecideOptions(NAME, witness=witness), Peers(answers, witness=granted))
     elif phase == "slave-lost":
         for goodbye, was_synced, ssf, (check, answered) in itertools.product(
             (False, True), (False, True), (False, True), check_options()
@@ -280,6 +292,8 @@ def check_table(phase: str, decide_fn: Callable[[str, Case], Decision] = run) ->
             assert got.action != "ask", c
         if c.peers.check is not None:
             assert got.action != "check", c
+        if c.peers.witness is not None:
+            assert got.action != "ask-witness", c
         hit.add(row)
         count += 1
     dead = {(ph, n) for ph, n, *_ in ROWS if ph == phase} - hit

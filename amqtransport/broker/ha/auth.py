@@ -44,7 +44,7 @@ import os
 import secrets
 import stat
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,9 +119,10 @@ def load_secret(password: str | None, password_file: str | None) -> bytes:
     return secret.encode("utf-8")
 
 
-def _canonical(request: str, headers: Mapping[str, str], challenge: str, nonce: str) -> bytes:
+def _canonical(request: str, headers: Mapping[str, str], challenge: str, nonce: str,
+               signed: Sequence[str] = SIGNED_HEADERS) -> bytes:
     lines = [_VERSION, challenge, nonce, f"{request}={headers.get(request, '')}"]
-    lines += [f"{h}={headers.get(h, '')}" for h in SIGNED_HEADERS]
+    lines += [f"{h}={headers.get(h, '')}" for h in signed]
     return "\n".join(lines).encode("utf-8")
 
 
@@ -135,11 +136,14 @@ class RequestSigner:
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
 
-    def sign(self, request: str, headers: Mapping[str, str], challenge: str, nonce: str | None = None) -> str:
+    def sign(self, request: str, headers: Mapping[str, str], challenge: str, nonce: str | None = None,
+             signed: Sequence[str] = SIGNED_HEADERS) -> str:
         """The value of :data:`AUTH_HEADER` for a request whose ``request`` header and
-        :data:`SIGNED_HEADERS` are in ``headers``, answering the receiver's ``challenge``."""
+        ``signed`` headers (:data:`SIGNED_HEADERS`; a witness request signs more) are in
+        ``headers``, answering the receiver's ``challenge``."""
         nonce = nonce if nonce is not None else os.urandom(12).hex()
-        return f"{_VERSION}:{challenge}:{nonce}:{_mac(self._secret, _canonical(request, headers, challenge, nonce))}"
+        mac = _mac(self._secret, _canonical(request, headers, challenge, nonce, signed))
+        return f"{_VERSION}:{challenge}:{nonce}:{mac}"
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,8 @@ class RequestVerifier:
             self._issued.popitem(last=False)
         return value
 
-    def check(self, request: str, headers: Mapping[str, str], now: float) -> str | None:
+    def check(self, request: str, headers: Mapping[str, str], now: float,
+              signed: Sequence[str] = SIGNED_HEADERS) -> str | None:
         """None when the request is authentic and answers a live challenge of ours (which
         it then spends), else why it is refused. ``now``: this node's monotonic clock."""
         value = headers.get(AUTH_HEADER)
@@ -192,7 +197,7 @@ class RequestVerifier:
         _v, challenge, nonce, mac = parts
         if len(challenge) != 32 or not 8 <= len(nonce) <= 64 or len(mac) != 64:
             return "malformed amq-ha-auth header"
-        expected = _mac(self._secret, _canonical(request, headers, challenge, nonce))
+        expected = _mac(self._secret, _canonical(request, headers, challenge, nonce, signed))
         if not hmac.compare_digest(expected, mac.lower()):
             return "bad cluster secret (the MAC does not match: the nodes have different secrets)"
         self._forget(now)

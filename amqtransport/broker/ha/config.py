@@ -21,7 +21,8 @@ Keys (snake_case, ActiveMQ camelCase accepted as aliases): ``mode``, ``master_co
 ``master_password`` (``password``), ``wait_for_slave`` (``waitForSlave``),
 ``shutdown_on_slave_failure`` (``shutdownOnSlaveFailure``),
 ``shutdown_on_master_failure`` (``shutdownOnMasterFailure``), ``allow_failback``
-(``allowFailback``), ``lock_interval`` (seconds), ``takeover_check``, ``ha_port``,
+(``allowFailback``), ``lock_interval`` (seconds), ``takeover_check``, ``witness``
+(``HOST:PORT`` of an ``amq broker witness``: see :mod:`.witness`), ``ha_port``,
 ``link_timeout`` (seconds), ``cluster_password`` (``clusterPassword``) or
 ``cluster_password_file`` (``clusterPasswordFile``): the pair's shared secret, required
 in replicated mode (see :mod:`.auth`), and the HA port's bounds ``ha_max_connections``
@@ -65,6 +66,7 @@ class HaConfig(BaseModel):
     allow_failback: bool | None = Field(None, validation_alias=AliasChoices("allow_failback", "allowFailback"))
     lock_interval: float | None = Field(None, gt=0)
     takeover_check: str | None = None
+    witness: str | None = None
     ha_port: int | None = Field(None, ge=0, le=65535)
     link_timeout: float | None = Field(None, gt=0)
     cluster_password: str | None = Field(
@@ -82,7 +84,7 @@ _VALID = (
     "mode, master_connector (masterConnectorURI), master_user (userName), master_password (password), "
     "wait_for_slave (waitForSlave), shutdown_on_slave_failure (shutdownOnSlaveFailure), "
     "shutdown_on_master_failure (shutdownOnMasterFailure), allow_failback (allowFailback), "
-    "lock_interval, takeover_check, ha_port, link_timeout, cluster_password (clusterPassword), "
+    "lock_interval, takeover_check, witness, ha_port, link_timeout, cluster_password (clusterPassword), "
     "cluster_password_file (clusterPasswordFile), ha_max_connections, ha_idle_timeout, ha_max_frame"
 )
 
@@ -130,6 +132,7 @@ class HaOptions:
     allow_failback: bool = False
     lock_interval: float = 0.1
     takeover_check: str | None = None
+    witness: str | None = None  # HOST:PORT of the pair's witness (witness.py); None: the CP default
     ha_port: int = 0
     link_timeout: float = 2.0
     cluster_password: str | None = None
@@ -148,6 +151,10 @@ class HaOptions:
             parse_address(self.master_connector, "--master-connector")
         if self.takeover_check:
             parse_address(self.takeover_check, "--takeover-check")
+        if self.witness:
+            if self.mode != "replicated":
+                raise ConfigError("--witness is for --ha replicated (a shared store has its lock)", path="witness")
+            parse_address(self.witness, "--witness")
         if not 0.001 <= self.lock_interval <= 60:
             raise ConfigError(f"--lock-interval must be between 0.001 and 60 s, got {self.lock_interval}",
                               path="lock_interval")

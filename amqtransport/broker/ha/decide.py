@@ -51,7 +51,10 @@ combination of inputs against it.
 | link-lost | 4 | an address answers as master | relink |
 | link-lost | 5 | takeover check not tried | check |
 | link-lost | 6 | takeover check unreachable | isolated |
-| link-lost | 7 | otherwise | master |
+| link-lost | 7 | no witness | master |
+| link-lost | 8 | the witness not asked | ask-witness |
+| link-lost | 9 | the witness grants | master |
+| link-lost | 10 | otherwise | isolated |
 | master | 1 | not asked | ask |
 | master | 2 | the peer is master; its epoch is newer | step-down |
 | master | 3 | the peer is master; same epoch; its name is lower | step-down |
@@ -63,7 +66,10 @@ combination of inputs against it.
 | master | 9 | the peer answers | hold |
 | master | 10 | no peer known | clear |
 | master | 11 | every address refuses | clear |
-| master | 12 | otherwise | hold |
+| master | 12 | no witness | hold |
+| master | 13 | the witness not asked | ask-witness |
+| master | 14 | the witness grants | lease |
+| master | 15 | otherwise | hold |
 | slave-lost | 1 | the slave said goodbye | forget |
 | slave-lost | 2 | the slave was not in sync | serve |
 | slave-lost | 3 | shutdown on slave failure | stop |
@@ -89,6 +95,9 @@ clients replay to the peer), ``demote-peer`` (send the stale master at
 again), ``hold`` (keep holding receipts, ask again), ``forget`` (the slave left
 cleanly: it will not take over, so a restart may serve alone), ``serve`` (nothing to
 do), ``stop`` (exit code 3), ``fence`` (close the client port, decide again),
+``ask-witness`` (ask the witness, ``--witness``: a slave for mastership at its epoch + 1,
+a master to renew its lease saying it receipts alone; :mod:`.witness`), ``lease`` (receipt
+alone again while the witness renews the lease, and hold again the moment it runs out),
 ``refused`` / ``in-sync`` / ``ok`` (the stand-by answers; ``ok-unsynced`` is ``ok``
 and this store is no longer a complete copy: it resyncs before it could take over).
 
@@ -138,6 +147,13 @@ master, S = slave, C = the takeover-check address):
    restarts: it waits for its peer instead of serving stale data (``start``, row 8).
    Delete ``ha-state.json`` on it to force it up if the other node's disk is lost for
    good.
+9. With a witness (``--witness``, :mod:`.witness`), cases 5 and 7 change: in case 5 the
+   master asks the witness (``ask-witness``) and receipts alone while it renews the
+   master's lease (``lease``), which it does only while it has granted the slave
+   nothing; in case 7 the slave takes over only with the witness's grant, given once
+   the master's lease ran out unrenewed -- so only when the master cannot reach the
+   witness either, and then it holds its receipts. docs/ha.md has the table of who may
+   serve for each link down (master-slave, master-witness, slave-witness).
 """
 
 from __future__ import annotations
@@ -172,6 +188,7 @@ Action = Literal[
     "step-down", "demote-peer", "clear", "hold",
     "forget", "serve", "stop", "fence",
     "refused", "in-sync", "ok", "ok-unsynced",
+    "ask-witness", "lease",
 ]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 ACTIONS: tuple[Action, ...] = get_args(Action)
@@ -205,6 +222,8 @@ REFUSED: Final = "refused"
 IN_SYNC: Final = "in-sync"
 OK: Final = "ok"
 OK_UNSYNCED: Final = "ok-unsynced"
+ASK_WITNESS: Final = "ask-witness"
+LEASE: Final = "lease"
 
 
 @dataclass(frozen=True)
@@ -233,12 +252,14 @@ class DecideOptions:
     takeover_check: tuple[str, int] | None = None
     shutdown_on_master_failure: bool = False
     shutdown_on_slave_failure: bool = False
+    witness: tuple[str, int] | None = None
 
     @classmethod
     def of(cls, name: str, opts: HaOptions) -> DecideOptions:
         check = parse_address(opts.takeover_check, "--takeover-check") if opts.takeover_check else None
+        witness = parse_address(opts.witness, "--witness") if opts.witness else None
         return cls(name, opts.master_connector, check, opts.shutdown_on_master_failure,
-                   opts.shutdown_on_slave_failure)
+                   opts.shutdown_on_slave_failure, witness)
 
 
 @dataclass(frozen=True)
@@ -258,11 +279,14 @@ class PeerAnswer:
 @dataclass(frozen=True)
 class Peers:
     """What the node observed: the answers of the peer's addresses, in the order it
-    asked them (None: not asked yet), and whether the takeover-check address answered
-    a TCP connect (None: not tried)."""
+    asked them (None: not asked yet), whether the takeover-check address answered
+    a TCP connect (None: not tried), and whether the witness granted what it was asked
+    (None: not asked; ``witness_reason``: what it said)."""
 
     answers: tuple[PeerAnswer, ...] | None = None
     check: bool | None = None
+    witness: bool | None = None
+    witness_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -387,7 +411,15 @@ def _link_lost(state: NodeState, options: DecideOptions, peers: Peers) -> Decisi
         if a.info is not None and a.info.get("amq-ha-role") == "master":
             return Decision(RELINK, f"replication link lost but the master answers on {a.address[0]}:{a.address[1]}: "
                                     "not taking over; re-linking", address=a.address, info=a.info)
-    return _checked(options, peers, "master lost: taking over", unreachable=ISOLATED)
+    checked = _checked(options, peers, "master lost: taking over", unreachable=ISOLATED)
+    if checked.action != BECOME_MASTER or options.witness is None:
+        return checked
+    if peers.witness is None:
+        return Decision(ASK_WITNESS, "master lost: asking the witness for mastership")
+    if peers.witness:
+        return Decision(BECOME_MASTER, f"master lost and the witness grants mastership: {peers.witness_reason}")
+    return Decision(ISOLATED, f"master unreachable and the witness does not grant mastership (yet): "
+                              f"{peers.witness_reason}")
 
 
 def _master(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
@@ -424,7 +456,15 @@ def _master(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
         where = ", ".join(f"{h}:{p}" for (h, p) in (a.address for a in peers.answers))
         return Decision(CLEAR, f"the peer is not running (every address refuses: {where})")
     errors = "; ".join(f"{a.address[0]}:{a.address[1]}: {a.error or 'refused'}" for a in peers.answers)
-    return Decision(HOLD, f"the peer does not answer ({errors})")
+    if options.witness is None:
+        return Decision(HOLD, f"the peer does not answer ({errors})")
+    if peers.witness is None:
+        return Decision(ASK_WITNESS, f"the peer does not answer ({errors}); asking the witness for the lease")
+    if peers.witness:
+        return Decision(LEASE, f"the peer does not answer and the witness renews our lease (it grants the peer "
+                               f"nothing meanwhile): {peers.witness_reason}")
+    return Decision(HOLD, f"the peer does not answer ({errors}) and the witness does not renew our lease: "
+                          f"{peers.witness_reason}")
 
 
 def _slave_lost(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:

@@ -20,7 +20,12 @@ that accepts come back about one probe interval after it is reopened, instead of
 backing off further with every refused CONNECT. With ``--shutdown-on-slave-failure`` the master stops instead
 (receipts for unreplicated records are refused; from that moment its status no longer
 says master, so the slave takes over); with ``--takeover-check`` a master that cannot
-reach that address when it loses its synced slave fences itself. A slave that
+reach that address when it loses its synced slave fences itself. With ``--witness`` a
+master renews its witness lease all term long (:meth:`MasterRole._keep_lease`); a peer
+that does not answer the stand-by request is then no reason to hold: while the witness
+renews the lease it grants the slave nothing, so the master receipts alone until the
+lease runs out unrenewed (decide.py, outcome ``lease``); a witness that says another node
+was granted mastership fences it. A slave that
 re-links over a connection the master still thinks open (half-open TCP) replaces it:
 that is not a lost slave, and what waited for the old link waits for the new one's
 full sync. With no slave attached it probes its known peer every second and demotes
@@ -49,6 +54,7 @@ from .decide import (
     DEMOTE_PEER,
     FENCE,
     FORGET,
+    LEASE,
     MASTER,
     SLAVE_LOST,
     STEP_DOWN,
@@ -63,6 +69,7 @@ from .host import RoleHost
 from .port import HaRequests
 from .replication import MasterLink, ReplicationMaster
 from .wire import DEMOTE_HEADER, STANDBY_HEADER, ReplicationError, ask_peer, ha_request
+from .witness import WitnessAnswer, WitnessClient
 
 __all__ = ["MasterHost", "MasterRole"]
 
@@ -84,9 +91,15 @@ class MasterHost(RoleHost, Protocol):
     exit_code: int
     demote_event: asyncio.Event | None
     wake: asyncio.Event | None
+    witness: WitnessClient | None
+    lease_until: float
 
     @property
     def requests(self) -> HaRequests: ...
+
+    async def renew_lease(self, *, alone: bool) -> WitnessAnswer:
+        """Renew the master's witness lease (updates :attr:`lease_until` when granted)."""
+        ...
 
     def stop(self) -> None:
         """Stop the node."""
@@ -103,6 +116,7 @@ class MasterRole:
         self.held_since = 0.0  # receipts held for a peer check since (monotonic), 0: not held
         self.held_logged = 0.0
         self.port_closed_for_suspect = False  # the client port was closed by _on_suspect
+        self.renew_now: asyncio.Event | None = None  # set: renew the witness lease now (a slave synced)
 
     async def start(self, *, replicate: bool) -> None:
         """Open the store and the broker, install the receipt gate (``replicate``), bind
@@ -190,6 +204,8 @@ class MasterRole:
         node.state.peer.update(peer, name=link.slave)
         node.state.save(node.data_dir)
         node.say(f"slave {link.slave} in sync")
+        if self.renew_now is not None:  # tell the witness at once that we no longer receipt alone
+            self.renew_now.set()
         if not node.listening and node.loop is not None:
             node.loop.create_task(self.listen())
 
@@ -265,9 +281,11 @@ class MasterRole:
         node.state.role = "master"
         node.state.synced = True
         node.state.save(node.data_dir)
+        node.lease_until = 0.0
         await self.start(replicate=True)
         demote, wake = node.demote_event, node.wake
         assert demote is not None and wake is not None
+        keeper = node.loop.create_task(self._keep_lease()) if node.witness is not None and node.loop else None
         try:
             while not node.stopping and not demote.is_set():
                 repl = node.repl
@@ -282,9 +300,46 @@ class MasterRole:
                 elif node.repl.link is None:
                     await self._check_peer_not_master()
         finally:
+            if keeper is not None:
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeper
             await self.stop()
         if not node.stopping:
             node.set_role("fenced", "left the master role")
+
+    async def _keep_lease(self) -> None:
+        """Renew the witness lease every third of ``--link-timeout`` for the whole term,
+        saying whether we receipt alone (no in-sync slave: that slave's copy is then stale,
+        so the witness must never grant it mastership). A receipt-alone term on the lease
+        (:attr:`.replication.ReplicationMaster.lease_until`) follows each renewal; a witness
+        that says another node was granted mastership at our epoch or a newer one fences us."""
+        node = self.node
+        every = max(0.05, node.opts.link_timeout / 3)
+        logged = ""
+        self.renew_now = asyncio.Event()
+        while not node.stopping:
+            repl = node.repl
+            if repl is None:
+                return
+            alone = not (repl.link is not None and repl.link.synced)
+            answer = await node.renew_lease(alone=alone)
+            if node.repl is not repl:
+                return
+            if answer.granted and repl.lease_until is not None:
+                repl.lease_until = node.lease_until
+            if answer.fence:
+                log.error("node %s: leaving the master role: %s", node.name, answer.reason)
+                node.demote()
+                return
+            state = "granted" if answer.granted else answer.reason
+            if state != logged:
+                (log.info if answer.granted else log.warning)("node %s: witness lease: %s", node.name,
+                                                               answer.reason)
+                logged = state
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.renew_now.wait(), every)
+            self.renew_now.clear()
 
     async def _confirm_peer(self) -> None:
         """One round of asking the peer to stand by while receipts are held (decide.py,
@@ -300,6 +355,9 @@ class MasterRole:
             return
         if d.action == CLEAR:
             repl.clear_suspect(d.reason)
+            self.held_since = 0.0
+        elif d.action == LEASE:
+            repl.clear_suspect(d.reason, lease_until=node.lease_until)
             self.held_since = 0.0
         elif d.action in (STEP_DOWN, DEMOTE_PEER):
             await self._end_split_brain(d)

@@ -72,9 +72,11 @@ from .auth import HaRequest, RequestSigner, RequestVerifier, load_secret
 from .config import HaOptions, parse_address
 from .decide import (
     ASK,
+    ASK_WITNESS,
     BECOME_MASTER,
     CHECK,
     JOIN,
+    LINK_LOST,
     START,
     DecideOptions,
     Decision,
@@ -94,6 +96,14 @@ from .wire import (
     REPLICA_HEADER,
     ask_peer,
     reachable,
+)
+from .witness import (
+    LEASE_MARGIN,
+    RENEW_HEADER,
+    TAKEOVER_HEADER,
+    WitnessAnswer,
+    WitnessClient,
+    lease_seconds,
 )
 
 if TYPE_CHECKING:
@@ -157,9 +167,15 @@ class HaNode:
         self._ha_waiting: set[HaPortProtocol] = set()
         self.signer: RequestSigner | None = None
         self.verifier: RequestVerifier | None = None
+        #: the pair's witness (--witness), and until when (loop time) it renewed our lease as master
+        self.witness: WitnessClient | None = None
+        self.lease_until = 0.0
         if options.mode == "replicated":
             secret = load_secret(options.cluster_password, options.cluster_password_file)
             self.signer, self.verifier = RequestSigner(secret), RequestVerifier(secret)
+            if options.witness:
+                self.witness = WitnessClient(parse_address(options.witness, "--witness"), secret, self.name,
+                                             lease_seconds(options.link_timeout))
         self.rules = DecideOptions.of(self.name, options)  # what decide.py reads of the options
         self.requests = HaRequests(self)  # the answer to every HA request (port.py)
         self.master = MasterRole(self)  # a term as master (master.py)
@@ -337,6 +353,12 @@ class HaNode:
             elif d.action == CHECK:
                 assert self.rules.takeover_check is not None
                 peers = replace(peers, check=await reachable(self.rules.takeover_check, 1.0))
+            elif d.action == ASK_WITNESS:
+                if read_state().phase == LINK_LOST:  # a slave: mastership at the epoch it would raise to
+                    answer = await self.ask_witness(TAKEOVER_HEADER, self.state.epoch + 1)
+                else:  # a master about to receipt alone
+                    answer = await self.renew_lease(alone=True)
+                peers = replace(peers, witness=answer.granted, witness_reason=answer.reason)
             else:
                 return d
 
@@ -353,6 +375,26 @@ class HaNode:
             return "master", None
         self.set_waiting(d.reason)
         return "wait", None
+
+    def lease_left(self) -> float | None:
+        if self.witness is None or self.role != "master" or self.loop is None:
+            return None
+        return max(0.0, self.lease_until - self.loop.time())
+
+    async def ask_witness(self, request: str, epoch: int, *, alone: bool = False) -> WitnessAnswer:
+        """One request to the witness (there must be one: --witness)."""
+        assert self.witness is not None
+        return await self.witness.ask(request, epoch, alone=alone, timeout=max(0.5, min(1.0, self.opts.link_timeout)))
+
+    async def renew_lease(self, *, alone: bool) -> WitnessAnswer:
+        """A master renews its witness lease; once granted, :attr:`lease_until` is the loop
+        time it runs out by our count (from the moment we asked, minus a margin)."""
+        assert self.loop is not None and self.witness is not None
+        asked = self.loop.time()
+        answer = await self.ask_witness(RENEW_HEADER, self.state.epoch, alone=alone)
+        if answer.granted:
+            self.lease_until = max(self.lease_until, asked + self.witness.lease * (1 - LEASE_MARGIN))
+        return answer
 
     def request_headers(self, request_header: str) -> HaRequest:
         """A request to another node (``request_header``: replica, demote or stand-by):

@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from ..server import BrokerServer
     from ..store import MessageStore
 
-__all__ = ["HaPortProtocol", "HaRequests", "NodeReadout", "PortHost", "RefusalLog", "ROLE_REQUESTS", "answer_error", "status_headers"]
+__all__ = ["HaPortProtocol", "HaRequests", "RequestHandler", "NodeReadout", "PortHost", "RefusalLog", "ROLE_REQUESTS", "answer_error", "status_headers"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,20 @@ class RefusalLog:
         self.logger.warning("HA port: refused %s from %s: %s", what, peer, reason)
 
 
+class WitnessLink(Protocol):
+    """A node's link to its pair's witness, as status and console read it
+    (:class:`.witness.WitnessClient`)."""
+
+    @property
+    def where(self) -> str: ...
+    @property
+    def state(self) -> str:
+        """``up`` (it answered the last request), ``down`` or ``unknown`` (not asked yet)."""
+        ...
+    @property
+    def last_reason(self) -> str: ...
+
+
 class NodeReadout(Protocol):
     """What a node's status headers (:func:`status_headers`) and its console
     (:class:`.view.HaNodeView`) read of the node (:class:`.node.HaNode`)."""
@@ -159,6 +173,12 @@ class NodeReadout(Protocol):
     def master_address(self) -> str: ...
     @property
     def slave_synced(self) -> bool: ...
+    @property
+    def witness(self) -> WitnessLink | None: ...
+
+    def lease_left(self) -> float | None:
+        """A master with a witness: seconds its lease lasts by its own count (else None)."""
+        ...
 
     def peer_addresses(self) -> list[tuple[str, int]]:
         """Every address the node knows for its peer."""
@@ -206,6 +226,12 @@ def status_headers(node: NodeReadout) -> dict[str, str]:
     }
     if node.http is not None:
         st["amq-ha-http"] = node.http.address
+    if node.witness is not None:
+        st["amq-ha-witness"] = node.witness.where
+        st["amq-ha-witness-state"] = node.witness.state
+        left = node.lease_left()
+        if left is not None:
+            st["amq-ha-lease"] = f"{left:.1f}"
     if node.role == "master" and node.server is not None and node.server.store is not None:
         # messages, sent, queues, topics, connections, memory-*, uptime (no queue names)
         st.update(node.server.status_stats(names=False))
@@ -444,10 +470,19 @@ class HaRequests:
         transport.close()
 
 
-class HaPortProtocol(asyncio.Protocol):
-    """One connection to the HA port, until its request is handed to the node."""
+class RequestHandler(Protocol):
+    """What answers the one request of a connection (:class:`HaRequests`; the witness's
+    :class:`.witness.Witness`)."""
 
-    def __init__(self, requests: HaRequests, limits: HaPortLimits, waiting: set[HaPortProtocol]) -> None:
+    refused: RefusalLog
+
+    def handle(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None: ...
+
+
+class HaPortProtocol(asyncio.Protocol):
+    """One connection to the HA port (or a witness port), until its request is handed on."""
+
+    def __init__(self, requests: RequestHandler, limits: HaPortLimits, waiting: set[HaPortProtocol]) -> None:
         self.requests = requests
         self.limits = limits
         self.waiting = waiting

@@ -59,7 +59,10 @@ its own loop stalled for longer than ``link_timeout``; :meth:`~ReplicationMaster
 runs on a timer and also before a client CONNECT or a completion is acted on, since a
 loop thawed in mid-turn reads its sockets before its overdue timers): no completion runs unless a
 slave ack covers it, until the node has asked its peer to stand by
-(:mod:`.decide`, phase ``master``) and calls :meth:`clear_suspect` -- or steps down. With
+(:mod:`.decide`, phase ``master``) and calls :meth:`clear_suspect` -- or steps down. With a
+witness (:mod:`.witness`) the node may clear it on the witness's lease instead: then
+:attr:`~ReplicationMaster.lease_until` bounds it, and with no slave attached the master is
+suspect again the moment that lease runs out unrenewed (checked where a stall is). With
 ``--shutdown-on-slave-failure`` the node stops instead. A slave lost during its full
 sync, or one that said goodbye, releases what waited for it (it cannot take over).
 During the full sync there is no deadline: ActiveMQ's rule, a master does not
@@ -126,6 +129,9 @@ class ReplicationMaster:
         self.on_clear = on_clear
         #: why receipts not covered by a slave ack are held (None: they are not); see decide.py, phase master
         self.suspect: str | None = None
+        #: receipting with no slave attached needs the witness's lease until this loop time
+        #: (None: it needs none); set by clear_suspect, renewed by the node (witness.py)
+        self.lease_until: float | None = None
         self.refused_receipts = 0  # completions never run as successes (their clients were cut off)
         self._refused_logged = float("-inf")
         journal = self.store.journal
@@ -277,8 +283,14 @@ class ReplicationMaster:
         if lag > self.link_timeout:
             self.suspect_now(f"the event loop stalled for {lag:.1f} s, longer than --link-timeout "
                              f"{self.link_timeout:g} s")
+        if self.lease_until is not None and self._gated is None and self.loop.time() >= self.lease_until:
+            self.suspect_now("the witness lease ran out (receipting alone needs it: the slave may be granted "
+                             "mastership now)")
 
-    def clear_suspect(self, reason: str) -> None:
+    def clear_suspect(self, reason: str, lease_until: float | None = None) -> None:
+        """Receipt alone again; with ``lease_until`` (loop time) only while the witness
+        lease lasts (:attr:`lease_until`, renewed by the node), else unconditionally."""
+        self.lease_until = lease_until
         if self.suspect is None:
             return
         log.warning("replication: receipts resume (%s); %d batches held were waiting", reason, len(self._held))

@@ -42,7 +42,9 @@ link breaks after it was in sync, ``--shutdown-on-master-failure`` makes it stop
 cold backup holding a complete copy); otherwise it takes over only if the master is
 unreachable on *every* address it knows (master connector, master client port, master
 HA port) *and* the ``--takeover-check`` address (host:port, both nodes must be able to
-reach it: the clients' gateway, a load balancer, a third host) answers a TCP connect.
+reach it: the clients' gateway, a load balancer, a third host) answers a TCP connect,
+and, with ``--witness``, the witness grants it mastership (:mod:`.witness`: only once the
+master's lease ran out, and never when the master last said it receipted alone).
 
 What the node does after a loss is decided by :func:`.decide.decide` (phase
 ``link-lost``). :func:`serve_slave` reads and changes the node only through :class:`SlaveHost`.
@@ -409,11 +411,13 @@ async def _after_master_loss(node: SlaveHost, addr: tuple[str, int], where: str)
         if d.action == ISOLATED:
             if not isolated:
                 log.error("node %s: %s", node.name, d.reason)
-                node.set_role("slave", "isolated: master and takeover check unreachable")
+                node.set_role("slave", "isolated: master unreachable; " + (
+                    "the witness does not grant mastership yet" if "witness" in d.reason
+                    else "takeover check unreachable"))
             isolated = True
             await node.sleep(max(node.opts.lock_interval, 0.2))
             continue
-        log.warning("node %s: master %s:%d lost: taking over", node.name, *addr)
+        log.warning("node %s: master %s:%d lost: taking over (%s)", node.name, *addr, d.reason)
         node.close_slave_store()
         node.takeovers += 1
         return "master"

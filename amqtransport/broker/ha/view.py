@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING
 from amqtransport.errors import ConfigError
 
 from ..ops.admin import BrokerAdmin, ServerAdmin
-from ..ops.view import NodeStats, PeerStatus, ReplicationStats, journal_stats, serving_stats
+from ..ops.view import (
+    NodeStats,
+    PeerStatus,
+    ReplicationStats,
+    WitnessStats,
+    journal_stats,
+    serving_stats,
+)
 from .config import parse_address
 from .port import NodeReadout
 from .shared import known_nodes
@@ -99,6 +106,9 @@ class HaNodeView:
             "client": f"{node.host}:{node.port}", "takeovers": node.takeovers,
             "extra": {"ha_port": f"{node.host}:{node.ha_port}"},
         }
+        if node.witness is not None:
+            base["witness"] = WitnessStats(address=node.witness.where, state=node.witness.state,
+                                           last_answer=node.witness.last_reason, lease_seconds=node.lease_left())
         server = self._master_server()
         if server is not None:
             base.update(serving_stats(server, node.config.http_ready_flow_control_seconds))

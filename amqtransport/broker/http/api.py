@@ -72,6 +72,7 @@ def node_json(s: NodeStats) -> dict[str, Any]:
                         "batch_p50": _quantile(j.batch, 0.5)}
     if s.replication is not None:
         out["replication"] = asdict(s.replication)
+    out["witness"] = asdict(s.witness) if s.witness is not None else None
     return out
 
 
@@ -88,6 +89,15 @@ def totals_json(dests: tuple[DestinationStats, ...]) -> dict[str, int]:
     }
 
 
+def witness_text(s: NodeStats) -> str:
+    """The console's witness cell: its address and link, and a master's lease left."""
+    w = s.witness
+    if w is None:
+        return ""
+    lease = f", lease {w.lease_seconds:.1f} s" if w.lease_seconds is not None else ""
+    return f"{w.address} {w.state}{lease}"
+
+
 def nodes_json(me: NodeStats, peers: list[PeerStatus]) -> list[dict[str, Any]]:
     """This node and the others it knows, in one shape (the overview's node cards)."""
     repl = me.replication
@@ -100,6 +110,7 @@ def nodes_json(me: NodeStats, peers: list[PeerStatus]) -> list[dict[str, Any]]:
         "connections": me.connections if me.serving else None,
         "messages": me.journal.messages if me.journal is not None else None,
         "ready": me.ready,
+        "witness": witness_text(me),
     }
     out = [mine]
     for p in peers:

@@ -138,6 +138,8 @@ def _node_card(n: Mapping[str, Any]) -> str:
         ("connections", num(n.get("connections"))),
         ("stored messages", num(n.get("messages"))),
     ]
+    if n.get("witness"):
+        rows.append(("witness", e(n["witness"])))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     this = ' <span class="this">this node</span>' if n.get("self") else ""
     down = "" if n.get("reachable") else ' <span class="role role-down">unreachable</span>'

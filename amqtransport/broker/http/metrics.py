@@ -121,6 +121,14 @@ def render_metrics(stats: NodeStats) -> str:
         out.one("amq_otel_spans_dropped_total", "counter",
                 "Server spans dropped: the export queue was full or their POST failed (a send never waits for "
                 "the collector).", stats.otel_dropped)
+    witness = stats.witness
+    if witness is not None:
+        out.one("amq_ha_witness_up", "gauge", "1 when the pair's witness answered this node's last request.",
+                1 if witness.state == "up" else 0)
+        if witness.lease_seconds is not None:
+            out.one("amq_ha_witness_lease_seconds", "gauge",
+                    "A master's witness lease left, by its own count (0: run out; receipting alone then waits).",
+                    witness.lease_seconds)
     repl = stats.replication
     if repl is not None:
         out.family("amq_replication_peer_state", "gauge",

@@ -125,6 +125,16 @@ class ReplicationStats:
 
 
 @dataclass(frozen=True)
+class WitnessStats:
+    """A replicated node's link to its pair's witness (ha/witness.py)."""
+
+    address: str
+    state: str  # up | down | unknown (not asked yet)
+    last_answer: str  # what the witness said last (or why it could not be asked)
+    lease_seconds: float | None  # a master: its lease left by its own count; else None
+
+
+@dataclass(frozen=True)
 class PeerStatus:
     """The other node of a pair as its HA port describes itself (public status only)."""
 
@@ -160,6 +170,7 @@ class NodeStats:
     memory: MemoryStats | None = None
     journal: JournalStats | None = None
     replication: ReplicationStats | None = None
+    witness: WitnessStats | None = None
     takeovers: int = 0
     sent: int = 0
     duplicates: int = 0

@@ -131,7 +131,7 @@
       ["role", '<span class="role role-' + esc(n.role) + '">' + esc(n.role) + "</span>"],
       ["epoch", n.reachable ? esc(n.epoch) : "–"], ["client port", esc(n.client || "–")], ["peer state", esc(n.peer_state || "–")],
       ["replication lag", lag], ["connections", num(n.connections)], ["stored messages", num(n.messages)],
-    ].map(([k, v]) => "<tr><th>" + k + "</th><td>" + v + "</td></tr>").join("");
+    ].concat(n.witness ? [["witness", esc(n.witness)]] : []).map(([k, v]) => "<tr><th>" + k + "</th><td>" + v + "</td></tr>").join("");
     const name = esc(n.name || n.address);
     const link = n.http && !n.self ? ' <a class="console-link" href="http://' + esc(n.http) + '/">console</a>' : "";
     return '<section class="card node" data-node="' + name + '"><h3>' + name +

@@ -1,0 +1,229 @@
+"""A replicated pair with a witness (``amq broker witness``, ``--witness``): real processes.
+
+Without a witness a master whose slave hangs holds every receipt until the slave is back
+(tests/ha/test_suspect_port.py); with one it goes on receipting on the witness's lease.
+A frozen master is replaced only with the witness's grant once its lease ran out, and is
+fenced when it thaws; a witness killed alone changes nothing while the nodes see each
+other; a restarted witness does not grant twice (its state is durable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from ha_helpers import frozen, raw_connect, read_frames, wait_for
+
+import amqtransport
+from amqtransport.broker.ha.lease import pair_id, pair_key
+from amqtransport.broker.ha.wire import ha_request_sync
+from amqtransport.broker.ha.witness import (
+    RENEW_HEADER,
+    STATE_FILE,
+    TAKEOVER_HEADER,
+    WITNESS_STATUS,
+    WitnessAnswer,
+    WitnessClient,
+)
+from amqtransport.processes.witness import WitnessProcess
+from amqtransport.stomp import IDEMPOTENCY_HEADER
+from amqtransport.testing.broker_pair import BrokerPair, HaNodeProcess
+from amqtransport.testing.ports import free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+LINK_TIMEOUT = 1.0  # a lease lasts 2 s
+
+
+def _witness_status(witness: WitnessProcess, secret_file: Path) -> dict[str, str]:
+    """What the witness says of the pair whose cluster secret is in ``secret_file``."""
+    pid = pair_id(pair_key(secret_file.read_text().strip().encode()))
+    return dict(ha_request_sync(witness.host, witness.port, 5.0, {WITNESS_STATUS: pid}).headers)
+
+
+def _in_sync(bp: BrokerPair, witness: WitnessProcess) -> tuple[HaNodeProcess, HaNodeProcess]:
+    """The master and its in-sync slave, once the witness knows the master has one."""
+    master = bp.wait_master(30)
+    slave = bp.other(master)
+    wait_for(lambda: master.status().get("amq-ha-peer-state") == "in-sync", 30, "the slave to sync")
+    assert bp.cluster_password_file is not None
+    secret = bp.cluster_password_file
+    wait_for(lambda: _witness_status(witness, secret).get("amq-witness-alone") == "false", 30,
+             "the master to tell the witness that it has an in-sync slave")
+    assert master.status().get("amq-ha-witness-state") == "up"
+    return master, slave
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_master_whose_slave_hangs_keeps_receipting_on_the_witness_lease(tmp_path: Path) -> None:
+    with WitnessProcess(tmp_path / "witness") as witness, BrokerPair(
+        "replicated", tmp_path / "pair", link_timeout=LINK_TIMEOUT, witness=witness.address
+    ) as bp:
+        master, slave = _in_sync(bp, witness)
+        queue = "/queue/witness.slave-hangs"
+        done: list[str] = []
+        errors: list[BaseException] = []
+        with amqtransport.connect(bp.uri) as c:
+            c.send(queue, "before", idempotency_key="k-before")
+            with frozen(slave):
+                frozen_at = time.monotonic()
+                first_at: list[float] = []
+
+                def send() -> None:
+                    try:
+                        for i in range(5):  # the first is in flight while the master drops the slave
+                            c.send(queue, f"during-{i}", idempotency_key=f"k-during-{i}")
+                            done.append(f"during-{i}")
+                            first_at.append(time.monotonic())
+                    except BaseException as exc:  # noqa: BLE001 - reported below
+                        errors.append(exc)
+
+                t = threading.Thread(target=send, daemon=True)
+                t.start()
+                # receipts resume while the slave is still frozen: the witness renews the lease
+                t.join(90)
+                assert not errors, errors
+                assert done == [f"during-{i}" for i in range(5)], f"receipted while the slave hung: {done}"
+                assert _stopped(slave.pid), "the slave was thawed before the receipts came"
+                log = master.log_text()
+                assert "the witness renews our lease" in log, log[-3000:]
+                print(f"slave frozen -> first receipt from the master alone: {first_at[0] - frozen_at:.2f} s "
+                      f"(--link-timeout {LINK_TIMEOUT:g} s, lease {2 * LINK_TIMEOUT:g} s)")
+                wait_for(lambda: float(master.status().get("amq-ha-lease", "0")) > 0, 30,
+                         "the master's status to show its lease")
+        # the slave is back: it relinks and resyncs; nothing receipted is missing
+        wait_for(lambda: master.status().get("amq-ha-peer-state") == "in-sync", 60, "the slave to resync")
+        with amqtransport.connect(bp.uri) as c:
+            sub = c.subscribe(queue, ack="auto")
+            got = {m.text for m in iter(lambda: sub.receive(timeout=1.5), None)}
+        assert {"before", *done} <= got
+
+
+def test_a_frozen_master_is_replaced_only_with_the_witness_grant_and_fenced_when_it_thaws(tmp_path: Path) -> None:
+    with WitnessProcess(tmp_path / "witness") as witness, BrokerPair(
+        "replicated", tmp_path / "pair", link_timeout=LINK_TIMEOUT, witness=witness.address
+    ) as bp:
+        old, new = _in_sync(bp, witness)
+        with amqtransport.connect(bp.uri) as c:
+            c.send("/queue/witness.frozen", "warm-up")
+        queue = "/queue/witness.frozen"
+        socks = [raw_connect(old.port) for _ in range(4)]
+        bodies = [f"in-flight-{i}" for i in range(len(socks))]
+        try:
+            os.kill(old.pid, signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            try:
+                for sock, body in zip(socks, bodies, strict=True):
+                    sock.sendall(f"SEND\ndestination:{queue}\nreceipt:{body}\npersistent:true\n"
+                                 f"{IDEMPOTENCY_HEADER}:key-{body}\ncontent-length:{len(body)}\n\n{body}\x00".encode())
+                assert bp.wait_master(60, exclude=old) is new
+                print(f"master frozen -> the slave serves as master: {time.monotonic() - frozen_at:.2f} s "
+                      f"(--link-timeout {LINK_TIMEOUT:g} s, lease {2 * LINK_TIMEOUT:g} s)")
+            finally:
+                os.kill(old.pid, signal.SIGCONT)
+            until = time.monotonic() + 5
+            receipted = {body for sock, body in zip(socks, bodies, strict=True)
+                         if any(f.startswith(b"RECEIPT") for f in read_frames(sock, until)[0])}
+        finally:
+            for sock in socks:
+                sock.close()
+        assert not receipted, f"the thawed master receipted: {receipted}"
+        # the takeover waited for the witness, which granted it once the old master's lease ran out
+        log = new.log_text()
+        assert "the witness grants mastership" in log and f"the lease of master {old.name} ran out" in log, \
+            log[-3000:]
+        # the thawed master leaves the master role and resyncs from the new one
+        wait_for(lambda: old.status().get("amq-ha-peer-state") == "in-sync", 60, "the old master to resync")
+        assert bp.wait_master(10) is new
+
+
+def _get(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        return r.read().decode()
+
+
+def _metric(text: str, name: str) -> float:
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert values, f"no {name} in /metrics"
+    return values[0]
+
+
+def test_a_witness_killed_alone_changes_nothing_while_the_nodes_see_each_other(tmp_path: Path) -> None:
+    http = {"a": free_port(), "b": free_port()}
+    link_timeout = 2.0  # the default: a slow machine must not drop the slave while the witness is down
+    with WitnessProcess(tmp_path / "witness") as witness, BrokerPair(
+        "replicated", tmp_path / "pair", link_timeout=link_timeout, witness=witness.address,
+        master_args=["--http", f"127.0.0.1:{http['a']}"], slave_args=["--http", f"127.0.0.1:{http['b']}"],
+    ) as bp:
+        master, _slave = _in_sync(bp, witness)
+        # the console and /metrics show the witness link and the lease
+        wait_for(lambda: _metric(_get(http[master.name], "/metrics"), "amq_ha_witness_lease_seconds") > 0, 30,
+                 "/metrics to show the master's lease")
+        assert _metric(_get(http[master.name], "/metrics"), "amq_ha_witness_up") == 1
+        node = json.loads(_get(http[master.name], "/api/node"))
+        assert node["witness"]["address"] == witness.address and node["witness"]["state"] == "up", node
+        assert f"{witness.address} up, lease" in _get(http[master.name], "/")
+        witness.kill()
+        wait_for(lambda: master.status().get("amq-ha-witness-state") == "down", 30, "the master to miss the witness")
+        wait_for(lambda: _metric(_get(http[master.name], "/metrics"), "amq_ha_witness_up") == 0, 30,
+                 "/metrics to show the witness down")
+        with amqtransport.connect(bp.uri) as c:
+            deadline = time.monotonic() + 3 * 2 * link_timeout  # three leases long
+            n = 0
+            while time.monotonic() < deadline or n < 20:
+                c.send("/queue/witness.gone", f"m{n}", idempotency_key=f"k{n}")
+                n += 1
+        st = master.status()
+        assert st.get("amq-ha-role") == "master" and "amq-ha-suspect" not in st, st
+        assert st.get("amq-ha-peer-state") == "in-sync", st
+        assert bp.wait_master(5) is master
+
+
+def _ask(client: WitnessClient, request: str, epoch: int, alone: bool = False) -> WitnessAnswer:
+    return asyncio.run(client.ask(request, epoch, alone=alone, timeout=5.0))
+
+
+def test_a_restarted_witness_does_not_grant_twice(tmp_path: Path) -> None:
+    secret = b"a-pair-secret-for-the-witness-test"
+    with WitnessProcess(tmp_path / "witness") as witness:
+        host, port = witness.host, witness.port
+        a = WitnessClient((host, port), secret, "a", lease=2.0)
+        b = WitnessClient((host, port), secret, "b", lease=2.0)
+        assert _ask(a, RENEW_HEADER, 1).granted
+        assert (witness.data_dir / STATE_FILE).exists()
+        witness.restart(hard=True)  # a crash right after the grant
+        refused = _ask(b, TAKEOVER_HEADER, 2)
+        assert not refused.granted and "holds the lease" in refused.reason, refused
+        # once a's lease ran out (counted from the restart), b is granted ...
+        wait_for(lambda: _ask(b, TAKEOVER_HEADER, 2).granted, 30, "the witness to grant b once a's lease ran out")
+        witness.restart(hard=True)
+        # ... and a restarted witness remembers it: a is fenced, a second node is not granted
+        fenced = _ask(a, RENEW_HEADER, 1)
+        assert not fenced.granted and fenced.fence, fenced
+        assert not _ask(a, TAKEOVER_HEADER, 2).granted
+        text = (witness.data_dir / STATE_FILE).read_text()
+        assert pair_id(pair_key(secret)) in text and secret.decode() not in text
+        # a wrong secret is refused (the key does not match the pair id it claims)
+        forged = WitnessClient((host, port), b"another-secret-of-16+chars", "b", lease=2.0)
+        forged.pair = a.pair
+        forged_answer = _ask(forged, TAKEOVER_HEADER, 9)
+        assert not forged_answer.granted and forged_answer.reached, forged_answer
+
+
+def test_the_witness_port_refuses_garbage(tmp_path: Path) -> None:
+    with WitnessProcess(tmp_path / "witness") as witness:
+        with socket.create_connection((witness.host, witness.port), timeout=5) as s:
+            s.sendall(b"CONNECT\naccept-version:1.2\nhost:x\n\n\x00")
+            frames, _closed = read_frames(s, time.monotonic() + 5)
+        assert frames and frames[0].startswith(b"ERROR") and b"witness port" in frames[0], frames
