@@ -196,8 +196,8 @@ class Sink:
 
 
 def test_a_commit_over_the_journal_record_limit_is_refused_and_rolled_back(tmp_path: Path) -> None:
-    """Durable topic copies multiply a transaction's record: one over the journal's
-    recovery limit is refused with a clear error, and the transaction is rolled back."""
+    """A transaction's record over the journal's recovery limit is refused with a clear
+    error, and the transaction is rolled back (its durable topic messages included)."""
     store = MessageStore(tmp_path, max_record=8192)
     store.open()
     core = BrokerCore(BrokerConfig(), store, clock=time.time, monotonic=time.monotonic)
@@ -209,7 +209,8 @@ def test_a_commit_over_the_journal_record_limit_is_refused_and_rolled_back(tmp_p
     [mid] = sink.got
     tx = TxState("t")
     core.acks.ack(consumer, mid, tx=tx)
-    core.transactions.tx_send(tx, "/topic/t", (), b"x" * 3000, persistent=True)  # 3 copies: > 8192 bytes
+    for _ in range(3):  # 3 messages (stored once each, for 3 subscriptions): > 8192 bytes
+        core.transactions.tx_send(tx, "/topic/t", (), b"x" * 3000, persistent=True)
     assert core.memory.reserved > 3000
     with pytest.raises(CoreError, match="transaction 't' cannot be committed: .* over the journal's limit"):
         core.transactions.commit(tx)

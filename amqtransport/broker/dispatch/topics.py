@@ -9,8 +9,9 @@ oldest are dropped past ``topic_backlog_limit`` messages or ``topic_backlog_byte
 bytes -- topics are not durable; :mod:`.backlog`).
 Durable subscriptions (``activemq.subscriptionName`` + the connection's
 ``client-id``) are internal queues named ``durable:<client-id>:<name>``; a persistent
-message published to the topic is copied into each of them (one atomic journal
-record), so they survive restarts and offline periods like any queue. A virtual
+message published to the topic is copied into each of them, so they survive restarts
+and offline periods like any queue; the journal holds the message once, with a
+reference per copy (a ``Fan`` record, :mod:`..store.fanout`). A virtual
 topic's consumer queues (``/queue/Consumer.A.VirtualTopic.X``, :mod:`.virtual`) are
 durable subscriptions of this kind whose queue is the consumer queue itself.
 """
@@ -22,23 +23,16 @@ from collections.abc import Sequence
 
 from amqtransport.destinations import match
 
+from ..store.fanout import fan_copy
 from ..store.journal import Callback
 from .message import Message
 from .model import AUTO, Subscription
-from .names import DURABLE_PREFIX
 from .registry import Registry
 from .selection import accepts, view_of
 
 __all__ = ["FanOut"]
 
 log = logging.getLogger(__name__)
-
-
-def _virtual_copy_headers(msg: Message) -> tuple[tuple[str, str], ...]:
-    """A virtual topic consumer queue's copy (virtual.py): the topic it came from is its
-    ``original-destination``."""
-    kept = tuple(h for h in msg.headers if h[0] != "original-destination")
-    return (*kept, ("original-destination", msg.destination))
 
 
 class FanOut:
@@ -53,7 +47,8 @@ class FanOut:
         copies = self.durable_copies(name, msg)
         if msg.persistent and store is not None and copies:
             key = (msg.destination, msg.key, msg.timestamp) if msg.key else None  # persisted with the copies
-            store.add_many(copies, callback, key=key)
+            if not store.add_fan(msg, copies, callback):
+                store.add_many(copies, callback, key=key)
         else:
             if msg.key and store is not None:
                 store.remember_key(msg.destination, msg.key)
@@ -66,19 +61,7 @@ class FanOut:
         if topic is None or not topic.durable:
             return []
         return [
-            Message(
-                id=f"{msg.id}:{qkey}",
-                destination=qkey,
-                headers=(("destination", msg.destination), *msg.headers)
-                if qkey.startswith(DURABLE_PREFIX)
-                else _virtual_copy_headers(msg),
-                body=msg.body,
-                key="",
-                timestamp=msg.timestamp,
-                persistent=msg.persistent,
-                expires=msg.expires,
-                origin=msg.origin,
-            )
+            fan_copy(msg, qkey)
             for qkey in topic.durable
             if qkey not in self.reg.durable_selectors or self.reg.durable_selectors[qkey].matches(view_of(msg))
         ]

@@ -166,9 +166,13 @@ class Transactions:
             if msg.persistent and kind == "queue":
                 plan.records.append(Enq(msg))
             elif msg.persistent and copies:
-                plan.records.extend(Enq(c) for c in copies)
-                if key:
-                    plan.records.append(Keys(((destination, key, msg.timestamp),)))
+                fan = store.fan_record(msg, copies) if store is not None else None
+                if fan is not None:  # stored once, its key with it (store/fanout.py)
+                    plan.records.append(fan)
+                else:
+                    plan.records.extend(Enq(c) for c in copies)
+                    if key:
+                        plan.records.append(Keys(((destination, key, msg.timestamp),)))
             elif key:
                 plan.memory_keys.append((destination, key))
             plan.routed.append((kind, name, msg, copies))

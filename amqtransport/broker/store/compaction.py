@@ -4,7 +4,9 @@ store limit that waits for it -- a part of the message store.
 Theory of operation
 -------------------
 Compaction accounting. For every segment the store keeps the number of live
-messages whose ``Enq`` record it holds, and the set of *older* segments that its
+messages whose ``Enq`` record it holds (a topic message's ``Fan`` record counts once
+per live copy, so it stays until the last subscription has acked its copy:
+:mod:`.fanout`), and the set of *older* segments that its
 ``Ack``/``Move``/``Unsub`` records refer to -- and that its ``Enq`` records refer to
 when they supersede an older copy of the same message (relocation): the ack of the
 new copy may sit in the same segment, and the old copy must not outlive it. A segment (never the head) can be
@@ -84,6 +86,7 @@ class Compaction:
     _seg_live: dict[int, int]
     _enqs: dict[int, int]
     _refs: dict[int, set[int]]
+    _named: dict[int, set[int]]
     _compact_due: bool
     _opened: bool
     _read: Callable[[list[int], str], list[Message]]
@@ -197,6 +200,7 @@ class Compaction:
             self._refs.pop(seg, None)
             self._seg_live.pop(seg, None)
             self._enqs.pop(seg, None)
+            self._named.pop(seg, None)
         for refs in self._refs.values():
             refs -= dead
         ordered = sorted(dead)

@@ -288,6 +288,11 @@ class Journal(SegmentReads):
         """
         return self.append_at(payloads, callback)[0]
 
+    def segment_for(self, size: int) -> int:
+        """The segment a batch of ``size`` bytes (frames included) appended now goes into."""
+        with self._lock:
+            return self._head + 1 if self._head_records and self._head_size + size > self.segment_size else self._head
+
     def append_at(self, payloads: Sequence[bytes], callback: Callback | None = None) -> tuple[int, int]:
         """:meth:`append`, returning ``(segment, offset of the first frame)``: the payloads
         are framed one after the other from there, all in that segment."""

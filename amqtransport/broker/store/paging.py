@@ -28,25 +28,29 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from ..dispatch.message import Message
+from .fanout import ORIGINAL_DESTINATION, fan_copy
 from .journal import Journal, JournalError
 from .pages import MOVED, SEG_SHIFT, PageList, id_hash, pack, segment_of, unpack
-from .records import Enq, RecordError, decode
+from .records import Enq, Fan, RecordError, decode
 
 __all__ = ["PagedMessages", "LiveView", "materialize", "ORIGINAL_DESTINATION"]
 
 log = logging.getLogger(__name__)
 
-ORIGINAL_DESTINATION = "original-destination"
 _SEG_SHIFT = SEG_SHIFT
 
 
 def materialize(payload: bytes, pos: int, destination: str) -> Message:
     """The message of an ``Enq`` payload read back at ``pos`` for ``destination``'s list
-    (a ``MOVED`` position: as :meth:`MessageStore.apply` left it after the move)."""
+    (a ``MOVED`` position: as :meth:`MessageStore.apply` left it after the move); of a
+    ``Fan`` payload, the copy that ``destination`` holds (:mod:`.fanout`)."""
     rec = decode(payload)
-    if not isinstance(rec, Enq):
+    if isinstance(rec, Fan):
+        m = fan_copy(rec.message, destination)
+    elif isinstance(rec, Enq):
+        m = rec.message
+    else:
         raise RecordError(f"expected an Enq record at position {pos:#x}, found {type(rec).__name__}")
-    m = rec.message
     if pos & MOVED:  # moved at least once since this record: as apply(Move) left it
         m.key = ""
         if not any(k == ORIGINAL_DESTINATION for k, _ in m.headers):

@@ -18,7 +18,18 @@ Every state change the store must survive a crash for is one record:
             type 6 without) and the login that owns it if the broker has users (type
             13, selector and owner); carried forward by compaction
 ``Unsub``   a durable topic subscription was removed
+``Fan``     a persistent topic message for its durable subscriptions, stored once
+            (type 14, format version 2): the message as published and one reference
+            per subscription queue it is for -- a 64-bit hash of the queue's name,
+            with the name itself the first time the segment refers to that queue
+            (:mod:`.fanout`); each reference is one live copy
 ========  =====================================================================
+
+Format versions. Version 1 wrote a topic message once per durable subscription (an
+``Enq`` each, in one ``Tx``); version 2 (:data:`FORMAT_VERSION`) adds ``Fan``. Every
+version-1 record still decodes the same, so a journal written before ``Fan`` recovers
+unchanged; a broker of version 1 reading a version-2 journal would take a ``Fan`` for
+damage (an unknown record type), so a downgrade needs an empty journal.
 
 Encoding (little endian): one type byte, then the fields; strings are ``u16`` length
 + UTF-8 (header values ``u32``), bytes ``u32`` length + raw. :func:`encode` and
@@ -33,7 +44,7 @@ import itertools
 import json
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from amqtransport.errors import ServerError
 
@@ -48,6 +59,8 @@ __all__ = [
     "Keys",
     "Sub",
     "Unsub",
+    "Fan",
+    "FORMAT_VERSION",
     "Record",
     "RecordError",
     "RecordTooLarge",
@@ -94,7 +107,19 @@ class Keys:
     keys: tuple[tuple[str, str, float], ...]
 
 
-TxPart = Enq | Ack | Move | Keys
+@dataclass(frozen=True, slots=True)
+class Fan:
+    """A topic message stored once for its durable subscriptions: ``refs`` are
+    ``(hash of the queue name, the name or "")`` -- the name is written only where the
+    segment does not name that queue yet (:mod:`.fanout`). ``copies``: the copies the
+    dispatch core holds (the writer's side only; never encoded)."""
+
+    message: Message
+    refs: tuple[tuple[int, str], ...]
+    copies: tuple[Message, ...] = field(default=(), compare=False)
+
+
+TxPart = Enq | Ack | Move | Keys | Fan
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +146,17 @@ class Unsub:
     queue: str
 
 
-Record = Enq | Ack | Move | Tx | Keys | Sub | Unsub
+Record = Enq | Ack | Move | Tx | Keys | Sub | Unsub | Fan
+
+FORMAT_VERSION = 2  # 1: one Enq per durable subscription; 2: Fan (see the module docstring)
 
 T_ENQ, T_ACK, T_MOVE, T_TX, T_KEYS_UNSCOPED, T_SUB, T_UNSUB, T_KEYS, T_ACK_IN, T_MOVE_FROM, T_ENQ_AGAIN = range(1, 12)
 T_SUB_SELECTOR = 12
 T_SUB_OWNED = 13
+T_FAN = 14
 
 _H = struct.Struct("<H")
+_Q = struct.Struct("<Q")
 _I = struct.Struct("<I")
 _D = struct.Struct("<d")
 # type, len(id), len(destination), len(key), timestamp, expires, delivery_count, len(headers), len(body)
@@ -192,6 +221,13 @@ def _encode_into(out: list[bytes], rec: Record) -> None:
     elif isinstance(rec, Unsub):
         out.append(bytes((T_UNSUB,)))
         _s16(out, rec.queue)
+    elif isinstance(rec, Fan):
+        out.append(bytes((T_FAN,)))
+        _b32(out, encode_enq(rec.message))
+        out.append(_I.pack(len(rec.refs)))
+        for h, name in rec.refs:
+            out.append(_Q.pack(h))
+            _s16(out, name)
     else:  # pragma: no cover - typing guards this
         raise RecordError(f"not a record: {rec!r}")
 
@@ -267,6 +303,9 @@ class _Reader:
 
     def u32(self) -> int:
         return int(_I.unpack(self.take(4))[0])
+
+    def u64(self) -> int:
+        return int(_Q.unpack(self.take(8))[0])
 
     def f64(self) -> float:
         return float(_D.unpack(self.take(8))[0])
@@ -357,7 +396,7 @@ def _decode(r: _Reader, top: bool) -> Record:
         subs: list[TxPart] = []
         for _ in range(n):
             inner = _decode(_Reader(r.b32()), top=False)
-            if not isinstance(inner, (Enq, Ack, Move, Keys)):
+            if not isinstance(inner, (Enq, Ack, Move, Keys, Fan)):
                 raise RecordError(f"record type {type(inner).__name__} inside a transaction")
             subs.append(inner)
         rec = Tx(tuple(subs))
@@ -379,6 +418,15 @@ def _decode(r: _Reader, top: bool) -> Record:
         rec = Sub(r.s16(), r.s16(), r.s16(), r.s16(), r.s16(), r.s16())
     elif kind == T_UNSUB:
         rec = Unsub(r.s16())
+    elif kind == T_FAN:
+        inner_enq = r.b32()
+        if not inner_enq or inner_enq[0] != T_ENQ:
+            raise RecordError("a Fan record whose message is not an Enq")
+        message = _decode_enq(inner_enq).message
+        n = r.u32()
+        if n > len(r.buf):
+            raise RecordError("reference count larger than the record")
+        rec = Fan(message, tuple((r.u64(), r.s16()) for _ in range(n)))
     else:
         raise RecordError(f"unknown record type {kind}")
     if top and r.pos != len(r.buf):

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checkpoint_file import CheckpointError, load
-from .records import Ack, Enq, Keys, Move, Record, RecordError, Sub, Tx, Unsub, decode
+from .records import Ack, Enq, Fan, Keys, Move, Record, RecordError, Sub, Tx, Unsub, decode
 from .segments import FRAME, MAGIC, MAX_RECORD, Scan, segment_id
 
 __all__ = [
@@ -134,6 +134,8 @@ def _name(rec: Record) -> str:
         return f"Sub {rec.queue}"
     if isinstance(rec, Unsub):
         return f"Unsub {rec.queue}"
+    if isinstance(rec, Fan):
+        return f"Fan {rec.message.id} to {rec.message.destination} ({len(rec.refs)} subscriptions)"
     return type(rec).__name__  # pragma: no cover - every record kind is named above
 
 

@@ -58,12 +58,14 @@ from . import checkpoint as ckpt
 from .compaction import KEYS_PER_RECORD as _KEYS_PER_RECORD
 from .compaction import Compaction
 from .dedupe import DedupeWindow
+from .fanout import FanOutRecords, is_copy_of, ref_hash
 from .journal import MAX_RECORD, Callback, Journal, JournalError
 from .pages import INNER, MOVED, PageList, id_hash, pack, segment_of
 from .paging import ORIGINAL_DESTINATION, LiveView, PagedMessages
 from .records import (
     Ack,
     Enq,
+    Fan,
     Keys,
     Move,
     Record,
@@ -114,9 +116,10 @@ def tx_inner_offsets(payload: bytes | memoryview) -> list[int]:
     return out
 
 
-class MessageStore(PagedMessages, Compaction):
+class MessageStore(PagedMessages, Compaction, FanOutRecords):
     """The store (see the module docstring); finding and paging messages is
-    :class:`~.paging.PagedMessages`, compaction :class:`~.compaction.Compaction`."""
+    :class:`~.paging.PagedMessages`, compaction :class:`~.compaction.Compaction`, topic
+    messages stored once :class:`~.fanout.FanOutRecords`."""
 
     def __init__(
         self,
@@ -161,6 +164,8 @@ class MessageStore(PagedMessages, Compaction):
         self._enqs: dict[int, int] = {}  # segment -> Enq records written into it (relocation policy)
         self.relocated = 0
         self._refs: dict[int, set[int]] = {}
+        self._ref_names: dict[int, str] = {}  # fanout.py
+        self._named: dict[int, set[int]] = {}
         self._undurable: dict[tuple[str, str], list[Callback]] = {}
         self._listeners: list[StoreListener] = []
         self._compact_due = False
@@ -221,6 +226,8 @@ class MessageStore(PagedMessages, Compaction):
         self._seg_live.clear()
         self._enqs.clear()
         self._refs.clear()
+        self._ref_names.clear()
+        self._named.clear()
 
     def close(self) -> None:
         """Flush everything to disk, write a checkpoint and stop the writer."""
@@ -278,9 +285,12 @@ class MessageStore(PagedMessages, Compaction):
         elif isinstance(rec, Keys):
             for scope, key, ts in rec.keys:
                 self.dedupe.add(scope, key, ts, seg)
+        elif isinstance(rec, Fan):
+            self._apply_fan(rec, pos, keep)
         elif isinstance(rec, Sub):
             self.subs[rec.queue] = rec
             self._sub_seg[rec.queue] = seg
+            self._ref_names.setdefault(ref_hash(rec.queue), rec.queue)
         elif isinstance(rec, Unsub):
             self.subs.pop(rec.queue, None)
             old_seg = self._sub_seg.pop(rec.queue, None)
@@ -347,7 +357,10 @@ class MessageStore(PagedMessages, Compaction):
             self._refs.setdefault(seg, set()).add(at)
 
     def _write(self, records: Sequence[Record], callback: Callback | None, *, keep: bool = True) -> int:
-        payloads = [encode(r) for r in records]
+        if any(isinstance(r, (Fan, Tx)) for r in records):  # references named for their segment
+            records, payloads = self._fan_encode(records)
+        else:
+            payloads = [encode(r) for r in records]
         seg, offset = self.journal.append_at(payloads, callback)
         if self.limit and not self.full:
             self._check_limit()
@@ -489,6 +502,9 @@ class MessageStore(PagedMessages, Compaction):
             if callback is not None:
                 self.journal.on_durable(callback)
             return
+        if is_copy_of(message_id, source):  # a topic message's copy: it may share its record
+            self._write(self._copy_move(where, source, destination), callback, keep=isinstance(where, Message))
+            return
         self._write([Move(message_id, destination, source)], callback)
 
     def commit(self, records: Sequence[TxPart], callback: Callback | None = None) -> None:
@@ -533,7 +549,9 @@ class MessageStore(PagedMessages, Compaction):
     def import_payloads(self, payloads: Sequence[bytes], callback: Callback | None = None) -> None:
         """Append records produced by another store (a replication stream) and apply them
         (their messages are paged: nobody consumes from a replica)."""
-        records = [decode(p) for p in payloads]
+        records: Sequence[Record] = [decode(p) for p in payloads]
+        if any(isinstance(r, (Fan, Tx)) for r in records):  # named for this journal's segments
+            records, payloads = self._fan_encode(records, payloads)
         seg, offset = self.journal.append_at(list(payloads), callback)
         for rec, payload in zip(records, payloads, strict=True):
             self.apply(rec, pack(seg, offset), payload)

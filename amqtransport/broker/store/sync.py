@@ -11,7 +11,8 @@ store twice in memory and stall the master's loop; instead:
   journal position (resident messages' positions, copies of the paged lists' arrays:
   8 bytes a message). It then produces the snapshot's record payloads in batches of
   about ``max_bytes``, reading the messages back from the journal (the records there
-  do not change; a moved message is given as the move left it), so memory stays
+  do not change; a moved message is given as the move left it, and a topic message's
+  copy that shares a ``Fan`` record as an ``Enq`` of its own), so memory stays
   bounded however big the store is, and the master serves between batches.
 * :class:`TailReader` reads the records appended after ``P`` back from the journal, as
   far as the writer has written them, segment after segment, in order.
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 from .journal import JournalError
 from .pages import MOVED, SEG_SHIFT
 from .paging import materialize
-from .records import Enq, Keys, RecordError, encode
+from .records import T_FAN, Enq, Keys, RecordError, encode
 
 if TYPE_CHECKING:
     from .store import MessageStore
@@ -107,7 +108,9 @@ class SnapshotReader:
                 continue
             for pos, payload in self._read(chunk, dest):
                 try:
-                    p = encode(Enq(materialize(payload, pos, dest))) if pos & MOVED else payload
+                    # a moved message as the move left it; a topic message's copy (a Fan
+                    # record, fanout.py, shared by other live copies) as that copy alone
+                    p = encode(Enq(materialize(payload, pos, dest))) if pos & MOVED or payload[0] == T_FAN else payload
                 except RecordError as exc:
                     self._left_out(pos, dest, exc)
                     continue

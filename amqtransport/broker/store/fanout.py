@@ -1,0 +1,230 @@
+"""Durable topic messages stored once: the ``Fan`` record -- a part of the message store.
+
+Theory of operation
+-------------------
+A persistent message published to a topic with N durable subscriptions (and virtual
+topic consumer queues, :mod:`..dispatch.virtual`) is N live messages: each subscription's
+queue holds its own *copy* (id ``<message id>:<queue>``, the queue as destination, the
+topic in a header: :func:`fan_copy`, the one rule both the dispatch core and the store
+use), delivered, acked, redelivered, dead-lettered and expired on its own. Format
+version 1 wrote every copy whole (an ``Enq`` each); the journal grew N-fold. A
+:class:`~.records.Fan` record (format version 2) holds the message once and one
+*reference* per copy: the 64-bit hash of the copy's queue name (:func:`ref_hash`).
+
+Per-copy state, one record. Applying a ``Fan`` makes N live copies that all point at
+the same journal position: resident ones (the writer's, which the dispatch core holds)
+or paged entries in each queue's :class:`~.pages.PageList` (recovery, a replica), read
+back by deriving the queue's copy from the one stored message
+(:func:`~.paging.materialize`). Each copy counts once in its segment's live messages,
+so compaction (:mod:`.compaction`) keeps the record until the *last* subscription has
+acked its copy -- an ``Ack`` of one copy (it names the copy's id and queue) removes
+only that copy. A subscription that falls behind pages its references: 24 bytes a copy
+(:mod:`.pages`), never a body.
+
+Naming references. A hash alone cannot be turned back into a queue name after
+compaction has carried the ``Sub`` record of that queue forward, past the ``Fan``
+records that refer to it. So a ``Fan`` also writes the *name* of every queue the
+segment it goes into does not name yet (:attr:`_named`, per segment, rebuilt by
+applying the records): every segment is self-describing, a full replay resolves every
+reference from the segment itself, and a replay from a checkpoint resolves the rest
+from the subscriptions the checkpoint holds (a ``Fan`` after the checkpoint refers only
+to subscriptions that existed when it was written). The journal tells which segment a
+batch goes into before it is appended (:meth:`~.journal.Journal.segment_for`), so the
+names are decided for the right one; a replica (:meth:`MessageStore.import_payloads`)
+re-decides them for its own segments, whose boundaries are not the master's.
+
+What stays per copy. A move of a copy (dead-lettering, an operator's move) is written
+as an ``Ack`` of the copy and an ``Enq`` of the moved message, in one ``Tx``: the moved
+copy gets a record of its own (a ``Move`` keeps the old position, which a ``Fan``
+shares). Compaction's relocation of a long-lived copy writes an ``Enq`` of that copy.
+The full sync to a replica (:mod:`.sync`) sends each live copy as an ``Enq``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from ..dispatch.message import Message
+from ..dispatch.names import DURABLE_PREFIX
+from .dedupe import DedupeWindow
+from .journal import Callback, Journal
+from .pages import PageList, id_hash, segment_of
+from .records import Ack, Enq, Fan, Record, Sub, Tx, TxPart, encode
+
+__all__ = ["FanOutRecords", "fan_copy", "ref_hash", "is_copy_of", "ORIGINAL_DESTINATION"]
+
+log = logging.getLogger(__name__)
+
+ORIGINAL_DESTINATION = "original-destination"
+
+_FRAME_HEAD = 8
+
+
+def fan_copy(msg: Message, queue: str) -> Message:
+    """The copy of topic message ``msg`` that subscription queue ``queue`` holds: a durable
+    subscription's copy names the topic in ``destination``; a virtual topic consumer
+    queue's keeps its queue there and names the topic in ``original-destination``."""
+    if queue.startswith(DURABLE_PREFIX):
+        headers = (("destination", msg.destination), *msg.headers)
+    else:
+        kept = tuple(h for h in msg.headers if h[0] != ORIGINAL_DESTINATION)
+        headers = (*kept, (ORIGINAL_DESTINATION, msg.destination))
+    return Message(
+        id=f"{msg.id}:{queue}",
+        destination=queue,
+        headers=headers,
+        body=msg.body,
+        key="",
+        timestamp=msg.timestamp,
+        persistent=msg.persistent,
+        expires=msg.expires,
+        origin=msg.origin,
+    )
+
+
+def ref_hash(queue: str) -> int:
+    """The reference a ``Fan`` record writes for subscription queue ``queue``."""
+    return id_hash(queue)
+
+
+def is_copy_of(message_id: str, queue: str) -> bool:
+    """True for the id of a topic message's copy in subscription queue ``queue``."""
+    return message_id.endswith(":" + queue)
+
+
+class FanOutRecords:
+    """Writing and applying ``Fan`` records (see the module docstring)."""
+
+    # the store's state (set by MessageStore.__init__)
+    journal: Journal
+    subs: dict[str, Sub]
+    resident: dict[str, Message]
+    paged: dict[str, PageList]
+    dedupe: DedupeWindow
+    _ref_names: dict[int, str]  # reference -> queue name, as seen in Sub and Fan records
+    _named: dict[int, set[int]]  # segment -> references its records name
+    _write: Callable[..., int]
+    _apply_enq: Callable[[Message, int, bool, bool], None]
+    _read: Callable[[list[int], str], list[Message]]
+    _track_key: Callable[[str, str, Callback | None], Callback | None]
+
+    def fan_record(self, message: Message, copies: Sequence[Message]) -> Fan | None:
+        """The ``Fan`` record of topic message ``message`` and its ``copies`` (from
+        :func:`fan_copy`); None when a copy's queue is no subscription the store knows
+        (or two queues share a reference): then the copies are written whole."""
+        refs: list[tuple[int, str]] = []
+        for c in copies:
+            q = c.destination
+            h = ref_hash(q)
+            if q not in self.subs or self._ref_names.setdefault(h, q) != q:
+                return None
+            refs.append((h, q))
+        return Fan(message, tuple(refs), tuple(copies))
+
+    def add_fan(self, message: Message, copies: Sequence[Message], callback: Callback | None = None) -> bool:
+        """Persist topic message ``message`` once for its durable ``copies`` (which stay
+        resident), with its idempotency key; False (nothing written) when it cannot be
+        (:meth:`fan_record`)."""
+        rec = self.fan_record(message, copies) if copies else None
+        if rec is None:
+            return False
+        cb = self._track_key(message.destination, message.key, callback) if message.key else callback
+        self._write([rec], cb)
+        return True
+
+    # ------------------------------------------------------------------ applying
+    def _ref_name(self, h: int) -> str | None:
+        name = self._ref_names.get(h)
+        if name is None:  # after a checkpoint's restore: the subscriptions name them
+            for q in self.subs:
+                self._ref_names.setdefault(ref_hash(q), q)
+            name = self._ref_names.get(h)
+        return name
+
+    def _apply_fan(self, rec: Fan, pos: int, keep: bool) -> None:
+        seg = segment_of(pos)
+        m = rec.message
+        copies = rec.copies if keep and len(rec.copies) == len(rec.refs) else ()
+        named: set[int] | None = None
+        for i, (h, name) in enumerate(rec.refs):
+            if name:
+                self._ref_names[h] = name
+                if named is None:
+                    named = self._named.setdefault(seg, set())
+                named.add(h)
+            else:
+                found = self._ref_name(h)
+                if found is None:
+                    log.error(
+                        "a stored topic message %s refers to a subscription the journal does not name "
+                        "(reference %#x): that copy is lost",
+                        m.id,
+                        h,
+                    )
+                    continue
+                name = found
+            self._apply_enq(copies[i] if copies else fan_copy(m, name), pos, False, keep)
+        if m.key:
+            self.dedupe.add(m.destination, m.key, m.timestamp, seg)
+
+    # ------------------------------------------------------------------ naming
+    def _named_record(self, rec: Record, named: set[int]) -> Record:
+        """``rec`` with the names of its references written where ``named`` (what the
+        segment names so far, updated) does not have them yet, and only there."""
+        if isinstance(rec, Fan):
+            refs: list[tuple[int, str]] = []
+            for h, name in rec.refs:
+                if h in named:
+                    refs.append((h, ""))
+                else:
+                    refs.append((h, name or self._ref_name(h) or ""))
+                    named.add(h)
+            new = tuple(refs)
+            return rec if new == rec.refs else Fan(rec.message, new, rec.copies)
+        if isinstance(rec, Tx) and any(isinstance(p, Fan) for p in rec.records):
+            parts: list[TxPart] = []
+            for p in rec.records:
+                np = self._named_record(p, named)
+                assert not isinstance(np, Tx)
+                parts.append(np)  # type: ignore[arg-type]  # a TxPart stays one
+            return Tx(tuple(parts))
+        return rec
+
+    def _fan_encode(
+        self, records: Sequence[Record], payloads: Sequence[bytes] | None = None
+    ) -> tuple[list[Record], list[bytes]]:
+        """``records`` (one batch) with their references named for the segment the batch
+        goes into, and their payloads (``payloads``, when given, kept for the records that
+        do not change)."""
+        head = self.journal.head
+        out_r: list[Record] = []
+        out_p: list[bytes] = []
+        for named in (set(self._named.get(head, ())), set()):
+            out_r, out_p = [], []
+            for i, rec in enumerate(records):
+                new = self._named_record(rec, named)
+                out_r.append(new)
+                out_p.append(payloads[i] if payloads is not None and new is rec else encode(new))
+            size = sum(len(p) for p in out_p) + _FRAME_HEAD * len(out_p)
+            if self.journal.segment_for(size) == head:
+                break  # else: a new segment, which names nothing yet
+        return out_r, out_p
+
+    # ------------------------------------------------------------------ moving a copy
+    def _copy_move(self, where: Message | tuple[PageList, int], source: str, destination: str) -> list[Record]:
+        """The records that move a topic message's copy from ``source`` to ``destination``
+        (an ``Ack`` of it and an ``Enq`` of the moved message, one ``Tx``); a resident copy
+        is changed in place, as :meth:`MessageStore.apply` changes a moved message."""
+        if isinstance(where, Message):
+            m = where
+        else:
+            pl, i = where
+            (m,) = self._read([pl.pos[i]], source)
+        if not any(k == ORIGINAL_DESTINATION for k, _ in m.headers):
+            m.headers = (*m.headers, (ORIGINAL_DESTINATION, m.destination))
+        m.destination = destination
+        m.key = ""
+        m.wire_cache = None
+        m.delivery_count = 0
+        return [Tx((Ack((m.id,), source), Enq(m)))]
