@@ -48,18 +48,24 @@ def publish(port: int, bodies: list[str], body: str = "") -> None:
 
 
 def test_every_durable_subscriber_gets_every_message_and_acks_only_its_own(tmp_path: Path) -> None:
-    subs = [f"c{i}" for i in range(5)]
+    """With a page window of 4 the offline subscriptions page from their 5th message on:
+    the later copies go straight to their paged lists, as positions of the one record."""
+    subs = [f"c{i}" for i in range(6)]
     sent = [f"m{i}" for i in range(30)]
-    with BrokerProcess(tmp_path / "data", log_dir=tmp_path) as bp:
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text("[broker]\npage_window = 4\n")
+    with BrokerProcess(tmp_path / "data", args=["--config", str(cfg)], log_dir=tmp_path) as bp:
         for cid in subs:
             subscribe(bp.port, cid).close()
         publish(bp.port, sent)
+        assert receive(bp.port, "c5", 30, ack=30) == sent  # read back from the journal, before any restart
         bp.restart(hard=True)  # SIGKILL: recovery from the journal
         assert receive(bp.port, "c0", 30, ack=10) == sent  # c0 acks the first 10
         bp.restart(hard=True)
         assert receive(bp.port, "c0", 20) == sent[10:]
-        for cid in subs[1:]:
+        for cid in subs[1:5]:
             assert receive(bp.port, cid, 30) == sent, cid
+        assert receive(bp.port, "c5", 0) == []
         assert "Traceback" not in bp.log_text()
 
 

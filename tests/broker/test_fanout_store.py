@@ -209,3 +209,43 @@ def test_a_journal_written_before_fan_records_recovers_every_message(tmp_path: P
     assert got["durable:c1:s1"] == [f"t{i}" for i in range(5, 20)] + ["new"]
     assert got["durable:c3:s3"] == [f"t{i}" for i in range(10, 20)] + ["new"]
     s.close()
+
+
+class _Sink:
+    writable = True
+
+    def __init__(self) -> None:
+        self.got: list[Message] = []
+
+    def deliver(self, sub: object, message: Message, count: int) -> None:
+        self.got.append(message)
+
+
+def test_offline_subscriptions_take_their_copies_as_positions_and_priority_still_jumps_ahead(tmp_path: Path) -> None:
+    """Past its page window a subscription's queue takes each new copy as a position in
+    its paged list (no Message); a message that outranks the paged ones stays in memory,
+    ahead of them (priority.py), as it would on a queue."""
+    from amqtransport.broker.config import BrokerConfig
+    from amqtransport.broker.dispatch.core import BrokerCore
+
+    store = open_store(tmp_path, checkpoints=False)
+    core = BrokerCore(BrokerConfig(page_window=4), store, clock=time.time, monotonic=time.monotonic)
+    sink = _Sink()
+    for i in range(3):
+        core.unsubscribe(core.subscribe(sink, f"d{i}", "/topic/t", durable_name=f"s{i}", client_id=f"c{i}"))
+    for i in range(20):
+        core.send("/topic/t", (("n", str(i)),), f"m{i}".encode(), persistent=True)
+    core.send("/topic/t", (("priority", "9"),), b"urgent", persistent=True)
+    queues = [f"durable:c{i}:s{i}" for i in range(3)]
+    assert all(store.paged_count(q) == 16 for q in queues)
+    assert len(store.resident) == 3 * 5 and store.count == 3 * 21
+    core.subscribe(sink, "d0", "/topic/t", durable_name="s0", client_id="c0")
+    assert [m.body.decode() for m in sink.got] == ["urgent"] + [f"m{i}" for i in range(20)]
+    assert {m.destination for m in sink.got} == {queues[0]}
+    assert sink.got[5].headers[0] == ("destination", "/topic/t")
+    store.close()
+    again = open_store(tmp_path, checkpoints=False)
+    got = {d: [m.body.decode() for m in ms] for d, ms in again.messages_by_destination().items()}
+    # c0 acked its copies (auto ack); the others recover in acceptance order
+    assert got == {q: [f"m{i}" for i in range(20)] + ["urgent"] for q in queues[1:]}
+    again.close()

@@ -12,7 +12,7 @@ import itertools
 import logging
 import secrets
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from amqtransport.selector import Selector, SelectorError, compile_selector
 
@@ -120,6 +120,40 @@ class Registry:
         else:
             self.memory.charge(msg)  # it waits in memory, in its place among the paged ones
         return True
+
+    def pages_at_once(self, names: Sequence[str], msg: Message) -> set[str]:
+        """Those of queues ``names`` where a persistent copy of ``msg`` would be paged at
+        once by :meth:`page_out` because the queue already has paged messages: a topic's
+        fan-out then stores it as a position only (:meth:`paged_arrivals`; store/fanout.py)."""
+        store = self.store
+        out: set[str] = set()
+        if store is None or not store.paged:
+            return out
+        paged, queues = store.paged, self.queues
+        prio = -1
+        for name in names:
+            queue = queues.get(name)
+            if queue is None or not paged.get(name):
+                continue
+            if queue.prioritized:
+                if prio < 0:
+                    prio = priority_of(msg)
+                if prio > queue.paged_top:
+                    continue  # it outranks every paged message: it waits in memory (page_out)
+            out.add(name)
+        return out
+
+    def paged_arrivals(self, names: Iterable[str], msg: Message) -> None:
+        """A copy of ``msg`` arrived on each of queues ``names`` straight into its paged list
+        (the store put it there; :meth:`pages_at_once` chose them, so it does not outrank
+        their paged messages): what :meth:`Queue.enqueue` and :meth:`page_out` do for a
+        paged message, without the message."""
+        queues = self.queues
+        for name in names:
+            queue = queues[name]
+            queue.enqueued += 1
+            if queue.ready and not queue.messages:
+                queue.dispatch()
 
     def page_in(self, queue: Queue) -> list[Message]:
         """The next paged messages of ``queue``: up to a window, or, while memory is past

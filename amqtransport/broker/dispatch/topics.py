@@ -43,28 +43,46 @@ class FanOut:
         self.reg = reg
 
     def publish(self, name: str, msg: Message, callback: Callback | None) -> None:
-        store = self.reg.store
-        copies = self.durable_copies(name, msg)
-        if msg.persistent and store is not None and copies:
+        reg = self.reg
+        store = reg.store
+        targets = self.durable_targets(name, msg)
+        copies: list[Message] = []
+        if msg.persistent and store is not None and targets:
+            # a queue that already pages takes its copy as a position only (no Message)
+            paged = reg.pages_at_once(targets, msg)
+            fan: Sequence[Message | str]
+            if paged:
+                fan = [q if q in paged else fan_copy(msg, q) for q in targets]
+                copies = [c for c in fan if not isinstance(c, str)]
+            else:
+                fan = copies = [fan_copy(msg, q) for q in targets]
+            if store.add_fan(msg, fan, callback):
+                if paged:
+                    reg.paged_arrivals(paged, msg)
+                self.fan_out(name, msg, copies)
+                return
+            copies = [fan_copy(msg, q) for q in targets]
             key = (msg.destination, msg.key, msg.timestamp) if msg.key else None  # persisted with the copies
-            if not store.add_fan(msg, copies, callback):
-                store.add_many(copies, callback, key=key)
+            store.add_many(copies, callback, key=key)
         else:
+            copies = [fan_copy(msg, q) for q in targets]
             if msg.key and store is not None:
                 store.remember_key(msg.destination, msg.key)
-            self.reg.done(callback)
+            reg.done(callback)
         self.fan_out(name, msg, copies)
 
-    def durable_copies(self, name: str, msg: Message) -> list[Message]:
-        """One copy of topic message ``msg`` per durable subscription of topic ``name``."""
+    def durable_targets(self, name: str, msg: Message) -> list[str]:
+        """The queues of the durable subscriptions of topic ``name`` that take topic
+        message ``msg`` (their selectors)."""
         topic = self.reg.topics.get(name)
         if topic is None or not topic.durable:
             return []
-        return [
-            fan_copy(msg, qkey)
-            for qkey in topic.durable
-            if qkey not in self.reg.durable_selectors or self.reg.durable_selectors[qkey].matches(view_of(msg))
-        ]
+        selectors = self.reg.durable_selectors
+        return [q for q in topic.durable if q not in selectors or selectors[q].matches(view_of(msg))]
+
+    def durable_copies(self, name: str, msg: Message) -> list[Message]:
+        """One copy of topic message ``msg`` per durable subscription of topic ``name``."""
+        return [fan_copy(msg, q) for q in self.durable_targets(name, msg)]
 
     def fan_out(self, name: str, msg: Message, copies: Sequence[Message]) -> None:
         """Hand topic message ``msg`` (already persisted) to its durable copies' queues

@@ -42,8 +42,10 @@ The full sync to a replica (:mod:`.sync`) sends each live copy as an ``Enq``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Sequence
+from hashlib import blake2b
 
 from ..dispatch.message import Message
 from ..dispatch.names import DURABLE_PREFIX
@@ -83,6 +85,13 @@ def fan_copy(msg: Message, queue: str) -> Message:
     )
 
 
+def _copy_hash(prefix: bytes, queue: str) -> int:
+    """:func:`~.pages.id_hash` of the copy id ``prefix + queue`` (``prefix``: the message
+    id and ``:``, encoded)."""
+    h = int.from_bytes(blake2b(prefix + queue.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+    return h or 1
+
+
 def ref_hash(queue: str) -> int:
     """The reference a ``Fan`` record writes for subscription queue ``queue``."""
     return id_hash(queue)
@@ -103,29 +112,42 @@ class FanOutRecords:
     paged: dict[str, PageList]
     dedupe: DedupeWindow
     _ref_names: dict[int, str]  # reference -> queue name, as seen in Sub and Fan records
+    _ref_of: dict[str, int]  # queue name -> its reference, for the writer (a cache)
+    count: int
+    _seg_live: dict[int, int]
+    _enqs: dict[int, int]
+    _replay_seen: set[int] | None
+    page_list: Callable[[str], PageList]
     _named: dict[int, set[int]]  # segment -> references its records name
     _write: Callable[..., int]
     _apply_enq: Callable[[Message, int, bool, bool], None]
     _read: Callable[[list[int], str], list[Message]]
     _track_key: Callable[[str, str, Callback | None], Callback | None]
 
-    def fan_record(self, message: Message, copies: Sequence[Message]) -> Fan | None:
-        """The ``Fan`` record of topic message ``message`` and its ``copies`` (from
-        :func:`fan_copy`); None when a copy's queue is no subscription the store knows
+    def fan_record(self, message: Message, copies: Sequence[Message | str]) -> Fan | None:
+        """The ``Fan`` record of topic message ``message`` for ``copies``: each the copy the
+        dispatch core holds (from :func:`fan_copy`), or the name of a queue whose copy goes
+        straight to its paged list; None when a queue is no subscription the store knows
         (or two queues share a reference): then the copies are written whole."""
         refs: list[tuple[int, str]] = []
+        ref_of = self._ref_of
         for c in copies:
-            q = c.destination
-            h = ref_hash(q)
-            if q not in self.subs or self._ref_names.setdefault(h, q) != q:
-                return None
+            q = c if isinstance(c, str) else c.destination
+            h = ref_of.get(q)
+            if h is None:
+                if q not in self.subs:
+                    return None
+                h = ref_hash(q)
+                if self._ref_names.setdefault(h, q) != q:
+                    return None
+                ref_of[q] = h
             refs.append((h, q))
         return Fan(message, tuple(refs), tuple(copies))
 
-    def add_fan(self, message: Message, copies: Sequence[Message], callback: Callback | None = None) -> bool:
-        """Persist topic message ``message`` once for its durable ``copies`` (which stay
-        resident), with its idempotency key; False (nothing written) when it cannot be
-        (:meth:`fan_record`)."""
+    def add_fan(self, message: Message, copies: Sequence[Message | str], callback: Callback | None = None) -> bool:
+        """Persist topic message ``message`` once for its durable ``copies`` (see
+        :meth:`fan_record`; the Message ones stay resident), with its idempotency key;
+        False (nothing written) when it cannot be (:meth:`fan_record`)."""
         rec = self.fan_record(message, copies) if copies else None
         if rec is None:
             return False
@@ -146,15 +168,17 @@ class FanOutRecords:
         seg = segment_of(pos)
         m = rec.message
         copies = rec.copies if keep and len(rec.copies) == len(rec.refs) else ()
-        named: set[int] | None = None
+        paged = 0
+        replay_seen = self._replay_seen
+        ref_names, paged_lists = self._ref_names, self.paged
+        prefix = (m.id + ":").encode("utf-8", "surrogatepass")
+        ts = m.timestamp
         for i, (h, name) in enumerate(rec.refs):
             if name:
-                self._ref_names[h] = name
-                if named is None:
-                    named = self._named.setdefault(seg, set())
-                named.add(h)
+                ref_names[h] = name
+                self._named.setdefault(seg, set()).add(h)
             else:
-                found = self._ref_name(h)
+                found = ref_names.get(h) or self._ref_name(h)
                 if found is None:
                     log.error(
                         "a stored topic message %s refers to a subscription the journal does not name "
@@ -164,7 +188,23 @@ class FanOutRecords:
                     )
                     continue
                 name = found
-            self._apply_enq(copies[i] if copies else fan_copy(m, name), pos, False, keep)
+            if copies:
+                copy = copies[i]
+                if not isinstance(copy, str):
+                    self._apply_enq(copy, pos, False, keep)
+                    continue
+            # a paged copy: a position in its queue's list, no Message (what _apply_enq
+            # does for a new message that is not kept, without making one)
+            ch = _copy_hash(prefix, name)
+            pl = paged_lists.get(name)
+            (pl if pl is not None else self.page_list(name)).append(pos, ch, ts)
+            if replay_seen is not None:
+                replay_seen.add(ch)
+            paged += 1
+        if paged:
+            self.count += paged
+            self._seg_live[seg] = self._seg_live.get(seg, 0) + paged
+            self._enqs[seg] = self._enqs.get(seg, 0) + paged
         if m.key:
             self.dedupe.add(m.destination, m.key, m.timestamp, seg)
 
@@ -173,6 +213,9 @@ class FanOutRecords:
         """``rec`` with the names of its references written where ``named`` (what the
         segment names so far, updated) does not have them yet, and only there."""
         if isinstance(rec, Fan):
+            hs = [h for h, _ in rec.refs]
+            if named.issuperset(hs):  # the common case: the segment names them all
+                return Fan(rec.message, tuple(zip(hs, itertools.repeat(""))), rec.copies)
             refs: list[tuple[int, str]] = []
             for h, name in rec.refs:
                 if h in named:

@@ -111,12 +111,13 @@ class Keys:
 class Fan:
     """A topic message stored once for its durable subscriptions: ``refs`` are
     ``(hash of the queue name, the name or "")`` -- the name is written only where the
-    segment does not name that queue yet (:mod:`.fanout`). ``copies``: the copies the
-    dispatch core holds (the writer's side only; never encoded)."""
+    segment does not name that queue yet (:mod:`.fanout`). ``copies`` (the writer's side
+    only; never encoded), one per reference: the copy the dispatch core holds, or the
+    queue's name when the copy goes straight to the queue's paged list."""
 
     message: Message
     refs: tuple[tuple[int, str], ...]
-    copies: tuple[Message, ...] = field(default=(), compare=False)
+    copies: tuple[Message | str, ...] = field(default=(), compare=False)
 
 
 TxPart = Enq | Ack | Move | Keys | Fan
@@ -157,6 +158,7 @@ T_FAN = 14
 
 _H = struct.Struct("<H")
 _Q = struct.Struct("<Q")
+_QH = struct.Struct("<QH")
 _I = struct.Struct("<I")
 _D = struct.Struct("<d")
 # type, len(id), len(destination), len(key), timestamp, expires, delivery_count, len(headers), len(body)
@@ -225,9 +227,15 @@ def _encode_into(out: list[bytes], rec: Record) -> None:
         out.append(bytes((T_FAN,)))
         _b32(out, encode_enq(rec.message))
         out.append(_I.pack(len(rec.refs)))
+        if not any(name for _h, name in rec.refs):  # the common case: no name written
+            out.append(b"".join([_QH.pack(h, 0) for h, _name in rec.refs]))
+            return
         for h, name in rec.refs:
-            out.append(_Q.pack(h))
-            _s16(out, name)
+            if name:
+                out.append(_Q.pack(h))
+                _s16(out, name)
+            else:
+                out.append(_QH.pack(h, 0))
     else:  # pragma: no cover - typing guards this
         raise RecordError(f"not a record: {rec!r}")
 

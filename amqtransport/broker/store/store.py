@@ -165,6 +165,7 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
         self.relocated = 0
         self._refs: dict[int, set[int]] = {}
         self._ref_names: dict[int, str] = {}  # fanout.py
+        self._ref_of: dict[str, int] = {}
         self._named: dict[int, set[int]] = {}
         self._undurable: dict[tuple[str, str], list[Callback]] = {}
         self._listeners: list[StoreListener] = []
@@ -227,6 +228,7 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
         self._enqs.clear()
         self._refs.clear()
         self._ref_names.clear()
+        self._ref_of.clear()
         self._named.clear()
 
     def close(self) -> None:
@@ -293,6 +295,7 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
             self._ref_names.setdefault(ref_hash(rec.queue), rec.queue)
         elif isinstance(rec, Unsub):
             self.subs.pop(rec.queue, None)
+            self._ref_of.pop(rec.queue, None)
             old_seg = self._sub_seg.pop(rec.queue, None)
             if old_seg is not None and old_seg != seg:
                 self._refs.setdefault(seg, set()).add(old_seg)
