@@ -9,8 +9,20 @@ import shutil
 import time
 from pathlib import Path
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from amqtransport.broker.dispatch.message import Message
-from amqtransport.broker.store import MessageStore, Record, Sub
+from amqtransport.broker.store import (
+    Fan,
+    MessageStore,
+    Record,
+    RecordError,
+    Sub,
+    Tx,
+    decode,
+    encode,
+)
 from amqtransport.broker.store.fanout import fan_copy
 from amqtransport.broker.store.sync import SnapshotReader
 
@@ -249,3 +261,30 @@ def test_offline_subscriptions_take_their_copies_as_positions_and_priority_still
     # c0 acked its copies (auto ack); the others recover in acceptance order
     assert got == {q: [f"m{i}" for i in range(20)] + ["urgent"] for q in queues[1:]}
     again.close()
+
+
+_names = st.text(max_size=40).filter(lambda t: len(t.encode("utf-8", "surrogatepass")) < 200)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2**64 - 1), _names), max_size=30), st.binary(max_size=300))
+def test_fan_records_round_trip(refs: list[tuple[int, str]], body: bytes) -> None:
+    m = Message("ID:x-1", "/topic/t", (("n", "1"),), body, "k", 12.5, persistent=True, expires=99.0)
+    for rec in (Fan(m, tuple(refs)), Tx((Fan(m, tuple(refs)),))):
+        back = decode(encode(rec))
+        fan = back.records[0] if isinstance(back, Tx) else back
+        assert isinstance(fan, Fan) and fan.refs == tuple(refs)
+        assert (fan.message.id, fan.message.destination, fan.message.headers, fan.message.body, fan.message.key) == (
+            m.id, m.destination, m.headers, m.body, m.key)
+        assert (fan.message.timestamp, fan.message.expires) == (12.5, 99.0)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.binary(max_size=300))
+def test_a_damaged_fan_record_raises_record_error_only(data: bytes) -> None:
+    good = encode(Fan(Message("ID:x-1", "/topic/t", (), b"b", persistent=True), ((5, "durable:c:s"), (7, ""))))
+    for payload in (b"\x0e" + data, good[: len(data) % len(good)], good[:-1] + data[:3]):
+        try:
+            decode(payload)
+        except RecordError:
+            pass

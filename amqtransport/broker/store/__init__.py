@@ -14,6 +14,7 @@ from .journal import (
 from .records import (
     Ack,
     Enq,
+    Fan,
     Keys,
     Move,
     Record,
@@ -34,6 +35,7 @@ __all__ = [
     "Callback",
     "DedupeWindow",
     "Enq",
+    "Fan",
     "Journal",
     "JournalError",
     "Keys",

@@ -123,6 +123,7 @@ class FanOutRecords:
     _apply_enq: Callable[[Message, int, bool, bool], None]
     _read: Callable[[list[int], str], list[Message]]
     _track_key: Callable[[str, str, Callback | None], Callback | None]
+    add: Callable[[Message, Callback | None], None]
 
     def fan_record(self, message: Message, copies: Sequence[Message | str]) -> Fan | None:
         """The ``Fan`` record of topic message ``message`` for ``copies``: each the copy the
@@ -148,6 +149,9 @@ class FanOutRecords:
         """Persist topic message ``message`` once for its durable ``copies`` (see
         :meth:`fan_record`; the Message ones stay resident), with its idempotency key;
         False (nothing written) when it cannot be (:meth:`fan_record`)."""
+        if len(copies) == 1 and not message.key and not isinstance(copies[0], str):
+            self.add(copies[0], callback)  # one subscriber: its copy is the message (the fast path)
+            return True
         rec = self.fan_record(message, copies) if copies else None
         if rec is None:
             return False

@@ -434,12 +434,34 @@ def _decode(r: _Reader, top: bool) -> Record:
         n = r.u32()
         if n > len(r.buf):
             raise RecordError("reference count larger than the record")
-        rec = Fan(message, tuple((r.u64(), r.s16()) for _ in range(n)))
+        rec = Fan(message, _decode_refs(r, n))
     else:
         raise RecordError(f"unknown record type {kind}")
     if top and r.pos != len(r.buf):
         raise RecordError(f"{len(r.buf) - r.pos} trailing bytes after a record")
     return rec
+
+
+def _decode_refs(r: _Reader, n: int) -> tuple[tuple[int, str], ...]:
+    """A ``Fan`` record's ``n`` references, read from ``r`` (unpack_from on the buffer:
+    a record may hold hundreds)."""
+    buf, at = r.buf, r.pos
+    if at + n * _QH.size > len(buf):
+        raise RecordError("record truncated")
+    refs: list[tuple[int, str]] = []
+    unpack = _QH.unpack_from
+    for _ in range(n):
+        h, ln = unpack(buf, at)
+        at += 10
+        if ln:
+            if at + ln > len(buf):
+                raise RecordError("record truncated")
+            refs.append((h, bytes(buf[at : at + ln]).decode("utf-8", "surrogatepass")))
+            at += ln
+        else:
+            refs.append((h, ""))
+    r.pos = at
+    return tuple(refs)
 
 
 def flatten(records: Sequence[Record]) -> list[Record]:
