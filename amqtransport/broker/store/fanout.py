@@ -219,6 +219,8 @@ class FanOutRecords:
         if isinstance(rec, Fan):
             hs = [h for h, _ in rec.refs]
             if named.issuperset(hs):  # the common case: the segment names them all
+                if not any(name for _h, name in rec.refs):
+                    return rec  # (a replica's stream: as the master wrote it)
                 return Fan(rec.message, tuple(zip(hs, itertools.repeat(""))), rec.copies)
             refs: list[tuple[int, str]] = []
             for h, name in rec.refs:
