@@ -72,12 +72,15 @@ def proxy(host: str, port: int, verbose: bool) -> None:
 @click.option("--dedupe-window", default=100_000, show_default=True, type=click.IntRange(0),
               help="Nemesis: the pair's dedupe_window_size (keys); a small one (e.g. 3000, about 20 s of the "
                    "workload) lets trackMessages replays outlive it.")
+@click.option("--witness", "witness", is_flag=True,
+              help="Nemesis, replicated: run an amq broker witness (in a network namespace of its own) and give "
+                   "both nodes --witness; adds the partition kinds (and partition-witness) to the default set.")
 @click.option("--keep", is_flag=True, help="Nemesis: keep the scratch directory (broker logs, nemesis.log) "
                                          "even when the run passes.")
 @click.option("--list", "list_only", is_flag=True, help="List the scenarios and the nemesis's fault kinds, and exit.")
 def run(names: tuple[str, ...], rounds: int, report_dir: str | None, mode: str, rate: float | None,
         seed: int | None, faults: str, double_faults: bool, no_disk: bool, link_timeout: float,
-        dedupe_window: int, keep: bool, list_only: bool) -> None:
+        dedupe_window: int, witness: bool, keep: bool, list_only: bool) -> None:
     """Run chaos scenarios (e.g. kill-master) or the nemesis, and check their invariants.
 
     \b
@@ -98,6 +101,7 @@ def run(names: tuple[str, ...], rounds: int, report_dir: str | None, mode: str, 
       amq chaos run nemesis --rounds 3 --mode both
       amq chaos run nemesis --rounds 200 --mode both --report out/
       amq chaos run nemesis --mode replicated --seed 123 --rounds 1 --faults all
+      amq chaos run nemesis --mode replicated --rounds 20 --witness --faults all
     Exit status: 0 no violation, 1 violations, 2 bad arguments or no cluster, 130 Ctrl-C.
     """
     from pathlib import Path
@@ -124,12 +128,12 @@ def run(names: tuple[str, ...], rounds: int, report_dir: str | None, mode: str, 
         params = NemesisParams(rounds=rounds, seed=random_seed() if seed is None else seed,
                                kinds=tuple(kinds) if kinds is not None else None, double_faults=double_faults,
                                rate=20.0 if rate is None else rate, disk=not no_disk, link_timeout_s=link_timeout,
-                               dedupe_window_keys=dedupe_window)
+                               dedupe_window_keys=dedupe_window, witness=witness)
         raise SystemExit(run_nemesis(mode, params, report_dir=report, echo=click.echo, seed_given=seed is not None,
                                      keep=keep))
-    if seed is not None or faults != "default" or double_faults or no_disk or keep:
-        raise click.UsageError("--seed, --faults, --double-faults, --no-disk and --keep are options of the "
-                               "nemesis (amq chaos run nemesis)")
+    if seed is not None or faults != "default" or double_faults or no_disk or keep or witness:
+        raise click.UsageError("--seed, --faults, --double-faults, --no-disk, --witness and --keep are options of "
+                               "the nemesis (amq chaos run nemesis)")
     from chaos.scenarios.cli import run_cli
     from chaos.scenarios.runner import RunParams
 

@@ -143,7 +143,7 @@ def run_nemesis(mode: str, params: NemesisParams, *, report_dir: Path | None, ec
     except ValueError as exc:
         echo(f"error: {exc}")
         return 2
-    command = replay_command(mode, params.seed, params.rounds, params.kinds, params.double_faults)
+    command = replay_command(mode, params.seed, params.rounds, params.kinds, params.double_faults, params.witness)
     echo(f"nemesis: seed {params.seed}{'' if seed_given else ' (random)'}, {params.rounds} round(s) per mode, "
          f"modes {', '.join(modes)}; replay with: {command}")
     base = scratch_dir(workdir)
@@ -190,7 +190,7 @@ def run_nemesis(mode: str, params: NemesisParams, *, report_dir: Path | None, ec
             echo(f"{r.mode}: {note}")
         for rnd in r.failed_rounds():
             echo(f"FAILED {r.mode} round {rnd.round}: seed {rnd.seed}; replay: "
-                 f"{replay_command(r.mode, rnd.seed, 1, params.kinds, params.double_faults)}")
+                 f"{replay_command(r.mode, rnd.seed, 1, params.kinds, params.double_faults, params.witness)}")
         if r.result is not None:
             for v in r.result.violations[:20]:
                 echo(f"  {r.mode} round {v.round} t={v.t:.3f} {v.rule}: {v.summary}")

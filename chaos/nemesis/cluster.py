@@ -29,6 +29,12 @@ for every scenario) built on :class:`~chaos.harness.cluster.EmbeddedPairCluster`
   slave still sees the master answer on its client port, as with the proxy). Where namespaces cannot be made,
   :attr:`net_reason` says why, the nodes stay on 127.0.0.1 with the replication
   proxies, and the partition faults are skipped.
+* **The witness** (``witness=True``, replicated): an ``amq broker witness``
+  (:class:`~amqtransport.processes.witness.WitnessProcess`) both nodes are given with
+  ``--witness``; with namespaces it runs in one of its own (endpoint ``witness``, one
+  more name in :class:`~chaos.nemesis.netns.Netns`'s list), so ``partition-witness``
+  and ``isolate-node`` cut its links with the kernel too. A shared store has its lock
+  file as the arbiter and no witness (:attr:`witness_reason` says so).
 * **LazyFS** (``lazyfs=True``, root with ``/dev/fuse``, fusepy and libfuse2): node
   ``a``'s data directory (replicated) or the shared store is a
   :mod:`chaos.nemesis.lazyfs` mount over a backing directory (on the tmpfs when there is
@@ -60,13 +66,14 @@ from toxiproxy.proxy import Proxy
 from amqtransport.processes.broker import BrokerProcess
 from amqtransport.processes.disk import TmpfsUnavailable, fill, tmpfs
 from amqtransport.processes.ports import free_port
+from amqtransport.processes.witness import WitnessProcess
 from chaos.harness.cluster import ClusterError, EmbeddedPairCluster, Stage, start_bridge
 from chaos.nemesis import lazyfs, netns
 from chaos.nemesis.lazyfs import LazyFs
 from chaos.nemesis.netns import Netns
 from chaos.proxy.server import ToxiproxyServer
 
-__all__ = ["TmpfsMount", "NemesisCluster", "BRIDGED_QUEUE", "BROKER_CONFIG"]
+__all__ = ["TmpfsMount", "NemesisCluster", "NetnsWitness", "BRIDGED_QUEUE", "BROKER_CONFIG", "WITNESS"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +88,8 @@ BROKER_CONFIG: dict[str, Any] = {
 }
 
 BALLAST = "nemesis-ballast"
+#: the witness's endpoint name in the network namespaces
+WITNESS = "witness"
 
 
 def _toml(values: Mapping[str, Any]) -> str:
@@ -133,12 +142,24 @@ class TmpfsMount:
             (self.path / BALLAST).unlink()
 
 
+class NetnsWitness(WitnessProcess):
+    """A :class:`WitnessProcess` started behind a command prefix (``ip netns exec NS``,
+    which execs it: the pid is the witness's own)."""
+
+    def __init__(self, data_dir: Path, port: int, *, host: str = "127.0.0.1") -> None:
+        super().__init__(data_dir, port, host=host)
+        self.wrap: list[str] = []
+
+    def command(self) -> list[str]:
+        return [*self.wrap, *super().command()]
+
+
 class NemesisCluster:
     """The pair, its replication proxies, tmpfs mounts, the spoke and the bridge."""
 
     def __init__(self, workdir: Path, mode: str, *, disk: bool = True, disk_mb: int = 64,
                  link_timeout: float = 2.0, broker_config: Mapping[str, Any] | None = None,
-                 net: bool = True, lazy: bool = True) -> None:
+                 net: bool = True, lazy: bool = True, witness: bool = False) -> None:
         self.kind = mode
         self.login: str | None = None
         self.passcode: str | None = None
@@ -152,6 +173,12 @@ class NemesisCluster:
         self.net_reason: str | None = None if net else "disabled"
         self.lazy: LazyFs | None = None
         self.lazy_reason: str | None = None if lazy else "disabled"
+        self.witness: NetnsWitness | None = None
+        self.witness_reason: str | None = None
+        if not witness:
+            self.witness_reason = "no witness (run with --witness)"
+        elif mode != "replicated":
+            self.witness_reason = "a shared store has no witness (its lock file is the arbiter)"
         self.agent: Any = None
         self.spoke: BrokerProcess | None = None
         self.hub: EmbeddedPairCluster | None = None
@@ -167,6 +194,9 @@ class NemesisCluster:
         listen_a = f"127.0.0.1:{free_port()}"
         if mode == "replicated" and self.net_reason is not None:
             options["master_connector"] = f"tcp://{listen_a}"
+        if self.witness_reason is None:
+            self.witness = NetnsWitness(workdir / "witness", free_port())
+            options["witness"] = self.witness.address  # rewritten to its namespace's address by _netns
         try:
             self.hub = EmbeddedPairCluster(workdir, mode, pair_options=options,
                                            before_start=self._before_start(listen_a, disk, disk_mb))
@@ -200,19 +230,31 @@ class NemesisCluster:
                 self._netns(pair)
             elif self.kind == "replicated":
                 self.repl_proxies["a"] = self._proxy("repl-a", f"127.0.0.1:{pair.a.ha_port}", listen_a)
+            if self.witness is not None:
+                self.witness.start()
 
         return prepare
 
     def _netns(self, pair: Any) -> None:
+        names = [n.name for n in pair.nodes]
+        ports = {n.name: n.port for n in pair.nodes}
+        if self.witness is not None:
+            names.append(WITNESS)
+            ports[WITNESS] = self.witness.port
         try:
-            self.net = Netns([n.name for n in pair.nodes], {n.name: n.port for n in pair.nodes},
-                             {n.name: n.ha_port for n in pair.nodes}).start()
+            self.net = Netns(names, ports, {n.name: n.ha_port for n in pair.nodes}).start()
         except (OSError, netns.NetnsError) as exc:
             self.net_reason = str(exc)
             return
         for node in pair.nodes:
             node.host = self.net.ip(node.name)
             node.wrap = self.net.exec_prefix(node.name)
+        if self.witness is not None:
+            old = self.witness.address
+            self.witness.host = self.net.ip(WITNESS)
+            self.witness.wrap = self.net.exec_prefix(WITNESS)
+            for node in pair.nodes:
+                node.args[node.args.index(old)] = self.witness.address
         if self.kind == "replicated":
             args = pair.b.args
             i = args.index("--master-connector")
@@ -304,6 +346,8 @@ class NemesisCluster:
                 self.spoke = None
             if self.hub is not None:
                 self.hub.close()
+            if self.witness is not None:
+                self.witness.terminate()
         finally:
             try:
                 if self.lazy is not None:

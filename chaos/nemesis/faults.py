@@ -13,7 +13,8 @@ takeover, no dead node) is skipped and recorded as such.
 
 Kernel faults (:mod:`chaos.nemesis.netns`): ``partition-*`` and ``isolate-node``
 resolve the roles to the nodes' network endpoints (``clients`` is this process's
-namespace), add the cuts and heal exactly those (a link two faults cut stays cut until
+namespace; ``witness`` the witness's, when the pair has one: ``partition-witness``
+cuts it from the master or the slave, and an isolated node is cut from it too), add the cuts and heal exactly those (a link two faults cut stays cut until
 both healed). ``cut-replication`` is a kernel cut too when the nodes run in namespaces
 (``disable``: a TCP reset both ways, ``half-open``: a silent drop), of the connections
 to the HA ports only: the nodes still see each other answer on their client ports. ``power-loss``
@@ -49,7 +50,7 @@ from toxiproxy.proxy import Proxy
 from amqtransport.errors import AmqTransportError
 from chaos.harness.cluster import Stage
 from chaos.nemesis.bitflip import flip_bit
-from chaos.nemesis.cluster import NemesisCluster
+from chaos.nemesis.cluster import WITNESS, NemesisCluster
 from chaos.nemesis.history import Fault, History
 from chaos.nemesis.netns import CLIENTS, isolate, one_way, partition
 from chaos.nemesis.schedule import Step
@@ -60,7 +61,7 @@ __all__ = ["Active", "Nemesis"]
 log = logging.getLogger(__name__)
 
 #: the fault kinds done by the kernel (skipped when the nodes are not in namespaces)
-NET_KINDS = ("partition-replication", "partition-clients", "partition-one-way", "isolate-node")
+NET_KINDS = ("partition-replication", "partition-clients", "partition-one-way", "isolate-node", "partition-witness")
 
 Clock = Callable[[], float]
 
@@ -255,6 +256,11 @@ class Nemesis:
                 action = "reject"
         elif kind == "partition-clients":
             cuts = partition(master.name, CLIENTS)
+        elif kind == "partition-witness":
+            if WITNESS not in net.endpoints:
+                self._skip(step, round_no, f"no witness ({self.cluster.witness_reason})")
+                return None
+            cuts = partition(roles[str(step.params.get("node", "master"))], WITNESS)
         elif kind == "partition-one-way":
             src, dst = str(step.params.get("dir", "master->slave")).split("->")
             cuts = one_way(roles[src], roles[dst])

@@ -64,13 +64,16 @@ Echo = Callable[[str], None]
 class NemesisParams:
     rounds: int = 3
     seed: int = 1
-    kinds: tuple[str, ...] | None = None  # None: default_kinds(mode)
+    kinds: tuple[str, ...] | None = None  # None: default_kinds(mode, witness)
     double_faults: bool = False
     rate: float = 20.0  # messages/s per producer
     disk: bool = True
     disk_mb: int = 64
     netns: bool = True  # the nodes in network namespaces (the kernel partition faults)
     lazyfs: bool = True  # node a's data (replicated) or the shared store on LazyFS (power-loss)
+    #: replicated: a witness (``amq broker witness``, in a namespace of its own) arbitrates
+    #: the pair (``--witness`` on both nodes); the partition kinds join the default set
+    witness: bool = False
     link_timeout_s: float = 1.0  # the pair's --link-timeout: a freeze longer than about 4x this is a takeover
     heartbeat_ms: int = 1000
     warmup_s: float = 2.0
@@ -81,7 +84,7 @@ class NemesisParams:
     dedupe_window_keys: int = 100_000  # the pair's dedupe_window_size (the broker's default)
 
     def kinds_for(self, mode: str) -> list[str]:
-        base = list(self.kinds) if self.kinds is not None else default_kinds(mode)
+        base = list(self.kinds) if self.kinds is not None else default_kinds(mode, self.witness)
         return [k for k in base if mode in FAULT_KINDS[k].modes]
 
 
@@ -133,12 +136,15 @@ class ModeResult:
                 "notes": self.notes, "aborted": self.aborted, "duration_s": round(self.duration_s, 1)}
 
 
-def replay_command(mode: str, seed: int, rounds: int, kinds: Sequence[str] | None, double: bool) -> str:
+def replay_command(mode: str, seed: int, rounds: int, kinds: Sequence[str] | None, double: bool,
+                   witness: bool = False) -> str:
     cmd = f"amq chaos run nemesis --mode {mode} --seed {seed} --rounds {rounds}"
     if kinds is not None:
         cmd += f" --faults {','.join(kinds)}"
     if double:
         cmd += " --double-faults"
+    if witness:
+        cmd += " --witness"
     return cmd
 
 
@@ -222,7 +228,8 @@ class ModeRun:
         self.kinds = params.kinds_for(mode)
         self.history = History({"mode": mode, "seed": params.seed, "rounds": params.rounds,
                                 "kinds": self.kinds, "double_faults": params.double_faults,
-                                "link_timeout_s": params.link_timeout_s})
+                                "link_timeout_s": params.link_timeout_s,
+                                "witness": params.witness and mode == "replicated"})
         self.result = ModeResult(mode, params, self.kinds, self.history)
         self.cluster: NemesisCluster | None = None
         self.stage: Stage | None = None
@@ -267,7 +274,8 @@ class ModeRun:
             self.cluster = NemesisCluster(base, self.mode, disk=self.params.disk, disk_mb=self.params.disk_mb,
                                           link_timeout=self.params.link_timeout_s,
                                           broker_config={"dedupe_window_size": self.params.dedupe_window_keys},
-                                          net=self.params.netns, lazy=self.params.lazyfs)
+                                          net=self.params.netns, lazy=self.params.lazyfs,
+                                          witness=self.params.witness)
         except ClusterError:
             raise
         except Exception as exc:
@@ -275,7 +283,9 @@ class ModeRun:
         cl = self.cluster
         missing = {"disk-full": cl.disk_reason, "power-loss": cl.lazy_reason,
                    **dict.fromkeys(NET_KINDS, None if cl.net_reason is None
-                                   else f"no network namespaces: {cl.net_reason}")}
+                                   else f"no network namespaces: {cl.net_reason}"),
+                   "partition-witness": cl.witness_reason or (None if cl.net_reason is None
+                                                              else f"no network namespaces: {cl.net_reason}")}
         for kind, reason in missing.items():
             if reason is not None and kind in self.kinds:
                 note = f"{kind} skipped: {reason}"
@@ -370,9 +380,11 @@ class ModeRun:
         new = sum(1 for v in recent.violations if v.round == plan.round)
         sends = self.history.sends[sends0:]
         txs = self.history.txs[txs0:]
+        replay = replay_command(self.mode, plan.seed, 1, self.params.kinds, self.params.double_faults,
+                                self.params.witness)
         verdict = "OK" if new == 0 else (
             "VIOLATIONS: " + ", ".join(f"{v.rule}: {v.summary}" for v in out.violations[:3])
-            + f" -- replay: {replay_command(self.mode, plan.seed, 1, self.params.kinds, self.params.double_faults)}")
+            + f" -- replay: {replay}")
         restart = f", restarted {','.join(restarted)}" if restarted else ""
         out.line = (
             f"{self.label()} round {plan.round}/{self.params.rounds} seed {plan.seed}: {plan.describe()} | "

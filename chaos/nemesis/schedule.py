@@ -78,12 +78,15 @@ class FaultKind:
     #: non-empty: this fault is known to break an invariant until another piece of work
     #: lands (who, what); it is left out of the default set and runs with ``--faults all``
     pending: str = ""
+    #: the pair has the witness this fault needs: pending only without ``--witness``
+    #: (replicated; a shared store has its lock file as the arbiter, and no witness)
+    needs_witness: bool = False
 
 
 #: why the kernel partitions that separate the two nodes are not in the default set yet
-SPLIT_BRAIN = ("waits for the witness node (issue 24): a pair of two cannot tell a partition from a dead peer; "
-               "the cut-off slave takes over after the link timeout, and when the partition heals the side that "
-               "loses drops its receipted writes (seen: redelivered-after-ack)")
+SPLIT_BRAIN = ("needs the witness (--witness, replicated): a pair of two cannot tell a partition from a dead "
+               "peer; the cut-off slave takes over after the link timeout, and when the partition heals the side "
+               "that loses drops its receipted writes (seen without a witness: redelivered-after-ack)")
 
 FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("kill-master", "SIGKILL the master's process", "pair"),
@@ -100,14 +103,16 @@ FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
               "fences and hands over (shared store: the whole pair waits for space)", "pair", hold=(1.0, 4.0)),
     FaultKind("partition-replication", "kernel partition between the master and the slave (nft drop both ways "
               "between their network namespaces: replication, takeover checks, everything) for the hold", "pair",
-              hold=(1.0, 4.0),
-              pending=SPLIT_BRAIN),
+              hold=(1.0, 4.0), pending=SPLIT_BRAIN, needs_witness=True),
     FaultKind("partition-one-way", "asymmetric kernel cut: one direction of master<->slave or master<->clients "
               "drops, the other still flows, for the hold", "pair", hold=(1.0, 4.0),
-              pending=SPLIT_BRAIN),
+              pending=SPLIT_BRAIN, needs_witness=True),
     FaultKind("isolate-node", "the master or the slave cut from everyone (the other node and every client) "
               "by the kernel, both ways, for the hold", "pair", hold=(1.0, 4.0),
-              pending=SPLIT_BRAIN),
+              pending=SPLIT_BRAIN, needs_witness=True),
+    FaultKind("partition-witness", "kernel partition between the witness and the master or the slave (nft drop "
+              "both ways) for the hold; the nodes still see each other", "pair", modes=("replicated",),
+              hold=(1.0, 4.0), pending="runs only with the witness (--witness)", needs_witness=True),
     FaultKind("power-loss", "SIGKILL a node whose data is on LazyFS and lose every write it had not fsynced "
               "(sometimes tearing the last one): replicated node a, whatever its role; the shared store's master",
               "pair"),
@@ -127,9 +132,12 @@ FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
 )}
 
 
-def default_kinds(mode: str) -> list[str]:
-    """The kinds a run uses unless told otherwise: every kind of ``mode`` not pending."""
-    return [k.name for k in FAULT_KINDS.values() if mode in k.modes and not k.pending]
+def default_kinds(mode: str, witness: bool = False) -> list[str]:
+    """The kinds a run uses unless told otherwise: every kind of ``mode`` not pending;
+    with the witness (replicated), also those pending only for the want of it."""
+    with_witness = witness and mode == "replicated"
+    return [k.name for k in FAULT_KINDS.values()
+            if mode in k.modes and (not k.pending or (with_witness and k.needs_witness))]
 
 
 def parse_kinds(text: str) -> list[str] | None:
@@ -218,7 +226,7 @@ def _params(kind: str, mode: str, rng: random.Random) -> dict[str, Param]:
         return {"variant": rng.choice(("disable", "half-open"))}
     if kind == "partition-one-way":
         return {"dir": rng.choice(ONE_WAY)}
-    if kind == "isolate-node":
+    if kind in ("isolate-node", "partition-witness"):
         return {"node": rng.choice(("master", "slave"))}
     if kind == "power-loss":
         return {"tear": rng.choice((0, 1))}

@@ -49,6 +49,20 @@ def test_endpoints_clients_are_ours_nodes_in_their_namespaces() -> None:
         (x, "witness", "all") for x in ("a", "b", CLIENTS)}
 
 
+def test_the_witness_is_cut_from_a_node_in_both_namespaces_and_an_isolated_node_loses_it_too() -> None:
+    """partition-witness and isolate-node with a witness (chaos/nemesis/faults.py): the
+    node <-> witness link is cut in each sender's namespace, everything, not a port."""
+    ep = plan_endpoints("t", "10.9.9", ["a", "b", "witness"], {"a": 6001, "b": 6002, "witness": 6003},
+                        {"a": 7001, "b": 7002})
+    scripts = nft_script(dict.fromkeys(partition("a", "witness"), "drop"), ep)
+    assert scripts["t-a"].splitlines()[2:] == [f"add rule inet {TABLE} output ip daddr 10.9.9.4 drop"]
+    assert scripts["t-witness"].splitlines()[2:] == [f"add rule inet {TABLE} output ip daddr 10.9.9.2 drop"]
+    assert scripts["t-b"].splitlines()[2:] == []
+    rules = nft_script(dict.fromkeys(isolate("a", ep), "drop"), ep)["t-a"].splitlines()[2:]
+    assert f"add rule inet {TABLE} output ip daddr 10.9.9.4 drop" in rules
+    assert f"add rule inet {TABLE} output ip daddr 10.9.9.3 drop" in rules
+
+
 def test_no_cut_flushes_every_namespace() -> None:
     scripts = nft_script({}, EP)
     assert set(scripts) == {"t-a", "t-b"}

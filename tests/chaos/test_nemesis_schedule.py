@@ -143,6 +143,21 @@ def test_default_kinds_leave_out_pending_ones() -> None:
     assert "delete-lock" in default_kinds("shared-store") and "delete-lock" not in default_kinds("replicated")
 
 
+def test_the_witness_adds_the_partition_kinds_to_the_replicated_default_set() -> None:
+    split = {"partition-replication", "partition-one-way", "isolate-node"}
+    without = set(default_kinds("replicated"))
+    with_witness = set(default_kinds("replicated", witness=True))
+    assert not split & without and "partition-witness" not in without
+    assert with_witness == without | split | {"partition-witness"}
+    # a shared store has no witness: its default set does not change
+    assert default_kinds("shared-store", witness=True) == default_kinds("shared-store")
+    assert "partition-witness" not in default_kinds("shared-store", witness=True)
+    assert FAULT_KINDS["partition-witness"].modes == ("replicated",)
+    plan = plan_round(40, "replicated", ["partition-witness"])
+    assert plan.steps and all(s.kind == "partition-witness" and s.params["node"] in ("master", "slave")
+                              for s in plan.steps)
+
+
 def test_parse_kinds() -> None:
     assert parse_kinds("default") is None and parse_kinds("") is None
     assert parse_kinds("all") == ALL
