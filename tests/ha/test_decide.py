@@ -138,6 +138,10 @@ def expected(phase: str, c: Case) -> tuple[str, tuple[str, int]]:
                     then = "check"
                 elif c.options.takeover_check is not None and not c.peers.check:
                     then = "wait"
+                elif c.options.witness is not None and c.peers.witness is None:
+                    then = "ask-witness"
+                elif c.options.witness is not None and not c.peers.witness:
+                    then = "wait"
                 else:
                     then = "master"
             return then, (ph, n)
@@ -223,6 +227,14 @@ def cases(phase: str) -> Iterator[Case]:
         ):
             opts = DecideOptions(NAME, connector, check, shut, shut)
             yield Case(st, opts, Peers(answers, answered))
+        # with a witness (a takeover check passed or not set): every master (checked)
+        # row asks it first and waits while it does not grant
+        for st, connector, (check, answered), (witness, granted), answers in itertools.product(
+            states(phase), (None, CONNECTOR), ((None, None), (CHECK_ADDR, True)),
+            [w for w in witness_options() if w[0] is not None], answer_lists(FEW)
+        ):
+            opts = DecideOptions(NAME, connector, check, False, False, witness)
+            yield Case(st, opts, Peers(answers, answered, granted, "said so" if granted is not None else ""))
     elif phase == "link-lost":
         small = list(infos({k: PEER[k] for k in ("amq-ha-role", "amq-ha-epoch", "amq-ha-synced")}))
         for st, connector, (check, answered), smf, answers, (witness, granted) in itertools.product(

@@ -25,7 +25,9 @@ to stand by until it can tell), ``slave-lost`` (a master's slave link ended) and
 first row whose conditions all hold decides. "The peer" is the first of the peer's
 addresses that answers; in ``start`` a master answering on any address wins.
 ``master (checked)`` means: with ``--takeover-check``, ``check`` while it has not
-been tried, and ``wait`` while it does not answer; else ``master``. A claim is (the
+been tried, and ``wait`` while it does not answer; then, with ``--witness``,
+``ask-witness`` (for mastership at its epoch + 1) while it has not been asked, and
+``wait`` while it does not grant it; else ``master``. A claim is (the
 store's epoch if it is synced, else -1; last role master; configured as master),
 compared in that order; equal claims go to the lower name. A master that is not
 suspect acts on ``step-down`` and ``demote-peer`` only.
@@ -353,6 +355,20 @@ def _checked(options: DecideOptions, peers: Peers, reason: str, *,
     return Decision(BECOME_MASTER, reason)
 
 
+def _granted(options: DecideOptions, peers: Peers, reason: str) -> Decision:
+    """``master (checked)`` of the ``start`` rows: the takeover check, then the witness's
+    grant (a node starting may be cut from a master that serves on its lease: only the
+    witness knows)."""
+    checked = _checked(options, peers, reason)
+    if checked.action != BECOME_MASTER or options.witness is None:
+        return checked
+    if peers.witness is None:
+        return Decision(ASK_WITNESS, f"{reason}; asking the witness for mastership first")
+    if peers.witness:
+        return Decision(BECOME_MASTER, f"{reason}; the witness grants mastership: {peers.witness_reason}")
+    return Decision(WAIT, f"{reason}, but the witness does not grant mastership (yet): {peers.witness_reason}")
+
+
 def _start(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
     if peers.answers is None:
         return Decision(ASK, "probing every address known for the peer")
@@ -378,23 +394,23 @@ def _start(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
             info.get("amq-ha-configured") == "master",
         )
         if mine > theirs or (mine == theirs and options.name < info.get("amq-ha-name", "")):
-            return _checked(options, peers, f"peer {info.get('amq-ha-name')} answers; this node has the better "
+            return _granted(options, peers, f"peer {info.get('amq-ha-name')} answers; this node has the better "
                                             f"claim (epoch {state.epoch}, the peer's {theirs[0]})")
         return Decision(WAIT, f"peer {info.get('amq-ha-name')} has the better claim (epoch {theirs[0]})", info=info)
     if state.last_role == "slave":
         if state.master_strict:
             # that master (--shutdown-on-slave-failure) never receipted without our ack:
             # this synced copy has every receipted message; it stopped or is gone
-            return _checked(options, peers, "master unreachable; it never receipts without this copy "
+            return _granted(options, peers, "master unreachable; it never receipts without this copy "
                                             "(--shutdown-on-slave-failure): taking over")
         return Decision(WAIT, "peer unreachable; this store is a slave's copy and the master may have receipted "
                               "messages it lacks: waiting for the master")
     if state.peer_may_be_master:
         return Decision(WAIT, "peer unreachable and it may hold newer data (it had synced from us): waiting for it")
     if not options.master_connector:
-        return _checked(options, peers, "peer unreachable; configured as master")
+        return _granted(options, peers, "peer unreachable; configured as master")
     if state.last_role == "master":
-        return _checked(options, peers, "peer unreachable; this node was master last")
+        return _granted(options, peers, "peer unreachable; this node was master last")
     return Decision(WAIT, f"waiting for master {options.master_connector}")
 
 

@@ -354,7 +354,7 @@ class HaNode:
                 assert self.rules.takeover_check is not None
                 peers = replace(peers, check=await reachable(self.rules.takeover_check, 1.0))
             elif d.action == ASK_WITNESS:
-                if read_state().phase == LINK_LOST:  # a slave: mastership at the epoch it would raise to
+                if read_state().phase in (START, LINK_LOST):  # mastership at the epoch it would raise to
                     answer = await self.ask_witness(TAKEOVER_HEADER, self.state.epoch + 1)
                 else:  # a master about to receipt alone
                     answer = await self.renew_lease(alone=True)
