@@ -231,6 +231,8 @@ def test_cli_nemesis_options_belong_to_the_nemesis() -> None:
     assert code == 2 and "options of the nemesis" in out
     code, out = _cli("nemesis", "kill-master")
     assert code == 2 and "run the nemesis on its own" in out
+    code, out = _cli("kill-master", "--witness")
+    assert code == 2 and "--witness" in out and "options of the nemesis" in out
 
 
 def test_cli_list_shows_the_fault_kinds() -> None:
@@ -278,6 +280,16 @@ def test_a_failing_round_prints_its_seed_and_the_replay_command(tmp_path: Path) 
     data = json.loads((tmp_path / "r" / "report.json").read_text())
     assert not data["ok"] and data["results"]["replicated"]["check"]["counts"]["lost"] == 1
     assert "broker logs and data kept in" in text
+
+
+def test_with_the_witness_the_replay_commands_carry_it(tmp_path: Path) -> None:
+    lines: list[str] = []
+    code = run_nemesis("replicated", NemesisParams(rounds=2, seed=5, witness=True), report_dir=tmp_path / "r",
+                       echo=lines.append, workdir=tmp_path, mode_runner=_ScriptedRun)
+    text = "\n".join(lines)
+    assert code == 1
+    assert "replay with: amq chaos run nemesis --mode replicated --seed 5 --rounds 2 --witness" in text
+    assert "replay: amq chaos run nemesis --mode replicated --seed 777 --rounds 1 --witness" in text
 
 
 @pytest.mark.soak
