@@ -46,6 +46,9 @@ The rules:
 ``unhealthy``
     after every round the pair came back to a master and an in-sync slave within the
     bound (the runner records it in ``rounds``).
+``scheduled-early``, ``scheduled-late``, ``priority-order``, ``group-lost``, ``group-duplicate``, ``group-split``
+    the ActiveMQ features (scheduled, prioritized and grouped messages): see
+    :mod:`chaos.nemesis.feature_rules`.
 
 Each violation carries the round it happened in (by time), the instant, a one-line
 summary and a short excerpt of the history (the records involved and the faults
@@ -62,12 +65,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.nemesis.availability import Availability, availability
+from chaos.nemesis.feature_rules import FEATURE_RULES, check_features
 from chaos.nemesis.history import Delivery, History, ProbeRun, Subscriber
 
 __all__ = ["Violation", "CheckResult", "check", "RULES"]
 
-RULES = ("lost", "ff-lost", "duplicate", "redelivered-after-ack", "aborted-delivered", "partial-commit", "two-masters",
+RULES: tuple[str, ...] = ("lost", "ff-lost", "duplicate", "redelivered-after-ack", "aborted-delivered", "partial-commit", "two-masters",
          "unhealthy")
+RULES += FEATURE_RULES
 
 #: a message must reach these subscribers (``auto`` is at-most-once)
 ACKING = ("client", "client-individual")
@@ -336,6 +341,7 @@ class _Checker:
         self.check_transactions()
         self.check_two_masters()
         self.check_health()
+        check_features(self)
         self.gather_stats()
         self.violations.sort(key=lambda v: (v.t, v.rule))
         self.stats["two_masters_suspect"] = len(self.warnings)

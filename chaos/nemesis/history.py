@@ -37,6 +37,11 @@ Kinds (see each tuple's fields):
     processes a connection's frames in order and receipts after the journal (and the
     slave) has everything before, so a sync started after an ACK and receipted on the
     same link (``gen_before == gen_after``) proves that ACK durable.
+``props``
+    the ActiveMQ features a producer asked for on one message (:mod:`chaos.nemesis.features`):
+    its JMS ``priority`` (-1: none given), ``delay_ms`` (``AMQ_SCHEDULED_DELAY``, 0:
+    none), ``group`` (``JMSXGroupID``, "": none) and ``batch`` (the backlog it was sent
+    in, for the priority rule; 0: none). Its ``Send`` record says how the send went.
 ``faults``
     what the nemesis did, to which node (``target``), from ``t`` to ``t_end``.
 ``probes``
@@ -65,6 +70,7 @@ __all__ = [
     "Delivery",
     "Ack",
     "Sync",
+    "MessageProps",
     "Fault",
     "ProbeRun",
     "RoundRecord",
@@ -128,6 +134,15 @@ class Sync(NamedTuple):
     ok: bool
 
 
+class MessageProps(NamedTuple):
+    t: float
+    key: str
+    priority: int = -1  # -1: no priority header
+    delay_ms: int = 0  # AMQ_SCHEDULED_DELAY; 0: none
+    group: str = ""  # JMSXGroupID; "": none
+    batch: int = 0  # the priority backlog it belongs to; 0: none
+
+
 class Fault(NamedTuple):
     t: float
     t_end: float
@@ -172,6 +187,7 @@ KINDS: dict[str, type[Any]] = {
     "deliveries": Delivery,
     "acks": Ack,
     "syncs": Sync,
+    "props": MessageProps,
     "faults": Fault,
     "probes": ProbeRun,
     "rounds": RoundRecord,
@@ -190,6 +206,7 @@ class History:
         self.deliveries: list[Delivery] = []
         self.acks: list[Ack] = []
         self.syncs: list[Sync] = []
+        self.props: list[MessageProps] = []
         self.faults: list[Fault] = []
         self.probes: list[ProbeRun] = []
         self.rounds: list[RoundRecord] = []

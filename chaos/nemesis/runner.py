@@ -41,6 +41,7 @@ from chaos.harness.cluster import ClusterError, Stage
 from chaos.nemesis.checker import CheckResult, Violation, check
 from chaos.nemesis.cluster import BRIDGED_QUEUE, NemesisCluster
 from chaos.nemesis.faults import NET_KINDS, Active, Nemesis
+from chaos.nemesis.features import GroupConsumer, GroupProducer, PriorityBacklog, ScheduledProducer
 from chaos.nemesis.history import History, RoundRecord, Subscriber
 from chaos.nemesis.probe import Prober
 from chaos.nemesis.schedule import FAULT_KINDS, RoundPlan, default_kinds, plan_round, round_seeds
@@ -165,6 +166,10 @@ def build_workload(stage: Stage, spoke_uri: str, history: History, clock: Callab
         Consumer("d-client", pair, history, clock, dest="/topic/nemesis.txt", ack="client", durable=True),
         Consumer("c-ff", pair, history, clock, dest="/queue/nemesis.ff", ack="client-individual"),
         Consumer("c-bridged", pair, history, clock, dest=BRIDGED_QUEUE, ack="client-individual"),
+        Consumer("c-sched", pair, history, clock, dest="/queue/nemesis.sched", ack="client-individual"),
+        *(GroupConsumer(f"c-group{i}", pair, history, clock, dest="/queue/nemesis.group", ack="client-individual")
+          for i in (1, 2, 3)),
+        PriorityBacklog("c-prio", pair, history, clock, dest="/queue/nemesis.prio", seed=params.seed),
     ]
     producers: list[Worker] = [
         ReceiptedProducer("p-indiv", pair, history, clock, dest="/queue/nemesis.indiv", rate=r),
@@ -174,9 +179,12 @@ def build_workload(stage: Stage, spoke_uri: str, history: History, clock: Callab
         TxProducer("tx-topic", pair, history, clock, dest="/topic/nemesis.txt", rate=r / 5, size=3),
         FireAndForgetProducer("ff", pair, history, clock, dest="/queue/nemesis.ff", rate=r),
         ReceiptedProducer("p-bridged", spoke, history, clock, dest=BRIDGED_QUEUE, rate=r / 2),
+        ScheduledProducer("p-sched", pair, history, clock, dest="/queue/nemesis.sched", rate=r / 4, seed=params.seed),
+        GroupProducer("p-group", pair, history, clock, dest="/queue/nemesis.group", rate=r / 2),
     ]
     for c in consumers:
-        history.add(Subscriber(c.client, c.dest, c.ack, c.durable))
+        if not c.competing:
+            history.add(Subscriber(c.client, c.dest, c.ack, c.durable))
     return consumers, producers
 
 
@@ -186,13 +194,20 @@ class _Drain:
 
     def __init__(self, history: History, consumers: Sequence[Consumer]) -> None:
         self.history = history
-        self.by_dest: dict[str, list[Consumer]] = {}
+        # who must get a message of each destination: every subscriber, or one of the
+        # competing consumers of a shared queue (one entry for all of them)
+        self.by_dest: dict[str, list[tuple[Consumer, ...]]] = {}
+        shared: dict[str, list[Consumer]] = {}
         for c in consumers:
-            if c.ack != "auto":
-                self.by_dest.setdefault(c.dest, []).append(c)
+            if c.competing:
+                shared.setdefault(c.dest, []).append(c)
+            elif c.ack != "auto":
+                self.by_dest.setdefault(c.dest, []).append((c,))
+        for dest, cs in shared.items():
+            self.by_dest.setdefault(dest, []).append(tuple(cs))
         self.sends_seen = 0
         self.txs_seen = 0
-        self.pending: list[tuple[Consumer, str]] = []
+        self.pending: list[tuple[tuple[Consumer, ...], str]] = []
 
     def refresh(self) -> None:
         sends = self.history.sends[self.sends_seen:]
@@ -201,11 +216,11 @@ class _Drain:
         self.txs_seen += len(txs)
         for s in sends:
             if s.kind == "rcpt" and s.outcome == "ok":
-                self.pending.extend((c, s.key) for c in self.by_dest.get(s.dest, ()))
+                self.pending.extend((cs, s.key) for cs in self.by_dest.get(s.dest, ()))
         for tx in txs:
             if tx.outcome == "committed":
-                self.pending.extend((c, k) for c in self.by_dest.get(tx.dest, ()) for k in tx.keys)
-        self.pending = [(c, k) for c, k in self.pending if not c.has(k)]
+                self.pending.extend((cs, k) for cs in self.by_dest.get(tx.dest, ()) for k in tx.keys)
+        self.pending = [(cs, k) for cs, k in self.pending if not any(c.has(k) for c in cs)]
 
     def wait(self, timeout: float) -> int:
         """Wait until nothing is pending (or ``timeout``); how many are still pending."""
@@ -432,6 +447,9 @@ class ModeRun:
         self.echo(f"{self.label()}: stopping the producers and draining the consumers")
         for p in self.producers:
             p.stop()
+        for c in self.consumers:
+            if isinstance(c, PriorityBacklog):
+                c.stop_sending()
         for p in self.producers:
             p.join(self.params.client_timeout_ms / 1000 + 10)
         left = self.drain.wait(self.params.drain_timeout_s) if self.drain is not None else 0

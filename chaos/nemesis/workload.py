@@ -51,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from amqtransport.client import Connection
+from amqtransport.client import Connection, Message
 from amqtransport.errors import (
     AmqTransportError,
     BrokerError,
@@ -147,6 +147,11 @@ class ReceiptedProducer(Worker):
     def _record(self, key: str, t: float, outcome: str, error: str = "") -> None:
         self.history.add(Send(t, self.client, self.dest, key, "rcpt", outcome, self.clock(), error))
 
+    def options(self, key: str, t: float) -> dict[str, Any]:
+        """Extra arguments of ``Producer.send`` for ``key`` (:mod:`chaos.nemesis.features`:
+        a priority, a delay, a group); none here."""
+        return {}
+
     def work(self, conn: Connection) -> None:
         producer = conn.producer(window=self.window)
         settled = failed = 0
@@ -163,10 +168,11 @@ class ReceiptedProducer(Worker):
         while not self.stopping.is_set():
             key = f"{self.client}:{self.seq}"
             self.seq += 1
-            self.pending.append((key, self.clock()))
+            t_key = self.clock()
+            self.pending.append((key, t_key))
             before = producer.sent
             try:
-                producer.send(self.dest, key, idempotency_key=key)
+                producer.send(self.dest, key, idempotency_key=key, **self.options(key, t_key))
             except (BrokerError, SendTimeout) as exc:  # one request failed; the connection lives on
                 self.error(exc)
                 if producer.sent == before:  # this one never went out
@@ -409,6 +415,10 @@ class InFlightCheck(threading.Thread):
 
 
 class Consumer(Worker):
+    #: one of several consumers sharing a queue (a message must reach one of them): not
+    #: a ``Subscriber`` of the history (:mod:`chaos.nemesis.features` judges them)
+    competing = False
+
     def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock, *,
                  dest: str, ack: str, durable: bool = False, sync_s: float = 0.3) -> None:
         if durable:
@@ -427,16 +437,7 @@ class Consumer(Worker):
             return key in self.app_keys
 
     def work(self, conn: Connection) -> None:
-        state: dict[str, str] = {}
-
-        def on_wire(frame: Frame, generation: int) -> None:
-            if frame.get("subscription") != state.get("sub"):
-                return
-            key = frame.body.decode("utf-8", "replace")
-            self.history.add(Delivery(self.clock(), self.client, key, frame.get("message-id") or "", generation,
-                                      "wire"))
-
-        conn.add_wire_tap(on_wire)
+        state = self.tap(conn)
         headers = {"activemq.subscriptionName": self.client} if self.durable else None
         sub = conn.subscribe(self.dest, ack=self.ack, headers=headers)  # type: ignore[arg-type]
         state["sub"] = sub.id
@@ -446,14 +447,7 @@ class Consumer(Worker):
         while not self.stopping.is_set():
             msg = sub.receive(timeout=0.05)
             if msg is not None:
-                key = msg.body.decode("utf-8", "replace")
-                now = self.clock()
-                self.history.add(Delivery(now, self.client, key, msg.message_id or "", msg.generation, "app"))
-                with self.lock:
-                    self.app_keys.add(key)
-                if self.ack != "auto":
-                    msg.ack()
-                    self.history.add(Ack(self.clock(), self.client, key, msg.generation))
+                self.take(msg)
                 unsynced = True
             while sync_sub.receive(timeout=0) is not None:
                 pass
@@ -461,6 +455,34 @@ class Consumer(Worker):
                 last_sync = self.clock()
                 unsynced = False
                 self._sync(conn)
+
+    def tap(self, conn: Connection, by_destination: bool = False) -> dict[str, str]:
+        """Record every MESSAGE of the subscription whose id is put in the returned
+        dict's ``"sub"`` as it arrives (``wire``); with ``by_destination``, every MESSAGE
+        from ``dest`` (what the broker sends before ``subscribe()`` returns the id)."""
+        state: dict[str, str] = {}
+
+        def on_wire(frame: Frame, generation: int) -> None:
+            if (frame.get("destination") != self.dest if by_destination
+                    else frame.get("subscription") != state.get("sub")):
+                return
+            key = frame.body.decode("utf-8", "replace")
+            self.history.add(Delivery(self.clock(), self.client, key, frame.get("message-id") or "", generation,
+                                      "wire"))
+
+        conn.add_wire_tap(on_wire)
+        return state
+
+    def take(self, msg: Message) -> str:
+        """The application got ``msg``: record it, ack it (unless ``auto``); its key."""
+        key: str = msg.body.decode("utf-8", "replace")
+        self.history.add(Delivery(self.clock(), self.client, key, msg.message_id or "", msg.generation, "app"))
+        with self.lock:
+            self.app_keys.add(key)
+        if self.ack != "auto":
+            msg.ack()
+            self.history.add(Ack(self.clock(), self.client, key, msg.generation))
+        return key
 
     def _sync(self, conn: Connection) -> None:
         transport = conn.transport

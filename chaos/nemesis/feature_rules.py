@@ -1,0 +1,293 @@
+"""The checker's rules for the ActiveMQ features (scheduled, prioritized, grouped messages).
+
+Theory of operation
+-------------------
+:func:`check_features` runs inside :func:`chaos.nemesis.checker.check` (same history,
+same violation records and excerpts); like the rest of the checker it reads nothing but
+the history. What a producer asked for on a message is its ``props`` record
+(:class:`~chaos.nemesis.history.MessageProps`, written by :mod:`chaos.nemesis.features`).
+Scheduled and prioritized messages go to ordinary subscribers, so the general rules
+(``lost``, ``duplicate``, ``redelivered-after-ack``) judge "delivered once" for them;
+grouped messages go to competing consumers, judged here.
+
+``scheduled-early``
+    no copy of a message sent with ``AMQ_SCHEDULED_DELAY`` d reaches any consumer's
+    wire before ``t + d`` (``t``: when the client started the SEND; the broker counts
+    the delay from when it got it, later). Always, faults or not: a takeover or a
+    restart keeps the due time (it is in the job's record).
+``scheduled-late``
+    its first delivery to each subscriber comes by ``t_done + d + SCHEDULED_SLACK_S``
+    (``t_done``: the receipt) -- "on time, give or take the takeover": when a fault
+    was active during the message's life, the bound moves to that fault's end plus
+    ``TAKEOVER_S`` (or the round's time to health, if longer) plus the slack.
+``priority-order``
+    each batch of :class:`~chaos.nemesis.features.PriorityBacklog` was receipted in
+    full before the SUBSCRIBE that drains it; among the batch's messages whose *first*
+    delivery came on the same link (one uninterrupted consumer session on one broker),
+    the order of first deliveries is priority descending, send order within a priority.
+    Nothing is promised across a failover (a message handed out before it comes back
+    redelivered, in its own place) -- those pairs are not compared.
+``group-lost`` / ``group-duplicate``
+    a receipted message with a ``JMSXGroupID`` reached the application of one of the
+    consumers sharing its queue (complete history only); it reached a second one only
+    if the first one's ACK of it was not yet known durable (a sync receipted on the
+    same link after it) when the second got it -- otherwise ``group-duplicate``. (The
+    general ``duplicate`` rule already says each consumer got it at most once.)
+``group-split``
+    a group's messages go to one consumer at a time between consumer changes: a
+    violation is a message of group G on consumer Y's wire at ``t2`` while another
+    consumer X, which got a message of G at ``t1 < t2``, was still on the *same* link
+    after ``t2`` (a later delivery on it) and Y's link was the same since before
+    ``t1`` -- neither consumer changed, yet the group moved. A change with a fault
+    active between ``t1`` and X's later delivery is *excused* (a toxic can hold frames
+    the broker wrote before it gave X's group away), counted in the stats.
+
+Stats: ``scheduled_sent`` / ``scheduled_delivered``, ``scheduled_late_ms_max`` (the
+latest first delivery after its due time ``t_done + d``, in ms, over messages whose life
+saw no fault; ``scheduled_late_ms_max_fault`` over the others), ``priority_batches`` /
+``priority_pairs_checked``, ``group_messages`` / ``group_owner_changes`` /
+``group_changes_excused`` / ``group_redelivered_across``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from chaos.nemesis.history import Delivery, Fault, MessageProps, Send
+
+if TYPE_CHECKING:
+    from chaos.nemesis.checker import _Checker
+
+__all__ = ["FEATURE_RULES", "SCHEDULED_SLACK_S", "TAKEOVER_S", "check_features"]
+
+FEATURE_RULES = ("scheduled-early", "scheduled-late", "priority-order", "group-lost", "group-duplicate",
+                 "group-split")
+EARLY_EPS_S = 0.002  # history times are rounded to 0.1 ms
+SCHEDULED_SLACK_S = 5.0  # a loaded 2-core machine: how late "on time" may be
+TAKEOVER_S = 10.0  # after a fault ends, how long the pair may take to serve again
+
+
+def check_features(ck: _Checker) -> None:
+    """Judge the feature rules on ``ck``'s history (see the module docstring)."""
+    props = {p.key: p for p in ck.h.props}
+    if not props:
+        return
+    _Features(ck, props).run()
+
+
+class _Features:
+    def __init__(self, ck: _Checker, props: dict[str, MessageProps]) -> None:
+        self.ck = ck
+        self.props = props
+        self.faults: list[Fault] = sorted(ck.h.faults, key=lambda f: f.t)
+        self.fault_starts = [f.t for f in self.faults]
+        self.health = {r.round: r.health_s for r in ck.h.rounds}
+        self.sends: dict[str, Send] = {}
+        for s in ck.h.sends:
+            if s.key in props and s.kind == "rcpt":
+                self.sends[s.key] = s  # the last record of a key is its outcome
+
+    def run(self) -> None:
+        self.check_scheduled()
+        self.check_priority()
+        self.check_groups()
+
+    # -- helpers ------------------------------------------------------------------
+    def faults_between(self, t0: float, t1: float) -> list[Fault]:
+        """Faults active at some time in [t0, t1]."""
+        hi = bisect.bisect_right(self.fault_starts, t1)
+        return [f for f in self.faults[:hi] if f.t_end >= t0]
+
+    def late_bound(self, s: Send, due: float) -> tuple[float, bool]:
+        """The latest acceptable first delivery of a scheduled send, and whether a fault
+        moved it."""
+        bound = due + SCHEDULED_SLACK_S
+        moved = False
+        for f in self.faults_between(s.t, float("inf")):
+            if f.t > bound:
+                break
+            takeover = max(TAKEOVER_S, self.health.get(f.round, 0.0))
+            if f.t_end + takeover + SCHEDULED_SLACK_S > bound:
+                bound = f.t_end + takeover + SCHEDULED_SLACK_S
+                moved = True
+        return bound, moved
+
+    # -- scheduled ----------------------------------------------------------------
+    def check_scheduled(self) -> None:
+        ck = self.ck
+        sent = delivered = 0
+        late_max = late_max_fault = 0.0
+        for key, p in self.props.items():
+            s = self.sends.get(key)
+            if p.delay_ms <= 0 or s is None:
+                continue
+            sent += 1
+            delay = p.delay_ms / 1000
+            early = [d for d in ck.key_wire.get(key, []) if d.t < s.t + delay - EARLY_EPS_S]
+            if early:
+                d = early[0]
+                ck.violate("scheduled-early", d.t,
+                           f"{key} (AMQ_SCHEDULED_DELAY {p.delay_ms} ms, SEND started at {s.t:.3f}) reached "
+                           f"{d.sub} at {d.t:.3f}, {(s.t + delay - d.t) * 1000:.0f} ms before it was due",
+                           [("props", p), ("send", s), *(("delivery", x) for x in early)], around=(s.t, d.t))
+            if s.outcome != "ok":
+                continue
+            due = s.t_done + delay
+            for sub in ck.by_dest.get(s.dest, ()):
+                firsts = ck.app.get((sub.name, key))
+                if not firsts:
+                    continue  # the lost rule's business
+                delivered += 1
+                first = firsts[0]
+                bound, moved = self.late_bound(s, due)
+                late = first.t - due
+                if moved:
+                    late_max_fault = max(late_max_fault, late)
+                else:
+                    late_max = max(late_max, late)
+                if first.t > bound:
+                    ck.violate("scheduled-late", first.t,
+                               f"{key} (AMQ_SCHEDULED_DELAY {p.delay_ms} ms, receipted at {s.t_done:.3f}, due by "
+                               f"{due:.3f}) first reached {sub.name} at {first.t:.3f}: {late:.1f} s late, past "
+                               f"the bound {bound:.3f}" + (" (moved by the faults around it)" if moved else ""),
+                               [("props", p), ("send", s), ("delivery", first)], around=(s.t, first.t))
+        st = ck.stats
+        st["scheduled_sent"] = sent
+        st["scheduled_delivered"] = delivered
+        st["scheduled_late_ms_max"] = round(late_max * 1000)
+        st["scheduled_late_ms_max_fault"] = round(late_max_fault * 1000)
+
+    # -- priority -----------------------------------------------------------------
+    def check_priority(self) -> None:
+        ck = self.ck
+        batches: dict[tuple[str, int], list[str]] = defaultdict(list)
+        for key, p in self.props.items():
+            s = self.sends.get(key)
+            if p.batch and s is not None and s.outcome == "ok":
+                batches[(s.client, p.batch)].append(key)
+        first: dict[str, tuple[int, Delivery]] = {}  # key -> (index, first wire delivery)
+        for i, d in enumerate(ck.h.deliveries):
+            if d.stage == "wire" and d.key in self.props and self.props[d.key].batch and d.key not in first:
+                first[d.key] = (i, d)
+        pairs = 0
+        for (client, batch), keys in batches.items():
+            sessions: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
+            for key in keys:
+                if key in first:
+                    i, d = first[key]
+                    sessions[(d.sub, d.gen)].append((i, key))
+            for (sub, gen), got in sessions.items():
+                got.sort()
+                order = [k for _, k in got]
+                pairs += len(order) * (len(order) - 1) // 2
+                bad = self._inversion(order)
+                if bad is not None:
+                    a, b = bad
+                    pa, pb = self.props[a].priority, self.props[b].priority
+                    da, db = first[a][1], first[b][1]
+                    ck.violate("priority-order", db.t,
+                               f"batch {batch} of {client} (receipted before {sub} subscribed): {b} (priority {pb}) "
+                               f"reached {sub} at {db.t:.3f} after {a} (priority {pa}) at {da.t:.3f} on the same "
+                               f"link (generation {gen})" + (" though it was sent first" if pa == pb else ""),
+                               [("props", self.props[k]) for k in order] + [("delivery", da), ("delivery", db)],
+                               around=(da.t, db.t))
+        ck.stats["priority_batches"] = len(batches)
+        ck.stats["priority_pairs_checked"] = pairs
+
+    def _inversion(self, order: list[str]) -> tuple[str, str] | None:
+        """The first pair (a before b) that breaks priority-then-send order, or None."""
+        def rank(k: str) -> tuple[int, float]:
+            return (-self.props[k].priority, self.sends[k].t)
+
+        for j in range(1, len(order)):
+            for i in range(j):
+                if rank(order[j]) < rank(order[i]):
+                    return order[i], order[j]
+        return None
+
+    # -- groups -------------------------------------------------------------------
+    def check_groups(self) -> None:
+        ck = self.ck
+        group_of = {k: p.group for k, p in self.props.items() if p.group}
+        if not group_of:
+            return
+        app: dict[str, list[Delivery]] = defaultdict(list)
+        wire: list[Delivery] = []
+        span: dict[tuple[str, int], list[float]] = {}
+        members: set[str] = set()
+        for d in ck.h.deliveries:
+            if d.key not in group_of:
+                continue
+            members.add(d.sub)
+            if d.stage == "app":
+                app[d.key].append(d)
+            else:
+                wire.append(d)
+                sp = span.setdefault((d.sub, d.gen), [d.t, d.t])
+                sp[1] = d.t
+        n = 0
+        for key in group_of:
+            s = self.sends.get(key)
+            if s is None or s.outcome != "ok":
+                continue
+            n += 1
+            if ck.complete and not app.get(key):
+                ck.violate("group-lost", s.t, f"{key} (group {group_of[key]}) to {s.dest}: receipted at "
+                           f"{s.t_done:.3f} but reached none of its consumers ({', '.join(sorted(members))}; "
+                           f"{len(ck.key_wire.get(key, []))} copies on the wire)",
+                           [("send", s), *(("delivery", d) for d in ck.key_wire.get(key, []))], around=(s.t, s.t_done))
+        ck.stats["group_messages"] = n
+        self._cross_duplicates(app)
+        self._splits(wire, span, group_of)
+
+    def _cross_duplicates(self, app: dict[str, list[Delivery]]) -> None:
+        ck = self.ck
+        across = [(key, ds) for key, ds in app.items() if len({d.sub for d in ds}) > 1]
+        confirmed = ck.confirmed_acks() if across else {}
+        redelivered = 0
+        for key, ds in across:
+            ds = sorted(ds, key=lambda d: d.t)
+            for later in ds[1:]:
+                earlier = [d for d in ds if d.sub != later.sub and d.t < later.t]
+                proof = [(confirmed[(d.sub, key)][0], d) for d in earlier if (d.sub, key) in confirmed]
+                proof = [(at, d) for at, d in proof if at < later.t]
+                if proof:
+                    at, d = min(proof, key=lambda x: x[0])
+                    ck.violate("group-duplicate", later.t,
+                               f"{key} reached {later.sub} at {later.t:.3f} after {d.sub} got it at {d.t:.3f} "
+                               f"and its ACK was known durable at {at:.3f}",
+                               [("delivery", x) for x in ds], around=(d.t, later.t))
+                    break
+            else:
+                redelivered += 1
+        ck.stats["group_redelivered_across"] = redelivered
+
+    def _splits(self, wire: list[Delivery], span: dict[tuple[str, int], list[float]],
+                group_of: dict[str, str]) -> None:
+        ck = self.ck
+        changes = excused = 0
+        owner: dict[str, Delivery] = {}  # group -> its latest delivery (to its current owner)
+        for d2 in wire:  # in arrival order
+            g = group_of[d2.key]
+            d1 = owner.get(g)
+            owner[g] = d2
+            if d1 is None or d1.sub == d2.sub or d1.t > d2.t:
+                continue
+            changes += 1
+            x = d1.sub
+            x_until = span[(x, d1.gen)][1]
+            y_since = span[(d2.sub, d2.gen)][0]
+            if x_until <= d2.t or y_since >= d1.t:
+                continue  # a consumer changed: x's link was gone, or y's is new
+            if self.faults_between(d1.t, x_until):
+                excused += 1
+                continue
+            ck.violate("group-split", d2.t,
+                       f"group {g}: {d2.key} reached {d2.sub} at {d2.t:.3f} while {x}, which got {d1.key} of "
+                       f"the group at {d1.t:.3f}, stayed on the same link (generation {d1.gen}) until "
+                       f"{x_until:.3f} and {d2.sub}'s link (generation {d2.gen}) was up since {y_since:.3f}",
+                       [("delivery", d1), ("delivery", d2)], around=(d1.t, x_until))
+        ck.stats["group_owner_changes"] = changes
+        ck.stats["group_changes_excused"] = excused
