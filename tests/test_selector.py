@@ -133,6 +133,28 @@ def test_stomp_headers_map_to_jms_headers_as_activemq_does(headers: dict[str, st
     assert ev(selector, **headers) is True
 
 
+class _CountedHeaders(list[tuple[str, str]]):
+    reads = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        return super().__iter__()
+
+
+def test_a_view_reads_the_headers_only_when_a_selector_asks_and_then_once_per_kind() -> None:
+    """A deep queue under a selective consumer builds one view per message: it must cost
+    nothing until a selector reads it, and a property selector must not pay for the JMS
+    headers (docs/brokers/activemq-compat.md, how it scales)."""
+    headers = _CountedHeaders([("k", "v"), ("priority", "7"), ("k", "second")])
+    v = message_view(headers, message_id="ID:x", destination="/queue/q", timestamp_ms=0)
+    assert headers.reads == 0
+    assert compile_selector("k = 'v'").matches(v) and headers.reads == 1  # the properties, once
+    assert compile_selector("k <> 'second' AND priority IS NULL").matches(v) and headers.reads == 1
+    assert compile_selector("JMSPriority = 7 AND JMSXDeliveryCount = 1").matches(v) and headers.reads == 2
+    v.delivery_count = 1  # redelivered: the JMS headers follow without reading the headers again
+    assert compile_selector("JMSRedelivered AND JMSXDeliveryCount = 2").matches(v) and headers.reads == 2
+
+
 def test_delivery_count_is_what_the_view_says() -> None:
     v = message_view([], message_id="ID:x", destination="/topic/t", timestamp_ms=0, delivery_count=2)
     assert compile_selector("JMSRedelivered AND JMSXDeliveryCount = 3").matches(v)

@@ -10,13 +10,40 @@ __all__ = ["JMS_NAMES", "MessageView", "message_view"]
 
 
 class MessageView:
-    """One message as a selector sees it: ``props`` (property name -> value) and the JMS headers."""
+    """One message as a selector sees it: ``props`` (property name -> value) and ``jms``
+    (the JMS headers), each built from the STOMP headers the first time a selector reads
+    it (:func:`message_view`), so a selector on one property never pays for the JMS
+    headers, nor one on JMS headers for the properties. ``delivery_count`` (the
+    deliveries so far) may change between evaluations: ``jms`` reflects it at each read."""
 
-    __slots__ = ("props", "jms")
+    __slots__ = ("_headers", "_props", "_jms", "message_id", "destination", "timestamp_ms", "delivery_count")
 
-    def __init__(self, props: Mapping[str, Value], jms: dict[str, Value]) -> None:
-        self.props = props
-        self.jms = jms
+    def __init__(self, headers: Sequence[tuple[str, str]], *, message_id: str, destination: str, timestamp_ms: int,
+                 delivery_count: int = 0) -> None:
+        self._headers = headers
+        self._props: dict[str, Value] | None = None
+        self._jms: dict[str, Value] | None = None
+        self.message_id = message_id
+        self.destination = destination
+        self.timestamp_ms = timestamp_ms
+        self.delivery_count = delivery_count
+
+    @property
+    def props(self) -> Mapping[str, Value]:
+        props = self._props
+        if props is None:
+            props = self._props = _properties(self._headers)
+        return props
+
+    @property
+    def jms(self) -> dict[str, Value]:
+        jms = self._jms
+        if jms is None:
+            jms = self._jms = _jms_headers(self._headers, self.message_id, self.destination, self.timestamp_ms)
+        n = self.delivery_count
+        jms["JMSRedelivered"] = n > 0
+        jms["JMSXDeliveryCount"] = n + 1
+        return jms
 
 
 JMS_NAMES = frozenset(
@@ -58,8 +85,42 @@ def message_view(
 ) -> MessageView:
     """The message a selector sees, from a SEND's headers, as ActiveMQ's STOMP
     connector builds it (``FrameTranslator``). ``destination`` is ``/queue/X`` or
-    ``/topic/X``; ``delivery_count`` the deliveries so far (JMSRedelivered when > 0)."""
+    ``/topic/X``; ``delivery_count`` the deliveries so far (JMSRedelivered when > 0).
+    Nothing is read from ``headers`` until a selector asks (:class:`MessageView`)."""
+    return MessageView(headers, message_id=message_id, destination=destination, timestamp_ms=timestamp_ms,
+                       delivery_count=delivery_count)
+
+
+#: headers that set a JMS header (or are the frame's own): never a property
+_NOT_PROPERTIES = _REMOVED | frozenset({
+    "correlation-id", "JMSCorrelationID", "expires", "JMSExpiration", "timestamp", "JMSTimestamp", "priority",
+    "JMSPriority", "type", "JMSType", "reply-to", "JMSReplyTo", "persistent", "JMSXGroupID", "JMSXGroupSeq",
+})
+_JMS_SOURCES = _NOT_PROPERTIES - _REMOVED
+
+
+def _properties(headers: Sequence[tuple[str, str]]) -> dict[str, Value]:
+    """The message's properties: every header but the frame's own and the JMS ones (the
+    first of a repeated name counts); the ``AMQ_SCHEDULED_*`` numbers typed."""
     props: dict[str, Value] = {}
+    for k, v in headers:
+        if k in props or k in _NOT_PROPERTIES:
+            continue
+        if k in _LONG_PROPS:
+            props[k] = JLong(_java_long(v))
+        elif k == "AMQ_SCHEDULED_REPEAT":
+            try:
+                props[k] = parse_int(v, 32)
+            except NumberFormat:
+                props[k] = v
+        else:
+            props[k] = v
+    return props
+
+
+def _jms_headers(headers: Sequence[tuple[str, str]], message_id: str, destination: str,
+                 timestamp_ms: int) -> dict[str, Value]:
+    """The JMS headers (without the delivery count's two, which :class:`MessageView` sets)."""
     jms: dict[str, Value] = {
         "JMSMessageID": message_id,
         "JMSDestination": _reply_to(destination),
@@ -67,18 +128,14 @@ def message_view(
         "JMSTimestamp": JLong(timestamp_ms),
         "JMSExpiration": JLong(0),
         "JMSDeliveryMode": "NON_PERSISTENT",
-        "JMSRedelivered": delivery_count > 0,
-        "JMSXDeliveryCount": delivery_count + 1,
         "JMSXGroupSeq": 0,
         "JMSXGroupFirstForConsumer": False,
     }
     seen: set[str] = set()
     for k, v in headers:
-        if k in seen:
+        if k not in _JMS_SOURCES or k in seen:
             continue
         seen.add(k)
-        if k in _REMOVED:
-            continue
         if k == "correlation-id" or k == "JMSCorrelationID":
             jms["JMSCorrelationID"] = v
         elif k == "expires" or k == "JMSExpiration":
@@ -98,18 +155,9 @@ def message_view(
             jms["JMSDeliveryMode"] = "PERSISTENT" if v == "true" else "NON_PERSISTENT"
         elif k == "JMSXGroupID":
             jms["JMSXGroupID"] = v
-        elif k == "JMSXGroupSeq":
+        else:  # JMSXGroupSeq
             try:
                 jms["JMSXGroupSeq"] = parse_int(v, 32)
             except NumberFormat:
                 pass
-        elif k in _LONG_PROPS:
-            props[k] = JLong(_java_long(v))
-        elif k == "AMQ_SCHEDULED_REPEAT":
-            try:
-                props[k] = parse_int(v, 32)
-            except NumberFormat:
-                props[k] = v
-        else:
-            props[k] = v
-    return MessageView(props, jms)
+    return jms

@@ -61,9 +61,7 @@ def view_of(msg: Message) -> MessageView:
             destination=msg.destination,
             timestamp_ms=int(msg.timestamp * 1000),
         )
-    n = msg.delivery_count
-    view.jms["JMSRedelivered"] = n > 0
-    view.jms["JMSXDeliveryCount"] = n + 1
+    view.delivery_count = msg.delivery_count
     return view
 
 
