@@ -31,7 +31,10 @@ grouped messages go to competing consumers, judged here.
     a receipted message with a ``JMSXGroupID`` reached the application of one of the
     consumers sharing its queue (complete history only); it reached a second one only
     if the first one's ACK of it was not yet known durable (a sync receipted on the
-    same link after it) when the second got it -- otherwise ``group-duplicate``. (The
+    same link after it) when the second one's copy came in on its wire -- otherwise
+    ``group-duplicate``. (A copy received before its link died may reach the
+    application seconds later, from the client's buffer, after the broker gave the
+    message to another consumer and that one acked it: at-least-once, not a duplicate.) (The
     general ``duplicate`` rule already says each consumer got it at most once.)
 ``group-split``
     a group's messages go to one consumer at a time between consumer changes: a
@@ -250,14 +253,17 @@ class _Features:
         for key, ds in across:
             ds = sorted(ds, key=lambda d: d.t)
             for later in ds[1:]:
+                # when the copy the application got came in on the wire (a copy received
+                # before its link died may reach the application later, from the buffer)
+                arrived = max((w.t for w in ck.wire.get((later.sub, key), []) if w.t <= later.t), default=later.t)
                 earlier = [d for d in ds if d.sub != later.sub and d.t < later.t]
                 proof = [(confirmed[(d.sub, key)][0], d) for d in earlier if (d.sub, key) in confirmed]
-                proof = [(at, d) for at, d in proof if at < later.t]
+                proof = [(at, d) for at, d in proof if at < arrived]
                 if proof:
                     at, d = min(proof, key=lambda x: x[0])
                     ck.violate("group-duplicate", later.t,
-                               f"{key} reached {later.sub} at {later.t:.3f} after {d.sub} got it at {d.t:.3f} "
-                               f"and its ACK was known durable at {at:.3f}",
+                               f"{key} reached {later.sub} at {later.t:.3f} (on its wire at {arrived:.3f}) after "
+                               f"{d.sub} got it at {d.t:.3f} and its ACK was known durable at {at:.3f}",
                                [("delivery", x) for x in ds], around=(d.t, later.t))
                     break
             else:

@@ -23,7 +23,12 @@ usual ``Send``, so the rules of :mod:`chaos.nemesis.feature_rules` know what was
   stored -- before the SUBSCRIBE that drains it was written, so the broker must hand
   the batch out highest priority first, FIFO within a priority (``priority-order``).
   It is an ordinary subscriber of its queue (``lost``, ``duplicate`` and
-  ``redelivered-after-ack`` judge it too).
+  ``redelivered-after-ack`` judge it too). The client's duplicate filter is per
+  subscription, and this one subscribes anew for each batch: an ACK lost in a failover
+  (the master died before it had it) brings the message back in the *next* session,
+  past the filter. The worker drops such a copy itself, as an idempotent application
+  would (acked, recorded on the wire, not handed on); ``redelivered-after-ack`` still
+  fails it if that ACK had been proved durable.
 
 The runner's final drain calls :meth:`PriorityBacklog.stop_sending` with the producers'
 stop: from then on it only receives.
@@ -38,7 +43,7 @@ from typing import Any
 from amqtransport.client import Connection
 from amqtransport.errors import AmqTransportError, BrokerError, ConnectionClosed, ReconnectExhausted
 from chaos.harness.clients import ClientSettings
-from chaos.nemesis.history import History, MessageProps, Send
+from chaos.nemesis.history import Ack, History, MessageProps, Send
 from chaos.nemesis.workload import Clock, Consumer, ReceiptedProducer
 
 __all__ = ["ScheduledProducer", "GroupProducer", "GroupConsumer", "PriorityBacklog", "DELAY_MS"]
@@ -107,8 +112,14 @@ class PriorityBacklog(Consumer):
                 if self.sending.is_set() and (batch <= got or self.clock() > deadline):
                     break
                 msg = sub.receive(timeout=0.05)
-                if msg is not None:
-                    got.add(self.take(msg))
+                if msg is None:
+                    continue
+                key = msg.body.decode("utf-8", "replace")
+                if self.has(key):  # a copy from an earlier session (see the class docstring)
+                    msg.ack()
+                    self.history.add(Ack(self.clock(), self.client, key, msg.generation))
+                    continue
+                got.add(self.take(msg))
             if self.stopping.is_set():
                 return
             sub.unsubscribe()

@@ -207,7 +207,7 @@ class _Drain:
             self.by_dest.setdefault(dest, []).append(tuple(cs))
         self.sends_seen = 0
         self.txs_seen = 0
-        self.pending: list[tuple[tuple[Consumer, ...], str]] = []
+        self.pending: list[tuple[tuple[Consumer, ...], str, float]] = []  # (who, key, receipted at)
 
     def refresh(self) -> None:
         sends = self.history.sends[self.sends_seen:]
@@ -216,20 +216,25 @@ class _Drain:
         self.txs_seen += len(txs)
         for s in sends:
             if s.kind == "rcpt" and s.outcome == "ok":
-                self.pending.extend((cs, s.key) for cs in self.by_dest.get(s.dest, ()))
+                self.pending.extend((cs, s.key, s.t_done) for cs in self.by_dest.get(s.dest, ()))
         for tx in txs:
             if tx.outcome == "committed":
-                self.pending.extend((cs, k) for cs in self.by_dest.get(tx.dest, ()) for k in tx.keys)
-        self.pending = [(cs, k) for cs, k in self.pending if not any(c.has(k) for c in cs)]
+                self.pending.extend((cs, k, tx.t_done) for cs in self.by_dest.get(tx.dest, ()) for k in tx.keys)
+        self.pending = [(cs, k, t) for cs, k, t in self.pending if not any(c.has(k) for c in cs)]
 
-    def wait(self, timeout: float) -> int:
-        """Wait until nothing is pending (or ``timeout``); how many are still pending."""
+    def wait(self, timeout: float, until: float = float("inf")) -> int:
+        """Wait until nothing receipted by ``until`` (history time) is pending (or
+        ``timeout``); how many of those are still pending. (The producers go on meanwhile:
+        a scheduled message is always due a little later, the round need not wait for it.)"""
         deadline = time.monotonic() + timeout
         self.refresh()
-        while self.pending and time.monotonic() < deadline:
+        while self.count(until) and time.monotonic() < deadline:
             time.sleep(0.1)
             self.refresh()
-        return len(self.pending)
+        return self.count(until)
+
+    def count(self, until: float = float("inf")) -> int:
+        return sum(1 for _, _, t in self.pending if t <= until)
 
 
 class ModeRun:
@@ -383,9 +388,10 @@ class ModeRun:
             log.exception("round %d: healing failed", plan.round)
             ok, took, desc = False, 0.0, f"healing failed: {exc!r}"
         out.healthy, out.health_s, out.detail = ok, took, desc
-        out.pending = drain.wait(self.params.round_drain_s) if ok else len(drain.pending)
+        out.pending = drain.wait(self.params.round_drain_s, until=self.clock()) if ok else drain.count()
         if out.pending:
-            self._dump_threads(f"round {plan.round}: {out.pending} receipted messages not delivered")
+            sample = ", ".join(f"{k} (to {'/'.join(c.client for c in cs)})" for cs, k, _ in drain.pending[:4])
+            self._dump_threads(f"round {plan.round}: {out.pending} receipted messages not delivered: {sample}")
         self.history.add(RoundRecord(plan.round, plan.seed, self.mode, t_start, self.clock(), plan.describe(), ok,
                                      round(took, 3), desc))
         # a quick look at this round (the last minute of history); the verdict is the

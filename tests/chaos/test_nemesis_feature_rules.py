@@ -183,6 +183,26 @@ def test_a_group_message_at_a_second_consumer_after_a_durable_ack_is_a_group_dup
     assert result.ok and result.stats["group_redelivered_across"] == 1
 
 
+def test_a_stale_buffered_copy_reaching_the_application_late_is_no_group_duplicate() -> None:
+    """Seen in a run: c-group3 had g:0 on its wire before its link died, the broker gave
+    it to c-group2 (acked, proved durable), and c-group3's application read its buffered
+    copy afterwards."""
+    h = clean()
+    h.deliveries = [d for d in h.deliveries if d.key != "g:0"]
+    h.acks = [a for a in h.acks if a.key != "g:0"]
+    h.add(Delivery(5.02, "c-group2", "g:0", "m-g:0", 1, "wire"))  # on c-group2's link 1, which dies
+    h.add(Delivery(7.0, "c-group1", "g:0", "m-g:0", 2, "wire"))
+    h.add(Delivery(7.001, "c-group1", "g:0", "m-g:0", 2, "app"))
+    h.add(Ack(7.002, "c-group1", "g:0", 2))
+    h.add(Sync(7.01, "c-group1", 2, 2, 7.2, True))
+    h.add(Delivery(7.5, "c-group2", "g:0", "m-g:0", 1, "app"))  # from the buffer, after the proof
+    result = check(h)
+    assert result.ok, [v.summary for v in result.violations]
+    assert result.stats["group_redelivered_across"] == 1
+    h.add(Delivery(7.4, "c-group2", "g:0", "m-g:0", 3, "wire"))  # but a copy *sent* after the proof is one
+    assert rules_of(h) == {"group-duplicate": 1}
+
+
 def test_a_group_moving_between_two_unchanged_consumers_is_a_split() -> None:
     h = clean()
     # c-group2 (on link 1 since 5.12) gets a message of g0, while c-group1 stays on its
