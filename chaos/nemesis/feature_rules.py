@@ -56,12 +56,34 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
-from chaos.nemesis.history import Delivery, Fault, MessageProps, Send
+from chaos.nemesis.history import Delivery, Fault, History, MessageProps, Send, Subscriber
 
-if TYPE_CHECKING:
-    from chaos.nemesis.checker import _Checker
+
+class _Checker(Protocol):
+    """What these rules use of :class:`chaos.nemesis.checker._Checker`."""
+
+    @property
+    def h(self) -> History: ...
+    @property
+    def complete(self) -> bool: ...
+    @property
+    def stats(self) -> dict[str, int]: ...
+    @property
+    def by_dest(self) -> Mapping[str, Sequence[Subscriber]]: ...
+    @property
+    def app(self) -> Mapping[tuple[str, str], Sequence[Delivery]]: ...
+    @property
+    def wire(self) -> Mapping[tuple[str, str], Sequence[Delivery]]: ...
+    @property
+    def key_wire(self) -> Mapping[str, Sequence[Delivery]]: ...
+
+    def violate(self, rule: str, t: float, summary: str, records: Iterable[tuple[str, Any]] = (),
+                around: tuple[float, float] | None = None) -> None: ...
+
+    def confirmed_acks(self) -> dict[tuple[str, str], tuple[float, Any]]: ...
 
 __all__ = ["FEATURE_RULES", "SCHEDULED_SLACK_S", "TAKEOVER_S", "check_features"]
 
