@@ -220,3 +220,39 @@ def test_send_delay_in_both_clients(tmp_path: Path) -> None:
             assert got == ["async", "sync"]
     finally:
         b.stop()
+
+
+def test_a_job_fired_again_after_its_fire_was_lost_delivers_the_same_message_id() -> None:
+    """Found by the nemesis (shared store, disk-full at the instant a job fired): the
+    master dispatched the fired message, its fire record never reached the disk, the
+    new master fired the job again -- a second message with a new id, which the
+    client's filter (key@message-id for scheduled deliveries, so that repeats differ)
+    let through to the application. A firing's message id is now its job's id and due
+    time: the copy of a lost firing is recognisable, repeats still differ."""
+    from amqtransport.broker.config import BrokerConfig as Config
+    from amqtransport.broker.dispatch.core import BrokerCore
+    from amqtransport.broker.dispatch.model import AUTO, Subscription
+
+    class Sink:
+        writable = True
+
+        def __init__(self) -> None:
+            self.got: list[Message] = []
+
+        def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None:
+            self.got.append(message)
+
+    now = [1000.0]
+    core = BrokerCore(Config(), None, clock=lambda: now[0], monotonic=lambda: now[0])
+    sink = Sink()
+    core.subscribe(sink, "s", "/queue/q", ack_mode=AUTO)  # type: ignore[arg-type]
+    core.send("/queue/q", (("AMQ_SCHEDULED_DELAY", "1000"), ("AMQ_SCHEDULED_PERIOD", "1000"),
+                           ("AMQ_SCHEDULED_REPEAT", "1")), b"x", persistent=False)
+    (job_msg,) = [job for _due, _seq, job in core.scheduler._heap]
+    now[0] = 1001.0
+    core.fire_due()
+    core._fire(job_msg, now[0])  # the recovered job fires again (as if its first firing was lost)
+    now[0] = 1002.0
+    core.fire_due()  # the repeat (of each firing: here the first one's successor was not lost)
+    ids = [m.id for m in sink.got]
+    assert len(ids) == 4 and ids[0] == ids[1] != ids[2] == ids[3], ids

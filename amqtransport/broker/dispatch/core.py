@@ -154,6 +154,12 @@ class BrokerCore(Registry):
             headers = delivered_headers(job.headers, state.job, int(now * 1000), int(job.timestamp * 1000))
             sends.append(TxSend(state.destination, headers, job.body, persistent, "", 0))
         plan = self.transactions.plan(sends, job.origin)
+        for _kind, _name, msg, _copies in plan.routed:
+            # the firing's own id, not a fresh one: if this firing's record is lost (a
+            # crash, a full disk) after the message went out, the recovered job fires
+            # again with the same id, and the client's filter (key@message-id for a
+            # scheduled delivery) drops the copy; each repeat has its own due time
+            msg.id = f"{state.job}@{round(state.due * 1000)}"
         for due, left, headers in firing.successors:
             nxt = Message(
                 id=self.new_id(), destination=job.destination,

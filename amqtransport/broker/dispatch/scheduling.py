@@ -16,7 +16,11 @@ its destination (headers ``AMQ_SCHEDULED_*`` removed, ``scheduledJobId`` added, 
 ``expires`` moved by the time it waited, as ActiveMQ does) and, if it fires again,
 enqueues its successor with the next due time: a crash leaves either the job or the
 delivery and its successor, so a restart or a takeover delivers each once, late by the
-downtime at most. The broker's core (``core.py``) owns the loop timer and the journal;
+downtime at most. The delivered message goes out as the record is written, not after
+it is durable: if the record is lost (a crash, a full disk) the recovered job fires
+again, so a firing's message id is its job's id and due time (``<job>@<due ms>``), and
+the consumer's duplicate filter (key@message-id for a scheduled delivery) drops the
+second copy. The broker's core (``core.py``) owns the loop timer and the journal;
 this module decides (:func:`read_schedule`, :func:`first_due`, :func:`after_fire`).
 
 ActiveMQ's timetable (``JobSchedulerImpl``): the first delivery is at ``now`` (or the
