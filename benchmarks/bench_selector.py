@@ -3,7 +3,8 @@ same client, same run.
 
 Run: .venv/bin/python benchmarks/bench_selector.py [N] [--quick]
 (N = 100,000 by default; ``--quick`` or AMQ_BENCH_QUICK=1: N = 5,000 and one round
-for a smoke run; AMQ_BENCH_ROUNDS=R, default 3)
+for a smoke run; AMQ_BENCH_ROUNDS=R, default 3; AMQ_BENCH_BASELINE=DIR adds our broker
+run from another checkout, e.g. before a change, as ``baseline``)
 
 Per round and broker, on a fresh queue:
 
@@ -119,6 +120,13 @@ def main() -> None:
     stops: list[Any] = [ours.terminate]
     runs: dict[str, dict[str, list[float]]] = {}
     try:
+        baseline_dir = os.environ.get("AMQ_BENCH_BASELINE")  # another checkout of ours (before/after a change)
+        if baseline_dir:
+            env = {**os.environ, "PYTHONPATH": str(Path(baseline_dir).resolve())}
+            base = BrokerProcess(work / "baseline", log_dir=work / "baseline-log", env=env)
+            base.start()
+            stops.append(base.terminate)
+            contenders.append(("baseline", base.port, base.pid))
         # the same broker with the whole queue resident (as ActiveMQ runs here)
         config = work / "resident.toml"
         config.write_text(f"page_window = {2 * n}\n", encoding="utf-8")
