@@ -256,3 +256,57 @@ def test_a_job_fired_again_after_its_fire_was_lost_delivers_the_same_message_id(
     core.fire_due()  # the repeat (of each firing: here the first one's successor was not lost)
     ids = [m.id for m in sink.got]
     assert len(ids) == 4 and ids[0] == ids[1] != ids[2] == ids[3], ids
+
+
+def test_a_job_joins_the_scheduler_only_once_its_send_is_durable() -> None:
+    """Found by the nemesis (replicated, a half-open replication link, then a frozen
+    master): the master fired a job whose SEND it had not receipted (the slave had not
+    acked it); the producer replayed the SEND to the next master, which made a second
+    job of it -- two deliveries under two job ids, past the client's filter. A job is
+    scheduled only from its record's durability callback now."""
+    from amqtransport.broker.config import BrokerConfig as Config
+    from amqtransport.broker.dispatch.core import BrokerCore
+    from amqtransport.broker.dispatch.model import AUTO, Subscription
+
+    class Sink:
+        writable = True
+
+        def __init__(self) -> None:
+            self.got: list[Message] = []
+
+        def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None:
+            self.got.append(message)
+
+    class SlowStore:
+        """A store whose records become durable when the test says so."""
+
+        def __init__(self) -> None:
+            self.pending: list[object] = []
+
+        def __getattr__(self, name: str) -> object:
+            return lambda *a, **k: 0  # paged counts, keys, ...: nothing
+
+        def is_duplicate(self, destination: str, key: str, callback: object = None) -> bool:
+            return False
+
+        def take(self, destination: str, n: int) -> list[Message]:
+            return []
+
+        def commit(self, records: object, callback: object = None) -> None:
+            self.pending.append(callback)
+
+    now = [1000.0]
+    store = SlowStore()
+    core = BrokerCore(Config(), store, clock=lambda: now[0], monotonic=lambda: now[0])  # type: ignore[arg-type]
+    sink = Sink()
+    core.subscribe(sink, "s", "/queue/q", ack_mode=AUTO)  # type: ignore[arg-type]
+    receipts: list[object] = []
+    core.send("/queue/q", (("AMQ_SCHEDULED_DELAY", "500"),), b"x", persistent=True, callback=receipts.append)
+    now[0] = 1001.0
+    core.fire_due()
+    assert sink.got == [] and receipts == []  # due, but not durable: not fired
+    for cb in store.pending:
+        cb(None)  # type: ignore[operator]
+    assert receipts == [None]
+    core.fire_due()
+    assert [m.body for m in sink.got] == [b"x"]  # durable, overdue: fired at once

@@ -20,7 +20,10 @@ downtime at most. The delivered message goes out as the record is written, not a
 it is durable: if the record is lost (a crash, a full disk) the recovered job fires
 again, so a firing's message id is its job's id and due time (``<job>@<due ms>``), and
 the consumer's duplicate filter (key@message-id for a scheduled delivery) drops the
-second copy. The broker's core (``core.py``) owns the loop timer and the journal;
+second copy. A new job joins the timetable only once its record is durable (on a
+replicated master: on the slave too), i.e. once its SEND could be receipted: a job fired
+before that could be made again, under another id, from the producer's replay of the
+SEND to the next master. The broker's core (``core.py``) owns the loop timer and the journal;
 this module decides (:func:`read_schedule`, :func:`first_due`, :func:`after_fire`).
 
 ActiveMQ's timetable (``JobSchedulerImpl``): the first delivery is at ``now`` (or the

@@ -82,6 +82,8 @@ class Transactions:
         reg = self.reg
         store = reg.store
         plan = self.plan(tx.sends, tx.origin)
+        routed = len(plan.routed) + len(plan.jobs)
+        callback = self._jobs_once_durable(plan, callback)
         ack_ids = [m.id for sub, m in tx.acked if sub.kind == "queue" and m.persistent]
         if ack_ids:
             plan.records.append(Ack(tuple(ack_ids)))
@@ -97,7 +99,7 @@ class Transactions:
                 store.remember_key(destination, key)
         else:
             reg.done(callback)
-        reg.sent += len(plan.routed) + len(plan.jobs)
+        reg.sent += routed
         reg.duplicates += plan.duplicates
         for sub, m in tx.acked:
             reg.memory.release(m)
@@ -118,6 +120,8 @@ class Transactions:
         reg = self.reg
         store = reg.store
         plan = self.plan(sends, origin)
+        routed = len(plan.routed) + len(plan.jobs)
+        callback = self._jobs_once_durable(plan, callback)
         if store is not None:
             try:
                 store.commit(plan.records, callback)
@@ -127,10 +131,29 @@ class Transactions:
                 store.remember_key(destination, key)
         else:
             reg.done(callback)
-        reg.sent += len(plan.routed) + len(plan.jobs)
+        reg.sent += routed
         reg.duplicates += plan.duplicates
         self.route(plan)
-        return len(plan.routed) + len(plan.jobs)
+        return routed
+
+    def _jobs_once_durable(self, plan: _Plan, callback: Callback | None) -> Callback | None:
+        """Take the new jobs out of ``plan``: they join the scheduler only once their
+        record is durable (on a replicated master: on the slave too). A job that fired
+        before its SEND was receipted could be created again from the producer's replay
+        on the next master, and fire twice under two job ids."""
+        jobs, on_job = plan.jobs, self.on_job
+        if not jobs or on_job is None:
+            return callback
+        plan.jobs = []
+
+        def durable(err: BaseException | None) -> None:
+            if err is None:
+                for job, due in jobs:
+                    on_job(job, due)
+            if callback is not None:
+                callback(err)
+
+        return durable
 
     def plan(self, sends: Sequence[TxSend], origin: str) -> _Plan:
         """The messages ``sends`` make (minus duplicates of their keys) and the journal
