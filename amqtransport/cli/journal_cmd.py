@@ -25,7 +25,9 @@ def verify(data_dir: str) -> None:
     """Read every journal segment of DATA_DIR and report damage; change nothing.
 
     Exit codes: 0 no damage (a torn tail, which the next start cuts off, is not damage),
-    1 damaged segments (`amq broker repair` salvages them), 2 DATA_DIR holds no journal.
+    1 damaged segments (`amq broker repair` salvages them) or lost records (a segment
+    missing that compaction did not delete, a checkpoint that proves loss: the broker
+    refuses to start until `amq broker repair` records it), 2 DATA_DIR holds no journal.
     """
     from amqtransport.broker.ha.lock import is_locked
     from amqtransport.broker.store.salvage import verify as verify_journal
@@ -47,7 +49,8 @@ def repair(data_dir: str) -> None:
     Each damaged segment and the checkpoint are first copied to
     DATA_DIR/journal/quarantine/<UTC time>/ (nothing is deleted); the segment is then
     rewritten with its intact records only, and the next start replays the whole
-    journal. Exit codes: 0 repaired (or nothing to repair), 1 a broker holds the journal,
+    journal. Lost records (missing segments, a checkpoint that proves loss) are noted
+    in LOST.txt there and recorded as gone, so the broker starts without them. Exit codes: 0 repaired (or nothing to repair), 1 a broker holds the journal,
     2 DATA_DIR holds no journal.
     """
     from amqtransport.broker.store import Journal, StoreLockedError
@@ -70,3 +73,6 @@ def repair(data_dir: str) -> None:
         click.echo("nothing to repair")
     else:
         click.echo(f"repaired {len(report.damaged)} segments; the originals and the checkpoint are in {quarantine}")
+        if report.lost:
+            click.echo(f"the loss is recorded (see {quarantine / 'LOST.txt'}): the broker now starts without those "
+                       "records")

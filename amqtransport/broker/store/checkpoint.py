@@ -31,7 +31,12 @@ restored backup) is not the journal the checkpoint was taken from. A checkpoint 
 merely *older* than the journal holds is fine (the tail is longer) unless compaction
 has since deleted a segment it still counts live messages in: after the tail, every
 live message must be in a segment that exists. Whenever any of this fails, recovery
-logs why and replays the whole journal: a bad checkpoint costs time, never state.
+logs why and replays the whole journal: a bad checkpoint costs time, never state --
+unless the checkpoint *proves loss*: a segment it knew (or counts live messages in) is
+gone and the record of compaction's deletes (:mod:`.chain`) does not name it, or a
+segment is shorter than the checkpoint covered as durable. Then recovery refuses to
+start (:class:`~.chain.SegmentsLost`), naming what is missing and pointing to ``amq
+broker verify`` / ``repair``.
 
 Failure. A checkpoint that cannot be written (the data directory is gone, the disk is
 full, ``checkpoint.tmp`` cannot be created) is an optimisation lost, not state: the
@@ -59,10 +64,12 @@ from pathlib import Path
 from typing import Protocol
 
 from ..dispatch.message import Message
+from .chain import SegmentsLost, describe_missing
 from .checkpoint_file import (
     FILE,
     Capture,
     CheckpointError,
+    CheckpointProvesLoss,
     load,
     serialize,
     write_file,
@@ -122,6 +129,7 @@ def capture(store: IndexedStore) -> Capture:
         refs={s: sorted(r) for s, r in store._refs.items()},  # noqa: SLF001
         enqs=dict(store._enqs),  # noqa: SLF001
         seg_live=dict(store._seg_live),  # noqa: SLF001
+        journal=j.chain.journal if j.chain is not None else "",
     )
     resident: dict[str, list[tuple[float, int, int]]] = {}
     for m in store.resident.values():
@@ -228,10 +236,16 @@ class Checkpointer:
         store = self.store
         journal = store.journal
         journal.lock()
+        chain = journal.check_chain()  # a segment gone that compaction did not delete: SegmentsLost
         why = "checkpoints are off"
         if self.enabled:
             try:
-                cap = load(store.directory, journal.existing_segments())
+                cap = load(store.directory, journal.existing_segments(), chain)
+            except CheckpointProvesLoss as exc:
+                raise SegmentsLost(f"journal {store.directory}: the checkpoint proves records lost: {exc}. The broker "
+                                   f"refuses to start: `amq broker verify {store.directory.parent}` reports, `amq "
+                                   f"broker repair {store.directory.parent}` quarantines the checkpoint (and damaged "
+                                   "segments) and the broker then starts without what is lost") from exc
             except (CheckpointError, OSError) as exc:
                 why = str(exc)
             else:
@@ -241,6 +255,9 @@ class Checkpointer:
                 missing = sorted(s for s in store._seg_live if s not in existing)  # noqa: SLF001
                 if not missing:
                     return f"recovered from the checkpoint at segment {cap.segment} offset {cap.offset} + {n} records"
+                lost = [s for s in missing if s not in chain] if cap.journal == chain.journal else []
+                if lost:
+                    raise SegmentsLost(describe_missing(journal.directory, lost))
                 why = f"the checkpoint is stale: it counts live messages in deleted segments {missing[:5]}"
                 store.reset_state()
             level = logging.INFO if why == "no checkpoint" else logging.WARNING

@@ -15,6 +15,9 @@ Trust (:func:`check_against`): a torn or corrupt file is refused by its CRC; a f
 whose ``P`` lies beyond the journal, whose last frame before ``P`` is another, or whose
 older segments differ in size or are unknown is from another journal. :func:`load`
 raises :class:`CheckpointError` saying which; recovery then replays the whole journal.
+But a checkpoint that *proves loss* (:func:`proven_loss`: a segment it knew is gone and
+compaction did not delete it, or one is shorter than what it covered as durable) raises
+:class:`CheckpointProvesLoss`, and recovery refuses to start (:mod:`.checkpoint`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Literal, overload
 
 from amqtransport.errors import ServerError
 
+from .chain import Chain
 from .records import Sub, decode, encode
 from .segments import MAGIC
 
@@ -53,6 +57,10 @@ class CheckpointError(ServerError, ValueError):
     """The checkpoint cannot be used (the message says why)."""
 
 
+class CheckpointProvesLoss(CheckpointError):
+    """The checkpoint proves that journal records it covers are gone (:func:`proven_loss`)."""
+
+
 @dataclass
 class Capture:
     """The store's state at one journal position (see the module docstring)."""
@@ -69,6 +77,7 @@ class Capture:
     enqs: dict[int, int]
     seg_live: dict[int, int]
     lists: dict[str, tuple[array[int], array[int], array[float], bool]] = field(default_factory=dict)
+    journal: str = ""  # the identity of the journal it was taken from (chain.py; "" unknown)
 
 
 
@@ -97,6 +106,7 @@ def body_parts(cap: Capture) -> Iterator[bytes | array[int] | array[float]]:
         "sizes": {str(s): n for s, n in cap.sizes.items()},
         "count": cap.count,
         "created": time.time(),
+        "journal": cap.journal,
     }
     out: list[bytes] = []
     hb = json.dumps(header, sort_keys=True).encode()
@@ -217,6 +227,7 @@ def _parse_body(r: _Reader) -> Capture:
         refs={},
         enqs={},
         seg_live={},
+        journal=str(header.get("journal") or ""),
     )
     for _ in range(r.u32()):
         sub = decode(bytes(r.take(r.u32())))
@@ -282,15 +293,43 @@ def check_against(cap: Capture, directory: Path, segments: Sequence[int]) -> Non
             raise CheckpointError(f"segment {seg} has {actual} bytes, {cap.sizes[seg]} when the checkpoint was taken")
 
 
-def load(directory: Path, segments: Sequence[int]) -> Capture:
+def proven_loss(cap: Capture, directory: Path, segments: Sequence[int], deleted: Chain) -> str | None:
+    """What ``cap`` proves lost from the journal (its segments now: ``segments``;
+    ``deleted``: those compaction deleted, :mod:`.chain`), or None: a segment it knew
+    that is gone and was not deleted, or one cut shorter than it was when ``cap`` was
+    taken (everything before ``P`` was durable then). Only a checkpoint of this very
+    journal (the identity in ``deleted``) proves anything."""
+    if not cap.journal or cap.journal != deleted.journal:
+        return None
+    existing = set(segments)
+    gone = sorted(s for s in {cap.segment, *cap.sizes} if s not in existing and s not in deleted)
+    if gone:
+        return (f"segments {gone[:10]} existed when the checkpoint was taken and were not deleted by compaction; "
+                "they are gone")
+    for seg, size in sorted({**cap.sizes, cap.segment: cap.offset}.items()):
+        if seg not in existing:
+            continue
+        actual = (directory / f"seg-{seg:010d}.log").stat().st_size
+        if actual < size:
+            return f"segment {seg} has {actual} bytes, the checkpoint covers {size} of it as durable: it was cut short"
+    return None
+
+
+def load(directory: Path, segments: Sequence[int], deleted: Chain | None = None) -> Capture:
     """The checkpoint of the journal in ``directory``; :class:`CheckpointError` (with the
-    reason) when there is none or it cannot be trusted."""
+    reason) when there is none or it cannot be trusted; :class:`CheckpointProvesLoss`
+    when it proves that records it covers are gone (``deleted``: the segments compaction
+    deleted, :func:`proven_loss`)."""
     path = directory / FILE
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError("no checkpoint") from None
     cap = parse(data)
+    if deleted is not None and cap.journal and cap.journal != deleted.journal:
+        raise CheckpointError("the checkpoint was taken from another journal (its identity differs)")
+    if deleted is not None and (loss := proven_loss(cap, directory, segments, deleted)) is not None:
+        raise CheckpointProvesLoss(loss)
     check_against(cap, directory, segments)
     return cap
 

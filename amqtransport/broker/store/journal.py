@@ -35,6 +35,9 @@ just the damaged bytes, reads on from the next intact frame and reports what was
 Compaction. The store decides which segments hold nothing needed any more and calls
 :meth:`Journal.delete_segments`; the writer deletes them only after the batch that was
 queued before the request (which carries anything the store moved forward) is durable.
+The ids are first recorded as deleted (:mod:`.chain`), so that recovery can tell a
+segment compaction deleted from one that is lost: a lost one refuses the start
+(:meth:`Journal.check_chain`, :class:`~.chain.SegmentsLost`).
 
 Failure. When a write or an fsync fails (a full disk: ENOSPC; an I/O error: EIO) the
 writer fails that batch's completions *and everything queued meanwhile* with a
@@ -75,6 +78,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..ops.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
+from .chain import Chain, SegmentsLost, describe_missing, read_chain, write_chain
 from .guard import CHECK_INTERVAL, StorageGuard
 from .records import Record, RecordTooLarge
 from .salvage import Damage, recover_segment
@@ -165,6 +169,7 @@ class Journal(SegmentReads):
         # metrics (observed by the writer thread): write + fdatasync time of each group
         # commit, and how many records it carried
         self.damage: list[Damage] = []  # damaged regions recovery skipped (salvage.py)
+        self.chain: Chain | None = None  # the segments compaction deleted (chain.py; check_chain)
         self.fsync_seconds = Histogram(LATENCY_BUCKETS)
         self.batch_records = Histogram(SIZE_BUCKETS)
 
@@ -195,6 +200,22 @@ class Journal(SegmentReads):
         ids = [i for p in self.directory.glob("seg-*.log") if (i := _segment_id(p)) is not None]
         return sorted(ids)
 
+    def check_chain(self) -> Chain:
+        """Read the record of deleted segments (:mod:`.chain`; a journal without one gets
+        one now) and raise :class:`~.chain.SegmentsLost` when a segment is missing that
+        compaction did not delete. Runs before recovery."""
+        ids = self.existing_segments()
+        chain = read_chain(self.directory)
+        if chain is None:
+            chain = Chain.of(ids)
+            if self.directory.is_dir():
+                write_chain(self.directory, chain, fsync=self.fsync)
+        missing = chain.missing(ids)
+        if missing:
+            raise SegmentsLost(describe_missing(self.directory, missing))
+        self.chain = chain
+        return chain
+
     def recover(self) -> Iterator[tuple[int, Record]]:
         """Yield ``(segment_id, record)`` for every intact record; truncate torn tails.
 
@@ -213,6 +234,8 @@ class Journal(SegmentReads):
         :meth:`start`."""
         if self._lock_fd is None:
             self.lock()
+        if self.chain is None:
+            self.check_chain()
         ids = self.existing_segments()
         for n, seg_id in enumerate(ids):
             path = self.path_of(seg_id)
@@ -237,6 +260,8 @@ class Journal(SegmentReads):
             self.lock()
         if not self.segments and self.existing_segments():
             raise JournalError("Journal.recover() must run before start() on a non-empty journal")
+        if self.chain is None:
+            self.check_chain()
         if self._head == 0:
             self._head = 1
         self._open_head_sync(self._head)
@@ -362,6 +387,15 @@ class Journal(SegmentReads):
         ids = [s for s in seg_ids if s != self._head]
         if not ids:
             return
+        chain = (self.chain or Chain.of(self.segments)).plus(ids)
+        try:  # recorded before the writer unlinks them: a gap is then never taken for a loss
+            write_chain(self.directory, chain, fsync=self.fsync)
+        except OSError as exc:
+            log.error("journal %s: cannot record the deletion of segments %s (%s): keeping them",
+                      self.directory, ids, exc)
+            self.check_soon()  # the directory gone? that fails the journal (guard.py)
+            return
+        self.chain = chain
         with self._cond:
             for s in ids:
                 with contextlib.suppress(ValueError):

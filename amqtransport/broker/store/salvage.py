@@ -28,7 +28,11 @@ the checkpoint can be used, changing nothing; ``repair`` copies every damaged se
 and the checkpoint into ``journal/quarantine/<UTC time>/`` (never deleting anything),
 then rewrites each damaged segment with only its intact frames (a torn tail included)
 and removes the checkpoint from the journal (positions moved: the next start replays
-the whole journal).
+the whole journal). Records that are *gone* -- a segment missing that compaction did
+not delete (:mod:`.chain`), or what a checkpoint proves lost -- make the broker refuse
+to start; ``verify`` names them and ``repair`` writes the report into the quarantine
+(``LOST.txt``), quarantines the checkpoint and records the missing segments as gone,
+so that the broker then starts, knowingly, without them.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint_file import CheckpointError, load
+from .chain import Chain, read_chain, write_chain
+from .checkpoint_file import CheckpointError, CheckpointProvesLoss, load
 from .records import Ack, Enq, Fan, Keys, Move, Record, RecordError, Sub, Tx, Unsub, decode
 from .segments import FRAME, MAGIC, MAX_RECORD, Scan, segment_id
 
@@ -232,14 +237,22 @@ class JournalReport:
     directory: Path
     segments: list[SegmentReport] = field(default_factory=list)
     checkpoint: str = "none"  # "usable", "none", or why it cannot be used
+    missing: list[int] = field(default_factory=list)  # segments gone that compaction did not delete (chain.py)
+    checkpoint_loss: str = ""  # what the checkpoint proves lost ("" nothing)
 
     @property
     def damaged(self) -> list[SegmentReport]:
         return [s for s in self.segments if s.damage or s.header]
 
     @property
+    def lost(self) -> bool:
+        """Records are proved gone: a missing segment, or a checkpoint that proves loss
+        (the broker refuses to start until ``repair`` has recorded it)."""
+        return bool(self.missing or self.checkpoint_loss)
+
+    @property
     def ok(self) -> bool:
-        return not self.damaged
+        return not self.damaged and not self.lost
 
     def lines(self) -> list[str]:
         out = [f"journal {self.directory}: {len(self.segments)} segments, "
@@ -254,10 +267,21 @@ class JournalReport:
                 note = f"; a torn tail at offset {s.torn_tail[0]} ({s.torn_tail[1]}): cut off at the next start"
             out.append(f"  seg-{s.segment:010d}.log: {s.size} bytes, {s.records} records{note}")
             out.extend(f"    {d}" for d in s.damage)
+        if self.missing:
+            names = ", ".join(f"seg-{s:010d}.log" for s in self.missing[:10])
+            out.append(f"MISSING {len(self.missing)} segments that compaction did not delete: {names}"
+                       f"{' ...' if len(self.missing) > 10 else ''} (their records are lost; the broker refuses to "
+                       "start until `amq broker repair` records the loss)")
         out.append(f"checkpoint: {self.checkpoint}")
-        out.append("no damage" if self.ok else
-                   f"{len(self.damaged)} damaged segments: `amq broker repair` salvages their intact records "
-                   "(and keeps the originals in journal/quarantine/)")
+        if self.ok:
+            out.append("no damage")
+        else:
+            if self.damaged:
+                out.append(f"{len(self.damaged)} damaged segments: `amq broker repair` salvages their intact records "
+                           "(and keeps the originals in journal/quarantine/)")
+            if self.lost:
+                out.append("records are lost: `amq broker repair` records the loss and quarantines the checkpoint; "
+                           "the broker then starts without them")
         return out
 
 
@@ -286,9 +310,14 @@ def verify(journal: Path, max_record: int = MAX_RECORD) -> JournalReport:
             else:
                 sr.records += 1
         del view
+    chain = read_chain(journal) or Chain.of(ids)
+    report.missing = chain.missing(ids)
     try:
-        load(journal, ids)
+        load(journal, ids, chain)
         report.checkpoint = "usable"
+    except CheckpointProvesLoss as exc:
+        report.checkpoint_loss = str(exc)
+        report.checkpoint = f"PROVES LOSS ({exc}): the broker refuses to start until `amq broker repair`"
     except CheckpointError as exc:
         report.checkpoint = "none" if str(exc) == "no checkpoint" else f"not usable ({exc}): the next start replays everything"
     except OSError as exc:
@@ -328,6 +357,10 @@ def repair(journal: Path, max_record: int = MAX_RECORD, now: float | None = None
     ckpt = journal / "checkpoint"
     if ckpt.exists():  # positions in the segments moved: the next start replays everything
         os.replace(ckpt, quarantine / ckpt.name)
+    if report.lost:  # what is gone cannot be salvaged: note it, and record it so the broker starts
+        (quarantine / "LOST.txt").write_text("\n".join(report.lines()) + "\n", encoding="utf-8")
+        if report.missing:
+            write_chain(journal, (read_chain(journal) or Chain.of(_segments(journal))).plus(report.missing))
     dfd = os.open(journal, os.O_RDONLY)
     try:
         os.fsync(dfd)

@@ -1,0 +1,196 @@
+"""A journal segment that is gone is noticed, and the broker refuses to start on it (issue 23).
+
+Segment ids only grow and compaction deletes dead ones in any order, so the journal
+keeps a durable record of what compaction deleted (``journal/deleted-segments``,
+store/chain.py): a gap it does not name is a loss. So is what a checkpoint proves: a
+segment it knew that is gone. Before: a segment deleted mid-journal went unnoticed
+without a checkpoint, and with one the broker warned ("the checkpoint is stale" or "its
+segment N is gone"), replayed what was left and served without the lost messages. Now
+it refuses to start, naming the files and ``amq broker verify`` / ``repair``; ``repair``
+quarantines the checkpoint, notes the loss in ``LOST.txt`` and records it, and the
+broker then starts knowingly with every message it still has. A legitimately compacted
+journal (gaps compaction made) starts as before."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from broker_helpers import StompPy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amqtransport.broker.store.chain import CHAIN_FILE, Chain, read_chain
+from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.testing.ports import free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+KEEP, GONE = "/queue/keep", "/queue/gone"
+CONFIG = "[broker]\nsegment_size = 65536\ncompact_interval_ms = 100\n"
+
+
+def amq(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "amqtransport", "broker", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def body(queue: str, i: int) -> str:
+    return f"{queue}-{i:05d}|" * 150  # ~2 KB: about 30 messages a segment
+
+
+def segments(data: Path) -> list[Path]:
+    return sorted((data / "journal").glob("seg-*.log"))
+
+
+def holding(seg: Path, queue: str, n: int) -> set[int]:
+    raw = seg.read_bytes()
+    return {i for i in range(n) if f"{queue}-{i:05d}|".encode() in raw}
+
+
+def drain(port: int, queue: str) -> list[int]:
+    c = StompPy(port)
+    c.conn.subscribe(queue, id="1", ack="client-individual", headers={"activemq.prefetchSize": "500"})
+    got: list[int] = []
+    try:
+        while True:
+            m = c.get(timeout=2.0)
+            got.append(int(m.headers["seq"]))
+            c.conn.ack(m.headers["ack"])
+    except AssertionError:
+        pass
+    c.close()
+    return got
+
+
+def run_broker(data: Path, cfg: Path) -> tuple[int, str]:
+    """``amq broker run`` on a journal it must refuse: its exit code and stderr (fails at
+    once if it serves instead)."""
+    proc = subprocess.Popen([sys.executable, "-m", "amqtransport", "broker", "run", "--data-dir", str(data),
+                             "--port", str(free_port()), "--config", str(cfg)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()  # the listening line, or EOF when it exits
+        if line.startswith("listening"):
+            pytest.fail(f"the broker started on a journal that lost records: {line}")
+        return proc.wait(timeout=120), proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_a_segment_deleted_mid_journal_refuses_the_start_until_repair_records_the_loss(tmp_path: Path) -> None:
+    data, cfg = tmp_path / "data", tmp_path / "broker.toml"
+    cfg.write_text(CONFIG)
+    bp = BrokerProcess(data, args=["--config", str(cfg)], log_dir=tmp_path / "logs")
+    try:
+        bp.start()
+        c = StompPy(bp.port)
+        c.wait_receipts([c.send(KEEP, body(KEEP, i), seq=str(i)) for i in range(40)], timeout=60)
+        c.wait_receipts([c.send(GONE, body(GONE, i), seq=str(i)) for i in range(100)], timeout=60)
+        c.wait_receipts([c.send(KEEP, body(KEEP, i), seq=str(i)) for i in range(40, 200)], timeout=60)
+        c.close()
+        assert sorted(drain(bp.port, GONE)) == list(range(100))
+        # compaction deletes the segments that held only /queue/gone: a legitimate gap
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ids = [int(p.name[4:-4]) for p in segments(data)]
+            if len(ids) < max(ids) - min(ids) + 1:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"compaction deleted no segment in the middle: {[p.name for p in segments(data)]}")
+        bp.kill()  # no checkpoint at close
+        bp.start()  # a compacted journal starts as before
+        assert "missing" not in bp.log_text()
+        bp.kill()
+
+        # now a segment holding receipted messages vanishes: neither the last nor the first
+        segs = segments(data)
+        victim = next(s for s in segs[1:-1] if holding(s, KEEP, 200))
+        lost = holding(victim, KEEP, 200)
+        victim.unlink()
+
+        code, err = run_broker(data, cfg)
+        assert code == 1, err
+        assert victim.name in err and "amq broker verify" in err and "amq broker repair" in err, err
+
+        v = amq("verify", str(data))
+        assert v.returncode == 1 and "MISSING 1 segments" in v.stdout and victim.name in v.stdout, v.stdout
+
+        rep = amq("repair", str(data))
+        assert rep.returncode == 0, rep.stdout + rep.stderr
+        notes = list((data / "journal" / "quarantine").glob("*/LOST.txt"))
+        assert len(notes) == 1 and victim.name in notes[0].read_text()
+        assert amq("verify", str(data)).returncode == 0
+
+        bp.start()  # knowingly, without the lost segment's messages: every other one is there
+        assert sorted(drain(bp.port, KEEP)) == [i for i in range(200) if i not in lost]
+    finally:
+        bp.kill()
+
+
+def test_a_checkpoint_that_proves_loss_refuses_the_start(tmp_path: Path) -> None:
+    """The newest segment gone leaves no gap; the checkpoint taken at the clean stop knew
+    it. Before: 'its segment N is gone; replaying the whole journal', and the broker
+    served without its messages."""
+    data, cfg = tmp_path / "data", tmp_path / "broker.toml"
+    cfg.write_text(CONFIG)
+    bp = BrokerProcess(data, args=["--config", str(cfg)], log_dir=tmp_path / "logs")
+    try:
+        bp.start()
+        c = StompPy(bp.port)
+        c.wait_receipts([c.send(KEEP, body(KEEP, i), seq=str(i)) for i in range(100)], timeout=60)
+        c.close()
+        assert bp.terminate() == 0  # a checkpoint at close
+        assert (data / "journal" / "checkpoint").exists()
+        victim = segments(data)[-1]
+        lost = holding(victim, KEEP, 100)
+        assert lost
+        victim.unlink()
+
+        code, err = run_broker(data, cfg)
+        assert code == 1, err
+        assert "checkpoint proves records lost" in err and "amq broker repair" in err, err
+
+        v = amq("verify", str(data))
+        assert v.returncode == 1 and "PROVES LOSS" in v.stdout, v.stdout
+        assert amq("repair", str(data)).returncode == 0
+        assert list((data / "journal" / "quarantine").glob("*/checkpoint"))
+        bp.start()
+        assert sorted(drain(bp.port, KEEP)) == [i for i in range(100) if i not in lost]
+    finally:
+        bp.kill()
+
+
+# ---------------------------------------------------------------------- the record, in process
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_read_chain_never_raises_and_trusts_only_an_intact_record(raw: bytes) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / CHAIN_FILE).write_bytes(raw)
+        got = read_chain(Path(d))
+        assert got is None or isinstance(got, Chain)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=60), max_size=40), st.integers(min_value=1, max_value=60),
+       st.integers(min_value=1, max_value=60))
+def test_deletes_compaction_recorded_are_never_a_gap_and_any_other_is(deleted: list[int], head: int, extra: int) -> None:
+    ids = list(range(1, head + 1))
+    chain = Chain().plus(d for d in deleted if d < head)
+    existing = [s for s in ids if s not in chain]
+    assert chain.missing(existing) == []
+    assert Chain.of(existing).missing(existing) == []
+    if extra in existing and extra != max(existing):
+        assert chain.missing([s for s in existing if s != extra]) == [extra]
