@@ -81,12 +81,12 @@ def _epoch(info: Mapping[str, str]) -> int:
 
 
 def _claim_is_better(c: Case) -> bool:
-    """The peer's claim beats ours: (synced epoch, last role master, configured
-    master), then the lower name."""
+    """The peer's claim beats ours: (synced epoch, undamaged journal, last role master,
+    configured master), then the lower name."""
     info = _info(c)
-    theirs = (_epoch(info) if info.get("amq-ha-synced") == "true" else -1,
+    theirs = (_epoch(info) if info.get("amq-ha-synced") == "true" else -1, info.get("amq-ha-damaged") != "true",
               info.get("amq-ha-last-role") == "master", info.get("amq-ha-configured") == "master")
-    ours = (c.state.epoch, c.state.last_role == "master", c.options.master_connector is None)
+    ours = (c.state.epoch, not c.state.damaged, c.state.last_role == "master", c.options.master_connector is None)
     return theirs > ours or (theirs == ours and info.get("amq-ha-name", "") < c.options.name)
 
 
@@ -169,6 +169,7 @@ PEER = {
     "amq-ha-configured": ("master", "slave"),
     "amq-ha-name": ("a", "c"),
     "amq-ha-port": (None, "10.0.0.9:9"),
+    "amq-ha-damaged": (None, "true"),
 }
 FEW = [  # a few different peers, for answers of two addresses
     {"amq-ha-role": "master", "amq-ha-epoch": "4", "amq-ha-name": "a", "amq-ha-synced": "true"},
@@ -212,7 +213,7 @@ def witness_options() -> Iterator[tuple[tuple[str, int] | None, bool | None]]:
 def states(phase: str, **fixed: object) -> Iterator[NodeState]:
     dims = {
         "synced": (True, False), "last_role": ("none", "master", "slave"), "peer_may_be_master": (False, True),
-        "master_strict": (False, True),
+        "master_strict": (False, True), "damaged": (False, True),
     }
     for values in itertools.product(*dims.values()):
         kw = dict(zip(dims, values, strict=True))

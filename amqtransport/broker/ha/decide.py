@@ -28,8 +28,12 @@ addresses that answers; in ``start`` a master answering on any address wins.
 been tried, and ``wait`` while it does not answer; then, with ``--witness``,
 ``ask-witness`` (for mastership at its epoch + 1) while it has not been asked, and
 ``wait`` while it does not grant it; else ``master``. A claim is (the
-store's epoch if it is synced, else -1; last role master; configured as master),
-compared in that order; equal claims go to the lower name. A master that is not
+store's epoch if it is synced, else -1; an undamaged journal; last role master;
+configured as master), compared in that order; equal claims go to the lower name. A
+node whose journal reads back damaged or missing records (``damaged``: the node reads
+it before it claims anything) so never serves it over a peer holding an undamaged
+copy of the same epoch: that peer becomes master and the damaged node resyncs from it
+(row 2); against a peer with an older epoch, or none, its copy is still the best. A master that is not
 suspect acts on ``step-down`` and ``demote-peer`` only.
 docs/ha.md shows the same table; ``tests/ha/test_decide.py`` checks every
 combination of inputs against it.
@@ -243,6 +247,7 @@ class NodeState:
     linked_to: str | None = None  # the peer whose replication link with us is up and in sync
     goodbye: bool = False  # slave-lost: the slave said goodbye
     slave_was_synced: bool = False  # slave-lost: that slave was in sync
+    damaged: bool = False  # its journal reads back damaged or missing records (salvage.verify)
 
 
 @dataclass(frozen=True)
@@ -387,16 +392,19 @@ def _start(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
     if infos:
         info = infos[0].info
         assert info is not None
-        mine = (state.epoch, state.last_role == "master", not options.master_connector)
+        mine = (state.epoch, not state.damaged, state.last_role == "master", not options.master_connector)
         theirs = (
             _epoch(info) if info.get("amq-ha-synced") == "true" else -1,
+            info.get("amq-ha-damaged") != "true",
             info.get("amq-ha-last-role") == "master",
             info.get("amq-ha-configured") == "master",
         )
         if mine > theirs or (mine == theirs and options.name < info.get("amq-ha-name", "")):
             return _granted(options, peers, f"peer {info.get('amq-ha-name')} answers; this node has the better "
                                             f"claim (epoch {state.epoch}, the peer's {theirs[0]})")
-        return Decision(WAIT, f"peer {info.get('amq-ha-name')} has the better claim (epoch {theirs[0]})", info=info)
+        why = "; this journal is damaged" if state.damaged and mine[0] == theirs[0] else ""
+        return Decision(WAIT, f"peer {info.get('amq-ha-name')} has the better claim (epoch {theirs[0]}{why})",
+                        info=info)
     if state.last_role == "slave":
         if state.master_strict:
             # that master (--shutdown-on-slave-failure) never receipted without our ack:

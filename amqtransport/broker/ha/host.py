@@ -32,6 +32,7 @@ class RoleHost(Protocol):
     opts: HaOptions
     state: HaState
     loop: asyncio.AbstractEventLoop | None
+    journal_damage: str  # what reading the journal found wrong ("" nothing; cleared by a full sync)
 
     @property
     def stopping(self) -> bool: ...

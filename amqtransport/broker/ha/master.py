@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from ..server import BrokerServer
+from ..store.chain import SegmentsLost
 from .decide import (
     CHECK,
     CLEAR,
@@ -277,12 +278,18 @@ class MasterRole:
         """A replicated master's term: raise the epoch, serve, check the peer while no
         slave is attached or while receipts are held, until demoted or stopped."""
         node = self.node
+        before = (node.state.epoch, node.state.role)
         node.state.epoch += 1
         node.state.role = "master"
         node.state.synced = True
         node.state.save(node.data_dir)
         node.lease_until = 0.0
-        await self.start(replicate=True)
+        try:
+            await self.start(replicate=True)
+        except SegmentsLost:  # the store refused to open (records lost): this was no term
+            node.state.epoch, node.state.role = before
+            node.state.save(node.data_dir)
+            raise
         demote, wake = node.demote_event, node.wake
         assert demote is not None and wake is not None
         keeper = node.loop.create_task(self._keep_lease()) if node.witness is not None and node.loop else None

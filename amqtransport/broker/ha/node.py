@@ -68,6 +68,7 @@ from amqtransport.errors import ConfigError
 from ..config import BrokerConfig
 from ..server import BrokerServer, stop_on_signals
 from ..store import MessageStore
+from ..store.salvage import verify as verify_journal
 from .auth import HaRequest, RequestSigner, RequestVerifier, load_secret
 from .config import HaOptions, parse_address
 from .decide import (
@@ -164,6 +165,7 @@ class HaNode:
         self.store_failures = 0  # slave: its replica store failed this many times in a row
         self.became_master_at = 0.0
         self.http: HttpServer | None = None  # the HTTP side port (--http), in every role
+        self.journal_damage = ""  # what reading the journal before claiming found wrong ("" nothing)
         self._ha_waiting: set[HaPortProtocol] = set()
         self.signer: RequestSigner | None = None
         self.verifier: RequestVerifier | None = None
@@ -292,6 +294,7 @@ class HaNode:
 
     async def _run_replicated(self) -> None:
         self.state = HaState.load(self.data_dir)
+        await self._check_journal()
         action = "decide"
         join: tuple[str, int] | None = None
         while not self.stopping:
@@ -306,6 +309,32 @@ class HaNode:
                 action, join = "decide", None
             if action == "stop":
                 return
+
+    async def _check_journal(self) -> None:
+        """Read the journal before claiming anything (``amq broker verify``'s reading, on a
+        thread): a synced store whose journal reads back damaged or missing records claims
+        less than a peer's undamaged copy of the same epoch (decide.py), so the peer serves
+        and this node resyncs from it. A store that is not synced is wiped anyway."""
+        journal = self.data_dir / "journal"
+        if not self.state.synced or not journal.is_dir():
+            return
+        try:
+            report = await asyncio.to_thread(verify_journal, journal)
+        except OSError as exc:
+            self.journal_damage = f"the journal cannot be read: {exc}"
+        else:
+            if report.ok:
+                return
+            parts = [str(d) for s in report.damaged for d in s.damage]
+            parts += [f"segment {s.segment}: {s.header}" for s in report.damaged if s.header]
+            if report.missing:
+                parts.append(f"segments {report.missing[:10]} missing")
+            if report.checkpoint_loss:
+                parts.append(f"the checkpoint proves loss: {report.checkpoint_loss}")
+            self.journal_damage = "; ".join(parts[:5]) + (f" (and {len(parts) - 5} more)" if len(parts) > 5 else "")
+        log.error("node %s: journal damaged: %s. While its peer holds an undamaged copy of the same epoch this node "
+                  "does not serve it: it resyncs from the peer (`amq broker verify %s` reports)", self.name,
+                  self.journal_damage, self.data_dir)
 
     async def _replicated_step(self, action: str, join: tuple[str, int] | None) -> tuple[str, tuple[str, int] | None]:
         """One step of the replicated role loop; returns the next (action, master address)."""
@@ -337,7 +366,8 @@ class HaNode:
             linked_to = repl.link.slave
         return NodeState(phase, epoch=st.epoch, synced=st.synced, last_role=st.role,
                          peer_may_be_master=st.peer_may_be_master, master_strict=st.master_strict, role=self.role,
-                         linked_to=linked_to, goodbye=goodbye, slave_was_synced=slave_was_synced)
+                         linked_to=linked_to, goodbye=goodbye, slave_was_synced=slave_was_synced,
+                         damaged=bool(self.journal_damage))
 
     async def decide_observing(
         self, read_state: Callable[[], NodeState], ask: Callable[[], Awaitable[list[PeerAnswer]]] | None = None

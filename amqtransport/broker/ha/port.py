@@ -162,6 +162,8 @@ class NodeReadout(Protocol):
     @property
     def listening(self) -> bool: ...
     @property
+    def journal_damage(self) -> str: ...
+    @property
     def http(self) -> HttpServer | None: ...
     @property
     def server(self) -> BrokerServer | None: ...
@@ -223,6 +225,7 @@ def status_headers(node: NodeReadout) -> dict[str, str]:
         "amq-ha-port": f"{node.host}:{node.ha_port}",
         "amq-ha-pid": str(os.getpid()),
         "amq-ha-listening": "true" if node.listening else "false",
+        "amq-ha-damaged": "true" if node.journal_damage else "false",
     }
     if node.http is not None:
         st["amq-ha-http"] = node.http.address

@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-A slave that has joined a master (the handshake: :func:`serve_slave`) wipes its store (:func:`fresh_replica_store`: a full sync starts from nothing) and runs
+A slave that has joined a master (the handshake: :func:`serve_slave`) wipes its store (:func:`fresh_replica_store`: a full sync starts from nothing;
+a journal the node found damaged at start is first moved into ``quarantine/``) and runs
 one :class:`SlaveLink` until the link ends. The link reads the master's frames with the
 sans-IO :class:`~.wire.WireDecoder`:
 
@@ -62,6 +63,7 @@ from typing import Protocol
 
 from ..config import BrokerConfig
 from ..store import Callback, MessageStore, run_completions
+from ..store.salvage import quarantine_journal
 from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY, PeerAnswer
 from .host import RoleHost
 from .wire import (
@@ -340,8 +342,13 @@ async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
     node.slave_link = None
     node.close_slave_store()
     assert node.loop is not None
+    if node.journal_damage:  # never destroy what could be read: the damaged journal is kept aside
+        kept = quarantine_journal(node.data_dir)
+        log.warning("node %s: resyncing from master %s over a damaged journal (%s); it is kept in %s",
+                    node.name, info.get("amq-ha-name"), node.journal_damage, kept)
     store = fresh_replica_store(node.data_dir, node.config, node.loop)
     node.slave_store = store
+    node.journal_damage = ""  # the damaged journal is gone: what comes now is the master's copy
 
     def synced() -> None:
         node.state.epoch = master_epoch

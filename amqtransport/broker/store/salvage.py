@@ -53,7 +53,7 @@ from .segments import FRAME, MAGIC, MAX_RECORD, Scan, segment_id
 
 __all__ = [
     "SEARCH_BUDGET", "Damage", "TornTail", "SegmentReport", "JournalReport", "describe", "next_frame", "scan_with_damage",
-    "recover_segment", "verify", "repair",
+    "recover_segment", "verify", "repair", "quarantine_journal",
 ]
 
 log = logging.getLogger(__name__)
@@ -323,6 +323,19 @@ def verify(journal: Path, max_record: int = MAX_RECORD) -> JournalReport:
     except OSError as exc:
         report.checkpoint = f"unreadable ({exc})"
     return report
+
+
+def quarantine_journal(data_dir: Path, now: float | None = None) -> Path | None:
+    """Move ``data_dir/journal`` whole into ``data_dir/quarantine/<UTC time>/`` (a rename:
+    nothing is copied or deleted); returns where, None when there is no journal. A pair's
+    node does this with a damaged journal before it resyncs from its peer."""
+    journal = data_dir / "journal"
+    if not journal.is_dir():
+        return None
+    dest = data_dir / QUARANTINE / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    dest.mkdir(parents=True, exist_ok=True)
+    os.replace(journal, dest / "journal")
+    return dest / "journal"
 
 
 def repair(journal: Path, max_record: int = MAX_RECORD, now: float | None = None) -> tuple[JournalReport, Path | None]:

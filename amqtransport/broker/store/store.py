@@ -184,7 +184,11 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
     def open(self) -> None:
         """Recover state (from the checkpoint when it is good), truncate a torn tail, start writing."""
         started = time.monotonic()
-        how = self.checkpoints.recover()
+        try:
+            how = self.checkpoints.recover()
+        except BaseException:  # e.g. SegmentsLost (chain.py): refused; let go of the directory
+            self.journal.close()
+            raise
         log.info(
             "store %s: %s in %.2f s: %d live messages, %d durable subscriptions, %d idempotency keys",
             self.directory,
