@@ -67,6 +67,9 @@ class BrokerConfig(BaseModel):
     # together they bound what unauthenticated peers make the broker hold
     max_connect_frame_size: int = Field(default=64 * 1024, ge=256)
     max_unauthenticated: int = Field(default=100, ge=1)
+    # the total bytes of partial frames buffered for connections not logged in (counted in
+    # memory_limit too): the connection whose bytes would pass it is refused
+    max_unauthenticated_bytes: int = Field(default=2 * MiB, ge=256)
     # a frame must be complete this long after its first byte (while the broker reads)
     frame_timeout_ms: int = Field(default=120_000, ge=1)
 

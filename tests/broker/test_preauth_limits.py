@@ -10,14 +10,18 @@ CONNECTED is at most ``max_connect_frame_size`` (64 KiB) and at most
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import requests
 
 import amqtransport
 from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -101,3 +105,63 @@ def test_a_frame_that_never_ends_is_dropped(tmp_path: Path) -> None:
                     break
                 data += chunk
             assert data.startswith(b"ERROR") and b"frame_timeout_ms=1000" in data, data
+
+
+def _metric(http: int, name: str) -> int:
+    text = requests.get(f"http://127.0.0.1:{http}/metrics", timeout=10).text
+    m = re.search(rf"^{name} (\d+)$", text, re.M)
+    assert m is not None, f"no {name} in /metrics"
+    return int(m.group(1))
+
+
+def _wait_metric(http: int, name: str, ok: Callable[[int], bool], what: str) -> int:
+    deadline = time.monotonic() + 30
+    while True:
+        value = _metric(http, name)
+        if ok(value):
+            return value
+        assert time.monotonic() < deadline, f"{name} = {value}: {what}"
+        time.sleep(0.05)
+
+
+def test_bytes_buffered_before_login_count_in_memory_and_have_a_budget(tmp_path: Path) -> None:
+    """Sockets each send 40 KB of a CONNECT frame that does not end: the broker counts the
+    bytes in its memory usage (``amq_memory_preauth_bytes``, part of
+    ``amq_memory_usage_bytes``) and closes the connection whose bytes would take the total
+    past ``max_unauthenticated_bytes`` with an ERROR naming it; a client still logs in,
+    and the bytes are given back when the sockets go. Before: nothing counted them and
+    only the per-connection limits bounded them."""
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text("[broker]\nmax_unauthenticated_bytes = 262144\nconnect_timeout_ms = 120000\n")
+    http = free_port()
+    part = b"CONNECT\naccept-version:1.2\nhost:x\nx-pad:" + b"p" * 40_000  # no end of line: a partial frame
+    with BrokerProcess(tmp_path / "data", args=["--config", str(cfg), "--http", f"127.0.0.1:{http}"],
+                       log_dir=tmp_path) as bp:
+        socks: list[socket.socket] = []
+        try:
+            for k in range(1, 7):  # 6 x 40 KB = 240 KB: within the 256 KiB budget
+                sock = socket.create_connection(("127.0.0.1", bp.port), timeout=10)
+                socks.append(sock)
+                sock.sendall(part)
+                _wait_metric(http, "amq_memory_preauth_bytes", lambda v, k=k: v >= k * len(part),
+                             f"{k} partial CONNECT frames not counted")
+            assert _metric(http, "amq_memory_usage_bytes") >= 6 * len(part)
+            over = socket.create_connection(("127.0.0.1", bp.port), timeout=10)
+            socks.append(over)
+            with contextlib.suppress(OSError):
+                over.sendall(part)
+            answer = b""
+            with contextlib.suppress(OSError):
+                while chunk := over.recv(4096):
+                    answer += chunk
+            assert answer.startswith(b"ERROR") and b"max_unauthenticated_bytes=262144" in answer, answer[:300]
+            held = _wait_metric(http, "amq_memory_preauth_bytes", lambda v: v <= 262144,
+                                "the refused connection's bytes were not given back")
+            assert held >= 6 * len(part)  # the others are still held, and counted
+            assert "refused before login" in bp.log_text()
+            with amqtransport.connect(bp.uri) as c:  # a client that logs in at once gets in
+                c.send("/queue/preauth-budget", "ok")
+        finally:
+            for sock in socks:
+                sock.close()
+        _wait_metric(http, "amq_memory_preauth_bytes", lambda v: v == 0, "not given back when the sockets closed")

@@ -205,6 +205,15 @@ class BrokerConnection(asyncio.Protocol):
     def keep_paused(self) -> bool:
         return self.flow.full()
 
+    def on_preauth(self, delta: int) -> str | None:
+        memory = self.core.memory
+        memory.hold_preauth(delta)
+        budget = self.config.max_unauthenticated_bytes
+        if delta > 0 and memory.preauth > budget:
+            return (f"too many bytes buffered for connections not logged in yet ({memory.preauth} bytes, "
+                    f"max_unauthenticated_bytes={budget}): send a whole CONNECT frame")
+        return None
+
     def on_writable(self) -> None:
         for sub in list(self.subs.values()):
             self.core.capacity_changed(sub)

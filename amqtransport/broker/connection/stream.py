@@ -48,7 +48,11 @@ Before CONNECTED. Until the client has logged in, a frame may be at most
 ``connect_timeout_ms``, and at most ``max_unauthenticated`` connections may be in that
 state (a new one closes the one waiting longest): what peers that never log in make the broker hold is
 bounded by ``max_unauthenticated`` x ``max_connect_frame_size`` (plus one socket read
-each), and they cannot take every ``max_connections`` slot. At any time a frame that
+each), and they cannot take every ``max_connections`` slot. The bytes such a connection
+has buffered (a partial frame) are counted (:meth:`StreamHost.on_preauth`: the broker
+adds them to its memory usage, so to ``memory_limit``) and their total across
+connections is bounded by ``max_unauthenticated_bytes``: the connection whose bytes
+would pass it is refused with an ERROR naming the limit. At any time a frame that
 has been arriving for ``frame_timeout_ms`` (while we read) drops its client, so a
 logged-in peer cannot hold a large partial frame for ever either.
 """
@@ -112,6 +116,10 @@ class StreamHost(Protocol):
         """Output drained after a subscription was refused for lack of room: offer it again."""
         ...
 
+    def on_preauth(self, delta: int) -> str | None:
+        """``delta`` more (or fewer) bytes of a partial frame buffered before login;
+        a reason refuses the connection."""
+
     def keep_paused(self) -> bool:
         """True while reading must stay paused for the host's own reasons."""
         ...
@@ -167,6 +175,7 @@ class StompStream:
         self._frame_timer: asyncio.TimerHandle | None = None  # a frame has started arriving
         self._frame_mark = 0  # frames_in when _frame_timer was armed
         self.frames_in = 0
+        self._preauth_held = 0  # bytes of a partial frame buffered before CONNECTED (counted: _preauth)
         self.opened_at = 0.0  # loop.time() of connection_made
         #: the client came through the WebSocket port (connection/websocket.py), not plain TCP
         self.over_websocket = False
@@ -182,6 +191,16 @@ class StompStream:
         """The client logged in: frames may now be as large as ``max_frame_size``."""
         self.connected = True
         self.parser.limits = self._limits
+        self._hold_preauth(0)
+
+    def _hold_preauth(self, n: int) -> str | None:
+        """This connection, not logged in, now buffers ``n`` bytes (0: none any more);
+        the host counts the change (:meth:`StreamHost.on_preauth`) and may refuse it (the reason)."""
+        delta = n - self._preauth_held
+        if not delta:
+            return None
+        self._preauth_held = n
+        return self.host.on_preauth(delta)
 
     def start_heartbeats(self, send: float, expect: float) -> None:
         """CONNECTED is written: the connect timer stops, heart-beats (seconds; 0 none) start."""
@@ -234,6 +253,12 @@ class StompStream:
                 elif isinstance(event, NeedData):
                     break
                 # a Heartbeat needs nothing: last_read is updated already
+            if not self.connected and not self.closing:
+                refused = self._hold_preauth(parser.pending_bytes)
+                if refused is not None:
+                    log.warning("client %s refused before login: %s", self.peer, refused)
+                    self.error_no_raise(refused)
+                    return
             if parser.in_frame:
                 if self._frame_timer is None and not self.closing:
                     self._frame_mark = self.frames_in
@@ -258,6 +283,7 @@ class StompStream:
         if self._frame_timer is not None:
             self._frame_timer.cancel()
             self._frame_timer = None
+        self._hold_preauth(0)
         self.host.on_close()
         self._out.clear()
         log.debug("connection %s closed (%s)", self.peer, exc or "clean")

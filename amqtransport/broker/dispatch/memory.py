@@ -27,6 +27,12 @@ bytes are *reserved* (:meth:`MemoryGauge.reserve`, per destination) as they arri
 unreserved at COMMIT (when the messages are charged as they are enqueued) or ABORT, so
 they count against both limits like queued messages.
 
+Connections not logged in. The bytes of a partial frame buffered for a connection that
+has not logged in yet are counted too (:meth:`MemoryGauge.hold_preauth`, in ``usage``:
+they are part of ``memory_limit``; ``preauth`` says how many), and their total is also
+bounded on its own by ``max_unauthenticated_bytes`` (the connection whose bytes would
+pass it is refused: connection/protocol.py).
+
 Flow control is a flag with hysteresis, kept globally (``memory_limit``) and per
 destination (``destination_memory_limit``): it *engages* when usage reaches the
 limit and *releases* when usage falls to ``memory_low_water`` x limit, each logged
@@ -88,6 +94,7 @@ class MemoryGauge:
         self.low_water = low_water
         self.usage = 0
         self.reserved = 0  # of usage: bytes held by open transactions
+        self.preauth = 0  # of usage: bytes buffered by connections not logged in yet (hold_preauth)
         self.peak = 0
         self.by_destination: dict[str, int] = {}
         self.full = False  # global flag
@@ -132,12 +139,22 @@ class MemoryGauge:
         if released:
             self.wake_waiters()
 
-    def _add(self, dest: str, size: int) -> None:
+    def hold_preauth(self, delta: int) -> None:
+        """``delta`` more (or, negative, fewer) bytes buffered by connections that have not
+        logged in (a partial frame: connection/stream.py). They count in ``usage``, so in
+        ``memory_limit``, but belong to no destination."""
+        self.preauth += delta
+        if delta >= 0:
+            self._add_global(delta)
+            return
+        self.usage += delta
+        if self.full and self._release_global():
+            self.wake_waiters()
+
+    def _add_global(self, size: int) -> None:
         self.usage += size
         if self.usage > self.peak:
             self.peak = self.usage
-        d = self.by_destination.get(dest, 0) + size
-        self.by_destination[dest] = d
         if not self.full and self.usage >= self.limit:
             self.full = True
             self.full_since = self._clock()
@@ -147,6 +164,11 @@ class MemoryGauge:
                 self.usage,
                 self.limit,
             )
+
+    def _add(self, dest: str, size: int) -> None:
+        self._add_global(size)
+        d = self.by_destination.get(dest, 0) + size
+        self.by_destination[dest] = d
         dl = self.destination_limit
         if dl and d >= dl and dest not in self.full_destinations:
             self.full_destinations.add(dest)
@@ -232,6 +254,7 @@ class MemoryGauge:
         return {
             "usage": self.usage,
             "transactions": self.reserved,
+            "preauth": self.preauth,
             "limit": self.limit,
             "peak": self.peak,
             "percent": round(100.0 * self.usage / self.limit, 1) if self.limit else 0.0,

@@ -162,6 +162,8 @@ def render_metrics(stats: NodeStats) -> str:
         out.one("amq_memory_peak_bytes", "gauge", "Highest memory usage since start.", mem.peak)
         out.one("amq_memory_transactions_bytes", "gauge", "Bytes held by open transactions (part of usage).",
                 mem.transactions)
+        out.one("amq_memory_preauth_bytes", "gauge", "Bytes buffered by connections not logged in yet (part of "
+                "usage; max_unauthenticated_bytes bounds them).", mem.preauth)
         out.one("amq_memory_flow_control", "gauge", "1 while producer flow control holds SENDs (memory).",
                 1 if mem.flow_control else 0)
         out.one("amq_memory_flow_control_seconds", "gauge", "How long flow control has held without a break.",

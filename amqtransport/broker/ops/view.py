@@ -92,6 +92,7 @@ class MemoryStats:
     flow_control_seconds: float  # how long the global flag has held (0 when off)
     engaged: int
     blocked_producers: int
+    preauth: int = 0  # of usage: bytes buffered by connections not logged in yet
 
 
 @dataclass(frozen=True)
@@ -327,7 +328,7 @@ def serving_stats(server: BrokerServer, grace: float) -> dict[str, object]:
         "memory": MemoryStats(
             usage=mem.usage, limit=mem.limit, peak=mem.peak, transactions=mem.reserved, flow_control=mem.full,
             flow_control_seconds=(now - mem.full_since) if mem.full and mem.full_since is not None else 0.0,
-            engaged=mem.engaged, blocked_producers=mem.blocked_count(),
+            engaged=mem.engaged, blocked_producers=mem.blocked_count(), preauth=mem.preauth,
         ),
         "journal": journal_stats(server.store) if server.store is not None else None,
         "sent": core.sent,
