@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .segments import JournalError, segment_name
 
-__all__ = ["CHAIN_FILE", "Chain", "SegmentsLost", "read_chain", "write_chain", "describe_missing"]
+__all__ = ["CHAIN_FILE", "Chain", "SegmentsLost", "check_chain", "read_chain", "write_chain", "describe_missing"]
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +143,17 @@ def describe_missing(directory: Path, missing: Sequence[int]) -> str:
             f"the records they held are lost. The broker refuses to start on them: `amq broker verify "
             f"{directory.parent}` reports, `amq broker repair {directory.parent}` records the loss (keeping a note "
             "in journal/quarantine/) and the broker then starts without them")
+
+
+def check_chain(directory: Path, existing: Sequence[int], *, fsync: bool = True) -> Chain:
+    """The journal's record (one is written now for a journal without it); raises
+    :class:`SegmentsLost` when a segment is missing that compaction did not delete."""
+    chain = read_chain(directory)
+    if chain is None:
+        chain = Chain.of(existing)
+        if directory.is_dir():
+            write_chain(directory, chain, fsync=fsync)
+    missing = chain.missing(existing)
+    if missing:
+        raise SegmentsLost(describe_missing(directory, missing))
+    return chain

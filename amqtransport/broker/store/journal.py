@@ -78,7 +78,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..ops.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
-from .chain import Chain, SegmentsLost, describe_missing, read_chain, write_chain
+from .chain import Chain, check_chain, write_chain
 from .guard import CHECK_INTERVAL, StorageGuard
 from .records import Record, RecordTooLarge
 from .salvage import Damage, recover_segment
@@ -204,17 +204,8 @@ class Journal(SegmentReads):
         """Read the record of deleted segments (:mod:`.chain`; a journal without one gets
         one now) and raise :class:`~.chain.SegmentsLost` when a segment is missing that
         compaction did not delete. Runs before recovery."""
-        ids = self.existing_segments()
-        chain = read_chain(self.directory)
-        if chain is None:
-            chain = Chain.of(ids)
-            if self.directory.is_dir():
-                write_chain(self.directory, chain, fsync=self.fsync)
-        missing = chain.missing(ids)
-        if missing:
-            raise SegmentsLost(describe_missing(self.directory, missing))
-        self.chain = chain
-        return chain
+        self.chain = check_chain(self.directory, self.existing_segments(), fsync=self.fsync)
+        return self.chain
 
     def recover(self) -> Iterator[tuple[int, Record]]:
         """Yield ``(segment_id, record)`` for every intact record; truncate torn tails.
