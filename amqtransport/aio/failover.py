@@ -521,13 +521,13 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
                 if key is not None:
                     self._core.untrack(key)  # cancelled before any write: not sent at all, not replayed
                 raise
-            rseq = self._core.oneway_position(frame)
+            receipt_position = self._core.oneway_position(frame)
             if not self._write(Write(link, [frame], gen)):
                 if key is not None:
                     return  # in the cache: replayed on the next link
                 continue
             if key is not None:
-                self._run(self._core.tracked_written(key, gen, rseq))
+                self._run(self._core.tracked_written(key, gen, receipt_position))
             await link.drain()
             return
 

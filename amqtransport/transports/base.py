@@ -51,7 +51,8 @@ class Receipt:
     """A request waiting for the broker's RECEIPT (a tiny future on a raw lock,
     cheaper than ``threading.Event`` on the per-message path)."""
 
-    __slots__ = ("receipt_id", "frame", "_gate", "_done", "error", "result", "tracked", "generation", "tx", "rseq")
+    __slots__ = ("receipt_id", "frame", "_gate", "_done", "error", "result", "tracked", "generation", "tx",
+                 "receipt_position")
 
     def __init__(self, receipt_id: str, frame: Frame, *, tracked: bool = True, tx: str | None = None) -> None:
         self.receipt_id = receipt_id
@@ -64,8 +65,9 @@ class Receipt:
         self.tracked = tracked
         self.generation = 0
         self.tx = tx
-        #: position of its latest write among the link's writes (the failover transport's)
-        self.rseq: int | None = None
+        #: position of its latest write among the link's writes (the failover transport's),
+        #: taken before the write: its RECEIPT proves every write before this position
+        self.receipt_position: int | None = None
 
     @property
     def done(self) -> bool:

@@ -158,8 +158,8 @@ class FailoverCore(Generic[L]):
         self.subs: OrderedDict[str, Frame] = OrderedDict()
         self.txs = Transactions()
         self.backups: list[L] = []
-        self._wseq = itertools.count(1)  # positions of writes, see replay.SendCache
-        self.tracking = Tracking(options.track_messages, options.max_cache_size, next_id, self._wseq)
+        self._write_positions = itertools.count(1)  # positions of writes, see replay.SendCache
+        self.tracking = Tracking(options.track_messages, options.max_cache_size, next_id, self._write_positions)
         #: trackMessages' cache of fire-and-forget sends
         self.cache = self.tracking.cache
         self.refusal: Frame | None = None  # the unmatched ERROR that ended the last link(s)
@@ -343,10 +343,10 @@ class FailoverCore(Generic[L]):
             self.pending.pop(rec.receipt_id, None)
         for rec in plan.batch_requests:
             rec.generation = gen
-        first = next(self._wseq)
-        positions = [next(self._wseq) for _ in plan.batch]
+        first = next(self._write_positions)
+        positions = [next(self._write_positions) for _ in plan.batch]
         for rec in plan.batch_requests:
-            rec.rseq = first  # after the subscriptions, before any cached send
+            rec.receipt_position = first  # after the subscriptions, before any cached send
         n_cached = 0 if plan.stepwise else len(self.cache)
         self.cache.replayed(gen, positions[len(positions) - n_cached:])
         install = Install(link, gen, plan, previous)
@@ -418,7 +418,7 @@ class FailoverCore(Generic[L]):
         if self.pending.get(rec.receipt_id) is not rec:
             return Skip()
         rec.generation = generation
-        rec.rseq = next(self._wseq)
+        rec.receipt_position = next(self._write_positions)
         return WriteAlone(Write(link, [rec.frame], generation))
 
     def still_replaying(self, link: L) -> bool:
@@ -448,12 +448,12 @@ class FailoverCore(Generic[L]):
             return None
         gen = install.generation
         frames: list[Frame] = []
-        first = next(self._wseq)
+        first = next(self._write_positions)
         for rec in self.pending.values():
             if rec.generation != gen:  # sent while we replayed, or left after a silence
-                rec.generation, rec.rseq = gen, first
+                rec.generation, rec.receipt_position = gen, first
                 frames.append(rec.frame)
-        positions = [next(self._wseq) for _ in install.plan.tail]
+        positions = [next(self._write_positions) for _ in install.plan.tail]
         self.cache.replayed(gen, positions)
         return Write(link, frames + install.plan.tail, gen)
 
@@ -470,7 +470,7 @@ class FailoverCore(Generic[L]):
             if rec.tx is not None:
                 self.txs.acked(rec.tx, generation)
             if rec.generation == generation:
-                self.cache.on_receipt(generation, rec.rseq)
+                self.cache.on_receipt(generation, rec.receipt_position)
         elif rid is not None:
             self.tracking.own_receipt(rid, generation)
         return rec
@@ -523,7 +523,7 @@ class FailoverCore(Generic[L]):
             return None
         link, gen = target
         rec.generation = gen
-        rec.rseq = next(self._wseq)
+        rec.receipt_position = next(self._write_positions)
         return Write(link, [rec.frame], gen)
 
     def withdraw(self, rid: str) -> bool:
@@ -542,11 +542,11 @@ class FailoverCore(Generic[L]):
 
     def oneway_position(self, frame: Frame) -> int | None:
         """Position taken before writing a fire-and-forget ``frame`` (one asking for a receipt)."""
-        return next(self._wseq) if "receipt" in frame else None
+        return next(self._write_positions) if "receipt" in frame else None
 
-    def tracked_written(self, key: str, generation: int, rseq: int | None) -> list[Action[L]]:
+    def tracked_written(self, key: str, generation: int, receipt_position: int | None) -> list[Action[L]]:
         """The tracked send ``key`` went out on link ``generation``."""
-        self.tracking.written(key, generation, rseq)
+        self.tracking.written(key, generation, receipt_position)
         return self.arm_idle()
 
     def arm_idle(self) -> list[Action[L]]:

@@ -497,7 +497,7 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
                 raise send_timeout(str(exc), frame=frame) from None
             with self._lock:
                 gen = self._core.generation
-                rseq = self._core.oneway_position(frame)
+                receipt_position = self._core.oneway_position(frame)
             try:
                 conn.write(frame)
             except TransportError as exc:
@@ -507,7 +507,7 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
                 continue
             if key is not None:
                 with self._lock:
-                    actions = self._core.tracked_written(key, gen, rseq)
+                    actions = self._core.tracked_written(key, gen, receipt_position)
                 self._run(actions)
             return
 

@@ -36,13 +36,15 @@ it fails with that :class:`BrokerError` and is never replayed again. The cached 
 kept by idempotency key, bounded by ``maxCacheSize`` bytes, and replayed on a new link.
 A broker processes a connection's frames in order, so a RECEIPT for a frame proves
 that every frame written before it on that link was processed: each receipt trims the
-cache. Positions come from one counter: a receipted write takes its position *before*
-it is written (``rseq``), a cached send *after* its write returned (``wseq``); a receipt
-for ``rseq`` on link ``g`` then proves exactly the entries of link ``g`` with ``wseq <
-rseq``, however threads interleave their writes (the writer keeps call order). To keep
-the cache small without any receipted traffic the transport asks for a receipt on one
-tracked send every :data:`TRACK_RECEIPT_EVERY` sends, and writes a barrier (a BEGIN and
-a receipted ABORT of an empty transaction) when tracked sends stop for a while.
+cache. Positions come from one counter (the failover core's ``_write_positions``): a
+receipted write takes its position *before* it is written (its ``receipt_position``: what
+a RECEIPT for it proves), a cached send *after* its write returned (its
+``written_position``); a receipt for ``receipt_position`` on link ``g`` then proves
+exactly the entries of link ``g`` with ``written_position < receipt_position``, however
+threads interleave their writes (the writer keeps call order). To keep the cache small
+without any receipted traffic the transport asks for a receipt on one tracked send every
+:data:`TRACK_RECEIPT_EVERY` sends, and writes a barrier (a BEGIN and a receipted ABORT of
+an empty transaction) when tracked sends stop for a while.
 """
 
 from __future__ import annotations
@@ -253,8 +255,8 @@ class _Entry:
     frame: Frame
     size: int
     gen: int = 0
-    wseq: int | None = None  # position once written on link ``gen`` (after the write)
-    rseq: int | None = None  # position taken before that write (sends asking for a receipt)
+    written_position: int | None = None  # position once written on link ``gen`` (after the write)
+    receipt_position: int | None = None  # position taken before that write (sends asking for a receipt)
     rid: str | None = None   # its receipt id when it asks for one
 
 
@@ -294,12 +296,12 @@ class SendCache:
             self.evicted += 1
         return True
 
-    def written(self, key: str, gen: int, wseq: int, rseq: int | None = None) -> None:
-        """The send ``key`` is on the wire of link ``gen``: position ``rseq`` taken
-        before its write, ``wseq`` after it."""
+    def written(self, key: str, gen: int, written_position: int, receipt_position: int | None = None) -> None:
+        """The send ``key`` is on the wire of link ``gen``: position ``receipt_position`` taken
+        before its write, ``written_position`` after it."""
         entry = self._entries.get(key)
         if entry is not None:
-            entry.gen, entry.wseq, entry.rseq = gen, wseq, rseq
+            entry.gen, entry.written_position, entry.receipt_position = gen, written_position, receipt_position
 
     def frames(self) -> list[Frame]:
         return [e.frame for e in self._entries.values()]
@@ -307,29 +309,29 @@ class SendCache:
     def replayed(self, gen: int, positions: Iterable[int]) -> None:
         """Every entry was written again on link ``gen``, in order, at ``positions``."""
         for entry, pos in zip(self._entries.values(), positions, strict=False):
-            entry.gen, entry.wseq, entry.rseq = gen, pos, pos
+            entry.gen, entry.written_position, entry.receipt_position = gen, pos, pos
 
-    def on_receipt(self, gen: int, rseq: int | None) -> None:
-        """A receipt arrived on link ``gen`` for a write made at position ``rseq``: drop
+    def on_receipt(self, gen: int, receipt_position: int | None) -> None:
+        """A receipt arrived on link ``gen`` for a write made at position ``receipt_position``: drop
         every entry written before it on that link."""
-        if rseq is None:
+        if receipt_position is None:
             return
         while self._entries:
             key, entry = next(iter(self._entries.items()))
-            if entry.gen != gen or entry.wseq is None or entry.wseq >= rseq:
+            if entry.gen != gen or entry.written_position is None or entry.written_position >= receipt_position:
                 return
             self._drop(key)
             self.trimmed += 1
 
     def own_receipt(self, rid: str) -> tuple[str, int, int | None] | None:
-        """If ``rid`` is the receipt of a cached send: (key, gen, rseq) of its last write."""
+        """If ``rid`` is the receipt of a cached send: (key, gen, receipt_position) of its last write."""
         key = self._by_rid.get(rid)
         if key is None:
             return None
         entry = self._entries.get(key)
         if entry is None:
             return None
-        return key, entry.gen, entry.rseq
+        return key, entry.gen, entry.receipt_position
 
     def discard(self, key: str) -> bool:
         if key not in self._entries:
@@ -380,9 +382,9 @@ class Tracking:
             return frame, None  # the same key is already cached: this copy is not tracked
         return frame, key
 
-    def written(self, key: str, generation: int, rseq: int | None) -> None:
+    def written(self, key: str, generation: int, receipt_position: int | None) -> None:
         """The tracked send ``key`` went out on link ``generation``."""
-        self.cache.written(key, generation, next(self._positions), rseq)
+        self.cache.written(key, generation, next(self._positions), receipt_position)
 
     def barrier(self) -> tuple[list[Frame], str]:
         """An idle barrier's frames (an empty transaction whose ABORT asks for a receipt
@@ -408,9 +410,9 @@ class Tracking:
             return
         found = self.cache.own_receipt(rid)
         if found is not None:
-            key, entry_gen, rseq = found
+            key, entry_gen, receipt_position = found
             if entry_gen == gen:
-                self.cache.on_receipt(gen, rseq)
+                self.cache.on_receipt(gen, receipt_position)
                 self.cache.discard(key)
 
     def own_error(self, rid: str, frame: Frame) -> bool:
