@@ -63,6 +63,7 @@ PURE = (
     "amqtransport.broker.ha.decide",  # the HA decision table: pure, though its layer is the broker's
     "amqtransport.broker.ha.lease",  # the witness's lease rules: pure (the clock is a parameter)
     "amqtransport.broker.dispatch",  # the broker's dispatch core: the server injects both clocks
+    "amqtransport.broker.connection.delivery",  # a connection's MESSAGE frames: bytes in, bytes out
     # the failover core and its pure pieces: one set of rules for the thread and asyncio drivers
     "amqtransport.transports.core",
     "amqtransport.transports.core_actions",

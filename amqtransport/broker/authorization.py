@@ -38,7 +38,7 @@ authorized to write to: queue://orders``. The decisions are pure; only
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +46,9 @@ from amqtransport.destinations import (
     ADVISORY_PREFIX,
     Pattern,
     match,
+    parse_destination,
     parse_pattern,
+    wildcard_segments,
 )
 from amqtransport.errors import ConfigError, DestinationError
 
@@ -171,3 +173,28 @@ class Authorizer:
         if self._groups.get(user or "", frozenset()) & self.allowed_groups(operation, kind, name):
             return None
         return f"User {user or 'anonymous'} is not authorized to {_VERBS[operation]}: {kind}://{name}"
+
+    def refusal(self, user: str | None, operation: str, destination: str,
+                known: Callable[[str, str], bool]) -> str | None:
+        """None when ``user`` may ``operation`` (read, write) the STOMP ``destination`` a
+        connection names and, when the broker does not have it yet (``known(kind, name)``
+        is False), create it (admin); else ActiveMQ's refusal text. A composite send needs
+        every part (the first refused part is the answer). Not checked here: a name that
+        is no destination at all (the core refuses it in its own words) and a temporary
+        destination (scoped to its connection)."""
+        if "," in destination and operation == WRITE:  # a composite: every part
+            for part in destination.split(","):
+                refused = self.refusal(user, operation, part, known)
+                if refused is not None:
+                    return refused
+            return None
+        try:
+            dest = parse_destination(destination)
+        except DestinationError:
+            return None
+        if dest.temporary:
+            return None
+        refused = self.check(user, operation, dest.kind, dest.name)
+        if refused is None and wildcard_segments(dest.name) is None and not known(dest.kind, dest.name):
+            refused = self.check(user, ADMIN, dest.kind, dest.name)
+        return refused

@@ -39,8 +39,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from amqtransport.destinations import QUEUE, QUEUE_PREFIX, parse_destination, wildcard_segments
-from amqtransport.errors import DestinationError, RemoteProtocolError
+from amqtransport.destinations import QUEUE, QUEUE_PREFIX, wildcard_segments
+from amqtransport.errors import RemoteProtocolError
 from amqtransport.selector import Selector, SelectorError, compile_selector
 from amqtransport.stomp import (
     IDEMPOTENCY_HEADER_ALIASES,
@@ -49,21 +49,17 @@ from amqtransport.stomp import (
     parse_heartbeat_header,
 )
 from amqtransport.stomp import Frame as StompFrame
-from amqtransport.stomp.encoders import (
-    DELIVERY_COUNT_HEADER,
-    connected_frame,
-    message_headers,
-    message_start,
-)
+from amqtransport.stomp.encoders import connected_frame
 
-from ..authorization import ADMIN, READ, WRITE
+from ..authorization import READ, WRITE
 from ..dispatch.browse import browse
 from ..dispatch.errors import BadHeader, CoreError
 from ..dispatch.message import TRANSPORT_HEADERS, Message
 from ..dispatch.model import AUTO, Subscription, TxState
-from ..dispatch.names import DURABLE_PREFIX, split_destination
+from ..dispatch.names import split_destination
 from ..store import JournalError
 from .context import BrokerContext
+from .delivery import browse_end_frame, message_frame
 from .flow import FlowGate
 from .stream import ErrorSent, StompStream
 from .temporary import TempNames
@@ -74,7 +70,6 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "amqtransport/0.1"
 STATUS_REQUEST_HEADER = "amq-ha-status"  # CONNECT header of `amq broker status` (also HA's STATUS_HEADER)
-_DELIVERY_HEADERS = frozenset({"subscription", "ack", "redelivered", DELIVERY_COUNT_HEADER, "message-id"})
 
 
 class BrokerConnection(asyncio.Protocol):
@@ -227,38 +222,8 @@ class BrokerConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ delivery (Sink)
 
     def deliver(self, sub: Subscription, msg: Message, delivery_count: int) -> None:
-        v = self.stream.version
-        cache = msg.wire_cache
-        if not isinstance(cache, dict):
-            cache = msg.wire_cache = {}
-        common = cache.get(v)
-        if common is None:
-            common = cache[v] = self._common_block(msg, v)
-        head = message_start(sub.id, msg.id if v == "1.2" else None, v, delivery_count)
-        self.stream.write(head + common + msg.body + b"\x00")
+        self.stream.write(message_frame(sub.id, msg, self.stream.version, delivery_count, self.temps.wire_name))
         self.messages_out += 1
-
-    def _common_block(self, msg: Message, v: str) -> bytes:
-        dest = msg.destination
-        user = msg.headers
-        if dest.startswith("/temp-"):  # only its owner reads it: its name for it
-            dest = self.temps.wire_name(dest)
-        elif dest.startswith(DURABLE_PREFIX):
-            for k, val in user:
-                if k == "destination":
-                    dest = val
-                    break
-        headers = [("message-id", msg.id), ("destination", dest)]
-        has_ts = False
-        for k, val in user:
-            if k in _DELIVERY_HEADERS or k == "destination" or k == "content-length":
-                continue
-            if k == "timestamp":
-                has_ts = True
-            headers.append((k, val))
-        if not has_ts:
-            headers.append(("timestamp", str(int(msg.timestamp * 1000))))
-        return message_headers(headers, len(msg.body), v)
 
     # ------------------------------------------------------------------ frames
 
@@ -355,22 +320,12 @@ class BrokerConnection(asyncio.Protocol):
     def _authorized(self, destination: str, operation: str, receipt: str | None) -> bool:
         """Whether this connection's user may ``operation`` (read, write) ``destination``
         and, when the broker does not have it yet, create it (admin), as ActiveMQ's
-        authorizationPlugin decides (:mod:`..authorization`); otherwise an ERROR in
-        ActiveMQ's words, and the connection stays."""
+        authorizationPlugin decides (:meth:`~..authorization.Authorizer.refusal`);
+        otherwise an ERROR in ActiveMQ's words, and the connection stays."""
         authz = self.ctx.authorizer
         if not authz.active:
             return True
-        if "," in destination and operation == WRITE:  # a composite: every part
-            return all(self._authorized(part, operation, receipt) for part in destination.split(","))
-        try:
-            dest = parse_destination(destination)
-        except DestinationError:
-            return True  # not a destination at all: the core refuses it in its own words
-        if dest.temporary:
-            return True  # scoped to its connection
-        refusal = authz.check(self.login, operation, dest.kind, dest.name)
-        if refusal is None and wildcard_segments(dest.name) is None and not self._known(dest.kind, dest.name):
-            refusal = authz.check(self.login, ADMIN, dest.kind, dest.name)
+        refusal = authz.refusal(self.login, operation, destination, self._known)
         if refusal is None:
             return True
         log.warning("%s (connection %s)", refusal, self.peer)
@@ -538,9 +493,7 @@ class BrokerConnection(asyncio.Protocol):
             self.stream.write_receipt(receipt)
         for msg in browse(self.core, destination, selector):
             self.deliver(sub, msg, max(1, msg.delivery_count))
-        v = self.stream.version
-        end = [("browser", "end"), ("destination", self.temps.wire_name(destination)), ("message-id", "0")]
-        self.stream.write(message_start(sub_id, None, v) + message_headers(end, 0, v) + b"\x00")
+        self.stream.write(browse_end_frame(sub_id, self.temps.wire_name(destination), self.stream.version))
 
     def _on_unsubscribe(self, frame: StompFrame) -> None:
         receipt = frame.get("receipt")
