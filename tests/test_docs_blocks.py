@@ -37,7 +37,7 @@ The rewrite table (applied to each block before it runs; :data:`REWRITES`):
 - ``<master pid ...>`` and the sample pid ``4242`` become the pid of the node that is
   master now, ``<slave pid ...>`` the slave's (asked on the page's ports);
 - a long-running command (:data:`DAEMONS`: ``amq broker pair``, ``amq broker run``,
-  ``amq chaos proxy``, ``amq bridge run``) not sent to the background by the page
+  ``amq broker witness``, ``amq chaos proxy``, ``amq bridge run``) not sent to the background by the page
   runs in the background (own session) until its ready line (:data:`READY`); it is
   stopped by pid (SIGTERM, then SIGKILL) when the page (or ``alone`` block) ends.
 """
@@ -62,11 +62,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 #: ports written in the docs; each becomes a free port per page
-DOC_PORTS = (61613, 61614, 61623, 61624, 61633, 61643, 61701, 61702, 8161, 8162, 8474, 36613)
+DOC_PORTS = (61613, 61614, 61623, 61624, 61633, 61643, 61700, 61701, 61702, 8161, 8162, 8474, 36613)
 MAX_COUNT = 2000
-DAEMONS = ("amq broker pair", "amq broker run", "amq chaos proxy", "amq bridge run")
+DAEMONS = ("amq broker pair", "amq broker run", "amq broker witness", "amq chaos proxy", "amq bridge run")
 #: a line of a daemon's output that says it is ready
-READY = r"Ctrl-C stops|listening on stomp://|^ha node |API on http|bridge .* up|status on http"
+READY = r"Ctrl-C stops|listening on stomp://|^ha node |API on http|bridge .* up|status on http|^witness listening on"
 BLOCK_TIMEOUT = 150.0
 SHELL_KINDS = ("sh", "bash", "shell")
 MARKER = re.compile(r"^\s*<!--\s*(not-run|file|run)\s*:\s*(.*?)\s*-->\s*$")

@@ -44,6 +44,8 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from amqtransport.errors import AmqTransportError
+
 __all__ = ["Endpoint", "Netns", "NetnsError", "CLIENTS", "TABLE", "ACTIONS", "SERVICES", "plan_endpoints", "nft_script", "partition",
            "one_way", "isolate", "unavailable_reason", "sweep_stale", "NS_PREFIX"]
 
@@ -147,8 +149,8 @@ def nft_script(cuts: Mapping[Cut, str], endpoints: Mapping[str, Endpoint]) -> di
 # -- I/O ---------------------------------------------------------------------------------
 
 
-class NetnsError(RuntimeError):
-    pass
+class NetnsError(AmqTransportError, RuntimeError):
+    """A network namespace, link or nft rule could not be made or removed (the command's output says why)."""
 
 
 def _run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
