@@ -16,26 +16,43 @@ the p50 and p99 of the round trips and the messages per second; the targets are
 * ``shared-store``: a shared-store pair's master (one disk, the lock beside it);
 * ``ActiveMQ``: Debian's 5.17 with its defaults (KahaDB, journal syncs on).
 
-Rounds alternate between the targets. The closing lines compare with issue 27's goals:
-single p50 <= 2 x the disk's p50 + 0.05 ms; replicated p50 <= 1.5 x single; shared
-store p50 <= 1.1 x single; single msg/s >= 2 x ActiveMQ's.
+Rounds alternate between the targets. Then:
+
+* where the time goes: each of our targets runs with ``--http`` and the benchmark reads
+  the ``amq_receipt_<stage>_seconds`` histograms of ``/metrics`` (``RECEIPT_PATH`` in
+  ``amqtransport/broker/ops/stats.py``) before and after each measured window, and prints
+  each stage's mean and approximate median over the measured sends only (the master's
+  stages, and for the replicated pair the slave's journal stages too);
+* what our client adds: the same window-1 loop through the sync client's
+  ``conn.send(dest, body)`` and the asyncio client's ``await conn.send(...)`` on
+  ``tcp://`` against the single broker, alternating with the raw socket; the figure is
+  the difference of the p50s (issue 27's goal: <= 30 us);
+* issue 27's goals: single p50 <= 2 x the disk's p50 + 0.05 ms; replicated p50 <= 1.5 x
+  single; shared store p50 <= 1.1 x single; single msg/s >= 2 x ActiveMQ's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_table, quick, scale  # noqa: E402
+from _common import print_table, quick, scale, write_result  # noqa: E402
 from bench_broker import BODY, RawClient, start_activemq  # noqa: E402
 
+import amqtransport  # noqa: E402
+import amqtransport.aio as aio  # noqa: E402
+from amqtransport.broker.ops.stats import RECEIPT_STAGES  # noqa: E402
+from amqtransport.processes.ports import free_port  # noqa: E402
 from amqtransport.stomp import Frame, serialize  # noqa: E402
 from amqtransport.testing.broker_pair import BrokerPair  # noqa: E402
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
@@ -82,47 +99,142 @@ def window_one(port: int, dest: str, n: int) -> list[float]:
         c.close()
 
 
+def sync_client(port: int, dest: str, n: int) -> list[float]:
+    """Seconds of each ``conn.send(dest, BODY)`` (receipted) through the sync client."""
+    with amqtransport.connect(f"tcp://127.0.0.1:{port}") as conn:
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            conn.send(dest, BODY)
+            out.append(time.perf_counter() - t0)
+        return out
+
+
+def aio_client(port: int, dest: str, n: int) -> list[float]:
+    """Seconds of each ``await conn.send(dest, BODY)`` (receipted) through the asyncio client."""
+
+    async def run() -> list[float]:
+        async with aio.connect(f"tcp://127.0.0.1:{port}") as conn:
+            out = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                await conn.send(dest, BODY)
+                out.append(time.perf_counter() - t0)
+            return out
+
+    return asyncio.run(run())
+
+
+_SERIES = re.compile(r'^amq_receipt_(\w+)_seconds_(bucket\{le="([^"]+)"\}|sum|count) (\S+)$', re.M)
+Stages = dict[str, dict[str, float]]  # stage -> {"sum", "count", bucket bound (str) -> cumulative count}
+
+
+def stages_of(http_port: int) -> Stages:
+    """The ``amq_receipt_*_seconds`` histograms of a node's ``/metrics``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: Stages = {}
+    for stage, kind, le, value in _SERIES.findall(text):
+        out.setdefault(stage, {})[le or kind] = float(value)
+    return out
+
+
+def add_delta(into: Stages, before: Stages, after: Stages) -> None:
+    for stage, series in after.items():
+        acc = into.setdefault(stage, {})
+        for key, value in series.items():
+            acc[key] = acc.get(key, 0.0) + value - before.get(stage, {}).get(key, 0.0)
+
+
+def stage_row(stage: str, series: dict[str, float]) -> dict[str, object] | None:
+    """Mean and median (linear within its bucket) of one stage's observations, in us."""
+    count = series.get("count", 0.0)
+    if count <= 0:
+        return None
+    bounds = sorted((float(k), v) for k, v in series.items() if k not in ("sum", "count", "+Inf"))
+    median, lower, below = None, 0.0, 0.0
+    for bound, cumulative in bounds:
+        if cumulative >= count / 2:
+            inside = cumulative - below
+            median = lower + (bound - lower) * ((count / 2 - below) / inside if inside else 1.0)
+            break
+        lower, below = bound, cumulative
+    return {"stage": stage, "count": int(count), "mean us": round(series["sum"] / count * 1e6, 1),
+            "p50 us (bucketed)": round(median * 1e6, 1) if median is not None else None}
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else scale(1000, 200)
     rounds = 1 if quick() else int(os.environ.get("AMQ_BENCH_ROUNDS", "2"))
     work = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     stops: list[Callable[[], object]] = []
     targets: dict[str, int] = {}
+    metrics: dict[str, list[tuple[str, int]]] = {}  # target -> (node, http port) whose stages are read
     samples: dict[str, list[float]] = {}
+    stages: dict[str, Stages] = {}
     try:
-        single = BrokerProcess(work / "single", log_dir=work / "single-log")
+        http = free_port()
+        single = BrokerProcess(work / "single", args=["--http", f"127.0.0.1:{http}"], log_dir=work / "single-log")
         single.start()
         stops.append(single.terminate)
         targets["single"] = single.port
+        metrics["single"] = [("single", http)]
         for mode in ("replicated", "shared-store"):
-            pair = BrokerPair(mode, work / mode)
+            ports = (free_port(), free_port())
+            pair = BrokerPair(mode, work / mode, master_args=["--http", f"127.0.0.1:{ports[0]}"],
+                              slave_args=["--http", f"127.0.0.1:{ports[1]}"])
             pair.start()
             stops.append(pair.stop)
             master = pair.wait_master(60)
             if mode == "replicated":
                 pair.wait_in_sync(60)
             targets[mode] = master.port
+            by_node = dict(zip(pair.nodes, ports, strict=True))
+            metrics[mode] = [(f"{mode} master", by_node[master])]
+            if mode == "replicated":
+                slave = next(node for node in pair.nodes if node is not master)
+                metrics[mode].append((f"{mode} slave", by_node[slave]))
         amq = start_activemq(work / "activemq")
         if amq is not None:
             stops.append(amq[1])
             targets["ActiveMQ"] = amq[0]
-        for name in ("disk", *targets):
+        clients: dict[str, Callable[[int, str, int], list[float]]] = {
+            "raw socket": window_one, "sync conn.send": sync_client, "aio conn.send": aio_client}
+        for name in ("disk", *targets, *clients):
             samples[name] = []
         for r in range(rounds):
             samples["disk"] += disk_fdatasync(work, n)
             for name, port in targets.items():
                 window_one(port, f"/queue/latency.warm.{r}", max(20, n // 20))
+                before = {node: stages_of(h) for node, h in metrics.get(name, [])}
                 samples[name] += window_one(port, f"/queue/latency.{r}", n)
+                for node, h in metrics.get(name, []):
+                    add_delta(stages.setdefault(node, {}), before[node], stages_of(h))
+            for name, fn in clients.items():  # what our client adds, against the single broker
+                fn(single.port, f"/queue/latency.client.warm.{r}", max(20, n // 20))
+                samples[name] += fn(single.port, f"/queue/latency.client.{r}", n)
     finally:
         for stop in reversed(stops):
             stop()
+    load = os.getloadavg()[0]
     rows = []
     for name, values in samples.items():
+        if name in clients:
+            continue
         rows.append({"target": name, "p50 ms": round(statistics.median(values) * 1000, 3),
                      "p99 ms": round(percentile(values, 0.99) * 1000, 3),
                      "msg/s": round(len(values) / sum(values)) if name != "disk" else None})
-    print_table(rows, title=f"window-1 receipts, {n} x {rounds} rounds, 256-byte persistent SENDs (load "
-                            f"{os.getloadavg()[0]:.1f})")
+    print_table(rows, title=f"window-1 receipts, {n} x {rounds} rounds, 256-byte persistent SENDs (load {load:.1f})")
+    for node, by_stage in stages.items():
+        stage_rows = [row for stage, _help in RECEIPT_STAGES
+                      if (row := stage_row(stage, by_stage.get(stage, {}))) is not None]
+        print_table(stage_rows, title=f"where the time goes: {node} (amq_receipt_*_seconds over the measured sends)")
+    raw = statistics.median(samples["raw socket"])
+    print_table([{"client": name, "p50 ms": round(statistics.median(v) * 1000, 3),
+                  "p99 ms": round(percentile(v, 0.99) * 1000, 3),
+                  "adds over raw socket, p50 us": round((statistics.median(v) - raw) * 1e6, 1)}
+                 for name, v in samples.items() if name in clients],
+                title="our client's send path against the single broker (window 1, receipted)")
     p50 = {name: statistics.median(v) * 1000 for name, v in samples.items()}
     rate = {name: len(v) / sum(v) for name, v in samples.items()}
     # (goal, measured, bound, lower is better)
@@ -131,9 +243,17 @@ def main() -> None:
              ("shared-store p50 ms <= 1.1 x single p50", p50["shared-store"], 1.1 * p50["single"], True)]
     if "ActiveMQ" in rate:
         goals.append(("single msg/s >= 2 x ActiveMQ msg/s", rate["single"], 2 * rate["ActiveMQ"], False))
+    for name in ("sync conn.send", "aio conn.send"):
+        goals.append((f"{name} adds <= 30 us over a raw socket (p50)", (p50[name] - p50["raw socket"]) * 1000,
+                      30.0, True))
     print_table([{"goal": g, "measured": round(a, 3), "bound": round(b, 3),
                   "met": "yes" if (a <= b if lower else a >= b) else "no"} for g, a, b, lower in goals],
                 title="issue 27 goals")
+    write_result("latency", rows, headline={"single p50 ms": round(p50["single"], 3),
+                                            "replicated p50 ms": round(p50["replicated"], 3),
+                                            "disk p50 ms": round(p50["disk"], 3)},
+                 notes=f"n={n}, rounds={rounds}, load={load:.1f}")
+
 
 if __name__ == "__main__":
     main()

@@ -320,7 +320,7 @@ class BrokerServer:
         loop = self.loop
         if loop.is_closed():
             return
-        loop.call_soon_threadsafe(run_completions, items)
+        loop.call_soon_threadsafe(run_completions, items, time.perf_counter())
 
     def _schedule_compaction(self) -> None:
         self._compact_handle = self.loop.call_later(self.config.compact_interval_ms / 1000.0, self._compact)

@@ -132,3 +132,26 @@ def receive_all(uri: str, queue: str, n: int, **kw: Any) -> list[amqtransport.Me
             assert m is not None, f"got {len(out)} of {n} messages from {queue}"
             out.append(m)
         return out
+
+
+def receipt_stages(text: str) -> dict[str, dict[str, float]]:
+    """``stage -> {"count", "sum", "+Inf", "buckets": ...}`` of the ``amq_receipt_<stage>_seconds``
+    histograms in the Prometheus text ``text``; each histogram's buckets must be cumulative
+    and end at its count."""
+    stages: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("amq_receipt_"):
+            continue
+        name, value = line.rsplit(" ", 1)
+        stage, _, rest = name[len("amq_receipt_"):].partition("_seconds_")
+        series = stages.setdefault(stage, {})
+        if rest.startswith("bucket"):
+            le = rest.split('"')[1]
+            assert float(value) >= series.get("last", 0.0), f"{stage}: buckets not cumulative at le={le}"
+            series["last"] = float(value)
+            series[le] = float(value)
+        else:
+            series[rest] = float(value)
+    for stage, series in stages.items():
+        assert series["+Inf"] == series["count"], (stage, series)
+    return stages

@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 import requests
-from http_helpers import Console, dead_letter, metric, receive_all, running_console, send
+from http_helpers import (
+    Console,
+    dead_letter,
+    metric,
+    receipt_stages,
+    receive_all,
+    running_console,
+    send,
+)
 
 import amqtransport
 from amqtransport.broker.http.metrics import CONTENT_TYPE
@@ -78,6 +86,36 @@ def test_metrics_follow_prometheus_naming_and_count_a_queue(console: Console) ->
         text = console.metrics()
         assert metric(text, "amq_queue_dequeued_total", {"queue": "m.orders"}) == 7
         assert metric(text, "amq_queue_in_flight", {"queue": "m.orders"}) == 0
+
+
+def test_metrics_time_each_stage_of_the_receipt_path(console: Console) -> None:
+    """issue 27: ``amq_receipt_<stage>_seconds`` histograms count the receipted sends."""
+    n = 25
+    before_text = console.metrics()
+    before = receipt_stages(before_text)
+    with amqtransport.connect(console.uri) as c:
+        for i in range(n):
+            c.send("/queue/m.receipts", f"r{i}")  # window 1: each its RECEIPT before the next
+    text = console.metrics()
+    after = receipt_stages(text)
+    assert set(after) == {"read", "journal_wakeup", "journal_queue", "journal_sync", "replication_send",
+                          "slave_ack", "gate_wait", "handoff", "receipt_write", "total"}
+
+    def delta(stage: str) -> float:
+        return after[stage]["count"] - before.get(stage, {}).get("count", 0.0)
+
+    assert delta("total") == n  # one per receipted SEND: read and parsed -> its RECEIPT queued
+    batches = metric(text, "amq_journal_batches_total")
+    assert batches is not None
+    # one journal_queue and one journal_sync per group commit (a batch in flight at the scrape at most)
+    assert batches <= after["journal_queue"]["count"] <= batches + 1
+    assert batches <= after["journal_sync"]["count"] <= batches + 1
+    for stage in ("read", "journal_queue", "journal_sync", "handoff", "receipt_write"):
+        assert delta(stage) >= n, (stage, delta(stage))
+    assert 0 < after["total"]["sum"] - before.get("total", {}).get("sum", 0.0)
+    # a standalone broker replicates nothing
+    assert after["replication_send"]["count"] == after["slave_ack"]["count"] == after["gate_wait"]["count"] == 0
+    assert "# TYPE amq_receipt_total_seconds histogram" in text
 
 
 def test_metrics_count_scheduled_messages(console: Console) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from http_helpers import Console, dead_letter, metric, wait_http
+from http_helpers import Console, dead_letter, metric, receipt_stages, wait_http
 
 import amqtransport
 from amqtransport.testing.ports import free_port
@@ -138,6 +138,20 @@ def test_pair_consoles_failover_and_readiness(pair: PairRun, tmp_path: Path) -> 
     assert metric(slave_text, "amq_store_messages") == 2  # the replica holds both messages
     slave_page = b.get("/").text  # its overview says so (it said "no queues yet")
     assert "no queues yet" not in slave_page and "it holds 2 stored messages" in slave_page, slave_page
+
+    # the receipt path's stages (issue 27): each receipted send streamed, acked by the slave, released
+    n = 10
+    before, slave_before = receipt_stages(a.metrics()), receipt_stages(b.metrics())
+    with amqtransport.connect(f"tcp://127.0.0.1:{pair.ports[0]}") as c:
+        for i in range(n):
+            c.send("/queue/stages", f"s{i}")
+    after, slave_after = receipt_stages(a.metrics()), receipt_stages(b.metrics())
+    assert after["total"]["count"] - before["total"]["count"] == n
+    for stage in ("replication_send", "slave_ack", "gate_wait", "journal_sync", "handoff"):
+        assert after[stage]["count"] - before[stage]["count"] >= n, (stage, before[stage], after[stage])
+    for stage in ("journal_queue", "journal_sync", "receipt_write"):  # the slave's own journal, its acks
+        assert slave_after[stage]["count"] - slave_before[stage]["count"] >= n, stage
+    assert slave_after["total"]["count"] == 0  # a slave receipts nothing
 
     # a slave refuses actions: it serves no clients
     r = b.post("/api/queues/DLQ.orders/purge")

@@ -66,6 +66,7 @@ import logging
 import struct
 import sys
 import termios
+import time
 from typing import Protocol
 
 from amqtransport.errors import RemoteProtocolError
@@ -81,6 +82,7 @@ from amqtransport.stomp import Frame as StompFrame
 from amqtransport.stomp.encoders import error_frame, receipt_frame
 
 from ..config import BrokerConfig
+from ..store import RECEIPT_PATH, after_completions
 
 __all__ = ["ErrorSent", "IN_DOUBT_HEADER", "StompStream", "StreamHost"]
 
@@ -243,6 +245,7 @@ class StompStream:
             return
         self.last_read = self.loop.time()
         parser = self.parser
+        started = time.perf_counter()
         try:
             parser.feed(data)
             while not self.closing and not self._stop_reading:
@@ -274,6 +277,7 @@ class StompStream:
         except Exception as exc:  # noqa: BLE001 - one bad frame must not take the broker down
             log.exception("internal error handling a frame from %s", self.peer)
             self.error_no_raise(f"internal broker error: {exc.__class__.__name__}: {exc}")
+        RECEIPT_PATH.read.observe(time.perf_counter() - started)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -336,7 +340,8 @@ class StompStream:
             return
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            if not after_completions(self._flush):  # a RECEIPT: written once its batch's completions ran
+                self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -445,11 +450,14 @@ class StompStream:
 
             return on_error_only
 
+        parsed = time.perf_counter()
+
         def done(err: BaseException | None) -> None:
             if err is not None:
                 self._persist_failed(what, err, receipt)
             else:
                 self.write_receipt(receipt)
+                RECEIPT_PATH.total.observe(time.perf_counter() - parsed)
 
         return done
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import deque
 from typing import Protocol
 
-from ..store import JournalError, MessageStore, RecordError
+from ..store import RECEIPT_PATH, JournalError, MessageStore, RecordError
 from ..store.sync import SnapshotReader, TailReader
 from .wire import (
     ACK,
@@ -79,6 +81,8 @@ class MasterLink(asyncio.Protocol):
         self._pending: list[bytes] = []
         self._first = 0
         self._flush_scheduled = False
+        self._pushed_at = 0.0  # perf_counter() of the first record waiting in _pending (live)
+        self._sent: deque[tuple[int, float]] = deque()  # (last seq, perf_counter()) per live RECORDS write
         self._last_read = self.loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._phase = SNAPSHOT
@@ -178,7 +182,19 @@ class MasterLink(asyncio.Protocol):
             if self._buffer_from is None or seq < self._buffer_from:
                 return  # the tail reader will read it from the journal
         elif not self._pending:
+            if not self._flush_scheduled:
+                # the first record since the last write goes at once (the slave's fsync
+                # then overlaps ours); what follows in this loop turn is coalesced into
+                # one write at its end
+                for frame in record_frames(RECORDS, seq, (payload,)):
+                    self.transport.write(frame)
+                RECEIPT_PATH.replication_send.observe(0.0)
+                self._sent.append((seq, time.perf_counter()))
+                self._flush_scheduled = True
+                self.loop.call_soon(self._flush)
+                return
             self._first = seq
+            self._pushed_at = time.perf_counter()
         self._pending.append(payload)
         if self._phase == LIVE and not self._flush_scheduled:
             self._flush_scheduled = True
@@ -191,6 +207,11 @@ class MasterLink(asyncio.Protocol):
         pending, self._pending = self._pending, []
         for frame in record_frames(RECORDS, self._first, pending):
             self.transport.write(frame)
+        now = time.perf_counter()
+        if self._pushed_at:  # (not the records buffered during the full sync)
+            RECEIPT_PATH.replication_send.observe(now - self._pushed_at)
+            self._sent.append((self._first + len(pending) - 1, now))
+        self._pushed_at = 0.0
 
     def _release_readers(self) -> None:
         if self._snapshot is not None:
@@ -214,7 +235,13 @@ class MasterLink(asyncio.Protocol):
             frames = self._decoder.feed(data)
             for kind, payload in frames:
                 if kind == ACK:
-                    self.master._on_ack(self, unpack_seq(payload))  # noqa: SLF001
+                    seq = unpack_seq(payload)
+                    sent = self._sent
+                    if sent and sent[0][0] <= seq:
+                        now = time.perf_counter()
+                        while sent and sent[0][0] <= seq:
+                            RECEIPT_PATH.slave_ack.observe(now - sent.popleft()[1])
+                    self.master._on_ack(self, seq)  # noqa: SLF001
                 elif kind == BYE:
                     self.bye = True
                 elif kind != PING:

@@ -90,7 +90,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ..store import Callback, JournalError, Record, run_completions
+from ..store import RECEIPT_PATH, Callback, JournalError, Record, run_completions
 from ..store.sync import SnapshotReader
 from .master_link import MasterLink
 
@@ -198,7 +198,7 @@ class ReplicationMaster:
             return
         if self.loop.is_closed():
             return
-        self.loop.call_soon_threadsafe(self._hold, self._batch_target, items)
+        self.loop.call_soon_threadsafe(self._hold, self._batch_target, items, time.perf_counter())
 
     # loop thread -------------------------------------------------------
     def _may_run(self, target: int) -> bool:
@@ -208,7 +208,10 @@ class ReplicationMaster:
             return self._acked >= target
         return self.suspect is None
 
-    def _hold(self, target: int, items: list[tuple[Callback, BaseException | None]]) -> None:
+    def _hold(self, target: int, items: list[tuple[Callback, BaseException | None]],
+              handed_at: float | None = None) -> None:
+        if handed_at is not None:
+            RECEIPT_PATH.handoff.observe(time.perf_counter() - handed_at)
         if self._closed:
             run_completions([(cb, err or JournalError("master stopping")) for cb, err in items])
             return
@@ -217,6 +220,8 @@ class ReplicationMaster:
             return
         self.check_stall()
         if not self._held and self._may_run(target):
+            if self._gated is not None:
+                RECEIPT_PATH.gate_wait.observe(0.0)  # the slave's ack came first
             self._run(items, self.loop.time())
             return
         self._held.append((target, self.loop.time(), items))
@@ -226,6 +231,7 @@ class ReplicationMaster:
         held = self._held
         while held and self._may_run(held[0][0]):
             _, since, items = held.popleft()
+            RECEIPT_PATH.gate_wait.observe(self.loop.time() - since)
             self._run(items, since)
 
     def _run(self, items: list[tuple[Callback, BaseException | None]], on_disk_since: float) -> None:

@@ -57,12 +57,13 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from ..config import BrokerConfig
-from ..store import Callback, MessageStore, run_completions
+from ..store import Callback, MessageStore, after_completions, run_completions
 from ..store.salvage import quarantine_journal
 from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY, PeerAnswer
 from .host import RoleHost
@@ -97,7 +98,7 @@ def fresh_replica_store(data_dir: Path, config: BrokerConfig, loop: asyncio.Abst
 
     def notify(items: list[tuple[Callback, BaseException | None]]) -> None:
         if not loop.is_closed():
-            loop.call_soon_threadsafe(run_completions, items)
+            loop.call_soon_threadsafe(run_completions, items, time.perf_counter())
 
     store = MessageStore(
         data_dir / "journal",
@@ -170,7 +171,8 @@ class SlaveLink:
                     to_ack = seq
                 if not ack_scheduled:
                     ack_scheduled = True
-                    loop.call_soon(send_ack)
+                    if not after_completions(send_ack):  # the ack goes once this batch's completions ran
+                        loop.call_soon(send_ack)
 
             return done
 

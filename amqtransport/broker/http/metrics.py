@@ -205,6 +205,8 @@ def render_metrics(stats: NodeStats) -> str:
                       "Time to write and fdatasync one group commit.", journal.fsync)
         out.histogram("amq_journal_batch_records", "Records per group commit (the batch one fsync covers).",
                       journal.batch)
+    for stage, help_text, snap in stats.receipt_path:
+        out.histogram(f"amq_receipt_{stage}_seconds", f"Receipt path: {help_text}", snap)
     if stats.destinations:
         _destinations(out, stats.destinations)
     return "\n".join(out.lines) + "\n"

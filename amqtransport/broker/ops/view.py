@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 from amqtransport.destinations import QUEUE_PREFIX, TOPIC_PREFIX
 
 from ..dispatch.names import DURABLE_PREFIX, dead_letter_name
-from .stats import HistogramSnapshot
+from .stats import RECEIPT_PATH, HistogramSnapshot
 
 if TYPE_CHECKING:
     from ..server import BrokerServer
@@ -185,6 +185,8 @@ class NodeStats:
     otel_exported: int | None = None  # server spans exported to otel_endpoint (None: off)
     otel_dropped: int | None = None  # and dropped (queue full, POST failed)
     detail: str = ""  # e.g. why a node waits
+    #: (stage, help, histogram) of this process's receipt path (stats.RECEIPT_PATH), taken with the rest
+    receipt_path: tuple[tuple[str, str, HistogramSnapshot], ...] = field(default_factory=RECEIPT_PATH.snapshot)
     extra: dict[str, str] = field(default_factory=dict)
 
 

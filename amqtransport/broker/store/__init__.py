@@ -3,11 +3,13 @@
 from .dedupe import DedupeWindow
 from .journal import (
     MAX_RECORD,
+    RECEIPT_PATH,
     BatchHook,
     Callback,
     Journal,
     JournalError,
     StoreLockedError,
+    after_completions,
     run_completions,
     scan_segment,
 )
@@ -30,6 +32,7 @@ from .store import ORIGINAL_DESTINATION, MessageStore, StoreListener, StoreStats
 
 __all__ = [
     "MAX_RECORD",
+    "RECEIPT_PATH",
     "Ack",
     "BatchHook",
     "Callback",
@@ -51,6 +54,7 @@ __all__ = [
     "Sub",
     "Tx",
     "Unsub",
+    "after_completions",
     "decode",
     "encode",
     "run_completions",

@@ -77,7 +77,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ..ops.stats import LATENCY_BUCKETS, SIZE_BUCKETS, Histogram
+from ..ops.stats import LATENCY_BUCKETS, RECEIPT_PATH, SIZE_BUCKETS, Histogram
 from .chain import Chain, check_chain, write_chain
 from .guard import CHECK_INTERVAL, StorageGuard
 from .records import Record, RecordTooLarge
@@ -94,6 +94,8 @@ from .segments import (
 from .segments import segment_id as _segment_id
 
 __all__ = [
+    "RECEIPT_PATH",
+    "after_completions",
     "Journal",
     "JournalError",
     "StoreLockedError",
@@ -145,6 +147,8 @@ class Journal(SegmentReads):
         self._closing = False
         self._busy = False
         self._waiting = False  # the writer sleeps on the condition
+        self._woken_at = 0.0  # perf_counter() when an append woke the sleeping writer (0: none since)
+        self._queued_at = 0.0  # perf_counter() when the first record of the next batch was queued
         self._failed: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._head = 0
@@ -326,6 +330,8 @@ class Journal(SegmentReads):
         with self._lock:
             if self._failed is not None:  # checked under the lock the writer fails under
                 raise JournalError(f"journal failed earlier: {self._failed}")
+            if not self._queue:
+                self._queued_at = time.perf_counter()  # a new batch starts (RECEIPT_PATH.journal_queue)
             if self._head_records and self._head_size + size > self.segment_size:
                 self._head += 1
                 self._head_size = len(MAGIC)
@@ -353,6 +359,8 @@ class Journal(SegmentReads):
             if callback is not None:
                 self._callbacks.append(callback)
             if self._waiting:
+                if not self._woken_at:
+                    self._woken_at = time.perf_counter()  # RECEIPT_PATH.journal_wakeup
                 self._cond.notify_all()  # flush() waiters share the condition
             return self._head, offset
 
@@ -368,6 +376,8 @@ class Journal(SegmentReads):
         with self._cond:
             if self._queue or self._busy:
                 self._callbacks.append(callback)
+                if not self._queue:
+                    self._queued_at = time.perf_counter()
                 self._queue.append(("noop", None))
                 self._cond.notify_all()
                 return
@@ -392,6 +402,8 @@ class Journal(SegmentReads):
                 with contextlib.suppress(ValueError):
                     self.segments.remove(s)
                 self.size -= self._sizes.pop(s, 0)
+            if not self._queue:
+                self._queued_at = time.perf_counter()
             self._queue.append(("delete", tuple(ids)))
             self._cond.notify_all()
 
@@ -487,6 +499,9 @@ class Journal(SegmentReads):
                     self._waiting = True
                     self._cond.wait(CHECK_INTERVAL)
                     self._waiting = False
+                    if self._woken_at:
+                        RECEIPT_PATH.journal_wakeup.observe(time.perf_counter() - self._woken_at)
+                        self._woken_at = 0.0
                 if not self._queue and self._closing:
                     return
                 if idle_check:
@@ -498,6 +513,7 @@ class Journal(SegmentReads):
                     target = self._appended
                     target_bytes = self.appended_bytes
                     self._busy = True
+                    RECEIPT_PATH.journal_queue.observe(time.perf_counter() - self._queued_at)
             if idle_check:  # nothing to write: is the disk under us still there?
                 problem = self._storage_problem(full=True)
                 if problem is None:
@@ -515,7 +531,9 @@ class Journal(SegmentReads):
                     problem = self._storage_problem(full=False)
                     if problem is not None:  # before any completion: no receipt into a deleted file
                         raise _storage_error(problem)
-                    self.fsync_seconds.observe(time.perf_counter() - started)
+                    synced = time.perf_counter() - started
+                    self.fsync_seconds.observe(synced)
+                    RECEIPT_PATH.journal_sync.observe(synced)
                     if payloads:
                         self.batch_records.observe(len(payloads))
                     for hook in list(self._hooks):
@@ -627,13 +645,46 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def run_completions(items: list[tuple[Callback, BaseException | None]]) -> None:
+def run_completions(items: list[tuple[Callback, BaseException | None]], handed_at: float | None = None) -> None:
     """Call each ``cb(err)``; one failing completion is logged and must not skip the rest.
+    Then what the completions deferred with :func:`after_completions` (a connection's
+    write of its RECEIPTs) runs, in order. ``handed_at``: the ``perf_counter()`` at
+    which the writer thread handed the batch over (``RECEIPT_PATH.handoff``).
 
     The journal's default ``notify``; the broker and the HA node run it on their loop.
     """
-    for cb, err in items:
+    started = time.perf_counter()
+    if handed_at is not None:
+        RECEIPT_PATH.handoff.observe(started - handed_at)
+    outer = getattr(_completing, "after", None)
+    after: list[Callable[[], None]] = []
+    _completing.after = after
+    try:
+        for cb, err in items:
+            try:
+                cb(err)
+            except Exception:  # noqa: BLE001 - one bad callback must not stop the others
+                log.exception("completion callback failed")
+    finally:
+        _completing.after = outer
+    for fn in after:
         try:
-            cb(err)
-        except Exception:  # noqa: BLE001 - one bad callback must not stop the others
-            log.exception("completion callback failed")
+            fn()
+        except Exception:  # noqa: BLE001 - as above
+            log.exception("deferred completion work failed")
+    RECEIPT_PATH.receipt_write.observe(time.perf_counter() - started)
+
+
+_completing = threading.local()  # .after: what the completions running on this thread deferred
+
+
+def after_completions(fn: Callable[[], None]) -> bool:
+    """While :func:`run_completions` runs on this thread, have ``fn`` run once every
+    completion of its batch has, and return True; otherwise return False (the caller
+    schedules ``fn`` itself). A connection writes a batch's RECEIPTs this way: in one
+    write, in the same loop turn as the completions, not one turn later."""
+    after: list[Callable[[], None]] | None = getattr(_completing, "after", None)
+    if after is None:
+        return False
+    after.append(fn)
+    return True
