@@ -22,7 +22,7 @@ all the round's callbacks back in one call to ``notify`` (the broker passes a
 function that schedules them on its loop with a single ``call_soon_threadsafe``).
 While one fsync is in flight the next batch accumulates, so N concurrent producers
 cost one fsync, not N. A receipt for a persistent SEND is sent from such a callback,
-i.e. only once its record is on disk.
+i.e. only once its record is on disk. The writer thread's code is :mod:`.writer`.
 
 Recovery. :meth:`Journal.recover` reads the segments in id order and yields every
 record whose frame is complete and whose CRC matches. A bad frame (short header,
@@ -65,7 +65,6 @@ replicating master uses this to receipt only once the slave has the records).
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import fcntl
 import logging
@@ -79,7 +78,7 @@ from pathlib import Path
 
 from ..ops.stats import LATENCY_BUCKETS, RECEIPT_PATH, SIZE_BUCKETS, Histogram
 from .chain import Chain, check_chain, write_chain
-from .guard import CHECK_INTERVAL, StorageGuard
+from .guard import StorageGuard
 from .records import Record, RecordTooLarge
 from .salvage import Damage, recover_segment
 from .segments import FRAME as _FRAME
@@ -92,6 +91,7 @@ from .segments import (
     scan_segment,
 )
 from .segments import segment_id as _segment_id
+from .writer import BatchHook, Callback, JournalWriter, after_completions, run_completions
 
 __all__ = [
     "RECEIPT_PATH",
@@ -103,18 +103,13 @@ __all__ = [
     "BatchHook",
     "MAGIC",
     "MAX_RECORD",
+    "run_completions",
     "scan_segment",
 ]
 
 log = logging.getLogger(__name__)
 
-#: completion callback: receives None when durable, or the error that prevented it
-Callback = Callable[[BaseException | None], None]
-#: replication gate: called with a batch's payloads after the local fsync
-BatchHook = Callable[[Sequence[bytes]], "concurrent.futures.Future[object] | None"]
-
-
-class Journal(SegmentReads):
+class Journal(SegmentReads, JournalWriter):
     """Segment files + a group-commit writer thread. See the module docstring."""
 
     def __init__(
@@ -465,226 +460,3 @@ class Journal(SegmentReads):
                 lambda: self._durable >= records or self._failed is not None or self._thread is None, timeout
             )
             return bool(ok) and self._failed is None and self._durable >= records
-
-    # ------------------------------------------------------------------ thread
-    def _open_head_sync(self, seg_id: int) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-        path = self.path_of(seg_id)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        _write_all(fd, MAGIC)
-        if self.fsync:
-            os.fdatasync(fd)
-            _fsync_dir(self.directory)
-        self._fd = fd
-        self._fd_seg = seg_id
-        self._fd_off = len(MAGIC)
-        self._mark_written()
-
-    def _mark_written(self) -> None:
-        with self._cond:
-            self._written = (self._fd_seg, self._fd_off)
-            if self._read_waiting:
-                self._cond.notify_all()
-
-    def _run(self) -> None:
-        while True:
-            error: JournalError | None = None
-            with self._cond:
-                idle_check = False
-                while not self._queue and not self._closing:
-                    if self._check_due or time.monotonic() - self._full_checked >= CHECK_INTERVAL:
-                        idle_check = True
-                        break
-                    self._waiting = True
-                    self._cond.wait(CHECK_INTERVAL)
-                    self._waiting = False
-                    if self._woken_at:
-                        RECEIPT_PATH.journal_wakeup.observe(time.perf_counter() - self._woken_at)
-                        self._woken_at = 0.0
-                if not self._queue and self._closing:
-                    return
-                if idle_check:
-                    self._check_due = False
-                else:
-                    items, self._queue = self._queue, []
-                    callbacks, self._callbacks = self._callbacks, []
-                    payloads, self._payloads = self._payloads, []
-                    target = self._appended
-                    target_bytes = self.appended_bytes
-                    self._busy = True
-                    RECEIPT_PATH.journal_queue.observe(time.perf_counter() - self._queued_at)
-            if idle_check:  # nothing to write: is the disk under us still there?
-                problem = self._storage_problem(full=True)
-                if problem is None:
-                    continue
-                with self._cond:
-                    self._busy = True
-                    target, target_bytes = self._durable, self._durable_bytes
-                callbacks = []
-                error = _storage_error(problem)
-                log.error("journal %s: %s; the broker can no longer persist", self.directory, error)
-            else:
-                try:
-                    started = time.perf_counter()
-                    self._write_batch(items)
-                    problem = self._storage_problem(full=False)
-                    if problem is not None:  # before any completion: no receipt into a deleted file
-                        raise _storage_error(problem)
-                    synced = time.perf_counter() - started
-                    self.fsync_seconds.observe(synced)
-                    RECEIPT_PATH.journal_sync.observe(synced)
-                    if payloads:
-                        self.batch_records.observe(len(payloads))
-                    for hook in list(self._hooks):
-                        fut = hook(payloads)
-                        if fut is not None:
-                            fut.result()
-                except BaseException as exc:  # noqa: BLE001 - reported to every waiter
-                    log.error(
-                        "journal %s: write failed: %s; the broker can no longer persist", self.directory, exc
-                    )
-                    error = exc if isinstance(exc, JournalError) else JournalError(f"journal write failed: {exc}")
-                    if error is not exc:
-                        error.__cause__ = exc
-            if error is not None:
-                with self._cond:  # appends from now on raise; what was queued meanwhile fails too
-                    self._failed = error
-                    callbacks += self._callbacks
-                    self._callbacks, self._queue, self._payloads = [], [], []
-            if not idle_check:
-                self.batches += 1
-            self.records_written = target  # every record appended before this batch, plus it
-            if callbacks:
-                try:
-                    self._notify([(cb, error) for cb in callbacks])
-                except Exception:  # noqa: BLE001 - e.g. the loop is closed
-                    log.exception("journal: delivering completions failed")
-            with self._cond:
-                self._durable = target
-                self._durable_bytes = target_bytes
-                self._busy = False
-                self._cond.notify_all()
-            if error is not None:
-                with self._cond:
-                    self._cond.notify_all()
-                if self._on_failure is not None:
-                    try:
-                        self._on_failure(error)
-                    except Exception:  # noqa: BLE001 - e.g. the loop is closed
-                        log.exception("journal: reporting the failure failed")
-                return
-
-    def _storage_problem(self, *, full: bool) -> str | None:
-        """The guard's finding (writer thread): the quick check after each batch, the whole
-        one when ``full`` or every :data:`CHECK_INTERVAL` seconds."""
-        guard = self._guard
-        if guard is None:
-            return None
-        name = f"segment {self.path_of(self._fd_seg).name}"
-        now = time.monotonic()
-        if full or now - self._full_checked >= CHECK_INTERVAL:
-            self._full_checked = now
-            return guard.problem(self._fd, name)
-        return guard.quick(self._fd, name)
-
-    def _write_batch(self, items: list[bytes | tuple[str, object]]) -> None:
-        chunk: list[bytes] = []
-        deletes: list[int] = []
-        for item in items:
-            if isinstance(item, bytes):
-                chunk.append(item)
-                continue
-            action, arg = item
-            if action == "roll":
-                self._flush_chunk(chunk)
-                chunk = []
-                if self.fsync and self._fd is not None:
-                    os.fdatasync(self._fd)
-                assert isinstance(arg, int)
-                self._open_head_sync(arg)
-            elif action == "delete":
-                assert isinstance(arg, tuple)
-                deletes.extend(arg)
-        self._flush_chunk(chunk)
-        if self.fsync and self._fd is not None:
-            os.fdatasync(self._fd)
-        for seg in deletes:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path_of(seg))
-                log.debug("journal %s: deleted segment %d", self.directory, seg)
-        if deletes and self.fsync:
-            _fsync_dir(self.directory)
-
-    def _flush_chunk(self, chunk: list[bytes]) -> None:
-        if not chunk or self._fd is None:
-            return
-        data = b"".join(chunk)
-        _write_all(self._fd, data)
-        self.bytes_written += len(data)
-        self._fd_off += len(data)
-        self._mark_written()
-
-
-def _storage_error(problem: str) -> JournalError:
-    return JournalError(f"journal storage lost: {problem}")
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def run_completions(items: list[tuple[Callback, BaseException | None]], handed_at: float | None = None) -> None:
-    """Call each ``cb(err)``; one failing completion is logged and must not skip the rest.
-    Then what the completions deferred with :func:`after_completions` (a connection's
-    write of its RECEIPTs) runs, in order. ``handed_at``: the ``perf_counter()`` at
-    which the writer thread handed the batch over (``RECEIPT_PATH.handoff``).
-
-    The journal's default ``notify``; the broker and the HA node run it on their loop.
-    """
-    started = time.perf_counter()
-    if handed_at is not None:
-        RECEIPT_PATH.handoff.observe(started - handed_at)
-    outer = getattr(_completing, "after", None)
-    after: list[Callable[[], None]] = []
-    _completing.after = after
-    try:
-        for cb, err in items:
-            try:
-                cb(err)
-            except Exception:  # noqa: BLE001 - one bad callback must not stop the others
-                log.exception("completion callback failed")
-    finally:
-        _completing.after = outer
-    for fn in after:
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - as above
-            log.exception("deferred completion work failed")
-    RECEIPT_PATH.receipt_write.observe(time.perf_counter() - started)
-
-
-_completing = threading.local()  # .after: what the completions running on this thread deferred
-
-
-def after_completions(fn: Callable[[], None]) -> bool:
-    """While :func:`run_completions` runs on this thread, have ``fn`` run once every
-    completion of its batch has, and return True; otherwise return False (the caller
-    schedules ``fn`` itself). A connection writes a batch's RECEIPTs this way: in one
-    write, in the same loop turn as the completions, not one turn later."""
-    after: list[Callable[[], None]] | None = getattr(_completing, "after", None)
-    if after is None:
-        return False
-    after.append(fn)
-    return True
