@@ -125,7 +125,7 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         self._ids = 0
         self._core: FailoverCore[AsyncLink] = FailoverCore(options, self.next_id)
         self._listeners: list[Listener] = []
-        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # receipt id -> each waiting call's future
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: asyncio.TimerHandle | None = None
@@ -185,9 +185,9 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
             rec.set_error(error)
         elif result is not None:
             rec.set_result(result)
-        waiter = self._waiters.pop(rec.receipt_id, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        for waiter in self._waiters.pop(rec.receipt_id, ()):
+            if not waiter.done():
+                waiter.set_result(None)
 
     @staticmethod
     def _write(action: Write[AsyncLink]) -> bool:
@@ -464,19 +464,35 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
 
     # -- requests --------------------------------------------------------------------------
 
-    def _waiter(self, rec: Receipt) -> asyncio.Future[None]:
-        waiter = self._waiters.get(rec.receipt_id)
-        if waiter is None:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters[rec.receipt_id] = waiter
-        return waiter
+    async def _until_settled(self, rec: Receipt, timeout: float | None) -> None:
+        """Wait until ``rec`` is settled, at most ``timeout`` s (None: no limit). The
+        caller's own future, awaited directly: the settling wakes this task in the next
+        loop turn (``asyncio.wait`` took two), and a wait given up on (a timeout, a
+        cancellation) cancels no one else's."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._waiters.setdefault(rec.receipt_id, [])
+        waiters.append(waiter)
+        try:
+            if timeout is None:
+                await waiter
+            else:
+                try:
+                    async with asyncio.timeout(timeout):
+                        await waiter
+                except TimeoutError:
+                    pass
+        finally:
+            if waiter in waiters:
+                waiters.remove(waiter)
+                if not waiters and self._waiters.get(rec.receipt_id) is waiters:
+                    del self._waiters[rec.receipt_id]
 
     async def _await_receipt(self, rec: Receipt, timeout: float, stop: Callable[[], bool]) -> None:
         """Wait up to ``timeout`` s for ``rec``'s outcome, or until ``stop()``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not rec.done and not stop() and loop.time() < deadline:
-            await asyncio.wait([self._waiter(rec)], timeout=0.05)
+            await self._until_settled(rec, 0.05)
 
     async def _wait_connected(self, started: float) -> tuple[AsyncLink, int]:
         timeout_ms = self.options.timeout
@@ -536,7 +552,7 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         loop = asyncio.get_running_loop()
         rule = ReceiptWait(self.options.timeout, timeout, loop.time())
         while not receipt.done:
-            await asyncio.wait([self._waiter(receipt)], timeout=rule.slice)
+            await self._until_settled(receipt, rule.slice)
             if receipt.done:
                 break
             verdict = rule.verdict(loop.time(), self.is_connected)

@@ -100,11 +100,12 @@ RECEIPT_STAGES: tuple[tuple[str, str], ...] = (
     ("journal_wakeup", "An append waking the idle journal writer (condition variable) -> the writer running."),
     ("journal_queue", "A group commit's first record queued -> the journal writer taking the batch."),
     ("journal_sync", "Writing and fdatasyncing one group commit (and checking its file still has a name)."),
-    ("replication_send", "A record appended on the master -> its RECORDS frame written to the slave's socket."),
+    ("replication_send", "A record appended on the master -> its RECORDS frame written to the slave's socket "
+                         "(0 for the first of a loop turn: it goes at once)."),
     ("slave_ack", "Records written to the slave's socket -> the slave's ACK that they are on its disk."),
     ("gate_wait", "A batch on the master's disk -> its completions released by the slave's ACK (replicated)."),
     ("handoff", "The journal writer handing a batch's completions to the event loop -> them running."),
-    ("receipt_write", "A batch's completions starting -> their RECEIPT frames handed to the sockets."),
+    ("receipt_write", "A batch's completions starting -> their RECEIPT frames (a slave: its ACK) handed to the sockets."),
     ("total", "A receipted frame read and parsed -> its RECEIPT handed to the socket (the whole path)."),
 )
 
