@@ -15,7 +15,11 @@ sans-IO :class:`~.wire.WireDecoder`:
     (``on_synced``), :attr:`SlaveLink.synced` becomes true and ``base`` is acked;
 ``RECORDS``
     the stream: each batch is appended to the journal and acked once it is fsynced
-    (acks are coalesced: one per loop turn, the highest sequence number durable);
+    (acks are coalesced: one per batch of completions, the highest sequence number
+    durable, written as soon as they have run); a read that brought at most
+    :data:`INLINE_COMMIT_RECORDS` records is fsynced on the link's loop itself when the
+    journal's writer thread is idle (``Journal.commit_here``: no thread hand-off between
+    the read, the fsync and the ack), a bigger one by the writer thread;
 ``PING``
     the master is alive.
 
@@ -116,6 +120,10 @@ def fresh_replica_store(data_dir: Path, config: BrokerConfig, loop: asyncio.Abst
 #: sync arrives as fast as the network; without this bound a slave whose disk or CPU is
 #: slower held the difference in memory, up to the size of the master's store)
 JOURNAL_BACKLOG_LIMIT = 8 << 20
+#: at most this many records read in one go are fsynced on the link's own loop
+#: (``Journal.commit_here``); more go to the journal's writer thread, whose group commit
+#: overlaps the next read with the fsync
+INLINE_COMMIT_RECORDS = 4
 
 
 class SlaveLink:
@@ -189,6 +197,7 @@ class SlaveLink:
             return done
 
         applied: int | None = None  # the last record applied (numbered from SYNC_END's base)
+        store.journal.wake_on_append = False  # each read ends in commit_here, which wakes the writer if need be
         stop_wait = asyncio.ensure_future(stop.wait())
         last_ping = loop.time()
         last_compact = loop.time()
@@ -253,6 +262,11 @@ class SlaveLink:
                         store.journal.on_durable(sync_done(applied))
                     elif kind != PING:
                         raise ReplicationError(f"unexpected frame kind {kind} from the master")
+                # a few records and an idle writer (one receipted send at a time): fsync them
+                # here and ack at once, without the writer thread's two hand-offs
+                done = store.journal.commit_here(INLINE_COMMIT_RECORDS)
+                if done:
+                    run_completions(done)
                 if store.journal.backlog_bytes > JOURNAL_BACKLOG_LIMIT:
                     await self._journal_caught_up(stop_wait.done)
         except ReplicationError as exc:

@@ -21,7 +21,10 @@ calls ``fdatasync`` once, runs the batch hooks (replication gates), and then han
 all the round's callbacks back in one call to ``notify`` (the broker passes a
 function that schedules them on its loop with a single ``call_soon_threadsafe``).
 While one fsync is in flight the next batch accumulates, so N concurrent producers
-cost one fsync, not N. A receipt for a persistent SEND is sent from such a callback,
+cost one fsync, not N. A caller that may block for an fsync (a slave's replication
+loop) can instead commit a small batch on its own thread when the writer is idle
+(:meth:`~.writer.JournalWriter.commit_here`: the same write, fsync, checks and hooks,
+one batch at a time, without the two thread hand-offs). A receipt for a persistent SEND is sent from such a callback,
 i.e. only once its record is on disk. The writer thread's code is :mod:`.writer`.
 
 Recovery. :meth:`Journal.recover` reads the segments in id order and yields every
@@ -142,6 +145,11 @@ class Journal(SegmentReads, JournalWriter):
         self._closing = False
         self._busy = False
         self._waiting = False  # the writer sleeps on the condition
+        #: False: an append leaves a sleeping writer asleep; the appender then calls
+        #: commit_here, which commits on its own thread or wakes the writer (a slave's link
+        #: does: its fsync then needs no thread hand-off). The writer still takes whatever
+        #: is queued when its CHECK_INTERVAL wait ends, so nothing waits longer than that.
+        self.wake_on_append = True
         self._woken_at = 0.0  # perf_counter() when an append woke the sleeping writer (0: none since)
         self._queued_at = 0.0  # perf_counter() when the first record of the next batch was queued
         self._failed: BaseException | None = None
@@ -156,7 +164,7 @@ class Journal(SegmentReads, JournalWriter):
         self._guard: StorageGuard | None = None  # taken at start(); the writer checks it
         self._check_due = False  # check_soon() asked for a whole check (under _cond)
         self._full_checked = 0.0  # time.monotonic() of the writer's last whole check
-        self._fd: int | None = None  # writer thread only
+        self._fd: int | None = None  # the thread holding the batch (_busy): the writer, or commit_here's caller
         self._fd_seg = -1
         self._fd_off = 0  # bytes in the file self._fd writes (writer thread)
         self._written = (0, 0)  # (segment, offset) up to which the writer has written (under _cond)
@@ -353,7 +361,7 @@ class Journal(SegmentReads, JournalWriter):
             self._appended += len(payloads)
             if callback is not None:
                 self._callbacks.append(callback)
-            if self._waiting:
+            if self._waiting and self.wake_on_append:
                 if not self._woken_at:
                     self._woken_at = time.perf_counter()  # RECEIPT_PATH.journal_wakeup
                 self._cond.notify_all()  # flush() waiters share the condition
@@ -405,6 +413,7 @@ class Journal(SegmentReads, JournalWriter):
     def flush(self, timeout: float | None = None) -> bool:
         """Block until everything appended so far is durable (never call from a notify callback)."""
         with self._cond:
+            self._cond.notify_all()  # the writer too (an append may have left it asleep: wake_on_append)
             ok = self._cond.wait_for(
                 lambda: (
                     (not self._queue and not self._busy)

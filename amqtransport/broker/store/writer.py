@@ -61,6 +61,7 @@ class JournalWriter:
     _closing: bool
     _busy: bool
     _waiting: bool
+    wake_on_append: bool
     _woken_at: float
     _queued_at: float
     _failed: BaseException | None
@@ -103,11 +104,11 @@ class JournalWriter:
 
     def _run(self) -> None:
         while True:
-            error: JournalError | None = None
             with self._cond:
                 idle_check = False
-                while not self._queue and not self._closing:
-                    if self._check_due or time.monotonic() - self._full_checked >= CHECK_INTERVAL:
+                # a batch committed by commit_here (_busy) is waited for: one batch at a time
+                while self._failed is None and (self._busy or (not self._queue and not self._closing)):
+                    if not self._busy and (self._check_due or time.monotonic() - self._full_checked >= CHECK_INTERVAL):
                         idle_check = True
                         break
                     self._waiting = True
@@ -116,78 +117,135 @@ class JournalWriter:
                     if self._woken_at:
                         RECEIPT_PATH.journal_wakeup.observe(time.perf_counter() - self._woken_at)
                         self._woken_at = 0.0
+                if self._failed is not None:  # a batch commit_here wrote failed: it did what a failure does
+                    return
                 if not self._queue and self._closing:
                     return
                 if idle_check:
                     self._check_due = False
-                else:
-                    items, self._queue = self._queue, []
-                    callbacks, self._callbacks = self._callbacks, []
-                    payloads, self._payloads = self._payloads, []
-                    target = self._appended
-                    target_bytes = self.appended_bytes
                     self._busy = True
-                    RECEIPT_PATH.journal_queue.observe(time.perf_counter() - self._queued_at)
+                else:
+                    items, callbacks, payloads, target, target_bytes = self._take()
             if idle_check:  # nothing to write: is the disk under us still there?
                 problem = self._storage_problem(full=True)
                 if problem is None:
+                    with self._cond:
+                        self._busy = False
+                        self._cond.notify_all()
                     continue
                 with self._cond:
-                    self._busy = True
                     target, target_bytes = self._durable, self._durable_bytes
-                callbacks = []
-                error = _storage_error(problem)
+                error: JournalError | None = _storage_error(problem)
                 log.error("journal %s: %s; the broker can no longer persist", self.directory, error)
+                done = self._settle([], target, error, batch=False)
             else:
-                try:
-                    started = time.perf_counter()
-                    self._write_batch(items)
-                    problem = self._storage_problem(full=False)
-                    if problem is not None:  # before any completion: no receipt into a deleted file
-                        raise _storage_error(problem)
-                    synced = time.perf_counter() - started
-                    self.fsync_seconds.observe(synced)
-                    RECEIPT_PATH.journal_sync.observe(synced)
-                    if payloads:
-                        self.batch_records.observe(len(payloads))
-                    for hook in list(self._hooks):
-                        fut = hook(payloads)
-                        if fut is not None:
-                            fut.result()
-                except BaseException as exc:  # noqa: BLE001 - reported to every waiter
-                    log.error(
-                        "journal %s: write failed: %s; the broker can no longer persist", self.directory, exc
-                    )
-                    error = exc if isinstance(exc, JournalError) else JournalError(f"journal write failed: {exc}")
-                    if error is not exc:
-                        error.__cause__ = exc
+                error = self._commit(items, payloads)
+                done = self._settle(callbacks, target, error, batch=True)
+            self._deliver(done)
+            self._done(target, target_bytes)
             if error is not None:
-                with self._cond:  # appends from now on raise; what was queued meanwhile fails too
-                    self._failed = error
-                    callbacks += self._callbacks
-                    self._callbacks, self._queue, self._payloads = [], [], []
-            if not idle_check:
-                self.batches += 1
-            self.records_written = target  # every record appended before this batch, plus it
-            if callbacks:
-                try:
-                    self._notify([(cb, error) for cb in callbacks])
-                except Exception:  # noqa: BLE001 - e.g. the loop is closed
-                    log.exception("journal: delivering completions failed")
-            with self._cond:
-                self._durable = target
-                self._durable_bytes = target_bytes
-                self._busy = False
-                self._cond.notify_all()
-            if error is not None:
-                with self._cond:
-                    self._cond.notify_all()
-                if self._on_failure is not None:
-                    try:
-                        self._on_failure(error)
-                    except Exception:  # noqa: BLE001 - e.g. the loop is closed
-                        log.exception("journal: reporting the failure failed")
+                self._report_failure(error)
                 return
+
+    def commit_here(self, max_records: int) -> list[tuple[Callback, BaseException | None]] | None:
+        """Group commit on the calling thread, when nothing is to be grouped: if the writer
+        thread holds no batch and at most ``max_records`` records are queued, write and
+        fdatasync them here, with every check and hook of the writer's round, and return the
+        completions for the caller to run (:func:`run_completions`); this saves the two
+        thread hand-offs of an idle writer (waking it; handing the completions back). None:
+        the writer thread takes them (it is busy, or more is queued). A failure is handled
+        as the writer handles one (the completions get the error through ``notify``;
+        ``on_failure``; the writer stops) and returns ``[]``. The caller blocks for the
+        fsync: a slave's replication loop (:mod:`..ha.slave`), not a loop serving clients."""
+        with self._cond:
+            if (self._busy or not self._queue or self._closing or self._failed is not None or self._check_due
+                    or len(self._payloads) > max_records):
+                if self._queue and self._waiting:
+                    self._cond.notify_all()  # the writer's, then (the appends may not have woken it)
+                return None
+            self._woken_at = 0.0  # the writer, if woken, finds nothing to do
+            items, callbacks, payloads, target, target_bytes = self._take()
+        error = self._commit(items, payloads)
+        done = self._settle(callbacks, target, error, batch=True)
+        if error is None:
+            self._done(target, target_bytes)
+            return done
+        self._deliver(done)
+        self._done(target, target_bytes)
+        self._report_failure(error)
+        return []
+
+    def _take(self) -> tuple[list[bytes | tuple[str, object]], list[Callback], list[bytes], int, int]:
+        """Take everything queued as one batch (under ``_cond``); the taker holds ``_busy``."""
+        items, self._queue = self._queue, []
+        callbacks, self._callbacks = self._callbacks, []
+        payloads, self._payloads = self._payloads, []
+        self._busy = True
+        RECEIPT_PATH.journal_queue.observe(time.perf_counter() - self._queued_at)
+        return items, callbacks, payloads, self._appended, self.appended_bytes
+
+    def _commit(self, items: list[bytes | tuple[str, object]], payloads: list[bytes]) -> JournalError | None:
+        """Write and fdatasync a batch, check its file still has a name, run the batch hooks;
+        the error that failed it, or None."""
+        try:
+            started = time.perf_counter()
+            self._write_batch(items)
+            problem = self._storage_problem(full=False)
+            if problem is not None:  # before any completion: no receipt into a deleted file
+                raise _storage_error(problem)
+            synced = time.perf_counter() - started
+            self.fsync_seconds.observe(synced)
+            RECEIPT_PATH.journal_sync.observe(synced)
+            if payloads:
+                self.batch_records.observe(len(payloads))
+            for hook in list(self._hooks):
+                fut = hook(payloads)
+                if fut is not None:
+                    fut.result()
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiter
+            log.error(
+                "journal %s: write failed: %s; the broker can no longer persist", self.directory, exc
+            )
+            error = exc if isinstance(exc, JournalError) else JournalError(f"journal write failed: {exc}")
+            if error is not exc:
+                error.__cause__ = exc
+            return error
+        return None
+
+    def _settle(self, callbacks: list[Callback], target: int, error: JournalError | None, *,
+                batch: bool) -> list[tuple[Callback, BaseException | None]]:
+        """A round is over: on ``error`` the journal is failed (appends from now on raise, and
+        what was queued meanwhile fails too); the completions to deliver."""
+        if error is not None:
+            with self._cond:
+                self._failed = error
+                callbacks += self._callbacks
+                self._callbacks, self._queue, self._payloads = [], [], []
+        if batch:
+            self.batches += 1
+        self.records_written = target  # every record appended before this batch, plus it
+        return [(cb, error) for cb in callbacks]
+
+    def _deliver(self, done: list[tuple[Callback, BaseException | None]]) -> None:
+        if done:
+            try:
+                self._notify(done)
+            except Exception:  # noqa: BLE001 - e.g. the loop is closed
+                log.exception("journal: delivering completions failed")
+
+    def _done(self, target: int, target_bytes: int) -> None:
+        with self._cond:
+            self._durable = target
+            self._durable_bytes = target_bytes
+            self._busy = False
+            self._cond.notify_all()
+
+    def _report_failure(self, error: JournalError) -> None:
+        if self._on_failure is not None:
+            try:
+                self._on_failure(error)
+            except Exception:  # noqa: BLE001 - e.g. the loop is closed
+                log.exception("journal: reporting the failure failed")
 
     def _storage_problem(self, *, full: bool) -> str | None:
         """The guard's finding (writer thread): the quick check after each batch, the whole

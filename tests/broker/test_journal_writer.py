@@ -1,0 +1,125 @@
+"""The journal writer's rounds (store/writer.py): a small batch committed on the caller's
+thread when the writer is idle (``commit_here``, issue 27), everything else by the writer
+thread, one batch at a time, and a failure handled once either way. Real files, real
+fdatasync; no timing assumptions (events, never sleeps)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from amqtransport.broker.store import Ack, Journal, JournalError, encode, run_completions
+
+
+def ack(i: int) -> bytes:
+    return encode(Ack((f"x{i}",)))
+
+
+def started(path: Path, **kw: object) -> Journal:
+    j = Journal(path, **kw)  # type: ignore[arg-type]
+    list(j.recover())
+    j.start()
+    return j
+
+
+def recovered_ids(path: Path) -> list[str]:
+    j = Journal(path)
+    try:
+        return [r.ids[0] for _seg, r in j.recover() if isinstance(r, Ack)]
+    finally:
+        j.close()
+
+
+def test_an_idle_append_is_fsynced_on_the_callers_thread_without_the_writer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced_on: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced_on.append(threading.get_ident())
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    j = started(tmp_path)
+    j.wake_on_append = False
+    ran: list[tuple[BaseException | None, int]] = []
+    synced_on.clear()  # the head segment's creation
+    j.append([ack(1)], lambda err: ran.append((err, threading.get_ident())))
+    done = j.commit_here(4)
+    assert done is not None and len(done) == 1  # committed here, not handed to the writer
+    assert synced_on == [threading.get_ident()]  # one fdatasync, on this thread
+    assert j.durable_records == 1 and j.batches == 1
+    assert ran == []  # the caller runs the completions
+    run_completions(done)
+    assert ran == [(None, threading.get_ident())]
+    j.close()
+    assert recovered_ids(tmp_path) == ["x1"]
+
+
+def test_more_than_a_few_records_are_left_to_the_writer_thread(tmp_path: Path) -> None:
+    j = started(tmp_path)
+    j.wake_on_append = False
+    all_done = threading.Event()
+    threads: list[int] = []
+
+    def cb(err: BaseException | None) -> None:
+        assert err is None
+        threads.append(threading.get_ident())
+        if len(threads) == 5:
+            all_done.set()
+
+    for i in range(5):
+        j.append([ack(i)], cb)
+    assert j.commit_here(4) is None  # a group: the writer's (commit_here woke it)
+    assert all_done.wait(30)
+    assert threading.get_ident() not in threads
+    j.close()
+    assert recovered_ids(tmp_path) == [f"x{i}" for i in range(5)]
+
+
+def test_commit_here_declines_while_the_writer_holds_a_batch_and_order_is_kept(tmp_path: Path) -> None:
+    j = started(tmp_path)
+    in_hook, release = threading.Event(), threading.Event()
+
+    def hook(_payloads: object) -> None:
+        if not release.is_set():
+            in_hook.set()
+            assert release.wait(30)
+
+    j.add_batch_hook(hook)  # type: ignore[arg-type]
+    order: list[str] = []
+    j.append([ack(1)], lambda err: order.append("x1"))
+    assert in_hook.wait(30)  # the writer holds batch 1 (written, synced, in its hook)
+    j.append([ack(2)], lambda err: order.append("x2"))
+    assert j.commit_here(4) is None  # one batch at a time: not while the writer holds one
+    release.set()
+    assert j.flush(30)
+    assert order == ["x1", "x2"]
+    j.close()
+    assert recovered_ids(tmp_path) == ["x1", "x2"]
+
+
+def test_a_failed_commit_here_fails_the_journal_once_and_stops_the_writer(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    failures: list[JournalError] = []
+    j = started(tmp_path, on_failure=failures.append)
+    j.wake_on_append = False
+    errors: list[BaseException | None] = []
+    j.append([ack(1)], errors.append)
+    os.unlink(j.path_of(j.head))  # the head segment deleted under the broker
+    assert j.commit_here(4) == []  # failed: its completion got the error through notify
+    assert len(errors) == 1 and isinstance(errors[0], JournalError) and "deleted" in str(errors[0])
+    assert len(failures) == 1 and j.failed is failures[0]
+    with pytest.raises(JournalError):
+        j.append([ack(2)])
+    thread = j._thread  # noqa: SLF001 - the writer thread must have stopped
+    assert thread is not None
+    thread.join(30)
+    assert not thread.is_alive()
+    assert len(failures) == 1  # reported once, not again by the writer's idle check
+    assert "segment seg-" in caplog.text and "was deleted" in caplog.text
+    caplog.clear()  # the ERROR it must log
+    j.close()
