@@ -264,9 +264,9 @@ class SlaveLink:
                         raise ReplicationError(f"unexpected frame kind {kind} from the master")
                 # a few records and an idle writer (one receipted send at a time): fsync them
                 # here and ack at once, without the writer thread's two hand-offs
-                done = store.journal.commit_here(INLINE_COMMIT_RECORDS)
-                if done:
-                    run_completions(done)
+                completions = store.journal.commit_here(INLINE_COMMIT_RECORDS)
+                if completions:
+                    run_completions(completions)
                 if store.journal.backlog_bytes > JOURNAL_BACKLOG_LIMIT:
                     await self._journal_caught_up(stop_wait.done)
         except ReplicationError as exc:
