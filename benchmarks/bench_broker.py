@@ -177,11 +177,19 @@ def main() -> None:
     rounds = int(os.environ.get("AMQ_BENCH_ROUNDS", "5")) if not quick() else 1
     window = 100
     work = Path(tempfile.mkdtemp(prefix="bench-broker-"))
-    ours = BrokerProcess(work / "ours", log_dir=work)
+    baseline_dir = os.environ.get("AMQ_BENCH_BASELINE")
+    ours_env = None
+    if baseline_dir:
+        # a broker child runs `python -m amqtransport` in our working directory, which Python
+        # puts first on its path: from a checkout's root the "baseline" ran that checkout's
+        # code, not DIR's. So both start from a neutral directory, each with its code first.
+        here = str(Path(__file__).resolve().parent.parent)
+        ours_env = {"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+        os.chdir(work)
+    ours = BrokerProcess(work / "ours", log_dir=work, env=ours_env)
     ours.start()
     contenders: list[tuple[str, int]] = [("ours", ours.port)]
     stops: list[Callable[[], object]] = [ours.terminate]
-    baseline_dir = os.environ.get("AMQ_BENCH_BASELINE")
     try:
         if baseline_dir:
             env = {**os.environ, "PYTHONPATH": str(Path(baseline_dir).resolve())}
