@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from amqtransport.broker.store import Ack, Journal, JournalError, encode, run_completions
+from amqtransport.broker.store import (
+    Ack,
+    Journal,
+    JournalError,
+    after_completions,
+    encode,
+    run_completions,
+)
 
 
 def ack(i: int) -> bytes:
@@ -123,3 +130,24 @@ def test_a_failed_commit_here_fails_the_journal_once_and_stops_the_writer(
     assert "segment seg-" in caplog.text and "was deleted" in caplog.text
     caplog.clear()  # the ERROR it must log
     j.close()
+
+
+def test_what_a_lone_completion_defers_runs_before_run_completions_returns() -> None:
+    """A lone completion (one receipted send at a time) writes its RECEIPT in the same loop
+    turn; in a batch of several, the writer schedules its own write (the turn after)."""
+    ran: list[str] = []
+    deferred: list[bool] = []
+
+    def completion(name: str) -> object:
+        def cb(_err: BaseException | None) -> None:
+            deferred.append(after_completions(lambda: ran.append(f"write {name}")))
+            ran.append(name)
+        return cb
+
+    run_completions([(completion("a"), None)])  # type: ignore[list-item]
+    assert ran == ["a", "write a"] and deferred == [True]
+    ran.clear()
+    deferred.clear()
+    run_completions([(completion("b"), None), (completion("c"), None)])  # type: ignore[list-item]
+    assert ran == ["b", "c"] and deferred == [False, False]  # the callers call_soon their writes
+    assert after_completions(lambda: None) is False  # outside run_completions: nothing to join

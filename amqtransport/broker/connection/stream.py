@@ -340,7 +340,7 @@ class StompStream:
             return
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            if not after_completions(self._flush):  # a RECEIPT: written once its batch's completions ran
+            if not after_completions(self._flush):  # a lone completion's RECEIPT: written at once
                 self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:

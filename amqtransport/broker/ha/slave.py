@@ -15,8 +15,8 @@ sans-IO :class:`~.wire.WireDecoder`:
     (``on_synced``), :attr:`SlaveLink.synced` becomes true and ``base`` is acked;
 ``RECORDS``
     the stream: each batch is appended to the journal and acked once it is fsynced
-    (acks are coalesced: one per batch of completions, the highest sequence number
-    durable, written as soon as they have run); a read that brought at most
+    (acks are coalesced: one per loop turn, the highest sequence number durable; the
+    ack of a lone record is written as soon as its completion has run); a read that brought at most
     :data:`INLINE_COMMIT_RECORDS` records is fsynced on the link's loop itself when the
     journal's writer thread is idle (``Journal.commit_here``: no thread hand-off between
     the read, the fsync and the ack), a bigger one by the writer thread;

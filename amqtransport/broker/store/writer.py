@@ -14,7 +14,8 @@ meanwhile and stops the writer. The rules are the journal's; they are stated onc
 
 :func:`run_completions` runs a batch's completions where ``notify`` delivers them (the
 broker's loop), then what they deferred with :func:`after_completions` (a connection's
-write of its RECEIPTs, a slave's ACK): in the same loop turn, not one later.
+write of its RECEIPTs, a slave's ACK): for a lone completion, in the same loop turn,
+not one later.
 """
 
 from __future__ import annotations
@@ -329,7 +330,10 @@ def run_completions(items: list[tuple[Callback, BaseException | None]], handed_a
     if handed_at is not None:
         RECEIPT_PATH.handoff.observe(started - handed_at)
     outer = getattr(_completing, "after", None)
-    after: list[Callable[[], None]] = []
+    # a lone completion (one receipted send at a time) is answered in this loop turn; a
+    # batch of several (pipelined producers) as before, in the next turn, where the writes
+    # of other batches ready by then join it (the pipelined path stays as it was measured)
+    after: list[Callable[[], None]] | None = [] if len(items) <= WRITE_NOW_AT_MOST else None
     _completing.after = after
     try:
         for cb, err in items:
@@ -339,7 +343,7 @@ def run_completions(items: list[tuple[Callback, BaseException | None]], handed_a
                 log.exception("completion callback failed")
     finally:
         _completing.after = outer
-    for fn in after:
+    for fn in after or ():
         try:
             fn()
         except Exception:  # noqa: BLE001 - as above
@@ -348,12 +352,15 @@ def run_completions(items: list[tuple[Callback, BaseException | None]], handed_a
 
 
 _completing = threading.local()  # .after: what the completions running on this thread deferred
+#: a batch of at most this many completions has what they write go out once they ran (after_completions)
+WRITE_NOW_AT_MOST = 1
 
 
 def after_completions(fn: Callable[[], None]) -> bool:
-    """While :func:`run_completions` runs on this thread, have ``fn`` run once every
-    completion of its batch has, and return True; otherwise return False (the caller
-    schedules ``fn`` itself). A connection writes a batch's RECEIPTs this way: in one
+    """While :func:`run_completions` runs a batch of at most :data:`WRITE_NOW_AT_MOST`
+    completions on this thread, have ``fn`` run once every completion of it has, and
+    return True; otherwise return False (the caller schedules ``fn`` itself). A
+    connection writes a batch's RECEIPTs this way: in one
     write, in the same loop turn as the completions, not one turn later."""
     after: list[Callable[[], None]] | None = getattr(_completing, "after", None)
     if after is None:
