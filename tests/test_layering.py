@@ -64,6 +64,7 @@ PURE = (
     "amqtransport.broker.ha.lease",  # the witness's lease rules: pure (the clock is a parameter)
     "amqtransport.broker.dispatch",  # the broker's dispatch core: the server injects both clocks
     "amqtransport.broker.connection.delivery",  # a connection's MESSAGE frames: bytes in, bytes out
+    "amqtransport.broker.connection.subscribe",  # what a SUBSCRIBE asks for, from its headers
     # the failover core and its pure pieces: one set of rules for the thread and asyncio drivers
     "amqtransport.transports.core",
     "amqtransport.transports.core_actions",

@@ -41,7 +41,7 @@ import logging
 
 from amqtransport.destinations import QUEUE, QUEUE_PREFIX, wildcard_segments
 from amqtransport.errors import RemoteProtocolError
-from amqtransport.selector import Selector, SelectorError, compile_selector
+from amqtransport.selector import Selector
 from amqtransport.stomp import (
     IDEMPOTENCY_HEADER_ALIASES,
     negotiate_heartbeat,
@@ -55,13 +55,14 @@ from ..authorization import READ, WRITE
 from ..dispatch.browse import browse
 from ..dispatch.errors import BadHeader, CoreError
 from ..dispatch.message import TRANSPORT_HEADERS, Message
-from ..dispatch.model import AUTO, Subscription, TxState
+from ..dispatch.model import Subscription, TxState
 from ..dispatch.names import split_destination
 from ..store import JournalError
 from .context import BrokerContext
 from .delivery import browse_end_frame, message_frame
 from .flow import FlowGate
 from .stream import ErrorSent, StompStream
+from .subscribe import BadSubscribe, subscribe_options
 from .temporary import TempNames
 
 __all__ = ["BrokerConnection"]
@@ -417,54 +418,28 @@ class BrokerConnection(asyncio.Protocol):
             self.stream.error(f"subscription id {sub_id!r} is already in use on this connection", receipt=receipt)
         if len(self.subs) >= self.config.max_subscriptions:
             self.stream.error(f"too many subscriptions (max_subscriptions={self.config.max_subscriptions})", receipt=receipt)
-        ack = frame.get("ack") or AUTO
-        prefetch_text = frame.get("activemq.prefetchSize")
-        prefetch: int | None = None
-        if prefetch_text is not None:
-            try:
-                prefetch = int(prefetch_text)
-                if prefetch < 1:
-                    raise ValueError
-            except ValueError:
-                self.stream.error(f"activemq.prefetchSize must be a positive integer, got {prefetch_text!r}", receipt=receipt)
-        durable = frame.get("activemq.subscriptionName") or frame.get("durable-subscription-name")
-        client_id = frame.get("client-id") or self.client_id
-        consumer_priority = 0
-        priority_text = frame.get("activemq.priority")
-        if priority_text is not None:
-            try:
-                consumer_priority = int(priority_text)
-                if not -128 <= consumer_priority <= 127:
-                    raise ValueError
-            except ValueError:
-                self.stream.error(f"activemq.priority must be an integer from -128 to 127, got {priority_text!r}",
-                            receipt=receipt, close=False)
-                return
-        selector_text = frame.get("selector")
-        selector = None
-        if selector_text is not None:
-            try:
-                selector = compile_selector(selector_text)
-            except SelectorError as exc:  # as ActiveMQ: an ERROR, and the connection stays
-                self.stream.error(str(exc), receipt=receipt, close=False)
-                return
-        if frame.get("browser") == "true":
-            self._browse(sub_id, destination, ack, selector, receipt)
+        try:
+            opts = subscribe_options(frame, self.client_id)
+        except BadSubscribe as exc:
+            self.stream.error(str(exc), receipt=receipt, close=exc.close)
+            return
+        if opts.browser:
+            self._browse(sub_id, destination, opts.ack, opts.selector, receipt)
             return
         try:
             sub = self.core.subscribe(
                 self,
                 sub_id,
                 destination,
-                ack_mode=ack,
-                prefetch=prefetch,
-                durable_name=durable,
-                client_id=client_id,
-                selector=selector,
-                no_local=self.session if frame.get("activemq.noLocal") == "true" else "",
+                ack_mode=opts.ack,
+                prefetch=opts.prefetch,
+                durable_name=opts.durable,
+                client_id=opts.client_id,
+                selector=opts.selector,
+                no_local=self.session if opts.no_local else "",
                 owner=self.login or "",
-                exclusive=(frame.get("activemq.exclusive") or "").lower() == "true",
-                consumer_priority=consumer_priority,
+                exclusive=opts.exclusive,
+                consumer_priority=opts.consumer_priority,
             )
         except CoreError as exc:
             self.stream.error(str(exc), receipt=receipt)
