@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from amqtransport.selector import Selector, SelectorError, compile_selector
 from amqtransport.stomp import Frame
 
+from ..dispatch.errors import CoreError
 from ..dispatch.model import AUTO
 
 __all__ = ["BadSubscribe", "SubscribeOptions", "subscribe_options"]
 
 
-class BadSubscribe(Exception):
+class BadSubscribe(CoreError):
     """A SUBSCRIBE header that does not parse; ``close``: the connection goes with the ERROR."""
 
     def __init__(self, message: str, *, close: bool) -> None:
