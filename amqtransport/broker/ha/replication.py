@@ -90,7 +90,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ..store import RECEIPT_PATH, Callback, JournalError, Record, run_completions
+from ..store import RECEIPT_PATH, Callback, JournalError, NotReceipted, Record, run_completions
 from ..store.sync import SnapshotReader
 from .master_link import MasterLink
 
@@ -247,11 +247,15 @@ class ReplicationMaster:
         finally:
             tracer.durable_ns = None
 
-    def _refuse(self, batches: list[list[tuple[Callback, BaseException | None]]], reason: str) -> None:
+    def _refuse(self, batches: list[list[tuple[Callback, BaseException | None]]], reason: str,
+                *, for_now: bool = False) -> None:
         """Never receipt these: cut every client connection first (their clients fail over
         and replay what was not receipted; idempotency keys drop the copies), then run the
         completions with an error once the connections are gone (so the store's own
-        bookkeeping, e.g. duplicate waiters, completes and no RECEIPT or ERROR is written)."""
+        bookkeeping, e.g. duplicate waiters, completes and no RECEIPT or ERROR is written).
+        ``for_now``: the node goes on as master (suspect), so the error is a
+        :class:`~..store.NotReceipted`: the records are on our disk and whoever waits
+        again (a new scheduled job) learns when they may count after all."""
         n = sum(len(items) for items in batches)
         if not n:
             return
@@ -262,7 +266,7 @@ class ReplicationMaster:
             self._refused_logged = now
             log.error("replication: %d completions will never be receipted (%s); cut %d client connections so "
                       "their clients replay (%d so far)", n, reason, cut, self.refused_receipts)
-        err = JournalError(f"not receipted: {reason}")
+        err = (NotReceipted if for_now else JournalError)(f"not receipted: {reason}")
         items: list[tuple[Callback, BaseException | None]] = [(cb, e or err) for batch in batches for cb, e in batch]
         self.loop.call_soon(run_completions, items)  # after the connections' connection_lost
 
@@ -400,7 +404,8 @@ class ReplicationMaster:
             # may be missing on the next master: never receipt it (issue: a thawed master
             # receipted SENDs the new master never had).
             held, self._held = self._held, deque()
-            self._refuse([items for _t, _s, items in held], f"slave {link.slave} lost before it acknowledged them")
+            self._refuse([items for _t, _s, items in held], f"slave {link.slave} lost before it acknowledged them",
+                         for_now=not self.shutdown_on_slave_failure)
             if self.shutdown_on_slave_failure:
                 self._fatal = f"slave {link.slave} lost ({reason}) and --shutdown-on-slave-failure is set"
             else:
