@@ -23,7 +23,10 @@ the consumer's duplicate filter (key@message-id for a scheduled delivery) drops 
 second copy. A new job joins the timetable only once its record is durable (on a
 replicated master: on the slave too), i.e. once its SEND could be receipted: a job fired
 before that could be made again, under another id, from the producer's replay of the
-SEND to the next master. The broker's core (``core.py``) owns the loop timer and the journal;
+SEND to the next master. A job whose receipt the replication gate refused *for now*
+(``NotReceipted``: the slave was lost before it acked, the node stays master) is on this
+node's disk and the replay is a duplicate of it: it waits again, and joins once a slave
+has it or the peer is known not to have taken over. The broker's core (``core.py``) owns the loop timer and the journal;
 this module decides (:func:`read_schedule`, :func:`first_due`, :func:`after_fire`).
 
 ActiveMQ's timetable (``JobSchedulerImpl``): the first delivery is at ``now`` (or the

@@ -54,7 +54,8 @@ held for a synced slave that is lost without a goodbye are *never* run as succes
 that slave may be taking over without those records. Every client connection is cut
 first (:meth:`BrokerServer.abort_connections`: the clients replay to whichever node is
 master, and idempotency keys drop the copies), then they run with an error nobody
-sees. The master is then *suspect* (:attr:`ReplicationMaster.suspect`, also set when
+sees (a :class:`~..store.NotReceipted` when the node goes on as master: the records are
+on its disk, and a new scheduled job waits again for them to count). The master is then *suspect* (:attr:`ReplicationMaster.suspect`, also set when
 its own loop stalled for longer than ``link_timeout``; :meth:`~ReplicationMaster.check_stall`
 runs on a timer and also before a client CONNECT or a completion is acted on, since a
 loop thawed in mid-turn reads its sockets before its overdue timers): no completion runs unless a
