@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import amqtransport
@@ -145,6 +145,8 @@ def test_cron_parser_fuzz_parses_or_refuses_with_a_cron_error(text: str) -> None
 
 @given(st.dictionaries(st.sampled_from(["AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_PERIOD", "AMQ_SCHEDULED_REPEAT",
                                         "AMQ_SCHEDULED_CRON"]), st.text(max_size=12)))
+@example({"AMQ_SCHEDULED_DELAY": "\u00b9"})  # a digit to str.isdigit(), not to int(): was a ValueError
+@example({"AMQ_SCHEDULED_REPEAT": "+-5"})
 def test_schedule_headers_fuzz_read_or_refuse_with_a_core_error(headers: dict[str, str]) -> None:
     try:
         read_schedule(tuple(headers.items()))

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,6 +76,7 @@ _DUE, _LEFT, _JOB = "amq-scheduled-due", "amq-scheduled-left", "amq-scheduled-jo
 _INTERNAL = frozenset({_DUE, _LEFT, _JOB})
 _JAVA_LONG_MAX = (1 << 63) - 1
 _JAVA_INT_MAX = (1 << 31) - 1
+_WHOLE = re.compile(r"[+-]?[0-9]+")
 
 Headers = tuple[tuple[str, str], ...]
 
@@ -91,7 +93,7 @@ class Schedule:
 
 def _whole(name: str, text: str, limit: int) -> int:
     t = text.strip()
-    if not t.lstrip("+-").isdigit():
+    if _WHOLE.fullmatch(t) is None:  # (not isdigit(): "¹" is a digit to it, int("¹") fails)
         raise BadHeader(f"{name} must be a whole number of {'times' if name == REPEAT else 'milliseconds'}, got {text!r}")
     value = int(t)
     if value < 0:
