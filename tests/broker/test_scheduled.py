@@ -9,9 +9,10 @@ import asyncio
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import amqtransport
@@ -144,6 +145,8 @@ def test_cron_parser_fuzz_parses_or_refuses_with_a_cron_error(text: str) -> None
 
 @given(st.dictionaries(st.sampled_from(["AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_PERIOD", "AMQ_SCHEDULED_REPEAT",
                                         "AMQ_SCHEDULED_CRON"]), st.text(max_size=12)))
+@example({"AMQ_SCHEDULED_DELAY": "\u00b9"})  # a digit to str.isdigit(), not to int(): was a ValueError
+@example({"AMQ_SCHEDULED_REPEAT": "+-5"})
 def test_schedule_headers_fuzz_read_or_refuse_with_a_core_error(headers: dict[str, str]) -> None:
     try:
         read_schedule(tuple(headers.items()))
@@ -310,3 +313,79 @@ def test_a_job_joins_the_scheduler_only_once_its_send_is_durable() -> None:
     assert receipts == [None]
     core.fire_due()
     assert [m.body for m in sink.got] == [b"x"]  # durable, overdue: fired at once
+
+
+def test_a_job_refused_for_now_by_the_receipt_gate_still_fires_once_its_record_counts() -> None:
+    """Found by the nemesis (replicated, the replication link partitioned: the master
+    dropped its slave before it acked a scheduled SEND, refused the receipt, cut the
+    producer and went on as master): the job was on the master's disk but never joined
+    the timetable, and the producer's replay was a duplicate of it (receipted) -- the
+    message was never delivered (lost p-sched:240). A completion refused for now
+    (NotReceipted) waits again; the job fires once the wait succeeds."""
+    from amqtransport.broker.config import BrokerConfig as Config
+    from amqtransport.broker.dispatch.core import BrokerCore
+    from amqtransport.broker.dispatch.model import AUTO, Subscription
+    from amqtransport.broker.store import JournalError, NotReceipted
+
+    class Sink:
+        writable = True
+
+        def __init__(self) -> None:
+            self.got: list[Message] = []
+
+        def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None:
+            self.got.append(message)
+
+    class Gate:
+        """The journal's completion path as a replicated master has it: held until told."""
+
+        def __init__(self) -> None:
+            self.pending: list[Any] = []
+
+        def on_durable(self, callback: Any) -> None:
+            self.pending.append(callback)
+
+        def run(self, err: BaseException | None) -> None:
+            pending, self.pending = self.pending, []
+            for cb in pending:
+                cb(err)
+
+    class GatedStore:
+        def __init__(self) -> None:
+            self.journal = Gate()
+
+        def __getattr__(self, name: str) -> object:
+            return lambda *a, **k: 0  # paged counts, keys, ...: nothing
+
+        def is_duplicate(self, destination: str, key: str, callback: object = None) -> bool:
+            return False
+
+        def take(self, destination: str, n: int) -> list[Message]:
+            return []
+
+        def commit(self, records: object, callback: Any = None) -> None:
+            if callback is not None:
+                self.journal.on_durable(callback)
+
+    now = [1000.0]
+    store = GatedStore()
+    core = BrokerCore(Config(), store, clock=lambda: now[0], monotonic=lambda: now[0])  # type: ignore[arg-type]
+    sink = Sink()
+    core.subscribe(sink, "s", "/queue/q", ack_mode=AUTO)  # type: ignore[arg-type]
+    receipts: list[object] = []
+    core.send("/queue/q", (("AMQ_SCHEDULED_DELAY", "500"),), b"x", persistent=True, callback=receipts.append)
+    store.journal.run(NotReceipted("not receipted: slave b lost before it acknowledged them"))
+    assert len(receipts) == 1 and isinstance(receipts[0], NotReceipted)  # no RECEIPT for this SEND
+    now[0] = 1001.0
+    core.fire_due()
+    assert sink.got == []  # the record does not count yet
+    store.journal.run(None)  # a slave acked it, or the peer did not take over
+    core.fire_due()
+    assert [m.body for m in sink.got] == [b"x"]
+    # a job whose record failed for good is not scheduled (nor waited for again)
+    core.send("/queue/q", (("AMQ_SCHEDULED_DELAY", "500"),), b"y", persistent=True)
+    store.journal.run(JournalError("journal write failed: disk full"))
+    assert store.journal.pending == []
+    now[0] = 1002.0
+    core.fire_due()
+    assert [m.body for m in sink.got] == [b"x"]

@@ -157,3 +157,36 @@ def test_master_with_a_wiped_store_is_told_to_step_down(tmp_path: Path) -> None:
         assert "asks us to step down" in bp.a.log_text()
         assert bp.a.status()["amq-ha-messages"] == "10"
         assert bp.wait_master() is bp.b
+
+
+def test_a_scheduled_send_refused_during_a_link_partition_still_fires(tmp_path: Path) -> None:
+    """Found by the nemesis (replicated, the replication link partitioned, lost p-sched:240):
+    the master dropped its slave before it acked a scheduled SEND, refused that receipt
+    (cutting the producer) and went on as master. The job was on its disk but never joined
+    its timetable; the producer's replay was a duplicate of it (receipted), so the message
+    was never delivered. It is delivered, once, when the job's record counts after all."""
+    check = Listener().open()
+    try:
+        with forwarded_pair(tmp_path, takeover_check=check.address, link_timeout=1.0) as (bp, fwd):
+            bp.start()
+            bp.wait_in_sync(30)
+            with amqtransport.connect(bp.uri) as c:
+                c.send("/queue/warm", "warm-up")
+                fwd.freeze()  # the link goes silent both ways: the slave never acks what follows
+                c.send("/queue/sched", "later", headers={"AMQ_SCHEDULED_DELAY": "2000"})  # receipted in the end
+                log_a = bp.a.log_text()
+                assert "will never be receipted" in log_a, log_a  # the case: the first SEND was refused
+                assert c.connected_uri == bp.a.uri
+                sub = c.subscribe("/queue/sched", ack="client-individual")
+                got = []
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and not got:
+                    if (m := sub.receive(timeout=1)) is not None:
+                        got.append(m.text)
+                        m.ack()
+                while (m := sub.receive(timeout=3)) is not None:  # and no second copy
+                    got.append(m.text)
+                    m.ack()
+            assert got == ["later"], f"the receipted scheduled SEND was delivered {got}; " + bp.describe()
+    finally:
+        check.close()

@@ -23,7 +23,10 @@ the consumer's duplicate filter (key@message-id for a scheduled delivery) drops 
 second copy. A new job joins the timetable only once its record is durable (on a
 replicated master: on the slave too), i.e. once its SEND could be receipted: a job fired
 before that could be made again, under another id, from the producer's replay of the
-SEND to the next master. The broker's core (``core.py``) owns the loop timer and the journal;
+SEND to the next master. A job whose receipt the replication gate refused *for now*
+(``NotReceipted``: the slave was lost before it acked, the node stays master) is on this
+node's disk and the replay is a duplicate of it: it waits again, and joins once a slave
+has it or the peer is known not to have taken over. The broker's core (``core.py``) owns the loop timer and the journal;
 this module decides (:func:`read_schedule`, :func:`first_due`, :func:`after_fire`).
 
 ActiveMQ's timetable (``JobSchedulerImpl``): the first delivery is at ``now`` (or the
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,6 +76,7 @@ _DUE, _LEFT, _JOB = "amq-scheduled-due", "amq-scheduled-left", "amq-scheduled-jo
 _INTERNAL = frozenset({_DUE, _LEFT, _JOB})
 _JAVA_LONG_MAX = (1 << 63) - 1
 _JAVA_INT_MAX = (1 << 31) - 1
+_WHOLE = re.compile(r"[+-]?[0-9]+")
 
 Headers = tuple[tuple[str, str], ...]
 
@@ -88,7 +93,7 @@ class Schedule:
 
 def _whole(name: str, text: str, limit: int) -> int:
     t = text.strip()
-    if not t.lstrip("+-").isdigit():
+    if _WHOLE.fullmatch(t) is None:  # (not isdigit(): "¹" is a digit to it, int("¹") fails)
         raise BadHeader(f"{name} must be a whole number of {'times' if name == REPEAT else 'milliseconds'}, got {text!r}")
     value = int(t)
     if value < 0:

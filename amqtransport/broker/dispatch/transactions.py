@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..store import Ack, Enq, JournalError, Keys, RecordError
+from ..store import Ack, Enq, JournalError, Keys, NotReceipted, RecordError
 from ..store.journal import Callback
 from ..store.records import TxPart
 from .acks import Acks
@@ -145,11 +145,21 @@ class Transactions:
         if not jobs or on_job is None:
             return callback
         plan.jobs = []
+        reg = self.reg
 
-        def durable(err: BaseException | None) -> None:
+        def schedule(err: BaseException | None) -> None:
             if err is None:
                 for job, due in jobs:
                     on_job(job, due)
+            elif isinstance(err, NotReceipted):
+                # not receipted (the slave was lost before it acked), but the job is on our
+                # disk and we stay master: the producer's replay is a duplicate of it, so
+                # it fires once the record counts after all (a slave has it, or the peer
+                # did not take over) -- else it would never fire (nemesis: lost p-sched)
+                reg.done(schedule)
+
+        def durable(err: BaseException | None) -> None:
+            schedule(err)
             if callback is not None:
                 callback(err)
 

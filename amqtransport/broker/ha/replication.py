@@ -54,7 +54,8 @@ held for a synced slave that is lost without a goodbye are *never* run as succes
 that slave may be taking over without those records. Every client connection is cut
 first (:meth:`BrokerServer.abort_connections`: the clients replay to whichever node is
 master, and idempotency keys drop the copies), then they run with an error nobody
-sees. The master is then *suspect* (:attr:`ReplicationMaster.suspect`, also set when
+sees (a :class:`~..store.NotReceipted` when the node goes on as master: the records are
+on its disk, and a new scheduled job waits again for them to count). The master is then *suspect* (:attr:`ReplicationMaster.suspect`, also set when
 its own loop stalled for longer than ``link_timeout``; :meth:`~ReplicationMaster.check_stall`
 runs on a timer and also before a client CONNECT or a completion is acted on, since a
 loop thawed in mid-turn reads its sockets before its overdue timers): no completion runs unless a
@@ -90,7 +91,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ..store import RECEIPT_PATH, Callback, JournalError, Record, run_completions
+from ..store import RECEIPT_PATH, Callback, JournalError, NotReceipted, Record, run_completions
 from ..store.sync import SnapshotReader
 from .master_link import MasterLink
 
@@ -247,11 +248,15 @@ class ReplicationMaster:
         finally:
             tracer.durable_ns = None
 
-    def _refuse(self, batches: list[list[tuple[Callback, BaseException | None]]], reason: str) -> None:
+    def _refuse(self, batches: list[list[tuple[Callback, BaseException | None]]], reason: str,
+                *, for_now: bool = False) -> None:
         """Never receipt these: cut every client connection first (their clients fail over
         and replay what was not receipted; idempotency keys drop the copies), then run the
         completions with an error once the connections are gone (so the store's own
-        bookkeeping, e.g. duplicate waiters, completes and no RECEIPT or ERROR is written)."""
+        bookkeeping, e.g. duplicate waiters, completes and no RECEIPT or ERROR is written).
+        ``for_now``: the node goes on as master (suspect), so the error is a
+        :class:`~..store.NotReceipted`: the records are on our disk and whoever waits
+        again (a new scheduled job) learns when they may count after all."""
         n = sum(len(items) for items in batches)
         if not n:
             return
@@ -262,7 +267,7 @@ class ReplicationMaster:
             self._refused_logged = now
             log.error("replication: %d completions will never be receipted (%s); cut %d client connections so "
                       "their clients replay (%d so far)", n, reason, cut, self.refused_receipts)
-        err = JournalError(f"not receipted: {reason}")
+        err = (NotReceipted if for_now else JournalError)(f"not receipted: {reason}")
         items: list[tuple[Callback, BaseException | None]] = [(cb, e or err) for batch in batches for cb, e in batch]
         self.loop.call_soon(run_completions, items)  # after the connections' connection_lost
 
@@ -400,7 +405,8 @@ class ReplicationMaster:
             # may be missing on the next master: never receipt it (issue: a thawed master
             # receipted SENDs the new master never had).
             held, self._held = self._held, deque()
-            self._refuse([items for _t, _s, items in held], f"slave {link.slave} lost before it acknowledged them")
+            self._refuse([items for _t, _s, items in held], f"slave {link.slave} lost before it acknowledged them",
+                         for_now=not self.shutdown_on_slave_failure)
             if self.shutdown_on_slave_failure:
                 self._fatal = f"slave {link.slave} lost ({reason}) and --shutdown-on-slave-failure is set"
             else:

@@ -45,6 +45,13 @@ class JournalError(ServerError, OSError):
     """The journal could not write or sync; the broker must not claim durability."""
 
 
+class NotReceipted(JournalError):
+    """A replicated master's completion refused for now: the record is on this node's disk,
+    but the synced slave was lost before it acknowledged it (it may be taking over without
+    it). Waiting again (``Journal.on_durable``) succeeds once a slave has it or the node
+    knows its peer did not take over."""
+
+
 class StoreLockedError(JournalError):
     """Another process holds the data directory."""
 
