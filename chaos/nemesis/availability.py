@@ -22,6 +22,16 @@ that lie in no other fault's ``[t, t_end + A)``: what that kind does by itself (
 ``delete-lock`` with a half-open client link alongside says little about the lock). ``no-fault`` is the same over the 1-second
 windows of the rounds' time that lie in no fault's ``[t, t_end + A)`` (the baseline,
 not excluded from anything), ``all-faults`` over every fault's windows.
+
+Only time in which the workload was sending counts. At the end of a mode's run the
+harness itself stops the producers (``ModeRun._finish``, recorded as
+``history.meta["workload_stopped_s"]``; a history from before that record falls back to
+the end of its last round, which comes just before) and waits for them to flush and the
+consumers to drain: a window that ends after that moment had nobody sending, so it can
+show nothing about the pair and is **dropped** (from every figure, ``no-fault``
+included), never counted as unavailable. Nothing else is dropped: between rounds the
+producers go on sending while the harness heals, restarts dead nodes and waits for the
+pair to be healthy, and those windows count like any other.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from dataclasses import dataclass
 
 from chaos.nemesis.history import History
 
-__all__ = ["Availability", "availability", "AFTER_S", "WINDOW_S", "NOT_PAIR_CLIENTS"]
+__all__ = ["Availability", "availability", "workload_end", "AFTER_S", "WINDOW_S", "NOT_PAIR_CLIENTS"]
 
 WINDOW_S = 1.0
 AFTER_S = 5.0
@@ -65,9 +75,18 @@ class Availability:
                 "alone_share": None if alone is None else round(alone, 4)}
 
 
-def _windows(lo: float, hi: float) -> list[float]:
+def workload_end(h: History) -> float:
+    """When the harness stopped the producers (module docstring); +inf if not known."""
+    stopped = h.meta.get("workload_stopped_s")
+    if stopped is not None:
+        return float(stopped)
+    return max((r.t_end for r in h.rounds), default=float("inf"))
+
+
+def _windows(lo: float, hi: float, end: float = float("inf")) -> list[float]:
     out = []
     w = lo
+    hi = min(hi, end)
     while w + WINDOW_S <= hi + 1e-9:
         out.append(w)
         w += WINDOW_S
@@ -89,8 +108,9 @@ def availability(h: History, link_timeout_s: float | None = None,
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     busy = sorted((f.t, f.t_end + AFTER_S, i) for i, f in enumerate(faults))
     starts = [b[0] for b in busy]
+    end = workload_end(h)
     for i, f in enumerate(faults):
-        for w in _windows(f.t + lt, f.t_end + AFTER_S):
+        for w in _windows(f.t + lt, f.t_end + AFTER_S, end):
             hit = _hit(done, w)
             j = bisect.bisect_right(starts, w + WINDOW_S)
             alone = not any(lo < w + WINDOW_S and hi > w and k != i for lo, hi, k in busy[:j])
@@ -102,7 +122,7 @@ def availability(h: History, link_timeout_s: float | None = None,
                     c[2] += 1
                     c[3] += hit
     for r in h.rounds:
-        for w in _windows(r.t, r.t_end):
+        for w in _windows(r.t, r.t_end, end):
             i = bisect.bisect_right(starts, w + WINDOW_S)
             if any(lo < w + WINDOW_S and hi > w for lo, hi, _ in busy[:i]):
                 continue

@@ -451,6 +451,7 @@ class ModeRun:
 
     def _finish(self) -> None:
         self.echo(f"{self.label()}: stopping the producers and draining the consumers")
+        self.history.meta["workload_stopped_s"] = self.clock()  # availability counts no window after this
         for p in self.producers:
             p.stop()
         for c in self.consumers:

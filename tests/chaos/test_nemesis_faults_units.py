@@ -178,6 +178,21 @@ def test_alone_counts_only_the_windows_no_other_fault_is_near() -> None:
     assert (a.alone_windows, a.alone_available) == (1, 1)  # only [11,12) is clear of the cut
 
 
+def test_windows_after_the_harness_stopped_the_producers_are_dropped_not_counted_unavailable() -> None:
+    cut = Fault(30.0, 32.0, 1, "partition-clients", "a", "kernel drop")  # span [31, 37)
+    sends = [float(t) + 0.5 for t in range(34)]  # the workload sends until 34, then stops
+    h = _history(sends, [cut])
+    h.meta["workload_stopped_s"] = 34.2
+    figures = availability(h)
+    a = figures["partition-clients"]
+    assert (a.windows, a.available) == (3, 3)  # [31,32) [32,33) [33,34); [34,35) ends after the stop
+    base = figures["no-fault"]
+    assert base.windows == 30 and base.available == 30  # [0,30): fault time and nothing after the stop
+    # a history without the record: the last round's end stands for it
+    h = _history(sends, [cut], rounds=(0.0, 34.0))
+    assert availability(h)["partition-clients"].windows == 3
+
+
 # -- LazyFS's overlay -------------------------------------------------------------------------
 
 
