@@ -77,6 +77,9 @@ def test_short_nemesis_both_modes(tmp_path: Path) -> None:
         assert stats["scheduled_delivered"] > 20 and stats["priority_pairs_checked"] > 100, stats
         assert stats["group_messages"] > 50, stats
         assert check(history).ok
+        # the harness recorded when it stopped the producers (availability counts no window after it)
+        stopped = history.meta["workload_stopped_s"]
+        assert max(r.t_end for r in history.rounds) <= stopped <= history.t_end
     assert f"replay with: amq chaos run nemesis --mode both --seed {SEED} --rounds 2" in text
     assert list(tmp_path.glob("amq-chaos-*")) == []  # a passing run leaves no scratch directory
 
