@@ -23,7 +23,7 @@ from broker_helpers import StompPy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amqtransport.broker.store.chain import CHAIN_FILE, Chain, read_chain
+from amqtransport.broker.store.chain import CHAIN_FILE, Chain, read_chain, write_chain
 from amqtransport.testing.broker_process import BrokerProcess
 from amqtransport.testing.ports import free_port
 
@@ -139,9 +139,10 @@ def test_a_segment_deleted_mid_journal_refuses_the_start_until_repair_records_th
 
 
 def test_a_checkpoint_that_proves_loss_refuses_the_start(tmp_path: Path) -> None:
-    """The newest segment gone leaves no gap; the checkpoint taken at the clean stop knew
-    it. Before: 'its segment N is gone; replaying the whole journal', and the broker
-    served without its messages."""
+    """The newest segment with records cut short leaves every segment there; the
+    checkpoint taken at the clean stop knew how long it was. Before: the checkpoint was
+    refused as another journal's, the broker replayed what was left and served without
+    the messages cut off."""
     data, cfg = tmp_path / "data", tmp_path / "broker.toml"
     cfg.write_text(CONFIG)
     bp = BrokerProcess(data, args=["--config", str(cfg)], log_dir=tmp_path / "logs")
@@ -152,10 +153,12 @@ def test_a_checkpoint_that_proves_loss_refuses_the_start(tmp_path: Path) -> None
         c.close()
         assert bp.terminate() == 0  # a checkpoint at close
         assert (data / "journal" / "checkpoint").exists()
-        victim = segments(data)[-1]
-        lost = holding(victim, KEEP, 100)
+        victim = [s for s in segments(data) if holding(s, KEEP, 100)][-1]
+        held = holding(victim, KEEP, 100)
+        with open(victim, "r+b") as fh:
+            fh.truncate(victim.stat().st_size // 2)
+        lost = held - holding(victim, KEEP, 100)
         assert lost
-        victim.unlink()
 
         code, err = run_broker(data, cfg)
         assert code == 1, err
@@ -166,7 +169,49 @@ def test_a_checkpoint_that_proves_loss_refuses_the_start(tmp_path: Path) -> None
         assert amq("repair", str(data)).returncode == 0
         assert list((data / "journal" / "quarantine").glob("*/checkpoint"))
         bp.start()
-        assert sorted(drain(bp.port, KEEP)) == [i for i in range(100) if i not in lost]
+        got = set(drain(bp.port, KEEP))
+        assert set(range(100)) - held <= got and not got & lost, sorted(set(range(100)) - got)
+    finally:
+        bp.kill()
+
+
+def test_the_newest_segments_deleted_after_a_crash_refuse_the_start_until_repair_records_the_loss(
+        tmp_path: Path) -> None:
+    """Losing the newest segments leaves no gap, and after a SIGKILL there is no
+    checkpoint to prove it. Before: the broker started on what was left and served
+    without their messages, silently. Now the writer records every segment it creates
+    (``top`` in journal/deleted-segments) before it writes into it, so they are missing."""
+    data, cfg = tmp_path / "data", tmp_path / "broker.toml"
+    cfg.write_text(CONFIG + "checkpoint_interval = 0\n")
+    bp = BrokerProcess(data, args=["--config", str(cfg)], log_dir=tmp_path / "logs")
+    try:
+        bp.start()
+        c = StompPy(bp.port)
+        c.wait_receipts([c.send(KEEP, body(KEEP, i), seq=str(i)) for i in range(150)], timeout=60)
+        c.close()
+        bp.kill()
+        assert not (data / "journal" / "checkpoint").exists()
+        with_data = [s for s in segments(data) if holding(s, KEEP, 150)]
+        assert len(with_data) >= 3, [s.name for s in segments(data)]
+        victims = segments(data)[segments(data).index(with_data[-2]):]  # the two newest holding records, and after
+        lost = set().union(*(holding(v, KEEP, 150) for v in victims))
+        for v in victims:
+            v.unlink()
+
+        code, err = run_broker(data, cfg)
+        assert code == 1, err
+        assert all(v.name in err for v in victims) and "amq broker repair" in err, err
+        v = amq("verify", str(data))
+        assert v.returncode == 1 and f"MISSING {len(victims)} segments" in v.stdout, v.stdout
+
+        rep = amq("repair", str(data))
+        assert rep.returncode == 0, rep.stdout + rep.stderr
+        assert "the loss is recorded" in rep.stdout, rep.stdout
+        notes = list((data / "journal" / "quarantine").glob("*/LOST.txt"))
+        assert len(notes) == 1 and all(v.name in notes[0].read_text() for v in victims)
+        bp.start()
+        assert sorted(drain(bp.port, KEEP)) == [i for i in range(150) if i not in lost]
+        assert all(not v.exists() for v in victims), "a lost segment's id was used again"
     finally:
         bp.kill()
 
@@ -194,3 +239,43 @@ def test_deletes_compaction_recorded_are_never_a_gap_and_any_other_is(deleted: l
     assert Chain.of(existing).missing(existing) == []
     if extra in existing and extra != max(existing):
         assert chain.missing([s for s in existing if s != extra]) == [extra]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["floor", "deleted", "journal", "top", "x"]),
+                       st.one_of(st.integers(min_value=-5, max_value=80), st.text(max_size=5),
+                                 st.lists(st.integers(min_value=-5, max_value=80), max_size=5), st.none())))
+def test_read_chain_checks_every_field_of_a_record_whose_checksum_holds(fields: dict[str, object]) -> None:
+    import json
+    import tempfile
+    import zlib
+
+    body = json.dumps(fields)
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / CHAIN_FILE).write_text(json.dumps({"chain": body, "crc": zlib.crc32(body.encode())}))
+        got = read_chain(Path(d))
+        if got is not None:  # only a record that makes sense is trusted
+            assert got.floor >= 1 and got.top >= 0 and all(s >= got.floor for s in got.ids)
+            assert got.missing([]) == [s for s in range(got.floor, got.top + 1) if s not in got.ids]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=60), max_size=40), st.integers(min_value=1, max_value=60),
+       st.integers(min_value=0, max_value=5))
+def test_the_newest_segments_gone_are_missing_and_the_record_round_trips(deleted: list[int], head: int,
+                                                                         newest: int) -> None:
+    import tempfile
+
+    chain = Chain()
+    for seg in range(1, head + 1):
+        chain = chain.created(seg)
+    chain = chain.plus(d for d in deleted if d < head)
+    with tempfile.TemporaryDirectory() as d:
+        write_chain(Path(d), chain, fsync=False)
+        assert read_chain(Path(d)) == chain
+    existing = [s for s in range(1, head + 1) if s not in chain]
+    gone = existing[len(existing) - newest:] if newest else []
+    assert chain.missing(existing) == []
+    assert chain.missing([s for s in existing if s not in gone]) == gone
+    old = Chain(chain.floor, chain.ids, chain.journal)  # a record from before ``top`` was kept
+    assert old.missing([s for s in existing if s not in gone]) == []  # nothing known: no false refusal

@@ -38,6 +38,7 @@ from typing import Literal, overload
 from amqtransport.errors import ServerError
 
 from .chain import Chain
+from .files import replace_file, write_all
 from .records import Sub, decode, encode
 from .segments import MAGIC
 
@@ -333,41 +334,25 @@ def load(directory: Path, segments: Sequence[int], deleted: Chain | None = None)
     check_against(cap, directory, segments)
     return cap
 
+
 def write_file(directory: Path, cap: Capture, *, fsync: bool = True,
                ready: Callable[[], None] | None = None) -> int:
     """Write ``checkpoint.tmp`` (streamed: the header's CRC and length are written last,
     over a placeholder), call ``ready`` (which may raise to give up: the records the
     checkpoint covers must be durable first), fsync, rename over ``checkpoint``, fsync
     the directory. Returns the file's size."""
-    tmp = directory / (FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, bytes(_HEAD.size))
+    size = 0
+
+    def write(fd: int) -> None:
+        nonlocal size
+        write_all(fd, bytes(_HEAD.size))
         crc = 0
-        size = 0
         for part in body_parts(cap):
             view = memoryview(part).cast("B")
             crc = zlib.crc32(view, crc)
             size += len(view)
-            _write_all(fd, view)
+            write_all(fd, view)
         os.pwrite(fd, _HEAD.pack(_MAGIC, crc, size), 0)
-        if ready is not None:
-            ready()
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, directory / FILE)
-    if fsync:
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+
+    replace_file(directory, FILE, write, fsync=fsync, ready=ready)
     return _HEAD.size + size
-
-
-def _write_all(fd: int, data: memoryview | bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

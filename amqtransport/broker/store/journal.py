@@ -40,7 +40,10 @@ Compaction. The store decides which segments hold nothing needed any more and ca
 queued before the request (which carries anything the store moved forward) is durable.
 The ids are first recorded as deleted (:mod:`.chain`), so that recovery can tell a
 segment compaction deleted from one that is lost: a lost one refuses the start
-(:meth:`Journal.check_chain`, :class:`~.chain.SegmentsLost`).
+(:meth:`Journal.check_chain`, :class:`~.chain.SegmentsLost`). Likewise every new
+segment is recorded as created (:meth:`Journal.record_created`, by the writer once the
+file and its directory entry are synced, before its first record), so losing the newest
+segments is a loss recovery sees too.
 
 Failure. When a write or an fsync fails (a full disk: ENOSPC; an I/O error: EIO) the
 writer fails that batch's completions *and everything queued meanwhile* with a
@@ -178,7 +181,8 @@ class Journal(SegmentReads, JournalWriter):
         # metrics (observed by the writer thread): write + fdatasync time of each group
         # commit, and how many records it carried
         self.damage: list[Damage] = []  # damaged regions recovery skipped (salvage.py)
-        self.chain: Chain | None = None  # the segments compaction deleted (chain.py; check_chain)
+        self.chain: Chain | None = None  # the segments created and deleted (chain.py; check_chain)
+        self._chain_lock = threading.Lock()  # one writer of the record at a time (loop: deletes; writer: rolls)
         self.fsync_seconds = Histogram(LATENCY_BUCKETS)
         self.batch_records = Histogram(SIZE_BUCKETS)
 
@@ -216,6 +220,25 @@ class Journal(SegmentReads, JournalWriter):
         self.chain = check_chain(self.directory, self.existing_segments(), fsync=self.fsync)
         return self.chain
 
+    def _update_chain(self, change: Callable[[Chain], Chain]) -> Chain:
+        """Write ``change(record)`` durably, then keep it (any thread)."""
+        with self._chain_lock:
+            chain = change(self.chain or Chain.of(self.segments))
+            write_chain(self.directory, chain, fsync=self.fsync)
+            self.chain = chain
+            return chain
+
+    def _next_id(self, ids: Sequence[int]) -> int:
+        """The new head's id: after every id on disk, created or deleted (never one used before)."""
+        chain = self.chain or Chain()
+        return max([*ids, chain.top, chain.floor - 1, *chain.ids]) + 1
+
+    def record_created(self, seg_id: int) -> None:
+        """Record that segment ``seg_id`` exists (:mod:`.chain`), durably: the writer calls
+        this once the file and its directory entry are synced, before the segment's first
+        record. An :class:`OSError` fails the write that needed the segment."""
+        self._update_chain(lambda chain: chain.created(seg_id))
+
     def recover(self) -> Iterator[tuple[int, Record]]:
         """Yield ``(segment_id, record)`` for every intact record; truncate torn tails.
 
@@ -250,7 +273,7 @@ class Journal(SegmentReads, JournalWriter):
             self._sizes[seg_id] = path.stat().st_size
         self.segments = ids
         self.size = sum(self._sizes.values())
-        self._head = (ids[-1] + 1) if ids else 1
+        self._head = self._next_id(ids)
         self._written = (self._head, 0)  # everything before the new head is on disk
 
     # ------------------------------------------------------------------ writer
@@ -263,7 +286,7 @@ class Journal(SegmentReads, JournalWriter):
         if self.chain is None:
             self.check_chain()
         if self._head == 0:
-            self._head = 1
+            self._head = self._next_id(self.existing_segments())
         self._open_head_sync(self._head)
         self._guard = StorageGuard(self.directory, self._lock_fd)
         self._full_checked = time.monotonic()
@@ -393,15 +416,13 @@ class Journal(SegmentReads, JournalWriter):
         ids = [s for s in seg_ids if s != self._head]
         if not ids:
             return
-        chain = (self.chain or Chain.of(self.segments)).plus(ids)
         try:  # recorded before the writer unlinks them: a gap is then never taken for a loss
-            write_chain(self.directory, chain, fsync=self.fsync)
+            self._update_chain(lambda chain: chain.plus(ids))
         except OSError as exc:
             log.error("journal %s: cannot record the deletion of segments %s (%s): keeping them",
                       self.directory, ids, exc)
             self.check_soon()  # the directory gone? that fails the journal (guard.py)
             return
-        self.chain = chain
         with self._cond:
             for s in ids:
                 with contextlib.suppress(ValueError):

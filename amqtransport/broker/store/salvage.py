@@ -48,6 +48,7 @@ from pathlib import Path
 
 from .chain import Chain, read_chain, write_chain
 from .checkpoint_file import CheckpointError, CheckpointProvesLoss, load
+from .files import fsync_dir
 from .records import Ack, Enq, Fan, Keys, Move, Record, RecordError, Sub, Tx, Unsub, decode
 from .segments import FRAME, MAGIC, MAX_RECORD, Scan, segment_id
 
@@ -374,9 +375,5 @@ def repair(journal: Path, max_record: int = MAX_RECORD, now: float | None = None
         (quarantine / "LOST.txt").write_text("\n".join(report.lines()) + "\n", encoding="utf-8")
         if report.missing:
             write_chain(journal, (read_chain(journal) or Chain.of(_segments(journal))).plus(report.missing))
-    dfd = os.open(journal, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_dir(journal)
     return report, quarantine

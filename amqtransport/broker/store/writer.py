@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..ops.stats import RECEIPT_PATH, Histogram
+from .files import fsync_dir as _fsync_dir
+from .files import write_all as _write_all
 from .guard import CHECK_INTERVAL, StorageGuard
 from .segments import MAGIC, JournalError
 
@@ -83,6 +85,9 @@ class JournalWriter:
     def path_of(self, seg_id: int) -> Path:
         raise NotImplementedError  # SegmentReads.path_of
 
+    def record_created(self, seg_id: int) -> None:
+        raise NotImplementedError  # Journal.record_created
+
     def _open_head_sync(self, seg_id: int) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -95,6 +100,7 @@ class JournalWriter:
         self._fd = fd
         self._fd_seg = seg_id
         self._fd_off = len(MAGIC)
+        self.record_created(seg_id)  # durable before the segment's first record (chain.py)
         self._mark_written()
 
     def _mark_written(self) -> None:
@@ -301,21 +307,6 @@ class JournalWriter:
 
 def _storage_error(problem: str) -> JournalError:
     return JournalError(f"journal storage lost: {problem}")
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def run_completions(items: list[tuple[Callback, BaseException | None]], handed_at: float | None = None) -> None:
