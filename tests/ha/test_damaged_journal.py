@@ -12,6 +12,7 @@ becomes master and the damaged node joins it as slave (its journal kept in
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,77 @@ def test_a_node_with_a_damaged_journal_resyncs_from_its_peer_and_no_receipted_me
         assert list((master.data_dir / "quarantine").glob("*/journal/seg-*.log")), "the damaged journal was not kept"
 
         conn = amqtransport.connect(f"tcp://127.0.0.1:{slave.port}")
+        try:
+            sub = conn.subscribe(QUEUE, ack="client-individual")
+            got = []
+            while (m := sub.receive(5.0)) is not None:
+                got.append(int(m.headers["seq"]))
+                m.ack()
+        finally:
+            conn.close()
+        assert got == list(range(N)), f"missing {sorted(set(range(N)) - set(got))[:10]}"
+
+
+def connect(port: int) -> amqtransport.Connection:
+    """A connection to the master's client port (closed for a moment while a master
+    that lost its slave checks its peer: tried again until it answers)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return amqtransport.connect(f"tcp://127.0.0.1:{port}")
+        except amqtransport.ConnectError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def send(port: int, seqs: range) -> None:
+    conn = connect(port)
+    try:
+        for i in seqs:
+            conn.send(QUEUE, body(i), headers={"seq": str(i)})  # receipted
+    finally:
+        conn.close()
+
+
+def test_a_resynced_slave_records_its_segments_so_losing_its_newest_is_seen(tmp_path: Path) -> None:
+    """A slave's journal (a full sync streamed into it, then the live stream) records
+    every segment it creates (store/chain.py ``top``), as a standalone broker's does.
+    Before: its newest segments deleted, `amq broker verify` found nothing wrong and the
+    node would claim a copy it no longer had. Now verify names them, and the node resyncs
+    from its peer; the pair ends with every receipted message."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text("[broker]\nsegment_size = 65536\n")
+    with BrokerPair("replicated", tmp_path / "pair", link_timeout=1.0, extra_args=["--config", str(cfg)]) as pair:
+        master = pair.wait_master()
+        slave = pair.wait_in_sync()
+        slave.kill()
+        send(master.port, range(N // 2))  # receipted by the master alone
+        slave.start()  # a full sync streams the master's store into a fresh journal
+        assert pair.wait_in_sync(60) is slave, pair.describe()
+        send(master.port, range(N // 2, N))  # the live stream: the slave's journal rolls to new segments
+        slave.kill()  # no goodbye: its copy stays synced
+        master.kill()
+        segs = sorted((slave.data_dir / "journal").glob("seg-*.log"))
+        with_data = [s for s in segs if b"pair-" in s.read_bytes()]
+        assert len(with_data) >= 2, [s.name for s in segs]
+        victims = segs[segs.index(with_data[-1]):]
+        for v in victims:
+            v.unlink()
+        v = subprocess.run([sys.executable, "-m", "amqtransport", "broker", "verify", str(slave.data_dir)],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert v.returncode == 1 and f"MISSING {len(victims)} segments" in v.stdout, v.stdout
+
+        master.start()
+        slave.start()
+        assert pair.wait_master(60) is master, pair.describe()
+        assert pair.wait_in_sync(60) is slave, pair.describe()
+        assert "journal damaged" in slave.log_text() and "missing" in slave.log_text()
+
+        conn = connect(master.port)
         try:
             sub = conn.subscribe(QUEUE, ack="client-individual")
             got = []
