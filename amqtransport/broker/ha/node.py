@@ -325,13 +325,7 @@ class HaNode:
         else:
             if report.ok:
                 return
-            parts = [str(d) for s in report.damaged for d in s.damage]
-            parts += [f"segment {s.segment}: {s.header}" for s in report.damaged if s.header]
-            if report.missing:
-                parts.append(f"segments {report.missing[:10]} missing")
-            if report.checkpoint_loss:
-                parts.append(f"the checkpoint proves loss: {report.checkpoint_loss}")
-            self.journal_damage = "; ".join(parts[:5]) + (f" (and {len(parts) - 5} more)" if len(parts) > 5 else "")
+            self.journal_damage = report.summary()
         log.error("node %s: journal damaged: %s. While its peer holds an undamaged copy of the same epoch this node "
                   "does not serve it: it resyncs from the peer (`amq broker verify %s` reports)", self.name,
                   self.journal_damage, self.data_dir)

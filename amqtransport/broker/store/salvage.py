@@ -255,6 +255,18 @@ class JournalReport:
     def ok(self) -> bool:
         return not self.damaged and not self.lost
 
+    def summary(self, most: int = 5) -> str:
+        """What reads back damaged or is missing, in one line ("" when nothing is): each
+        damaged region, unreadable segment, the missing segments, what the checkpoint
+        proves lost (a pair's node says this when it will not serve its journal)."""
+        parts = [str(d) for s in self.damaged for d in s.damage]
+        parts += [f"segment {s.segment}: {s.header}" for s in self.damaged if s.header]
+        if self.missing:
+            parts.append(f"segments {self.missing[:10]} missing")
+        if self.checkpoint_loss:
+            parts.append(f"the checkpoint proves loss: {self.checkpoint_loss}")
+        return "; ".join(parts[:most]) + (f" (and {len(parts) - most} more)" if len(parts) > most else "")
+
     def lines(self) -> list[str]:
         out = [f"journal {self.directory}: {len(self.segments)} segments, "
                f"{sum(s.records for s in self.segments)} intact records"]
