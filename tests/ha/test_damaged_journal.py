@@ -42,6 +42,41 @@ def flip_a_bit_in(data_dir: Path, i: int) -> Path:
     raise AssertionError(f"message {i} is not in {data_dir}/journal")
 
 
+def connect(port: int) -> amqtransport.Connection:
+    """A connection to the master's client port (closed for a moment while a master
+    that lost its slave checks its peer: tried again until it answers)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return amqtransport.connect(f"tcp://127.0.0.1:{port}")
+        except amqtransport.ConnectError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def drain(port: int) -> list[int]:
+    conn = connect(port)
+    try:
+        sub = conn.subscribe(QUEUE, ack="client-individual")
+        got = []
+        while (m := sub.receive(5.0)) is not None:
+            got.append(int(m.headers["seq"]))
+            m.ack()
+    finally:
+        conn.close()
+    return got
+
+
+def send(port: int, seqs: range) -> None:
+    conn = connect(port)
+    try:
+        for i in seqs:
+            conn.send(QUEUE, body(i), headers={"seq": str(i)})  # receipted
+    finally:
+        conn.close()
+
+
 def test_a_node_with_a_damaged_journal_resyncs_from_its_peer_and_no_receipted_message_is_lost(
         tmp_path: Path) -> None:
     with BrokerPair("replicated", tmp_path / "pair", link_timeout=1.0) as pair:
@@ -64,38 +99,8 @@ def test_a_node_with_a_damaged_journal_resyncs_from_its_peer_and_no_receipted_me
         assert "journal damaged" in master.log_text()
         assert list((master.data_dir / "quarantine").glob("*/journal/seg-*.log")), "the damaged journal was not kept"
 
-        conn = amqtransport.connect(f"tcp://127.0.0.1:{slave.port}")
-        try:
-            sub = conn.subscribe(QUEUE, ack="client-individual")
-            got = []
-            while (m := sub.receive(5.0)) is not None:
-                got.append(int(m.headers["seq"]))
-                m.ack()
-        finally:
-            conn.close()
+        got = drain(slave.port)
         assert got == list(range(N)), f"missing {sorted(set(range(N)) - set(got))[:10]}"
-
-
-def connect(port: int) -> amqtransport.Connection:
-    """A connection to the master's client port (closed for a moment while a master
-    that lost its slave checks its peer: tried again until it answers)."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            return amqtransport.connect(f"tcp://127.0.0.1:{port}")
-        except amqtransport.ConnectError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-def send(port: int, seqs: range) -> None:
-    conn = connect(port)
-    try:
-        for i in seqs:
-            conn.send(QUEUE, body(i), headers={"seq": str(i)})  # receipted
-    finally:
-        conn.close()
 
 
 def test_a_resynced_slave_records_its_segments_so_losing_its_newest_is_seen(tmp_path: Path) -> None:
@@ -135,13 +140,5 @@ def test_a_resynced_slave_records_its_segments_so_losing_its_newest_is_seen(tmp_
         assert pair.wait_in_sync(60) is slave, pair.describe()
         assert "journal damaged" in slave.log_text() and "missing" in slave.log_text()
 
-        conn = connect(master.port)
-        try:
-            sub = conn.subscribe(QUEUE, ack="client-individual")
-            got = []
-            while (m := sub.receive(5.0)) is not None:
-                got.append(int(m.headers["seq"]))
-                m.ack()
-        finally:
-            conn.close()
+        got = drain(master.port)
         assert got == list(range(N)), f"missing {sorted(set(range(N)) - set(got))[:10]}"
