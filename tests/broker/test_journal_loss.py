@@ -217,6 +217,50 @@ def test_the_newest_segments_deleted_after_a_crash_refuse_the_start_until_repair
 
 
 # ---------------------------------------------------------------------- the record, in process
+def test_a_journal_whose_record_predates_top_starts_and_records_its_next_segments(tmp_path: Path) -> None:
+    """A data directory written before the record kept the highest id: its newest
+    segment gone proves nothing (no false refusal); from the next start on, every
+    segment created is recorded, so losing the newest then refuses."""
+    import json
+    import zlib
+
+    from amqtransport.broker.store import Ack, Journal, encode
+    from amqtransport.broker.store.chain import SegmentsLost
+
+    def journal() -> Journal:
+        j = Journal(tmp_path / "j", segment_size=4096)
+        list(j.recover())
+        j.start()
+        return j
+
+    j = journal()
+    for i in range(200):
+        j.append([encode(Ack((f"x{i:04d}" * 20,)))])
+    assert j.flush(30)
+    j.close()
+    ids = sorted(int(p.name[4:-4]) for p in (tmp_path / "j").glob("seg-*.log"))
+    assert len(ids) >= 3
+    chain = read_chain(tmp_path / "j")
+    assert chain is not None and chain.top == ids[-1]
+    body = json.dumps({"floor": chain.floor, "deleted": sorted(chain.ids), "journal": chain.journal})
+    (tmp_path / "j" / CHAIN_FILE).write_text(json.dumps({"chain": body, "crc": zlib.crc32(body.encode())}))
+    (tmp_path / "j" / f"seg-{ids[-1]:010d}.log").unlink()  # a record without top: nothing proved
+
+    j = journal()  # starts, and records the head it creates
+    head = j.head
+    j.close()
+    chain = read_chain(tmp_path / "j")
+    assert chain is not None and chain.top == head
+    (tmp_path / "j" / f"seg-{head:010d}.log").unlink()
+    j = Journal(tmp_path / "j")
+    try:
+        with pytest.raises(SegmentsLost, match=f"seg-{head:010d}.log"):
+            j.check_chain()
+    finally:
+        j.close()
+
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))
 def test_read_chain_never_raises_and_trusts_only_an_intact_record(raw: bytes) -> None:
