@@ -44,7 +44,7 @@ from .consumers import added, group_of, owner_left
 from .memory import MemoryGauge
 from .message import Message
 from .model import AUTO, Subscription
-from .priority import insert, put_back
+from .priority import insert, priority_of, put_back
 from .selection import dispatch_selective, settle
 
 __all__ = ["Queue", "QueueOwner"]
@@ -74,10 +74,14 @@ class QueueOwner(Protocol):
         """How many of ``queue``'s messages are paged."""
         ...
 
+    def paged_top(self, queue: Queue) -> int:
+        """The highest priority among ``queue``'s paged messages, -1 when none is paged."""
+        ...
+
 
 class Queue:
     __slots__ = ("core", "name", "messages", "consumers", "ready", "enqueued", "dequeued", "expired",
-                 "selective", "unmatched", "seq", "prioritized", "paged_top", "ranked", "grouped",
+                 "selective", "unmatched", "seq", "prioritized", "ranked", "grouped",
                  "exclusive_owner", "groups")
 
     def __init__(self, core: QueueOwner, name: str) -> None:
@@ -93,7 +97,6 @@ class Queue:
         self.unmatched: deque[Message] = deque()  # resident messages no consumer's selector matches
         self.seq = 0  # the last Message.seq given
         self.prioritized = core.prioritized  # messages in priority order (priority.py)
-        self.paged_top = -1  # the highest priority paged since the page list was last empty
         # consumers.py: exclusive consumers, consumer priority, message groups
         self.ranked = 0  # consumers that are exclusive or have a priority
         self.grouped = False  # a message with a JMSXGroupID has been here
@@ -108,8 +111,8 @@ class Queue:
     def enqueue(self, msg: Message) -> None:
         self.enqueued += 1
         if self.core.page_out(self, msg):
-            if self.ready and not self.messages:
-                self.dispatch()
+            if self.ready and (not self.messages or self.prioritized):
+                self.dispatch()  # prioritized: it may outrank the resident front
             return
         self.core.memory.charge(msg)
         self.seq += 1
@@ -146,9 +149,11 @@ class Queue:
         messages, ready = self.messages, self.ready
         auto_acked: list[str] = []
         now = 0.0
+        top = self.core.paged_top(self) if self.prioritized else -1
         while ready:
-            if not messages:
-                self.page_in()
+            if not messages or (top >= 0 and priority_of(messages[0]) < top):
+                self.page_in()  # dry, or paged messages outrank the front (priority.py)
+                top = self.core.paged_top(self) if self.prioritized else -1
                 if not messages or self.grouped:
                     break  # grouped: a message with a group came in, consumers.py decides now
             sub = ready.popleft()
@@ -180,6 +185,10 @@ class Queue:
         if self.grouped and messages and ready:
             dispatch_selective(self)
 
+    def paged_top(self) -> int:
+        """The highest priority among the paged messages, -1 when none is paged."""
+        return self.core.paged_top(self)
+
     def page_in(self) -> None:
         """Bring the next paged messages to the back of the deque, in order."""
         for m in self.core.page_in(self):
@@ -191,8 +200,6 @@ class Queue:
                 insert(self.messages, m)
             else:
                 self.messages.append(m)
-        if not self.core.paged(self):
-            self.paged_top = -1
 
     def add_consumer(self, sub: Subscription) -> None:
         self.consumers.append(sub)

@@ -32,6 +32,8 @@ __all__ = ["Registry", "EXPIRY_SWEEP_S"]
 log = logging.getLogger(__name__)
 
 EXPIRY_SWEEP_S = 1.0  # while producers are parked: how often expired queued messages are dropped
+#: paged in at least, when paged messages outrank a full window's front (priority.py)
+OUTRANKING_BATCH = 100
 
 
 class Registry:
@@ -88,33 +90,32 @@ class Registry:
         for dest in list(self.store.paged):
             q = self.queue(dest)
             q.enqueued += self.store.paged_count(dest)
-            q.paged_top = 9  # not known: what arrives now queues behind them (priority.py)
         return self.store.count
 
     # ------------------------------------------------------------------ paging (QueueOwner)
     def page_out(self, queue: Queue, msg: Message) -> bool:
         """Page ``msg`` when its queue already has paged messages (it must queue behind
-        them, whatever it is), or when it is persistent and the queue holds
-        ``page_window`` messages in memory or memory is past its low-water mark (globally
-        or for this destination): then it waits on disk, and persistent producers never
-        wait for memory. See queues.py."""
+        them, whatever it is -- unless it outranks every paged one and the queue has room
+        in memory), or when it is persistent and the queue holds ``page_window`` messages
+        in memory or memory is past its low-water mark (globally or for this destination):
+        then it waits on disk, and persistent producers never wait for memory. See
+        queues.py and priority.py."""
         store = self.store
         if store is None:
             return False
+        room = len(queue.messages) < self.config.page_window and not self.memory.paging(queue.name)
         if store.paged_count(queue.name):
-            if queue.prioritized and priority_of(msg) > queue.paged_top:
+            if queue.prioritized and room and priority_of(msg) > store.paged_top(queue.name):
                 return False  # it outranks every paged message: it waits in memory, ahead of them
         else:
             if not msg.persistent:
                 return False
             if queue.ready and not queue.messages:
                 return False  # a consumer takes it now: no round trip through the disk
-            if len(queue.messages) < self.config.page_window and not self.memory.paging(queue.name):
+            if room:
                 return False
         if not store.page_out(msg):
             return False
-        if queue.prioritized:
-            queue.paged_top = max(queue.paged_top, priority_of(msg))
         if msg.persistent:
             self.memory.release(msg)
         else:
@@ -133,12 +134,14 @@ class Registry:
         prio = -1
         for name in names:
             queue = queues.get(name)
-            if queue is None or not paged.get(name):
+            pl = paged.get(name)
+            if queue is None or not pl:
                 continue
             if queue.prioritized:
                 if prio < 0:
                     prio = priority_of(msg)
-                if prio > queue.paged_top:
+                if prio > pl.top and len(queue.messages) < self.config.page_window \
+                        and not self.memory.paging(name):
                     continue  # it outranks every paged message: it waits in memory (page_out)
             out.add(name)
         return out
@@ -156,21 +159,30 @@ class Registry:
                 queue.dispatch()
 
     def page_in(self, queue: Queue) -> list[Message]:
-        """The next paged messages of ``queue``: up to a window, or, while memory is past
+        """The next paged messages of ``queue`` (a prioritized queue's: highest priority
+        first, FIFO within one): up to a window -- at least :data:`OUTRANKING_BATCH` when
+        the window is full of messages that paged ones outrank -- or, while memory is past
         its low-water mark, only as many as its ready consumers can take now (so paged
         messages come back into memory only to be delivered)."""
         if self.store is None:
             return []
-        n = self.config.page_window - len(queue.messages)
+        window = self.config.page_window
+        n = window - len(queue.messages)
         if self.memory.paging(queue.name):
             n = min(n, len(queue.ready))
-        msgs = self.store.take(queue.name, max(1, n))
+        elif queue.prioritized:
+            n = max(n, min(window, OUTRANKING_BATCH))
+        msgs = self.store.take(queue.name, max(1, n), by_priority=queue.prioritized)
         for m in msgs:
             self.memory.charge(m)
         return msgs
 
     def paged(self, queue: Queue) -> int:
         return self.store.paged_count(queue.name) if self.store is not None else 0
+
+    def paged_top(self, queue: Queue) -> int:
+        """The highest priority among ``queue``'s paged messages, -1 when none is paged."""
+        return self.store.paged_top(queue.name) if self.store is not None else -1
 
     def register_durable(self, sub: Sub) -> None:
         self.durable_subs[sub.queue] = sub

@@ -103,6 +103,8 @@ class SelectiveQueue(Protocol):
 
     def page_in(self) -> None: ...
 
+    def paged_top(self) -> int: ...
+
 
 def _order(m: Message) -> tuple[int, int]:
     return -priority_of(m), m.seq
@@ -126,13 +128,19 @@ def dispatch_selective(q: SelectiveQueue) -> None:
     held: list[Message] = []
     auto_acked: list[str] = []
     now = 0.0
+    paged_in = False
+    top = q.paged_top() if q.prioritized else -1
     while ready:
-        if not messages:
+        if not messages or (top >= 0 and priority_of(messages[0]) < top):
             if (held or q.unmatched) and core.memory.paging(q.name):
-                break  # memory is short: no more non-matching messages in
-            q.page_in()
-            if not messages:
-                break
+                if not messages:
+                    break  # memory is short: no more non-matching messages in
+            else:
+                q.page_in()  # dry, or paged messages outrank the front (priority.py)
+                paged_in = True
+                top = q.paged_top() if q.prioritized else -1
+                if not messages:
+                    break
         msg = messages.popleft()
         if msg.expires:
             now = now or core.clock()
@@ -175,6 +183,11 @@ def dispatch_selective(q: SelectiveQueue) -> None:
         else:
             sub.in_ready = False
     if held:
-        messages.extendleft(reversed(held))
+        if paged_in and q.prioritized:  # what came in may outrank what was held
+            merged = sorted([*held, *messages], key=_order)
+            messages.clear()
+            messages.extend(merged)
+        else:
+            messages.extendleft(reversed(held))
     if auto_acked:
         core.store_ack(auto_acked)

@@ -49,6 +49,7 @@ from hashlib import blake2b
 
 from ..dispatch.message import Message
 from ..dispatch.names import DURABLE_PREFIX
+from ..dispatch.priority import priority_of
 from .dedupe import DedupeWindow
 from .journal import Callback, Journal
 from .pages import PageList, id_hash, segment_of
@@ -176,7 +177,7 @@ class FanOutRecords:
         replay_seen = self._replay_seen
         ref_names, paged_lists = self._ref_names, self.paged
         prefix = (m.id + ":").encode("utf-8", "surrogatepass")
-        ts = m.timestamp
+        ts, pri = m.timestamp, priority_of(m)
         for i, (h, name) in enumerate(rec.refs):
             if name:
                 ref_names[h] = name
@@ -201,7 +202,7 @@ class FanOutRecords:
             # does for a new message that is not kept, without making one)
             ch = _copy_hash(prefix, name)
             pl = paged_lists.get(name)
-            (pl if pl is not None else self.page_list(name)).append(pos, ch, ts)
+            (pl if pl is not None else self.page_list(name)).append(pos, ch, ts, pri)
             if replay_seen is not None:
                 replay_seen.add(ch)
             paged += 1

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from ..dispatch.message import Message
+from ..dispatch.priority import DEFAULT_PRIORITY, priority_of
 from .fanout import ORIGINAL_DESTINATION, fan_copy
 from .journal import Journal, JournalError
 from .pages import MOVED, SEG_SHIFT, PageList, id_hash, pack, segment_of, unpack
@@ -177,13 +178,19 @@ class PagedMessages:
                   self.directory, destination, seg, off, error, consequence)
         self.journal.check_soon()
 
-    def take(self, destination: str, n: int) -> list[Message]:
+    def take(self, destination: str, n: int, *, by_priority: bool = False) -> list[Message]:
         """Make up to ``n`` paged messages of ``destination`` resident, from the front of its
-        list; returns them in order (with the non-persistent ones queued among them)."""
+        list (``by_priority``: highest priority first, FIFO within a priority); returns them
+        in that order (with the non-persistent ones queued among them)."""
         pl = self.paged.get(destination)
         if not pl:
             return []
-        entries = pl.popleft(n)
+        if by_priority:
+            if pl.unknown:
+                self._learn_priorities(pl, destination)
+            entries = pl.take_top(n)
+        else:
+            entries = pl.popleft(n)
         if not pl:
             del self.paged[destination]
         persisted = [p for p, _h, _t in entries if p >> _SEG_SHIFT]
@@ -202,6 +209,39 @@ class PagedMessages:
             out.append(m)
         return out
 
+    def paged_top(self, destination: str) -> int:
+        """The highest priority among ``destination``'s paged messages (9 while some are not
+        known yet), -1 when none is paged."""
+        pl = self.paged.get(destination)
+        return pl.top if pl is not None else -1
+
+    def _learn_priorities(self, pl: PageList, destination: str) -> None:
+        """Read back the paged messages whose priority the list does not know (it was loaded
+        from a checkpoint) and note each one's: once per message, a batch at a time. One that
+        cannot be read back gets the default (dispatch reads it again, logs and drops it)."""
+        slots = pl.unknown_slots()
+        for k in range(0, len(slots), 1000):
+            batch = slots[k : k + 1000]
+            positions = [pl.pos[i] for i in batch]
+            try:
+                payloads: list[bytes | None] = list(self.journal.read(positions))
+            except JournalError:
+                payloads = [self._payload_or_none(pos) for pos in positions]
+            for i, pos, payload in zip(batch, positions, payloads, strict=True):
+                p = DEFAULT_PRIORITY
+                if payload is not None:
+                    try:
+                        p = priority_of(materialize(payload, pos, destination))
+                    except RecordError:
+                        pass
+                pl.set_priority(i, p)
+
+    def _payload_or_none(self, pos: int) -> bytes | None:
+        try:
+            return self.journal.read([pos])[0]
+        except JournalError:
+            return None
+
     def page_out(self, message: Message) -> bool:
         """A waiting message leaves memory for the back of its destination's list: a
         persistent one as its journal position; a non-persistent one (not in the journal)
@@ -212,11 +252,13 @@ class PagedMessages:
             if self.resident.get(message.id) is not message:
                 return False
             del self.resident[message.id]
-            self.page_list(message.destination).append(message.pos, id_hash(message.id), message.timestamp)
+            self.page_list(message.destination).append(
+                message.pos, id_hash(message.id), message.timestamp, priority_of(message))
             return True
         key = next(self._transient_keys)
         self._transient[key] = message
-        self.page_list(message.destination).append(pack(0, key), id_hash(message.id), message.timestamp)
+        self.page_list(message.destination).append(
+            pack(0, key), id_hash(message.id), message.timestamp, priority_of(message))
         return True
 
     def take_ids(self, destination: str, ids: Iterable[str]) -> list[Message]:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..dispatch.message import Message
+from ..dispatch.priority import priority_of
 from . import checkpoint as ckpt
 from .compaction import KEYS_PER_RECORD as _KEYS_PER_RECORD
 from .compaction import Compaction
@@ -326,7 +327,7 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
                 self.resident[m.id] = m
             else:
                 h = id_hash(m.id)
-                self.page_list(m.destination).append(pos, h, m.timestamp)
+                self.page_list(m.destination).append(pos, h, m.timestamp, priority_of(m))
                 if self._replay_seen is not None:
                     self._replay_seen.add(h)
         self._seg_live[seg] = self._seg_live.get(seg, 0) + 1
@@ -356,9 +357,9 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
             pl, i = where
             if self.paged.get(rec.destination) is pl:
                 return
-            pos, h, ts = pl.pos[i], pl.ids[i], pl.ts[i]
+            pos, h, ts, pri = pl.pos[i], pl.ids[i], pl.ts[i], pl.pri[i]
             pl.remove_at(i)
-            self.page_list(rec.destination).append(pos | MOVED, h, ts)
+            self.page_list(rec.destination).append(pos | MOVED, h, ts, pri)
             at = segment_of(pos)
         if at != seg:
             self._refs.setdefault(seg, set()).add(at)
