@@ -67,6 +67,23 @@ def test_higher_priority_first_fifo_within(broker_uri: str) -> None:
         assert bodies(sub, len(MIXED)) == BY_PRIORITY
 
 
+def test_a_backlog_deeper_than_the_memory_window_in_exact_order(broker_uri: str) -> None:
+    """1,500 mixed priorities sent before anyone consumes: more than our ``page_window``
+    (1000, so ours pages 500 of them) and than ActiveMQ's ``maxPageSize`` (200). Both
+    deliver highest first, FIFO within a priority, from the first message to the last
+    (ActiveMQ's cursor holds them all in memory, sorted; ours pages in by priority)."""
+    q = unique()
+    # the 1,001st (the first one ours pages) is a 9: the 0s held in memory must wait for it
+    items = [(f"d{i}", (i * 7) % 10 if i < 1000 else 9 - (i * 3) % 10) for i in range(1500)]
+    with amqtransport.connect(broker_uri) as c:
+        p = c.producer(window=200)
+        for body, prio in items:
+            p.send(q, body, headers={"priority": str(prio)})
+        p.flush()
+        sub = c.subscribe(q, ack="client-individual", prefetch=1)
+        assert bodies(sub, len(items)) == [b for b, _p in sorted(items, key=lambda e: -e[1])]
+
+
 def test_no_priority_is_4_and_the_header_works_too(broker_uri: str) -> None:
     q = unique()
     with amqtransport.connect(broker_uri) as c:

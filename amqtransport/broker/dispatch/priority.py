@@ -15,15 +15,21 @@ deque: a queue of one priority appends, O(1)); :func:`put_back` puts a redeliver
 from the front, so everything else (round-robin, selectors, prefetch, expiry) is
 unchanged.
 
-Paging. Paged messages wait in the store in arrival order (their priority is not in
-the page list). While a queue has paged messages, a new message whose priority is
-higher than every paged one (``Queue.paged_top``) stays resident and so overtakes
-them; one of a priority already paged is paged behind them. Paged messages are sorted
-in with the resident ones a window (``page_window``) at a time as they come back. So
-priority order holds exactly while the queue's paged part is of one priority or
-lower than what arrives later; a paged backlog of mixed priorities is ordered within
-each window it is paged in by (after a restart or a takeover every queue's messages
-are paged, with ``paged_top`` unknown, i.e. 9).
+Paging. Paged messages wait in the store in arrival order, each with its priority
+(one byte in the queue's :class:`~..store.pages.PageList`). A prioritized queue pages
+in by priority (highest first, FIFO within a priority: ``PageList.take_top``), and
+dispatch pages in not only when its deque runs dry but whenever the highest paged
+priority (``Queue.paged_top()``, exact) outranks the resident front -- so the order is
+exact however deep the paged backlog and however its priorities are mixed. Why FIFO
+holds within a priority: a resident message of priority ``p`` either came back from
+the page list (which gives each priority's oldest first) or arrived when nothing of
+``p`` or higher was paged, so it is older than every paged ``p``. A new message that
+outranks every paged one stays resident (ahead of them) while the window has room;
+otherwise it is paged like the others and comes back first. While memory is short and
+a selective queue holds messages nobody takes, it does not page in for rank (so order
+is exact up to what memory allows). After a restart or a takeover every queue's
+messages are paged; a list loaded from a checkpoint does not know their priorities,
+and the store reads their headers back once, the first time the queue pages in.
 """
 
 from __future__ import annotations

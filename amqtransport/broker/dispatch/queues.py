@@ -29,8 +29,8 @@ messages exactly as without paging; a paged message is simply further back.
 :attr:`Queue.depth` counts both.
 
 Priority. With ``prioritized_messages`` (the default) the deque is kept in priority
-order, FIFO within a priority, and a message that outranks every paged one is not
-paged: see :mod:`.priority`.
+order, FIFO within a priority, paged messages come back by priority, and dispatch pages
+in as soon as a paged message outranks the deque's front: see :mod:`.priority`.
 """
 
 from __future__ import annotations
