@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 EXPIRY_SWEEP_S = 1.0  # while producers are parked: how often expired queued messages are dropped
 #: paged in at least, when paged messages outrank a full window's front (priority.py)
-OUTRANKING_BATCH = 100
+OUTRANKING_BATCH = 1000
 
 
 class Registry:
