@@ -4,10 +4,14 @@ priority, and lists restored from a checkpoint's arrays with priorities unknown.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from amqtransport.broker.dispatch.message import Message
+from amqtransport.broker.store import MessageStore
 from amqtransport.broker.store.pages import UNKNOWN, PageList
 
 ops = st.lists(
@@ -78,3 +82,28 @@ def test_holes_left_by_taking_from_the_middle_are_reclaimed() -> None:
     assert len(pl) == 1
     assert len(pl.pos) < 10_000  # not 30,001 slots
     assert [p for p, _h, _t in pl.take_top(5)] == [1]
+
+
+def test_a_store_reopened_from_its_checkpoint_learns_the_priorities_back(tmp_path: Path) -> None:
+    """A checkpoint holds no priorities: the reopened store's list does not know them
+    until the queue pages in by priority, which reads them back from the journal."""
+    store = MessageStore(tmp_path)
+    store.open()
+    prios = [(i * 7) % 10 for i in range(50)]
+    for i, p in enumerate(prios):
+        m = Message(id=f"ID:m{i}", destination="/queue/q", headers=(("priority", str(p)),), body=b"x",
+                    timestamp=float(i), persistent=True)
+        store.add(m)
+        assert store.page_out(m)
+    store.flush()
+    store.close()
+    store = MessageStore(tmp_path)
+    store.open()
+    try:
+        assert store.checkpoints.last_recovery.startswith("recovered from the checkpoint")
+        assert store.paged["/queue/q"].unknown == 50 and store.paged_top("/queue/q") == 9
+        got = [m.id for m in store.take("/queue/q", 50, by_priority=True)]
+        want = [f"ID:m{i}" for i in sorted(range(50), key=lambda i: -prios[i])]
+        assert got == want
+    finally:
+        store.close()
