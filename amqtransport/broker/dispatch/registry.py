@@ -164,7 +164,7 @@ class Registry:
         the window is full of messages that paged ones outrank -- or, while memory is past
         its low-water mark, only as many as its ready consumers can take now (so paged
         messages come back into memory only to be delivered)."""
-        if self.store is None:
+        if self.store is None or not self.store.paged_count(queue.name):
             return []
         window = self.config.page_window
         n = window - len(queue.messages)
