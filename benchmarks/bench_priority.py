@@ -2,7 +2,9 @@
 (``prioritizedMessages`` on), same client, same run.
 
 Run: .venv/bin/python benchmarks/bench_priority.py [N]
-(N = 100,000 by default; AMQ_BENCH_QUICK=1 for a smoke run; AMQ_BENCH_ROUNDS=R, default 3)
+(N = 100,000 by default; AMQ_BENCH_QUICK=1 for a smoke run; AMQ_BENCH_ROUNDS=R, default 3;
+AMQ_BENCH_BASELINE=DIR adds our broker run from another checkout, e.g. before a change,
+as ``baseline``)
 
 Per round and broker, on a fresh queue:
 
@@ -91,6 +93,13 @@ def consume(port: int, dest: str, n: int) -> tuple[float, int]:
         c.close()
 
 
+def baseline_env(checkout: str) -> dict[str, str]:
+    """The environment of a broker process running another checkout's code: first on the
+    path, and no working directory before it (``python -m`` puts the current directory
+    first, which, run from this repository's root, would be this checkout again)."""
+    return {**os.environ, "PYTHONPATH": str(Path(checkout).resolve()), "PYTHONSAFEPATH": "1"}
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else scale(100_000, 5000)
     rounds = int(os.environ.get("AMQ_BENCH_ROUNDS", "3")) if not quick() else 1
@@ -102,6 +111,12 @@ def main() -> None:
     contenders: list[tuple[str, int, int]] = [("ours", ours.port, ours.pid)]
     stops: list[Any] = [ours.terminate]
     try:
+        baseline_dir = os.environ.get("AMQ_BENCH_BASELINE")  # another checkout of ours (before/after a change)
+        if baseline_dir:
+            base = BrokerProcess(work / "baseline", log_dir=work / "baseline-log", env=baseline_env(baseline_dir))
+            base.start()
+            stops.append(base.terminate)
+            contenders.append(("baseline", base.port, base.pid))
         node = activemq_node(work / "activemq", "bench", "1g", extra_xml=PRIORITY_POLICY)
         if node is not None:
             node.start()

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine, print_table, quick, ratio, write_result  # noqa: E402
 from bench_broker import RawClient, activemq_node  # noqa: E402
-from bench_priority import cpu_seconds  # noqa: E402
+from bench_priority import baseline_env, cpu_seconds  # noqa: E402
 
 from amqtransport.processes.broker import BrokerProcess  # noqa: E402
 from amqtransport.stomp import Frame, serialize  # noqa: E402
@@ -122,8 +122,7 @@ def main() -> None:
     try:
         baseline_dir = os.environ.get("AMQ_BENCH_BASELINE")  # another checkout of ours (before/after a change)
         if baseline_dir:
-            env = {**os.environ, "PYTHONPATH": str(Path(baseline_dir).resolve())}
-            base = BrokerProcess(work / "baseline", log_dir=work / "baseline-log", env=env)
+            base = BrokerProcess(work / "baseline", log_dir=work / "baseline-log", env=baseline_env(baseline_dir))
             base.start()
             stops.append(base.terminate)
             contenders.append(("baseline", base.port, base.pid))
