@@ -45,16 +45,15 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from hashlib import blake2b
 
 from ..dispatch.message import Message
 from ..dispatch.names import DURABLE_PREFIX
 from .dedupe import DedupeWindow
 from .journal import Callback, Journal
-from .pages import PageList, id_hash, segment_of
+from .pages import PageList, SharedTail, copy_hash, id_hash, segment_of
 from .records import Ack, Enq, Fan, Record, Sub, Tx, TxPart, encode
 
-__all__ = ["FanOutRecords", "fan_copy", "ref_hash", "is_copy_of", "ORIGINAL_DESTINATION"]
+__all__ = ["FanGroup", "FanOutRecords", "fan_copy", "ref_hash", "is_copy_of", "ORIGINAL_DESTINATION"]
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +84,6 @@ def fan_copy(msg: Message, queue: str) -> Message:
     )
 
 
-def _copy_hash(prefix: bytes, queue: str) -> int:
-    """:func:`~.pages.id_hash` of the copy id ``prefix + queue`` (``prefix``: the message
-    id and ``:``, encoded)."""
-    h = int.from_bytes(blake2b(prefix + queue.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
-    return h or 1
-
-
 def ref_hash(queue: str) -> int:
     """The reference a ``Fan`` record writes for subscription queue ``queue``."""
     return id_hash(queue)
@@ -100,6 +92,24 @@ def ref_hash(queue: str) -> int:
 def is_copy_of(message_id: str, queue: str) -> bool:
     """True for the id of a topic message's copy in subscription queue ``queue``."""
     return message_id.endswith(":" + queue)
+
+
+class FanGroup:
+    """The references of a ``Fan`` for one group of queues, made once: ``refs`` with
+    the names, ``bare`` without (a segment that names them all), ``seg`` the last head
+    segment seen to name them all."""
+
+    __slots__ = ("names", "refs", "bare", "hs", "seg")
+
+    def __init__(self, names: tuple[str, ...], refs: tuple[tuple[int, str], ...]) -> None:
+        self.names = names
+        self.refs = refs
+        self.bare = tuple((h, "") for h, _q in refs)
+        self.hs = frozenset(h for h, _q in refs)
+        self.seg = -1
+
+
+_MAX_GROUPS = 256  # groups remembered (each distinct set of queues a topic message went to)
 
 
 class FanOutRecords:
@@ -119,6 +129,9 @@ class FanOutRecords:
     _replay_seen: set[int] | None
     page_list: Callable[[str], PageList]
     _named: dict[int, set[int]]  # segment -> references its records name
+    _tails: dict[tuple[str, ...], SharedTail]  # queues -> the tail their lists share
+    _groups: dict[tuple[str, ...], FanGroup]
+    _by_refs: dict[int, FanGroup]  # id() of a group's refs or bare -> the group
     _write: Callable[..., int]
     _apply_enq: Callable[[Message, int, bool, bool], None]
     _read: Callable[[list[int], str], list[Message]]
@@ -159,6 +172,32 @@ class FanOutRecords:
         self._write([rec], cb)
         return True
 
+    def shares(self, names: tuple[str, ...]) -> bool:
+        """True when each of queues ``names`` already pages and the last topic message
+        stored for exactly these queues left every one's list attached to their shared
+        tail (none was read since): one for all of them, :meth:`add_shared`, is then
+        what :meth:`add_fan` would make of the message."""
+        tail = self._tails.get(names)
+        return tail is not None and not tail.gone
+
+    def add_shared(self, message: Message, names: tuple[str, ...], callback: Callback | None = None) -> bool:
+        """:meth:`add_fan` of ``message`` with every copy a position only (``names``: the
+        queues), its references made once for the group: the cost does not grow with
+        the queues while :meth:`shares` holds. False (nothing written) as add_fan."""
+        g = self._groups.get(names)
+        if g is None:
+            rec = self.fan_record(message, names)
+            if rec is None:
+                return False
+            if len(self._groups) >= _MAX_GROUPS:
+                self._groups.clear()
+                self._by_refs.clear()
+            g = self._groups[names] = FanGroup(names, rec.refs)
+            self._by_refs[id(g.refs)] = self._by_refs[id(g.bare)] = g
+        cb = self._track_key(message.destination, message.key, callback) if message.key else callback
+        self._write([Fan(message, g.refs, g.names)], cb)
+        return True
+
     # ------------------------------------------------------------------ applying
     def _ref_name(self, h: int) -> str | None:
         name = self._ref_names.get(h)
@@ -172,11 +211,13 @@ class FanOutRecords:
         seg = segment_of(pos)
         m = rec.message
         copies = rec.copies if keep and len(rec.copies) == len(rec.refs) else ()
-        paged = 0
         replay_seen = self._replay_seen
-        ref_names, paged_lists = self._ref_names, self.paged
-        prefix = (m.id + ":").encode("utf-8", "surrogatepass")
-        ts = m.timestamp
+        g = self._by_refs.get(id(rec.refs))
+        if g is not None and rec.refs is g.bare and replay_seen is None and (not copies or copies is g.names):
+            self._share(g.names, pos, seg, m)  # add_shared's record in a segment naming them all
+            return
+        ref_names = self._ref_names
+        shared: list[str] = []  # the queues whose copy is a position only
         for i, (h, name) in enumerate(rec.refs):
             if name:
                 ref_names[h] = name
@@ -197,20 +238,54 @@ class FanOutRecords:
                 if not isinstance(copy, str):
                     self._apply_enq(copy, pos, False, keep)
                     continue
-            # a paged copy: a position in its queue's list, no Message (what _apply_enq
-            # does for a new message that is not kept, without making one)
-            ch = _copy_hash(prefix, name)
-            pl = paged_lists.get(name)
-            (pl if pl is not None else self.page_list(name)).append(pos, ch, ts)
-            if replay_seen is not None:
+            shared.append(name)
+        if not shared:
+            pass
+        elif replay_seen is not None:  # a full replay: each copy's hash is seen now
+            prefix = (m.id + ":").encode("utf-8", "surrogatepass")
+            for name in shared:
+                ch = copy_hash(prefix, name.encode("utf-8", "surrogatepass"))
+                self.page_list(name).append(pos, ch, m.timestamp)
                 replay_seen.add(ch)
-            paged += 1
+        else:
+            self._share(tuple(shared), pos, seg, m)
+            return
+        paged = len(shared)
         if paged:
             self.count += paged
             self._seg_live[seg] = self._seg_live.get(seg, 0) + paged
             self._enqs[seg] = self._enqs.get(seg, 0) + paged
         if m.key:
             self.dedupe.add(m.destination, m.key, m.timestamp, seg)
+
+    def _share(self, group: tuple[str, ...], pos: int, seg: int, m: Message) -> None:
+        """Topic message ``m`` (at ``pos``) is a paged copy in each of queues ``group``:
+        one entry in their shared tail (pages.py), counted once a copy."""
+        tail = self._tails.get(group)
+        if tail is None or tail.gone:
+            tail = self._tail_for(group, tail)
+        tail.add(pos, (m.id + ":").encode("utf-8", "surrogatepass"), m.timestamp)
+        paged = len(group)
+        self.count += paged
+        self._seg_live[seg] = self._seg_live.get(seg, 0) + paged
+        self._enqs[seg] = self._enqs.get(seg, 0) + paged
+        if m.key:
+            self.dedupe.add(m.destination, m.key, m.timestamp, seg)
+
+    def _tail_for(self, group: tuple[str, ...], tail: SharedTail | None) -> SharedTail:
+        """The shared tail every page list of queues ``group`` is attached to: ``tail``
+        (the group's last one) with the lists that left it taken back when each is still
+        its queue's list, else a new one."""
+        paged = self.paged
+        if tail is not None and all(paged.get(pl.qname.decode("utf-8", "surrogatepass")) is pl for pl in tail.gone):
+            for pl in tail.gone:
+                pl.attach(tail, pl.qname)  # (caught up to its end when it left)
+            tail.gone.clear()
+            return tail
+        tail = self._tails[group] = SharedTail()
+        for name in group:
+            self.page_list(name).attach(tail, name.encode("utf-8", "surrogatepass"))
+        return tail
 
     # ------------------------------------------------------------------ naming
     def _named_record(self, rec: Record, named: set[int]) -> Record:
@@ -247,6 +322,17 @@ class FanOutRecords:
         goes into, and their payloads (``payloads``, when given, kept for the records that
         do not change)."""
         head = self.journal.head
+        if len(records) == 1 and payloads is None and isinstance(records[0], Fan):
+            fan = records[0]
+            g = self._by_refs.get(id(fan.refs))
+            if g is not None and fan.refs is g.refs:  # add_shared's: named once a segment
+                if g.seg != head and self._named.get(head, set()).issuperset(g.hs):
+                    g.seg = head
+                if g.seg == head:
+                    bare = Fan(fan.message, g.bare, fan.copies)
+                    p = encode(bare)
+                    if self.journal.segment_for(len(p) + _FRAME_HEAD) == head:
+                        return [bare], [p]
         out_r: list[Record] = []
         out_p: list[bytes] = []
         for named in (set(self._named.get(head, ())), set()):

@@ -34,7 +34,7 @@ from array import array
 from collections.abc import Iterator
 from hashlib import blake2b
 
-__all__ = ["PageList", "id_hash", "pack", "unpack", "segment_of", "INNER", "MOVED", "FLAGS", "SEG_SHIFT"]
+__all__ = ["PageList", "SharedTail", "id_hash", "copy_hash", "pack", "unpack", "segment_of", "INNER", "MOVED", "FLAGS", "SEG_SHIFT"]
 
 INNER = 1  # the Enq is inside a Tx record: a u32 length before it, no frame, no own CRC
 MOVED = 2  # a Move came after the Enq record (see the module docstring)
@@ -64,10 +64,46 @@ def id_hash(message_id: str) -> int:
     return h or 1
 
 
+def copy_hash(prefix: bytes, queue: bytes) -> int:
+    """:func:`id_hash` of the id ``prefix + queue`` given encoded (a topic message's copy:
+    ``prefix`` is the message id and ``:``, ``queue`` the copy's queue)."""
+    h = int.from_bytes(blake2b(prefix + queue, digest_size=8).digest(), "little")
+    return h or 1
+
+
+class SharedTail:
+    """Positions appended once for a group of page lists (see the module docstring):
+    each list attached to it reads the entries from its ``cursor`` on as its own last
+    messages, and copies them into its arrays (hashing its copy's id) the first time
+    anything but its length is asked of it."""
+
+    __slots__ = ("pos", "prefixes", "ts", "gone", "ordered", "last_ts")
+
+    def __init__(self) -> None:
+        self.pos = array("Q")
+        self.prefixes: list[bytes] = []  # the encoded message id and ':' of each entry
+        self.ts = array("d")
+        self.gone: list[PageList] = []  # members that copied their entries and left
+        self.ordered = True  # entries added in non-decreasing time
+        self.last_ts = float("-inf")
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def add(self, pos: int, prefix: bytes, ts: float) -> None:
+        if ts < self.last_ts:
+            self.ordered = False
+        else:
+            self.last_ts = ts
+        self.pos.append(pos)
+        self.prefixes.append(prefix)
+        self.ts.append(ts)
+
+
 class PageList:
     """One destination's paged messages in order. See the module docstring."""
 
-    __slots__ = ("pos", "ids", "ts", "head", "live", "ordered", "_last_ts")
+    __slots__ = ("pos", "ids", "ts", "head", "live", "ordered", "_last_ts", "tail", "cursor", "qname")
 
     def __init__(self) -> None:
         self.pos = array("Q")
@@ -77,14 +113,51 @@ class PageList:
         self.live = 0  # slots from head on that are not holes
         self.ordered = True  # appended in non-decreasing acceptance time
         self._last_ts = float("-inf")
+        self.tail: SharedTail | None = None  # entries from tail[cursor:] are this list's too
+        self.cursor = 0
+        self.qname = b""  # this list's destination, encoded (the copies' id suffix)
 
     def __len__(self) -> int:
-        return self.live
+        t = self.tail
+        return self.live if t is None else self.live + len(t.pos) - self.cursor
 
     def __bool__(self) -> bool:
-        return self.live > 0
+        return self.live > 0 or (self.tail is not None and len(self.tail.pos) > self.cursor)
+
+    # ------------------------------------------------------------------ a shared tail
+    def attach(self, tail: SharedTail, qname: bytes) -> None:
+        """From now on ``tail``'s new entries are this list's last messages (a list
+        attached elsewhere copies that tail's entries first)."""
+        if self.tail is not None:
+            self.catch_up()
+        self.tail, self.cursor, self.qname = tail, len(tail.pos), qname
+
+    def catch_up(self) -> None:
+        """Copy the shared tail's entries meant for this list into its arrays and leave
+        the tail (noted in its ``gone``: it may take this list back)."""
+        t = self.tail
+        if t is None:
+            return
+        self.tail = None
+        q, prefixes, tpos, tts = self.qname, t.prefixes, t.pos, t.ts
+        i, end = self.cursor, len(tpos)
+        if i < end:
+            frm = int.from_bytes
+            hashes = [frm(blake2b(p + q, digest_size=8).digest(), "little") for p in prefixes[i:end]]
+            if 0 in hashes:  # (id_hash's rule: never 0)
+                hashes = [h or 1 for h in hashes]
+            self.pos.extend(tpos[i:end])
+            self.ids.extend(array("Q", hashes))
+            self.ts.extend(tts[i:end])
+            self.live += end - i
+            if tts[i] < self._last_ts or not t.ordered:
+                self.ordered = False
+            self._last_ts = max(self._last_ts, t.last_ts)
+        t.gone.append(self)
 
     def append(self, pos: int, idh: int, ts: float) -> None:
+        if self.tail is not None:
+            self.catch_up()
         self.pos.append(pos)
         self.ids.append(idh)
         self.ts.append(ts)
@@ -96,6 +169,8 @@ class PageList:
 
     def find(self, idh: int) -> int:
         """The index of the live slot holding id hash ``idh``, or -1."""
+        if self.tail is not None:
+            self.catch_up()
         try:
             return self.ids.index(idh, self.head)
         except ValueError:
@@ -103,6 +178,8 @@ class PageList:
 
     def remove_at(self, i: int) -> None:
         """Make slot ``i`` a hole."""
+        if self.tail is not None:
+            self.catch_up()
         if self.ids[i]:
             self.pos[i] = 0
             self.ids[i] = 0
@@ -133,6 +210,8 @@ class PageList:
 
     def popleft(self, n: int) -> list[tuple[int, int, float]]:
         """Take up to ``n`` live messages from the front: ``(pos, id hash, ts)`` each."""
+        if self.tail is not None:
+            self.catch_up()
         out: list[tuple[int, int, float]] = []
         pos, ids, ts = self.pos, self.ids, self.ts
         i, end = self.head, len(pos)
@@ -148,6 +227,8 @@ class PageList:
 
     def peek(self, n: int) -> list[tuple[int, int, float]]:
         """Up to ``n`` live messages from the front, left in place."""
+        if self.tail is not None:
+            self.catch_up()
         out: list[tuple[int, int, float]] = []
         pos, ids, ts = self.pos, self.ids, self.ts
         for i in range(self.head, len(pos)):
@@ -159,6 +240,8 @@ class PageList:
 
     def entries(self) -> Iterator[tuple[int, int, int, float]]:
         """``(index, pos, id hash, ts)`` of every live slot, front to back."""
+        if self.tail is not None:
+            self.catch_up()
         pos, ids, ts = self.pos, self.ids, self.ts
         for i in range(self.head, len(pos)):
             p = pos[i]
@@ -166,10 +249,14 @@ class PageList:
                 yield i, p, ids[i], ts[i]
 
     def set_pos(self, i: int, pos: int) -> None:
+        if self.tail is not None:
+            self.catch_up()
         self.pos[i] = pos
 
     def arrays(self) -> tuple[array[int], array[int], array[float]]:
         """Copies of the live region (holes included), for a checkpoint."""
+        if self.tail is not None:
+            self.catch_up()
         h = self.head
         return self.pos[h:], self.ids[h:], self.ts[h:]
 
@@ -187,6 +274,8 @@ class PageList:
 
     def sort(self) -> None:
         """Order the live slots by acceptance time, stably (recovery's order)."""
+        if self.tail is not None:
+            self.catch_up()
         items = sorted(((t, i, p, h) for i, p, h, t in self.entries()), key=lambda e: e[0])
         self._reset()
         for t, _i, p, h in items:
