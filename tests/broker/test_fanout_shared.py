@@ -154,3 +154,25 @@ def test_shared_tails_give_each_queue_exactly_its_copies(ops: list[tuple[object,
             assert store.count == sum(len(v) for v in model.values())
         finally:
             store.close()
+
+
+def test_a_shared_tail_is_emptied_once_every_subscription_has_read_it(tmp_path: Path) -> None:
+    """Failed before (ed9f57b): the tail kept every entry since it was made, about 90
+    bytes a topic message for as long as the subscriptions existed, read or not."""
+    store = MessageStore(tmp_path, checkpoints=False)
+    store.open()
+    for i, q in enumerate(QUEUES):
+        store.add_subscription(Sub(q, "t", f"c{i}", f"s{i}"))
+    names = tuple(QUEUES)
+    for round_ in range(3):
+        for i in range(100):
+            n = round_ * 100 + i
+            store.add_shared(Message(f"ID:t-{n}", "/topic/t", (), b"b", "", T0 + n / 1000, persistent=True), names)
+        assert max(len(t) for t in store._tails.values()) == 100  # noqa: SLF001
+        for q in QUEUES:
+            got = store.take(q, 1000)
+            assert [m.id for m in got] == [f"ID:t-{round_ * 100 + i}:{q}" for i in range(100)]
+            store.ack([m.id for m in got], destination=q)
+        assert max(len(t) for t in store._tails.values()) == 0  # noqa: SLF001
+    assert store.count == 0
+    store.close()

@@ -11,7 +11,13 @@ Durable subscriptions (``activemq.subscriptionName`` + the connection's
 ``client-id``) are internal queues named ``durable:<client-id>:<name>``; a persistent
 message published to the topic is copied into each of them, so they survive restarts
 and offline periods like any queue; the journal holds the message once, with a
-reference per copy (a ``Fan`` record, :mod:`..store.fanout`). A virtual
+reference per copy (a ``Fan`` record, :mod:`..store.fanout`). An offline durable
+subscription pages from its first message (``Registry.offline_durable``); once a topic
+message went to every durable subscription as a position only, the topic has a *plan*
+(:meth:`FanOut._plan`) and the next ones go to the store's shared tail of those
+queues in one step (``MessageStore.add_shared``) while nothing changed that would send
+them elsewhere: the same subscriptions, none read since, no priority above a paged one.
+A virtual
 topic's consumer queues (``/queue/Consumer.A.VirtualTopic.X``, :mod:`.virtual`) are
 durable subscriptions of this kind whose queue is the consumer queue itself.
 """

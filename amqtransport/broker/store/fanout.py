@@ -33,6 +33,25 @@ batch goes into before it is appended (:meth:`~.journal.Journal.segment_for`), s
 names are decided for the right one; a replica (:meth:`MessageStore.import_payloads`)
 re-decides them for its own segments, whose boundaries are not the master's.
 
+Offline subscriptions cost nothing per publish. The queue of a durable subscription
+nobody is subscribed to pages from its first message (``Registry.offline_durable``),
+so its copy of a topic message is a position only. Those positions are not appended to
+each queue's :class:`~.pages.PageList`: :meth:`_share` adds one entry (position,
+encoded message id, time) to the :class:`~.pages.SharedTail` of that group of queues
+(:attr:`_tails`, keyed by the queues), which each list reads from its own cursor on as
+its last messages; a list copies its entries into its arrays (hashing its copies' ids)
+the first time anything but its length is asked of it -- a read, an ack, a checkpoint,
+compaction -- and leaves the tail (``gone``), which takes it back at the group's next
+message if it is still its queue's list (:meth:`_tail_for`). The dispatch core's plan
+(``FanOut.publish``, ``dispatch/topics.py``) sends a topic whose every durable
+subscription shares one tail (:meth:`shares`) through :meth:`add_shared`: the group's
+references are made once (:class:`FanGroup`), named for a segment once, encoded once;
+so with its subscriptions offline a publish does the same work for 50 as for 1, and
+the per-copy work (the hash, 24 bytes in a list) is done when the subscriber reads.
+Counting stays per copy: ``count``, each segment's live copies (compaction) and the
+checkpoint's lists are what they would be with every copy appended at once. A full
+replay appends each copy at once (its id hash is needed to match later acks).
+
 What stays per copy. A move of a copy (dead-lettering, an operator's move) is written
 as an ``Ack`` of the copy and an ``Enq`` of the moved message, in one ``Tx``: the moved
 copy gets a record of its own (a ``Move`` keeps the old position, which a ``Fan``

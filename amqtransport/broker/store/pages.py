@@ -22,7 +22,12 @@ Messages are taken from the front (``head`` moves on; the arrays are shifted dow
 only once the dead front is large) and appended at the back; a removal in the middle
 (an ack out of order, a move) leaves a *hole* (``pos`` and ``ids`` set to 0) that
 the front skips. :meth:`find` is ``array.index`` from the front, at C speed: acks
-come for the messages a consumer was given first, so the search is short. A 64-bit
+come for the messages a consumer was given first, so the search is short. A topic
+message's copies for several offline durable subscriptions are appended once, to a
+:class:`SharedTail` the lists of those queues are *attached* to: a list's length counts
+the tail's entries from its ``cursor`` on; anything else asked of it first copies them
+into its arrays (:meth:`PageList.catch_up`, the copy's id hashed from the entry's
+message id and the list's queue name) and detaches it (see store/fanout.py). A 64-bit
 hash of the id is not the id: two live ids with the same hash would make one ack
 remove the other, a chance of about ``n / 2**64`` per ack with ``n`` messages paged
 (below the journal's CRC32 letting a corrupt frame through).
@@ -77,7 +82,7 @@ class SharedTail:
     messages, and copies them into its arrays (hashing its copy's id) the first time
     anything but its length is asked of it."""
 
-    __slots__ = ("pos", "prefixes", "ts", "gone", "ordered", "last_ts")
+    __slots__ = ("pos", "prefixes", "ts", "gone", "ordered", "last_ts", "attached")
 
     def __init__(self) -> None:
         self.pos = array("Q")
@@ -86,6 +91,17 @@ class SharedTail:
         self.gone: list[PageList] = []  # members that copied their entries and left
         self.ordered = True  # entries added in non-decreasing time
         self.last_ts = float("-inf")
+        self.attached = 0  # lists reading it: at 0 every entry was copied, and it is emptied
+
+    def release(self) -> None:
+        """A list left (it copied its entries)."""
+        self.attached -= 1
+        if not self.attached:  # every list copied what it had: nothing here is needed
+            del self.pos[:]
+            del self.prefixes[:]
+            del self.ts[:]
+            self.ordered = True
+            self.last_ts = float("-inf")
 
     def __len__(self) -> int:
         return len(self.pos)
@@ -131,6 +147,7 @@ class PageList:
         if self.tail is not None:
             self.catch_up()
         self.tail, self.cursor, self.qname = tail, len(tail.pos), qname
+        tail.attached += 1
 
     def catch_up(self) -> None:
         """Copy the shared tail's entries meant for this list into its arrays and leave
@@ -154,6 +171,7 @@ class PageList:
                 self.ordered = False
             self._last_ts = max(self._last_ts, t.last_ts)
         t.gone.append(self)
+        t.release()
 
     def append(self, pos: int, idh: int, ts: float) -> None:
         if self.tail is not None:
