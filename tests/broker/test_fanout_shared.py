@@ -176,3 +176,32 @@ def test_a_shared_tail_is_emptied_once_every_subscription_has_read_it(tmp_path: 
         assert max(len(t) for t in store._tails.values()) == 0  # noqa: SLF001
     assert store.count == 0
     store.close()
+
+
+def test_a_subscriber_coming_back_leaves_the_others_entries_shared(tmp_path: Path) -> None:
+    """One subscription reads everything and leaves the group; the others' next copies
+    go on in the same tail, and their lists copy nothing (failed before: a group that
+    changed had every other list copy and hash its entries at once)."""
+    store = MessageStore(tmp_path, checkpoints=False)
+    store.open()
+    for i, q in enumerate(QUEUES):
+        store.add_subscription(Sub(q, "t", f"c{i}", f"s{i}"))
+
+    def msg(n: int) -> Message:
+        return Message(f"ID:t-{n}", "/topic/t", (), b"b", "", T0 + n / 1000, persistent=True)
+
+    for n in range(50):
+        store.add_shared(msg(n), tuple(QUEUES))
+    got = store.take(QUEUES[0], 100)
+    store.ack([m.id for m in got], destination=QUEUES[0])
+    for n in range(50, 60):
+        store.add_shared(msg(n), tuple(QUEUES[1:]))
+    for q in QUEUES[1:]:
+        pl = store.paged[q]
+        assert pl.tail is not None and len(pl.ids) == 0 and len(pl) == 60, q
+    store.add_subscription(Sub("durable:c9:s9", "t", "c9", "s9"))  # a new one joins
+    store.add_shared(msg(60), (*QUEUES[1:], "durable:c9:s9"))
+    assert all(len(store.paged[q].ids) == 0 for q in QUEUES[1:])
+    assert [m.id for m in store.take(QUEUES[2], 100)] == [f"ID:t-{n}:{QUEUES[2]}" for n in range(61)]
+    assert [m.id for m in store.take("durable:c9:s9", 100)] == ["ID:t-60:durable:c9:s9"]
+    store.close()

@@ -41,8 +41,11 @@ encoded message id, time) to the :class:`~.pages.SharedTail` of that group of qu
 (:attr:`_tails`, keyed by the queues), which each list reads from its own cursor on as
 its last messages; a list copies its entries into its arrays (hashing its copies' ids)
 the first time anything but its length is asked of it -- a read, an ack, a checkpoint,
-compaction -- and leaves the tail (``gone``), which takes it back at the group's next
-message if it is still its queue's list (:meth:`_tail_for`). The dispatch core's plan
+compaction -- and leaves the tail (``gone``); the group's next message attaches it
+again (:meth:`_tail_for`), at the tail's end. A group that changes (a subscriber came
+back and read: its queue leaves the group; a new subscription) keeps its tail when the
+lists of the new group attached anywhere are all attached to it and nothing else reads
+it, so a subscriber's return does not make the others copy their entries. The dispatch core's plan
 (``FanOut.publish``, ``dispatch/topics.py``) sends a topic whose every durable
 subscription shares one tail (:meth:`shares`) through :meth:`add_shared`: the group's
 references are made once (:class:`FanGroup`), named for a segment once, encoded once;
@@ -292,19 +295,27 @@ class FanOutRecords:
             self.dedupe.add(m.destination, m.key, m.timestamp, seg)
 
     def _tail_for(self, group: tuple[str, ...], tail: SharedTail | None) -> SharedTail:
-        """The shared tail every page list of queues ``group`` is attached to: ``tail``
-        (the group's last one) with the lists that left it taken back when each is still
-        its queue's list, else a new one."""
-        paged = self.paged
-        if tail is not None and all(paged.get(pl.qname.decode("utf-8", "surrogatepass")) is pl for pl in tail.gone):
-            for pl in tail.gone:
-                pl.attach(tail, pl.qname)  # (caught up to its end when it left)
-            tail.gone.clear()
-            return tail
-        tail = self._tails[group] = SharedTail()
-        for name in group:
-            self.page_list(name).attach(tail, name.encode("utf-8", "surrogatepass"))
-        return tail
+        """The shared tail of queues ``group``, every one's page list attached to it: the
+        one their attached lists already share when no other list reads it (a group that
+        lost or gained a queue keeps its tail: nothing is copied), else a new one (the
+        lists attached elsewhere copy their entries first)."""
+        lists = [self.page_list(name) for name in group]
+        attached = [pl.tail for pl in lists if pl.tail is not None]
+        t = attached[0] if attached else tail
+        if t is None or any(a is not t for a in attached) or t.attached != len(attached):
+            t = SharedTail()
+        if t.key and self._tails.get(t.key) is t and t.key != group:
+            del self._tails[t.key]  # its lists were that group's: no longer
+        if len(self._tails) >= _MAX_GROUPS:
+            for key in [k for k, v in self._tails.items() if not v.attached]:
+                del self._tails[key]
+        t.gone.clear()
+        t.key = group
+        self._tails[group] = t
+        for name, pl in zip(group, lists, strict=True):
+            if pl.tail is not t:
+                pl.attach(t, name.encode("utf-8", "surrogatepass"))
+        return t
 
     # ------------------------------------------------------------------ naming
     def _named_record(self, rec: Record, named: set[int]) -> Record:

@@ -82,7 +82,7 @@ class SharedTail:
     messages, and copies them into its arrays (hashing its copy's id) the first time
     anything but its length is asked of it."""
 
-    __slots__ = ("pos", "prefixes", "ts", "gone", "ordered", "last_ts", "attached")
+    __slots__ = ("pos", "prefixes", "ts", "gone", "ordered", "last_ts", "attached", "key")
 
     def __init__(self) -> None:
         self.pos = array("Q")
@@ -92,6 +92,7 @@ class SharedTail:
         self.ordered = True  # entries added in non-decreasing time
         self.last_ts = float("-inf")
         self.attached = 0  # lists reading it: at 0 every entry was copied, and it is emptied
+        self.key: tuple[str, ...] = ()  # the queues it is the tail of (store/fanout.py)
 
     def release(self) -> None:
         """A list left (it copied its entries)."""
