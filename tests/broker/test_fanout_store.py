@@ -236,10 +236,9 @@ class _Sink:
 
 
 def test_offline_subscriptions_take_their_copies_as_positions_and_priority_still_jumps_ahead(tmp_path: Path) -> None:
-    """Past its page window a subscription's queue takes each new copy as a position in
-    its paged list (no Message); a message that outranks the paged ones is paged too when
-    the window is full, and still goes ahead of them (paged in by priority: priority.py),
-    as it would on a queue."""
+    """An offline subscription's queue takes each copy as a position in its paged list
+    from the first (no Message, Registry.offline_durable); a message that outranks the
+    paged ones stays in memory, ahead of them (priority.py), as it would on a queue."""
     from amqtransport.broker.config import BrokerConfig
     from amqtransport.broker.dispatch.core import BrokerCore
 
@@ -252,8 +251,8 @@ def test_offline_subscriptions_take_their_copies_as_positions_and_priority_still
         core.send("/topic/t", (("n", str(i)),), f"m{i}".encode(), persistent=True)
     core.send("/topic/t", (("priority", "9"),), b"urgent", persistent=True)
     queues = [f"durable:c{i}:s{i}" for i in range(3)]
-    assert all(store.paged_count(q) == 17 for q in queues)
-    assert len(store.resident) == 3 * 4 and store.count == 3 * 21
+    assert all(store.paged_count(q) == 20 for q in queues)
+    assert len(store.resident) == 3 and store.count == 3 * 21
     core.subscribe(sink, "d0", "/topic/t", durable_name="s0", client_id="c0")
     assert [m.body.decode() for m in sink.got] == ["urgent"] + [f"m{i}" for i in range(20)]
     assert {m.destination for m in sink.got} == {queues[0]}

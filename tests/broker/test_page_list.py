@@ -107,3 +107,24 @@ def test_a_store_reopened_from_its_checkpoint_learns_the_priorities_back(tmp_pat
         assert got == want
     finally:
         store.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 9), max_size=30), st.lists(st.integers(0, 9), max_size=30), st.integers(1, 80))
+def test_a_shared_tails_entries_keep_their_priorities(own: list[int], shared: list[int], n: int) -> None:
+    """Entries a list reads from a shared tail (store/fanout.py) are taken by priority
+    like its own: the tail carries each entry's priority, top_priority counts them before
+    they are copied, and take_top copies them first."""
+    from amqtransport.broker.store.pages import SharedTail
+
+    pl, tail = PageList(), SharedTail()
+    for i, p in enumerate(own):
+        pl.append(i + 1, i + 1, float(i + 1), p)
+    pl.attach(tail, b"q")
+    for j, p in enumerate(shared):
+        tail.add(1000 + j, f"ID:{j}:".encode(), float(1000 + j), p)
+    assert len(pl) == len(own) + len(shared)
+    assert pl.top_priority() == max(own + shared, default=-1)
+    model = [(i + 1, p) for i, p in enumerate(own)] + [(1000 + j, p) for j, p in enumerate(shared)]
+    want = [s for s, _p in sorted(model, key=lambda e: -e[1])[:n]]
+    assert [pos for pos, _h, _t in pl.take_top(n)] == want

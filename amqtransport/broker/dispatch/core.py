@@ -362,6 +362,7 @@ class BrokerCore(Registry):
         record = self.durable_subs.pop(qkey, None)
         if record is None:
             return
+        self.durable_version += 1
         self.durable_selectors.pop(qkey, None)
         t = self.topics.get(record.topic)
         if t is not None:

@@ -63,6 +63,7 @@ class Registry:
         self.durable_subs: dict[str, Sub] = {}  # queue key -> record
         self.durable_active: dict[str, Subscription] = {}
         self.durable_selectors: dict[str, Selector] = {}  # queue key -> its record's selector
+        self.durable_version = 0  # changes with any durable subscription (topics.py's plans)
         self._ids = itertools.count(1)
         self._prefix = f"ID:{config.name}-{secrets.token_hex(4)}-"
         self.sent = 0
@@ -112,7 +113,7 @@ class Registry:
                 return False
             if queue.ready and not queue.messages:
                 return False  # a consumer takes it now: no round trip through the disk
-            if room:
+            if room and not self.offline_durable(queue):
                 return False
         if not store.page_out(msg):
             return False
@@ -122,25 +123,37 @@ class Registry:
             self.memory.charge(msg)  # it waits in memory, in its place among the paged ones
         return True
 
+    def offline_durable(self, queue: Queue) -> bool:
+        """True for the queue of a durable subscription nobody is subscribed to: its
+        persistent messages wait on disk from the first (:meth:`page_out`), so an offline
+        subscription holds no message in memory and, for a topic message, costs its
+        publisher no copy (store/fanout.py) until its subscriber is back."""
+        return not queue.consumers and queue.name in self.durable_subs
+
     def pages_at_once(self, names: Sequence[str], msg: Message) -> set[str]:
         """Those of queues ``names`` where a persistent copy of ``msg`` would be paged at
-        once by :meth:`page_out` because the queue already has paged messages: a topic's
-        fan-out then stores it as a position only (:meth:`paged_arrivals`; store/fanout.py)."""
+        once by :meth:`page_out`: the queue already has paged messages (and ``msg`` does
+        not outrank them) or is an offline durable subscription's (:meth:`offline_durable`).
+        A topic's fan-out then stores it as a position only (:meth:`paged_arrivals`;
+        store/fanout.py)."""
         store = self.store
         out: set[str] = set()
-        if store is None or not store.paged:
+        if store is None:
             return out
-        paged, queues = store.paged, self.queues
+        paged, queues, durable = store.paged, self.queues, self.durable_subs
         prio = -1
         for name in names:
             queue = queues.get(name)
             pl = paged.get(name)
-            if queue is None or not pl:
+            if queue is None:
                 continue
-            if queue.prioritized:
+            if not pl:
+                if queue.consumers or name not in durable:
+                    continue
+            elif queue.prioritized:
                 if prio < 0:
                     prio = priority_of(msg)
-                if prio > pl.top and len(queue.messages) < self.config.page_window \
+                if prio > pl.top_priority() and len(queue.messages) < self.config.page_window \
                         and not self.memory.paging(name):
                     continue  # it outranks every paged message: it waits in memory (page_out)
             out.add(name)
@@ -152,7 +165,7 @@ class Registry:
         their paged messages): what :meth:`Queue.enqueue` and :meth:`page_out` do for a
         paged message, without the message."""
         queues = self.queues
-        for name in names:
+        for name in names:  # (each list knows its paged priorities: pages.py)
             queue = queues[name]
             queue.enqueued += 1
             if queue.ready and not queue.messages:
@@ -185,6 +198,7 @@ class Registry:
         return self.store.paged_top(queue.name) if self.store is not None else -1
 
     def register_durable(self, sub: Sub) -> None:
+        self.durable_version += 1
         self.durable_subs[sub.queue] = sub
         if sub.selector:
             try:

@@ -11,7 +11,13 @@ Durable subscriptions (``activemq.subscriptionName`` + the connection's
 ``client-id``) are internal queues named ``durable:<client-id>:<name>``; a persistent
 message published to the topic is copied into each of them, so they survive restarts
 and offline periods like any queue; the journal holds the message once, with a
-reference per copy (a ``Fan`` record, :mod:`..store.fanout`). A virtual
+reference per copy (a ``Fan`` record, :mod:`..store.fanout`). An offline durable
+subscription pages from its first message (``Registry.offline_durable``); once a topic
+message went to every durable subscription as a position only, the topic has a *plan*
+(:meth:`FanOut._plan`) and the next ones go to the store's shared tail of those
+queues in one step (``MessageStore.add_shared``) while nothing changed that would send
+them elsewhere: the same subscriptions, none read since, no priority above a paged one.
+A virtual
 topic's consumer queues (``/queue/Consumer.A.VirtualTopic.X``, :mod:`.virtual`) are
 durable subscriptions of this kind whose queue is the consumer queue itself.
 """
@@ -27,6 +33,7 @@ from ..store.fanout import fan_copy
 from ..store.journal import Callback
 from .message import Message
 from .model import AUTO, Subscription
+from .priority import priority_of
 from .registry import Registry
 from .selection import accepts, view_of
 
@@ -41,10 +48,27 @@ class FanOut:
 
     def __init__(self, reg: Registry) -> None:
         self.reg = reg
+        #: topic -> (Registry.durable_version, its durable queues, the highest priority that
+        #: pages at once in all of them): see publish
+        self._plans: dict[str, tuple[int, tuple[str, ...], int]] = {}
 
     def publish(self, name: str, msg: Message, callback: Callback | None) -> None:
         reg = self.reg
         store = reg.store
+        if msg.persistent and store is not None:
+            plan = self._plans.get(name)
+            if (
+                plan is not None
+                and plan[0] == reg.durable_version
+                and store.shares(plan[1])
+                and (plan[2] >= 9 or priority_of(msg) <= plan[2])
+                and store.add_shared(msg, plan[1], callback)
+            ):
+                # every durable subscription of the topic pages and has no selector (the
+                # same subscriptions as when the plan was made): one shared position
+                reg.paged_arrivals(plan[1], msg)
+                self.fan_out(name, msg, ())
+                return
         targets = self.durable_targets(name, msg)
         copies: list[Message] = []
         if msg.persistent and store is not None and targets:
@@ -59,6 +83,8 @@ class FanOut:
             if store.add_fan(msg, fan, callback):
                 if paged:
                     reg.paged_arrivals(paged, msg)
+                    if len(paged) == len(targets):
+                        self._plan(name, targets)
                 self.fan_out(name, msg, copies)
                 return
             copies = [fan_copy(msg, q) for q in targets]
@@ -70,6 +96,21 @@ class FanOut:
                 store.remember_key(msg.destination, msg.key)
             reg.done(callback)
         self.fan_out(name, msg, copies)
+
+    def _plan(self, name: str, targets: list[str]) -> None:
+        """Topic ``name``'s message went to every durable subscription as a position only:
+        the next ones may too, without asking each subscription (:meth:`publish`), while
+        the subscriptions stay these (none with a selector), every one's list still
+        shares the tail this one went to (store/fanout.py) and the message's priority is
+        at most every prioritized queue's highest paged one (Registry.pages_at_once)."""
+        reg = self.reg
+        topic = reg.topics.get(name)
+        if topic is None or len(topic.durable) != len(targets) or any(q in reg.durable_selectors for q in targets):
+            self._plans.pop(name, None)
+            return
+        queues = [reg.queues[q] for q in targets]
+        top = min((q.paged_top() for q in queues if q.prioritized), default=9)
+        self._plans[name] = (reg.durable_version, tuple(targets), top)
 
     def durable_targets(self, name: str, msg: Message) -> list[str]:
         """The queues of the durable subscriptions of topic ``name`` that take topic

@@ -33,6 +33,28 @@ batch goes into before it is appended (:meth:`~.journal.Journal.segment_for`), s
 names are decided for the right one; a replica (:meth:`MessageStore.import_payloads`)
 re-decides them for its own segments, whose boundaries are not the master's.
 
+Offline subscriptions cost nothing per publish. The queue of a durable subscription
+nobody is subscribed to pages from its first message (``Registry.offline_durable``),
+so its copy of a topic message is a position only. Those positions are not appended to
+each queue's :class:`~.pages.PageList`: :meth:`_share` adds one entry (position,
+encoded message id, time) to the :class:`~.pages.SharedTail` of that group of queues
+(:attr:`_tails`, keyed by the queues), which each list reads from its own cursor on as
+its last messages; a list copies its entries into its arrays (hashing its copies' ids)
+the first time anything but its length is asked of it -- a read, an ack, a checkpoint,
+compaction -- and leaves the tail (``gone``); the group's next message attaches it
+again (:meth:`_tail_for`), at the tail's end. A group that changes (a subscriber came
+back and read: its queue leaves the group; a new subscription) keeps its tail when the
+lists of the new group attached anywhere are all attached to it and nothing else reads
+it, so a subscriber's return does not make the others copy their entries. The dispatch core's plan
+(``FanOut.publish``, ``dispatch/topics.py``) sends a topic whose every durable
+subscription shares one tail (:meth:`shares`) through :meth:`add_shared`: the group's
+references are made once (:class:`FanGroup`), named for a segment once, encoded once;
+so with its subscriptions offline a publish does the same work for 50 as for 1, and
+the per-copy work (the hash, 24 bytes in a list) is done when the subscriber reads.
+Counting stays per copy: ``count``, each segment's live copies (compaction) and the
+checkpoint's lists are what they would be with every copy appended at once. A full
+replay appends each copy at once (its id hash is needed to match later acks).
+
 What stays per copy. A move of a copy (dead-lettering, an operator's move) is written
 as an ``Ack`` of the copy and an ``Enq`` of the moved message, in one ``Tx``: the moved
 copy gets a record of its own (a ``Move`` keeps the old position, which a ``Fan``
@@ -45,17 +67,16 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from hashlib import blake2b
 
 from ..dispatch.message import Message
 from ..dispatch.names import DURABLE_PREFIX
 from ..dispatch.priority import priority_of
 from .dedupe import DedupeWindow
 from .journal import Callback, Journal
-from .pages import PageList, id_hash, segment_of
+from .pages import PageList, SharedTail, copy_hash, id_hash, segment_of
 from .records import Ack, Enq, Fan, Record, Sub, Tx, TxPart, encode
 
-__all__ = ["FanOutRecords", "fan_copy", "ref_hash", "is_copy_of", "ORIGINAL_DESTINATION"]
+__all__ = ["FanGroup", "FanOutRecords", "fan_copy", "ref_hash", "is_copy_of", "ORIGINAL_DESTINATION"]
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +107,6 @@ def fan_copy(msg: Message, queue: str) -> Message:
     )
 
 
-def _copy_hash(prefix: bytes, queue: str) -> int:
-    """:func:`~.pages.id_hash` of the copy id ``prefix + queue`` (``prefix``: the message
-    id and ``:``, encoded)."""
-    h = int.from_bytes(blake2b(prefix + queue.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
-    return h or 1
-
-
 def ref_hash(queue: str) -> int:
     """The reference a ``Fan`` record writes for subscription queue ``queue``."""
     return id_hash(queue)
@@ -101,6 +115,24 @@ def ref_hash(queue: str) -> int:
 def is_copy_of(message_id: str, queue: str) -> bool:
     """True for the id of a topic message's copy in subscription queue ``queue``."""
     return message_id.endswith(":" + queue)
+
+
+class FanGroup:
+    """The references of a ``Fan`` for one group of queues, made once: ``refs`` with
+    the names, ``bare`` without (a segment that names them all), ``seg`` the last head
+    segment seen to name them all."""
+
+    __slots__ = ("names", "refs", "bare", "hs", "seg")
+
+    def __init__(self, names: tuple[str, ...], refs: tuple[tuple[int, str], ...]) -> None:
+        self.names = names
+        self.refs = refs
+        self.bare = tuple((h, "") for h, _q in refs)
+        self.hs = frozenset(h for h, _q in refs)
+        self.seg = -1
+
+
+_MAX_GROUPS = 256  # groups remembered (each distinct set of queues a topic message went to)
 
 
 class FanOutRecords:
@@ -120,6 +152,9 @@ class FanOutRecords:
     _replay_seen: set[int] | None
     page_list: Callable[[str], PageList]
     _named: dict[int, set[int]]  # segment -> references its records name
+    _tails: dict[tuple[str, ...], SharedTail]  # queues -> the tail their lists share
+    _groups: dict[tuple[str, ...], FanGroup]
+    _by_refs: dict[int, FanGroup]  # id() of a group's refs or bare -> the group
     _write: Callable[..., int]
     _apply_enq: Callable[[Message, int, bool, bool], None]
     _read: Callable[[list[int], str], list[Message]]
@@ -160,6 +195,32 @@ class FanOutRecords:
         self._write([rec], cb)
         return True
 
+    def shares(self, names: tuple[str, ...]) -> bool:
+        """True when each of queues ``names`` already pages and the last topic message
+        stored for exactly these queues left every one's list attached to their shared
+        tail (none was read since): one for all of them, :meth:`add_shared`, is then
+        what :meth:`add_fan` would make of the message."""
+        tail = self._tails.get(names)
+        return tail is not None and not tail.gone
+
+    def add_shared(self, message: Message, names: tuple[str, ...], callback: Callback | None = None) -> bool:
+        """:meth:`add_fan` of ``message`` with every copy a position only (``names``: the
+        queues), its references made once for the group: the cost does not grow with
+        the queues while :meth:`shares` holds. False (nothing written) as add_fan."""
+        g = self._groups.get(names)
+        if g is None:
+            rec = self.fan_record(message, names)
+            if rec is None:
+                return False
+            if len(self._groups) >= _MAX_GROUPS:
+                self._groups.clear()
+                self._by_refs.clear()
+            g = self._groups[names] = FanGroup(names, rec.refs)
+            self._by_refs[id(g.refs)] = self._by_refs[id(g.bare)] = g
+        cb = self._track_key(message.destination, message.key, callback) if message.key else callback
+        self._write([Fan(message, g.refs, g.names)], cb)
+        return True
+
     # ------------------------------------------------------------------ applying
     def _ref_name(self, h: int) -> str | None:
         name = self._ref_names.get(h)
@@ -173,11 +234,13 @@ class FanOutRecords:
         seg = segment_of(pos)
         m = rec.message
         copies = rec.copies if keep and len(rec.copies) == len(rec.refs) else ()
-        paged = 0
         replay_seen = self._replay_seen
-        ref_names, paged_lists = self._ref_names, self.paged
-        prefix = (m.id + ":").encode("utf-8", "surrogatepass")
-        ts, pri = m.timestamp, priority_of(m)
+        g = self._by_refs.get(id(rec.refs))
+        if g is not None and rec.refs is g.bare and replay_seen is None and (not copies or copies is g.names):
+            self._share(g.names, pos, seg, m)  # add_shared's record in a segment naming them all
+            return
+        ref_names = self._ref_names
+        shared: list[str] = []  # the queues whose copy is a position only
         for i, (h, name) in enumerate(rec.refs):
             if name:
                 ref_names[h] = name
@@ -198,20 +261,62 @@ class FanOutRecords:
                 if not isinstance(copy, str):
                     self._apply_enq(copy, pos, False, keep)
                     continue
-            # a paged copy: a position in its queue's list, no Message (what _apply_enq
-            # does for a new message that is not kept, without making one)
-            ch = _copy_hash(prefix, name)
-            pl = paged_lists.get(name)
-            (pl if pl is not None else self.page_list(name)).append(pos, ch, ts, pri)
-            if replay_seen is not None:
+            shared.append(name)
+        if not shared:
+            pass
+        elif replay_seen is not None:  # a full replay: each copy's hash is seen now
+            prefix = (m.id + ":").encode("utf-8", "surrogatepass")
+            for name in shared:
+                ch = copy_hash(prefix, name.encode("utf-8", "surrogatepass"))
+                self.page_list(name).append(pos, ch, m.timestamp, priority_of(m))
                 replay_seen.add(ch)
-            paged += 1
+        else:
+            self._share(tuple(shared), pos, seg, m)
+            return
+        paged = len(shared)
         if paged:
             self.count += paged
             self._seg_live[seg] = self._seg_live.get(seg, 0) + paged
             self._enqs[seg] = self._enqs.get(seg, 0) + paged
         if m.key:
             self.dedupe.add(m.destination, m.key, m.timestamp, seg)
+
+    def _share(self, group: tuple[str, ...], pos: int, seg: int, m: Message) -> None:
+        """Topic message ``m`` (at ``pos``) is a paged copy in each of queues ``group``:
+        one entry in their shared tail (pages.py), counted once a copy."""
+        tail = self._tails.get(group)
+        if tail is None or tail.gone:
+            tail = self._tail_for(group, tail)
+        tail.add(pos, (m.id + ":").encode("utf-8", "surrogatepass"), m.timestamp, priority_of(m))
+        paged = len(group)
+        self.count += paged
+        self._seg_live[seg] = self._seg_live.get(seg, 0) + paged
+        self._enqs[seg] = self._enqs.get(seg, 0) + paged
+        if m.key:
+            self.dedupe.add(m.destination, m.key, m.timestamp, seg)
+
+    def _tail_for(self, group: tuple[str, ...], tail: SharedTail | None) -> SharedTail:
+        """The shared tail of queues ``group``, every one's page list attached to it: the
+        one their attached lists already share when no other list reads it (a group that
+        lost or gained a queue keeps its tail: nothing is copied), else a new one (the
+        lists attached elsewhere copy their entries first)."""
+        lists = [self.page_list(name) for name in group]
+        attached = [pl.tail for pl in lists if pl.tail is not None]
+        t = attached[0] if attached else tail
+        if t is None or any(a is not t for a in attached) or t.attached != len(attached):
+            t = SharedTail()
+        if t.key and self._tails.get(t.key) is t and t.key != group:
+            del self._tails[t.key]  # its lists were that group's: no longer
+        if len(self._tails) >= _MAX_GROUPS:
+            for key in [k for k, v in self._tails.items() if not v.attached]:
+                del self._tails[key]
+        t.gone.clear()
+        t.key = group
+        self._tails[group] = t
+        for name, pl in zip(group, lists, strict=True):
+            if pl.tail is not t:
+                pl.attach(t, name.encode("utf-8", "surrogatepass"))
+        return t
 
     # ------------------------------------------------------------------ naming
     def _named_record(self, rec: Record, named: set[int]) -> Record:
@@ -248,6 +353,17 @@ class FanOutRecords:
         goes into, and their payloads (``payloads``, when given, kept for the records that
         do not change)."""
         head = self.journal.head
+        if len(records) == 1 and payloads is None and isinstance(records[0], Fan):
+            fan = records[0]
+            g = self._by_refs.get(id(fan.refs))
+            if g is not None and fan.refs is g.refs:  # add_shared's: named once a segment
+                if g.seg != head and self._named.get(head, set()).issuperset(g.hs):
+                    g.seg = head
+                if g.seg == head:
+                    bare = Fan(fan.message, g.bare, fan.copies)
+                    p = encode(bare)
+                    if self.journal.segment_for(len(p) + _FRAME_HEAD) == head:
+                        return [bare], [p]
         out_r: list[Record] = []
         out_p: list[bytes] = []
         for named in (set(self._named.get(head, ())), set()):

@@ -34,7 +34,12 @@ Messages are taken from the front (``head`` moves on; the arrays are shifted dow
 only once the dead front is large) and appended at the back; a removal in the middle
 (an ack out of order, a move) leaves a *hole* (``pos`` and ``ids`` set to 0) that
 the front skips. :meth:`find` is ``array.index`` from the front, at C speed: acks
-come for the messages a consumer was given first, so the search is short. A 64-bit
+come for the messages a consumer was given first, so the search is short. A topic
+message's copies for several offline durable subscriptions are appended once, to a
+:class:`SharedTail` the lists of those queues are *attached* to: a list's length counts
+the tail's entries from its ``cursor`` on; anything else asked of it first copies them
+into its arrays (:meth:`PageList.catch_up`, the copy's id hashed from the entry's
+message id and the list's queue name) and detaches it (see store/fanout.py). A 64-bit
 hash of the id is not the id: two live ids with the same hash would make one ack
 remove the other, a chance of about ``n / 2**64`` per ack with ``n`` messages paged
 (below the journal's CRC32 letting a corrupt frame through).
@@ -46,8 +51,8 @@ from array import array
 from collections.abc import Iterator
 from hashlib import blake2b
 
-__all__ = ["PageList", "id_hash", "pack", "unpack", "segment_of", "INNER", "MOVED", "FLAGS", "SEG_SHIFT",
-           "UNKNOWN", "HOLE"]
+__all__ = ["PageList", "SharedTail", "id_hash", "copy_hash", "pack", "unpack", "segment_of", "INNER", "MOVED",
+           "FLAGS", "SEG_SHIFT", "UNKNOWN", "HOLE"]
 
 INNER = 1  # the Enq is inside a Tx record: a u32 length before it, no frame, no own CRC
 MOVED = 2  # a Move came after the Enq record (see the module docstring)
@@ -80,10 +85,66 @@ def id_hash(message_id: str) -> int:
     return h or 1
 
 
+def copy_hash(prefix: bytes, queue: bytes) -> int:
+    """:func:`id_hash` of the id ``prefix + queue`` given encoded (a topic message's copy:
+    ``prefix`` is the message id and ``:``, ``queue`` the copy's queue)."""
+    h = int.from_bytes(blake2b(prefix + queue, digest_size=8).digest(), "little")
+    return h or 1
+
+
+class SharedTail:
+    """Positions appended once for a group of page lists (see the module docstring):
+    each list attached to it reads the entries from its ``cursor`` on as its own last
+    messages, and copies them into its arrays (hashing its copy's id) the first time
+    anything but its length is asked of it."""
+
+    __slots__ = ("pos", "prefixes", "ts", "pri", "top", "gone", "ordered", "last_ts", "attached", "key")
+
+    def __init__(self) -> None:
+        self.pos = array("Q")
+        self.prefixes: list[bytes] = []  # the encoded message id and ':' of each entry
+        self.ts = array("d")
+        self.pri = bytearray()  # each entry's JMS priority (PageList's ``pri``)
+        self.top = -1  # the highest priority of any entry since the tail was last emptied
+        self.gone: list[PageList] = []  # members that copied their entries and left
+        self.ordered = True  # entries added in non-decreasing time
+        self.last_ts = float("-inf")
+        self.attached = 0  # lists reading it: at 0 every entry was copied, and it is emptied
+        self.key: tuple[str, ...] = ()  # the queues it is the tail of (store/fanout.py)
+
+    def release(self) -> None:
+        """A list left (it copied its entries)."""
+        self.attached -= 1
+        if not self.attached:  # every list copied what it had: nothing here is needed
+            del self.pos[:]
+            del self.prefixes[:]
+            del self.ts[:]
+            del self.pri[:]
+            self.top = -1
+            self.ordered = True
+            self.last_ts = float("-inf")
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def add(self, pos: int, prefix: bytes, ts: float, pri: int) -> None:
+        if ts < self.last_ts:
+            self.ordered = False
+        else:
+            self.last_ts = ts
+        self.pos.append(pos)
+        self.prefixes.append(prefix)
+        self.ts.append(ts)
+        self.pri.append(pri)
+        if pri > self.top:
+            self.top = pri
+
+
 class PageList:
     """One destination's paged messages in order. See the module docstring."""
 
-    __slots__ = ("pos", "ids", "ts", "pri", "head", "live", "ordered", "_last_ts", "counts", "top", "_cur")
+    __slots__ = ("pos", "ids", "ts", "pri", "head", "live", "ordered", "_last_ts", "counts", "top", "_cur",
+                 "tail", "cursor", "qname")
 
     def __init__(self) -> None:
         self.pos = array("Q")
@@ -97,14 +158,60 @@ class PageList:
         self.counts = [0] * (UNKNOWN + 1)  # live slots per priority (and UNKNOWN)
         self.top = -1  # the highest priority paged (9 while some are UNKNOWN), -1: none
         self._cur = [0] * 10  # per priority: every slot of it before this index is taken
+        self.tail: SharedTail | None = None  # entries from tail[cursor:] are this list's too
+        self.cursor = 0
+        self.qname = b""  # this list's destination, encoded (the copies' id suffix)
 
     def __len__(self) -> int:
-        return self.live
+        t = self.tail
+        return self.live if t is None else self.live + len(t.pos) - self.cursor
 
     def __bool__(self) -> bool:
-        return self.live > 0
+        return self.live > 0 or (self.tail is not None and len(self.tail.pos) > self.cursor)
+
+    # ------------------------------------------------------------------ a shared tail
+    def attach(self, tail: SharedTail, qname: bytes) -> None:
+        """From now on ``tail``'s new entries are this list's last messages (a list
+        attached elsewhere copies that tail's entries first)."""
+        if self.tail is not None:
+            self.catch_up()
+        self.tail, self.cursor, self.qname = tail, len(tail.pos), qname
+        tail.attached += 1
+
+    def catch_up(self) -> None:
+        """Copy the shared tail's entries meant for this list into its arrays and leave
+        the tail (noted in its ``gone``: it may take this list back)."""
+        t = self.tail
+        if t is None:
+            return
+        self.tail = None
+        q, prefixes, tpos, tts = self.qname, t.prefixes, t.pos, t.ts
+        i, end = self.cursor, len(tpos)
+        if i < end:
+            frm = int.from_bytes
+            hashes = [frm(blake2b(p + q, digest_size=8).digest(), "little") for p in prefixes[i:end]]
+            if 0 in hashes:  # (id_hash's rule: never 0)
+                hashes = [h or 1 for h in hashes]
+            self.pos.extend(tpos[i:end])
+            self.ids.extend(array("Q", hashes))
+            self.ts.extend(tts[i:end])
+            pris = t.pri[i:end]
+            self.pri.extend(pris)
+            counts = self.counts
+            for p in range(10):
+                if n := pris.count(p):
+                    counts[p] += n
+            self.live += end - i
+            self._fix_top()
+            if tts[i] < self._last_ts or not t.ordered:
+                self.ordered = False
+            self._last_ts = max(self._last_ts, t.last_ts)
+        t.gone.append(self)
+        t.release()
 
     def append(self, pos: int, idh: int, ts: float, pri: int = UNKNOWN) -> None:
+        if self.tail is not None:
+            self.catch_up()
         self.pos.append(pos)
         self.ids.append(idh)
         self.ts.append(ts)
@@ -121,11 +228,22 @@ class PageList:
 
     @property
     def unknown(self) -> int:
-        """Live slots whose priority is not known (:meth:`set_priority` them before :meth:`take_top`)."""
+        """Live slots whose priority is not known (:meth:`set_priority` them before :meth:`take_top`;
+        a shared tail's entries have theirs)."""
         return self.counts[UNKNOWN]
+
+    def top_priority(self) -> int:
+        """:attr:`top` counting an attached tail's entries too (its highest ever: an
+        upper bound, which only sends a new message of that priority to the pages)."""
+        t = self.tail
+        if t is not None and len(t.pos) > self.cursor and t.top > self.top:
+            return t.top
+        return self.top
 
     def unknown_slots(self) -> list[int]:
         """Indexes of the live slots of unknown priority, front to back."""
+        if self.tail is not None:
+            self.catch_up()
         out: list[int] = []
         pri, i = self.pri, self.head
         while (i := pri.find(UNKNOWN, i)) >= 0:
@@ -135,6 +253,8 @@ class PageList:
 
     def set_priority(self, i: int, p: int) -> None:
         """Slot ``i`` (of unknown priority) has priority ``p``."""
+        if self.tail is not None:
+            self.catch_up()
         old = self.pri[i]
         if old == HOLE or old == p:
             return
@@ -164,6 +284,8 @@ class PageList:
 
     def find(self, idh: int) -> int:
         """The index of the live slot holding id hash ``idh``, or -1."""
+        if self.tail is not None:
+            self.catch_up()
         try:
             return self.ids.index(idh, self.head)
         except ValueError:
@@ -171,6 +293,8 @@ class PageList:
 
     def remove_at(self, i: int) -> None:
         """Make slot ``i`` a hole."""
+        if self.tail is not None:
+            self.catch_up()
         if self.ids[i]:
             self._drop(i)
             self.live -= 1
@@ -207,6 +331,8 @@ class PageList:
 
     def popleft(self, n: int) -> list[tuple[int, int, float]]:
         """Take up to ``n`` live messages from the front: ``(pos, id hash, ts)`` each."""
+        if self.tail is not None:
+            self.catch_up()
         out: list[tuple[int, int, float]] = []
         pos, ids, ts, pri, counts = self.pos, self.ids, self.ts, self.pri, self.counts
         i, end = self.head, len(pos)
@@ -226,6 +352,8 @@ class PageList:
     def take_top(self, n: int) -> list[tuple[int, int, float]]:
         """Take up to ``n`` live messages, highest priority first, FIFO within a priority:
         ``(pos, id hash, ts)`` each. Every slot's priority must be known (``unknown == 0``)."""
+        if self.tail is not None:
+            self.catch_up()
         if self.counts[UNKNOWN]:
             raise ValueError("take_top: some paged messages' priorities are not known yet")
         out: list[tuple[int, int, float]] = []
@@ -268,6 +396,8 @@ class PageList:
 
     def peek(self, n: int) -> list[tuple[int, int, float]]:
         """Up to ``n`` live messages from the front, left in place."""
+        if self.tail is not None:
+            self.catch_up()
         out: list[tuple[int, int, float]] = []
         pos, ids, ts = self.pos, self.ids, self.ts
         for i in range(self.head, len(pos)):
@@ -279,6 +409,8 @@ class PageList:
 
     def entries(self) -> Iterator[tuple[int, int, int, float]]:
         """``(index, pos, id hash, ts)`` of every live slot, front to back."""
+        if self.tail is not None:
+            self.catch_up()
         pos, ids, ts = self.pos, self.ids, self.ts
         for i in range(self.head, len(pos)):
             p = pos[i]
@@ -286,10 +418,14 @@ class PageList:
                 yield i, p, ids[i], ts[i]
 
     def set_pos(self, i: int, pos: int) -> None:
+        if self.tail is not None:
+            self.catch_up()
         self.pos[i] = pos
 
     def arrays(self) -> tuple[array[int], array[int], array[float]]:
         """Copies of the live region (holes included), for a checkpoint."""
+        if self.tail is not None:
+            self.catch_up()
         h = self.head
         return self.pos[h:], self.ids[h:], self.ts[h:]
 
@@ -310,6 +446,8 @@ class PageList:
 
     def sort(self) -> None:
         """Order the live slots by acceptance time, stably (recovery's order)."""
+        if self.tail is not None:
+            self.catch_up()
         items = sorted(((t, i, p, h, self.pri[i]) for i, p, h, t in self.entries()), key=lambda e: e[0])
         self._reset()
         for t, _i, p, h, r in items:

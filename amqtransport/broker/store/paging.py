@@ -213,7 +213,7 @@ class PagedMessages:
         """The highest priority among ``destination``'s paged messages (9 while some are not
         known yet), -1 when none is paged."""
         pl = self.paged.get(destination)
-        return pl.top if pl is not None else -1
+        return pl.top_priority() if pl is not None else -1
 
     def _learn_priorities(self, pl: PageList, destination: str) -> None:
         """Read back the paged messages whose priority the list does not know (it was loaded

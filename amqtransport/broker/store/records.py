@@ -174,6 +174,14 @@ def _s16(out: list[bytes], text: str) -> None:
     out.append(raw)
 
 
+_last_bare: tuple[object, bytes] = (None, b"")  # the last unnamed references encoded, by identity
+
+
+def _remember_bare(refs: object, data: bytes) -> None:
+    global _last_bare
+    _last_bare = (refs, data)  # one assignment: a reader on another thread sees a consistent pair
+
+
 def _b32(out: list[bytes], raw: bytes) -> None:
     out.append(_I.pack(len(raw)))
     out.append(raw)
@@ -227,8 +235,13 @@ def _encode_into(out: list[bytes], rec: Record) -> None:
         out.append(bytes((T_FAN,)))
         _b32(out, encode_enq(rec.message))
         out.append(_I.pack(len(rec.refs)))
-        if not any(name for _h, name in rec.refs):  # the common case: no name written
-            out.append(b"".join([_QH.pack(h, 0) for h, _name in rec.refs]))
+        refs, last = rec.refs, _last_bare
+        if refs is last[0]:  # the same references as the last record (a group's, fanout.py)
+            out.append(last[1])
+            return
+        if not any(name for _h, name in refs):  # the common case: no name written
+            _remember_bare(refs, b"".join([_QH.pack(h, 0) for h, _name in refs]))
+            out.append(_last_bare[1])
             return
         for h, name in rec.refs:
             if name:

@@ -59,9 +59,9 @@ from . import checkpoint as ckpt
 from .compaction import KEYS_PER_RECORD as _KEYS_PER_RECORD
 from .compaction import Compaction
 from .dedupe import DedupeWindow
-from .fanout import FanOutRecords, is_copy_of, ref_hash
+from .fanout import FanGroup, FanOutRecords, is_copy_of, ref_hash
 from .journal import MAX_RECORD, Callback, Journal, JournalError
-from .pages import INNER, MOVED, PageList, id_hash, pack, segment_of
+from .pages import INNER, MOVED, PageList, SharedTail, id_hash, pack, segment_of
 from .paging import ORIGINAL_DESTINATION, LiveView, PagedMessages
 from .records import (
     Ack,
@@ -168,6 +168,9 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
         self._ref_names: dict[int, str] = {}  # fanout.py
         self._ref_of: dict[str, int] = {}
         self._named: dict[int, set[int]] = {}
+        self._tails: dict[tuple[str, ...], SharedTail] = {}  # fanout.py: paged copies' shared tails
+        self._groups: dict[tuple[str, ...], FanGroup] = {}  # fanout.py: the groups' references
+        self._by_refs: dict[int, FanGroup] = {}  # id() of a group's references -> the group
         self._undurable: dict[tuple[str, str], list[Callback]] = {}
         self._listeners: list[StoreListener] = []
         self._compact_due = False
@@ -226,6 +229,7 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
         self.dedupe = DedupeWindow(self.dedupe.max_keys, self.dedupe.max_age, self.clock)
         self.resident.clear()
         self.paged.clear()
+        self._tails.clear()
         self.count = 0
         self.subs.clear()
         self._sub_seg.clear()
@@ -235,6 +239,8 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
         self._ref_names.clear()
         self._ref_of.clear()
         self._named.clear()
+        self._groups.clear()
+        self._by_refs.clear()
 
     def close(self) -> None:
         """Flush everything to disk, write a checkpoint and stop the writer."""
