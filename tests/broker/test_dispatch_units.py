@@ -72,6 +72,9 @@ class Owner:
     def paged(self, queue: Queue) -> int:
         return 0
 
+    def paged_top(self, queue: Queue) -> int:
+        return -1
+
 
 def msg(i: int, *, expires: float = 0.0, persistent: bool = False) -> Message:
     return Message(f"m{i}", "/queue/q", (), b"x", expires=expires, persistent=persistent)
