@@ -19,6 +19,7 @@ from amqtransport.broker.store import (
     encode,
     run_completions,
 )
+from amqtransport.broker.store import writer as writer_module
 
 
 def ack(i: int) -> bytes:
@@ -151,3 +152,97 @@ def test_what_a_lone_completion_defers_runs_before_run_completions_returns() -> 
     run_completions([(completion("b"), None), (completion("c"), None)])  # type: ignore[list-item]
     assert ran == ["b", "c"] and deferred == [False, False]  # the callers call_soon their writes
     assert after_completions(lambda: None) is False  # outside run_completions: nothing to join
+
+
+@pytest.fixture
+def no_idle_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's idle wake-ups (every CHECK_INTERVAL) out of the way: what it takes is
+    then only what it was handed."""
+    monkeypatch.setattr(writer_module, "CHECK_INTERVAL", 60.0)
+
+
+def test_a_loop_turn_that_appends_commits_on_the_loop_at_its_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_idle_rounds: None) -> None:
+    """issue 27: appends on the journal's ``inline_thread`` leave the sleeping writer asleep
+    and ask once per turn for ``commit_turn``, which fsyncs them there and hands the
+    completions to ``deliver_here`` on that thread: no thread hand-off."""
+    synced_on: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced_on.append(threading.get_ident())
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    j = started(tmp_path)
+    asked: list[int] = []
+    delivered: list[tuple[int, int]] = []
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: asked.append(threading.get_ident())
+    j.deliver_here = lambda done: delivered.append((len(done), threading.get_ident()))
+    assert j.flush(30)
+    synced_on.clear()
+    for i in range(3):  # one turn, three records
+        j.append([ack(i)], lambda err: None)
+    assert asked == [threading.get_ident()]  # asked once for the turn
+    j.commit_turn(4)
+    assert synced_on == [threading.get_ident()]  # one fdatasync, on this thread
+    assert delivered == [(3, threading.get_ident())]
+    assert j.durable_records == 3
+    j.append([ack(3)], lambda err: None)  # the next turn asks again
+    assert len(asked) == 2
+    j.commit_turn(4)
+    assert delivered[-1] == (1, threading.get_ident())
+    j.close()
+    assert recovered_ids(tmp_path) == ["x0", "x1", "x2", "x3"]
+
+
+def test_a_big_turn_and_an_append_from_another_thread_go_to_the_writer(
+        tmp_path: Path, no_idle_rounds: None) -> None:
+    j = started(tmp_path)
+    asked: list[int] = []
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: asked.append(1)
+    j.deliver_here = lambda done: pytest.fail("a big turn is the writer's")  # type: ignore[assignment]
+    assert j.flush(30)
+    ran_on: list[int] = []
+    all_done = threading.Event()
+
+    def cb(err: BaseException | None) -> None:
+        assert err is None
+        ran_on.append(threading.get_ident())
+        if len(ran_on) == 6:
+            all_done.set()
+
+    for i in range(5):
+        j.append([ack(i)], cb)
+    j.commit_turn(4)  # five records: more than four, so the writer is woken to take them
+    other = threading.Thread(target=lambda: j.append([ack(5)], cb))  # not the loop: wakes the writer
+    assert j.flush(30)
+    other.start()
+    other.join(30)
+    assert all_done.wait(30)
+    assert asked == [1] and threading.get_ident() not in ran_on
+    j.close()
+    assert recovered_ids(tmp_path) == [f"x{i}" for i in range(6)]
+
+
+def test_a_turn_committed_on_the_loop_into_a_deleted_segment_is_never_receipted(
+        tmp_path: Path, no_idle_rounds: None, caplog: pytest.LogCaptureFixture) -> None:
+    """The "file still named" check holds on the loop's commit too: no success for a record
+    appended into a segment that no path names any more."""
+    failures: list[JournalError] = []
+    j = started(tmp_path, on_failure=failures.append)
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: None
+    delivered: list[object] = []
+    j.deliver_here = delivered.append  # type: ignore[assignment]
+    errors: list[BaseException | None] = []
+    j.append([ack(1)], errors.append)
+    os.unlink(j.path_of(j.head))  # the head segment deleted under the broker
+    j.commit_turn(4)
+    assert delivered == []  # nothing delivered as a success
+    assert len(errors) == 1 and isinstance(errors[0], JournalError) and "deleted" in str(errors[0])
+    assert len(failures) == 1 and j.failed is failures[0]
+    caplog.clear()  # the ERROR it must log
+    j.close()

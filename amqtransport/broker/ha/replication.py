@@ -158,6 +158,8 @@ class ReplicationMaster:
         journal.add_batch_hook(self._hook)
         self._orig_notify = journal._notify  # noqa: SLF001
         journal._notify = self._notify  # noqa: SLF001 - completions pass through the gate
+        self._orig_deliver_here = journal.deliver_here
+        journal.deliver_here = self._notify  # a batch committed on the loop (commit_turn) too
         self._tick_due = self.loop.time() + self._tick_every
         self._timer: asyncio.TimerHandle | None = self.loop.call_at(self._tick_due, self._tick)
 
@@ -170,6 +172,7 @@ class ReplicationMaster:
         self.store.remove_listener(self)
         journal.remove_batch_hook(self._hook)
         journal._notify = self._orig_notify  # noqa: SLF001
+        journal.deliver_here = self._orig_deliver_here
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -193,8 +196,9 @@ class ReplicationMaster:
     def _notify(self, items: list[tuple[Callback, BaseException | None]]) -> None:
         """Replaces the journal's ``notify``: completions wait on the loop for the slave."""
         if threading.get_ident() == self._loop_thread:
-            # Journal.on_durable with nothing queued: all appended records are on our
-            # disk; the caller must still wait for the slave to have them all
+            # Journal.on_durable with nothing queued, or a batch commit_turn fsynced on
+            # the loop: all appended records are on our disk; the caller must still wait
+            # for the slave to have them all
             self._hold(self.seq, items)
             return
         if self.loop.is_closed():

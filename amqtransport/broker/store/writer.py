@@ -76,6 +76,7 @@ class JournalWriter:
     _fd_off: int
     _written: tuple[int, int]
     _read_waiting: bool
+    _waiters: int
     bytes_written: int
     batches: int
     records_written: int
@@ -163,7 +164,10 @@ class JournalWriter:
         the writer thread takes them (it is busy, or more is queued). A failure is handled
         as the writer handles one (the completions get the error through ``notify``;
         ``on_failure``; the writer stops) and returns ``[]``. The caller blocks for the
-        fsync: a slave's replication loop (:mod:`..ha.slave`), not a loop serving clients."""
+        fsync: a slave's replication loop (:mod:`..ha.slave`), and the broker's loop at the
+        end of a turn that appended few records (:meth:`~.journal.Journal.commit_turn`;
+        a turn that appended more leaves them to the writer, whose fsync then overlaps the
+        loop's parsing: pipelined producers keep their group commit)."""
         with self._cond:
             if (self._busy or not self._queue or self._closing or self._failed is not None or self._check_due
                     or len(self._payloads) > max_records):
@@ -175,7 +179,7 @@ class JournalWriter:
         error = self._commit(items, payloads)
         done = self._settle(callbacks, target, error, batch=True)
         if error is None:
-            self._done(target, target_bytes)
+            self._done(target, target_bytes, here=True)
             return done
         self._deliver(done)
         self._done(target, target_bytes)
@@ -240,12 +244,16 @@ class JournalWriter:
             except Exception:  # noqa: BLE001 - e.g. the loop is closed
                 log.exception("journal: delivering completions failed")
 
-    def _done(self, target: int, target_bytes: int) -> None:
+    def _done(self, target: int, target_bytes: int, *, here: bool = False) -> None:
+        """The batch is over. ``here`` (:meth:`commit_here`): wake the sleeping writer only
+        when it has something to do, so that it does not take the GIL from the thread
+        that is about to run the completions."""
         with self._cond:
             self._durable = target
             self._durable_bytes = target_bytes
             self._busy = False
-            self._cond.notify_all()
+            if not here or self._queue or self._closing or self._check_due or self._waiters:
+                self._cond.notify_all()
 
     def _report_failure(self, error: JournalError) -> None:
         if self._on_failure is not None:
