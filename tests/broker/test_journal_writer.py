@@ -19,6 +19,7 @@ from amqtransport.broker.store import (
     encode,
     run_completions,
 )
+from amqtransport.broker.store import journal as journal_module
 from amqtransport.broker.store import writer as writer_module
 
 
@@ -246,3 +247,25 @@ def test_a_turn_committed_on_the_loop_into_a_deleted_segment_is_never_receipted(
     assert len(failures) == 1 and j.failed is failures[0]
     caplog.clear()  # the ERROR it must log
     j.close()
+
+
+def test_after_a_slow_commit_on_the_loop_the_writer_takes_the_turns_for_a_while(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_idle_rounds: None) -> None:
+    """A disk in trouble blocks the loop for one slow fsync, not for each of them."""
+    monkeypatch.setattr(journal_module, "INLINE_SLOW", -1.0)  # every commit counts as slow
+    j = started(tmp_path)
+    delivered: list[int] = []
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: None
+    j.deliver_here = lambda done: delivered.append(threading.get_ident())
+    assert j.flush(30)
+    j.append([ack(1)], lambda err: None)
+    j.commit_turn(4)
+    assert delivered == [threading.get_ident()]  # committed here (and found slow)
+    writer_ran = threading.Event()
+    j.append([ack(2)], lambda err: writer_ran.set())
+    j.commit_turn(4)  # paused: the writer's
+    assert writer_ran.wait(30)
+    assert delivered == [threading.get_ident()]
+    j.close()
+    assert recovered_ids(tmp_path) == ["x1", "x2"]

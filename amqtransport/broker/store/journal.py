@@ -104,6 +104,11 @@ from .segments import (
 from .segments import segment_id as _segment_id
 from .writer import BatchHook, Callback, JournalWriter, after_completions, run_completions
 
+#: a commit on the loop (:meth:`Journal.commit_turn`) slower than this (seconds)...
+INLINE_SLOW = 0.05
+#: ...leaves every turn's records to the writer thread for this long (seconds)
+INLINE_PAUSE = 1.0
+
 __all__ = [
     "RECEIPT_PATH",
     "after_completions",
@@ -170,6 +175,7 @@ class Journal(SegmentReads, JournalWriter):
         #: master puts its receipt gate here); default: run them at once
         self.deliver_here: Callable[[list[tuple[Callback, BaseException | None]]], None] = run_completions
         self._turn_due = False  # on_queued was called and commit_turn has not run since
+        self._inline_paused_until = 0.0  # time.monotonic() until which commit_turn leaves all to the writer
         self._woken_at = 0.0  # perf_counter() when an append woke the sleeping writer (0: none since)
         self._queued_at = 0.0  # perf_counter() when the first record of the next batch was queued
         self._failed: BaseException | None = None
@@ -419,10 +425,18 @@ class Journal(SegmentReads, JournalWriter):
         """End of a loop turn that appended (``on_queued``): commit what it queued here when
         the writer is idle and it is at most ``max_records`` records
         (:meth:`~.writer.JournalWriter.commit_here`; the completions go to ``deliver_here``),
-        else leave it to the writer thread (woken if asleep)."""
+        else leave it to the writer thread (woken if asleep). After a commit here that took
+        longer than :data:`INLINE_SLOW` (a disk in trouble), the writer takes every turn for
+        :data:`INLINE_PAUSE` seconds: the loop (its clients, an HA node's pings and stall
+        detector) is blocked by one slow fsync at most, not by each."""
         with self._cond:
             self._turn_due = False
+        started = time.monotonic()
+        if started < self._inline_paused_until:
+            max_records = 0  # (commit_here then wakes the writer)
         done = self.commit_here(max_records)
+        if done is not None and time.monotonic() - started > INLINE_SLOW:
+            self._inline_paused_until = time.monotonic() + INLINE_PAUSE
         if done:
             RECEIPT_PATH.handoff.observe(0.0)  # no hand-off: committed where it is delivered
             self.deliver_here(done)
