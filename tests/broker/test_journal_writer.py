@@ -17,6 +17,7 @@ from amqtransport.broker.store import (
     JournalError,
     after_completions,
     encode,
+    leave_turn_to_writer,
     run_completions,
 )
 from amqtransport.broker.store import journal as journal_module
@@ -269,3 +270,29 @@ def test_after_a_slow_commit_on_the_loop_the_writer_takes_the_turns_for_a_while(
     assert delivered == [threading.get_ident()]
     j.close()
     assert recovered_ids(tmp_path) == ["x1", "x2"]
+
+
+def test_a_turn_nobody_waits_on_or_a_pipelined_one_goes_to_the_writer(
+        tmp_path: Path, no_idle_rounds: None) -> None:
+    """A record appended without a completion (a consumer's ack), or a turn marked with
+    leave_turn_to_writer (a producer with receipts outstanding, a send without a receipt),
+    is committed by the writer thread: the loop is not blocked for an fsync nobody waits on."""
+    j = started(tmp_path)
+    delivered: list[int] = []
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: None
+    j.deliver_here = lambda done: delivered.append(len(done))
+    assert j.flush(30)
+    j.append([ack(1)])  # no callback
+    j.commit_turn(4)
+    assert j.flush(30) and delivered == []
+    ran = threading.Event()
+    leave_turn_to_writer()
+    j.append([ack(2)], lambda err: ran.set())
+    j.commit_turn(4)
+    assert ran.wait(30) and delivered == []
+    j.append([ack(3)], lambda err: None)  # the mark is spent: the next turn is the loop's again
+    j.commit_turn(4)
+    assert delivered == [1]
+    j.close()
+    assert recovered_ids(tmp_path) == ["x1", "x2", "x3"]

@@ -159,7 +159,7 @@ class ReplicationMaster:
         self._orig_notify = journal._notify  # noqa: SLF001
         journal._notify = self._notify  # noqa: SLF001 - completions pass through the gate
         self._orig_deliver_here = journal.deliver_here
-        journal.deliver_here = self._notify  # a batch committed on the loop (commit_turn) too
+        journal.deliver_here = self._deliver_here  # a batch committed on the loop (commit_turn) too
         self._tick_due = self.loop.time() + self._tick_every
         self._timer: asyncio.TimerHandle | None = self.loop.call_at(self._tick_due, self._tick)
 
@@ -196,9 +196,13 @@ class ReplicationMaster:
     def _notify(self, items: list[tuple[Callback, BaseException | None]]) -> None:
         """Replaces the journal's ``notify``: completions wait on the loop for the slave."""
         if threading.get_ident() == self._loop_thread:
-            # Journal.on_durable with nothing queued, or a batch commit_turn fsynced on
-            # the loop: all appended records are on our disk; the caller must still wait
-            # for the slave to have them all
+            if any(err is not None for _cb, err in items):
+                # a batch that failed on the loop (Journal.commit_turn): like one that failed
+                # on the writer thread, it waits for the batches numbered before it only
+                self._hold(self._batch_target, items)
+                return
+            # Journal.on_durable with nothing queued: all appended records are on our
+            # disk; the caller must still wait for the slave to have them all
             self._hold(self.seq, items)
             return
         if self.loop.is_closed():
@@ -206,6 +210,12 @@ class ReplicationMaster:
         self.loop.call_soon_threadsafe(self._hold, self._batch_target, items, time.perf_counter())
 
     # loop thread -------------------------------------------------------
+    def _deliver_here(self, items: list[tuple[Callback, BaseException | None]]) -> None:
+        """The journal's ``deliver_here``: a batch the loop committed itself
+        (``Journal.commit_turn``; its batch hook numbered it on this thread) waits for the
+        slave's ack of it, as one from the writer thread does."""
+        self._hold(self._batch_target, items)
+
     def _may_run(self, target: int) -> bool:
         """May completions up to record ``target`` run? With a slave attached, when it has
         acked them; without one, unless we are suspect (see decide.py, phase master)."""

@@ -102,7 +102,15 @@ from .segments import (
     scan_segment,
 )
 from .segments import segment_id as _segment_id
-from .writer import BatchHook, Callback, JournalWriter, after_completions, run_completions
+from .writer import (
+    BatchHook,
+    Callback,
+    JournalWriter,
+    after_completions,
+    leave_turn_to_writer,
+    run_completions,
+    take_turn_to_writer,
+)
 
 #: a commit on the loop (:meth:`Journal.commit_turn`) slower than this (seconds)...
 INLINE_SLOW = 0.05
@@ -112,6 +120,7 @@ INLINE_PAUSE = 1.0
 __all__ = [
     "RECEIPT_PATH",
     "after_completions",
+    "leave_turn_to_writer",
     "Journal",
     "JournalError",
     "NotReceipted",
@@ -408,6 +417,8 @@ class Journal(SegmentReads, JournalWriter):
             self._appended += len(payloads)
             if callback is not None:
                 self._callbacks.append(callback)
+            else:  # nobody waits for this record: no reason to block the loop for its fsync
+                leave_turn_to_writer()
             at = self._head, offset
             kick = False
             if self._waiting and self.wake_on_append:
@@ -432,7 +443,7 @@ class Journal(SegmentReads, JournalWriter):
         with self._cond:
             self._turn_due = False
         started = time.monotonic()
-        if started < self._inline_paused_until:
+        if take_turn_to_writer() or started < self._inline_paused_until:
             max_records = 0  # (commit_here then wakes the writer)
         done = self.commit_here(max_records)
         if done is not None and time.monotonic() - started > INLINE_SLOW:

@@ -35,7 +35,8 @@ from .files import write_all as _write_all
 from .guard import CHECK_INTERVAL, StorageGuard
 from .segments import MAGIC, JournalError
 
-__all__ = ["BatchHook", "Callback", "JournalWriter", "after_completions", "run_completions"]
+__all__ = ["BatchHook", "Callback", "JournalWriter", "after_completions", "leave_turn_to_writer", "run_completions",
+           "take_turn_to_writer"]
 
 log = logging.getLogger("amqtransport.broker.store.journal")  # the journal's logger, as before the move
 
@@ -353,6 +354,24 @@ def run_completions(items: list[tuple[Callback, BaseException | None]], handed_a
 _completing = threading.local()  # .after: what the completions running on this thread deferred
 #: a batch of at most this many completions has what they write go out once they ran (after_completions)
 WRITE_NOW_AT_MOST = 1
+
+
+_turn = threading.local()  # .to_writer: this loop turn's records are for the writer thread (commit_turn)
+
+
+def leave_turn_to_writer() -> None:
+    """This loop turn appends for a producer that does not wait for each record's receipt
+    (a pipelined one, a send without a receipt, a consumer's ack): the journal's
+    ``commit_turn`` then leaves the turn's records to the writer thread, whose fsync
+    overlaps the loop's work on the next frames, instead of blocking the loop for it."""
+    _turn.to_writer = True
+
+
+def take_turn_to_writer() -> bool:
+    """Whether :func:`leave_turn_to_writer` was called on this thread since the last call."""
+    found = bool(getattr(_turn, "to_writer", False))
+    _turn.to_writer = False
+    return found
 
 
 def after_completions(fn: Callable[[], None]) -> bool:
