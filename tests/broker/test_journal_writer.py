@@ -273,19 +273,29 @@ def test_after_a_slow_commit_on_the_loop_the_writer_takes_the_turns_for_a_while(
 
 
 def test_a_turn_nobody_waits_on_or_a_pipelined_one_goes_to_the_writer(
-        tmp_path: Path, no_idle_rounds: None) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_idle_rounds: None) -> None:
     """A record appended without a completion (a consumer's ack), or a turn marked with
     leave_turn_to_writer (a producer with receipts outstanding, a send without a receipt),
     is committed by the writer thread: the loop is not blocked for an fsync nobody waits on."""
+    synced_on: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced_on.append(threading.get_ident())
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
     j = started(tmp_path)
     delivered: list[int] = []
     j.inline_thread = threading.get_ident()
     j.on_queued = lambda: None
     j.deliver_here = lambda done: delivered.append(len(done))
     assert j.flush(30)
+    synced_on.clear()
     j.append([ack(1)])  # no callback
     j.commit_turn(4)
     assert j.flush(30) and delivered == []
+    assert synced_on and threading.get_ident() not in synced_on  # the writer's fsync
     ran = threading.Event()
     leave_turn_to_writer()
     j.append([ack(2)], lambda err: ran.set())
