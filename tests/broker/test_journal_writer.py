@@ -306,3 +306,41 @@ def test_a_turn_nobody_waits_on_or_a_pipelined_one_goes_to_the_writer(
     assert delivered == [1]
     j.close()
     assert recovered_ids(tmp_path) == ["x1", "x2", "x3"]
+
+
+def test_the_loop_commits_while_its_commits_are_not_slower_than_the_writers(
+        tmp_path: Path, no_idle_rounds: None) -> None:
+    """A crowded machine can give a thread blocked in fdatasync its CPU back late: the
+    loop commits a turn itself only while its commits (sync_here) are no slower than the
+    writer's (sync_writer) by more than INLINE_MARGIN, and tries the other way every
+    INLINE_PROBE_EVERY-th turn."""
+    j = started(tmp_path)
+    delivered: list[int] = []
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: None
+    j.deliver_here = lambda done: delivered.append(len(done))
+    assert j.flush(30)
+
+    def turns(n: int) -> int:
+        """Commit n one-record turns; how many the loop committed."""
+        before = len(delivered)
+        for i in range(n):
+            j.append([ack(i)], lambda err: None)
+            j.commit_turn(4)
+            assert j.flush(30)
+        return len(delivered) - before
+
+    every = journal_module.INLINE_PROBE_EVERY
+    j._turns = 0  # noqa: SLF001 - count the probes from here
+    got = 0
+    for _ in range(every):
+        j.sync_here, j.sync_writer = 0.001, 0.001  # as fast (kept so each turn: the commits move them)
+        got += turns(1)
+    assert got == every - 1  # the loop's, but one probe of the writer
+    j._turns = 0  # noqa: SLF001
+    got = 0
+    for _ in range(every):
+        j.sync_here, j.sync_writer = 1.0, 0.001  # the loop's commits far slower (kept so each turn)
+        got += turns(1)
+    assert got == 1  # the writer's, but one probe of the loop
+    j.close()

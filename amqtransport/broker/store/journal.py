@@ -112,6 +112,11 @@ from .writer import (
     take_turn_to_writer,
 )
 
+#: :meth:`Journal.commit_turn` commits on the loop while its commits there take at most
+#: this much (seconds) longer than the writer thread's (what the two hand-offs cost)...
+INLINE_MARGIN = 0.00005
+#: ...and every this many turns tries the other way
+INLINE_PROBE_EVERY = 16
 #: a commit on the loop (:meth:`Journal.commit_turn`) slower than this (seconds)...
 INLINE_SLOW = 0.05
 #: ...leaves every turn's records to the writer thread for this long (seconds)
@@ -185,6 +190,12 @@ class Journal(SegmentReads, JournalWriter):
         self.deliver_here: Callable[[list[tuple[Callback, BaseException | None]]], None] = run_completions
         self._turn_due = False  # on_queued was called and commit_turn has not run since
         self._inline_paused_until = 0.0  # time.monotonic() until which commit_turn leaves all to the writer
+        #: moving averages (seconds) of one commit's write + fdatasync + checks, as measured on
+        #: the writer thread and on a caller's (commit_here): a thread that gets its CPU back
+        #: late after the fdatasync (a loop thread on a crowded machine) shows it here
+        self.sync_writer: float | None = None  # (None: no commit measured yet)
+        self.sync_here: float | None = None
+        self._turns = 0  # commit_turn calls that could commit here
         self._woken_at = 0.0  # perf_counter() when an append woke the sleeping writer (0: none since)
         self._queued_at = 0.0  # perf_counter() when the first record of the next batch was queued
         self._failed: BaseException | None = None
@@ -445,6 +456,14 @@ class Journal(SegmentReads, JournalWriter):
         started = time.monotonic()
         if take_turn_to_writer() or started < self._inline_paused_until:
             max_records = 0  # (commit_here then wakes the writer)
+        else:
+            # here, unless the writer's commits have been faster by more than the two
+            # hand-offs saved; every INLINE_PROBE_EVERY-th turn tries the other way, so
+            # that both averages follow the machine's load
+            self._turns += 1
+            here = self.sync_here is None or self.sync_writer is None or self.sync_here <= self.sync_writer + INLINE_MARGIN
+            if here == (self._turns % INLINE_PROBE_EVERY == 0):
+                max_records = 0
         done = self.commit_here(max_records)
         if done is not None and time.monotonic() - started > INLINE_SLOW:
             self._inline_paused_until = time.monotonic() + INLINE_PAUSE

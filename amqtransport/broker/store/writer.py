@@ -82,6 +82,9 @@ class JournalWriter:
     batches: int
     records_written: int
     fsync_seconds: Histogram
+    _thread: threading.Thread | None
+    sync_writer: float | None
+    sync_here: float | None
     batch_records: Histogram
 
     def path_of(self, seg_id: int) -> Path:
@@ -206,6 +209,11 @@ class JournalWriter:
             if problem is not None:  # before any completion: no receipt into a deleted file
                 raise _storage_error(problem)
             synced = time.perf_counter() - started
+            thread = self._thread
+            if thread is not None and thread.ident == threading.get_ident():  # (Journal.commit_turn's choice)
+                self.sync_writer = synced if self.sync_writer is None else self.sync_writer + (synced - self.sync_writer) / 16
+            else:
+                self.sync_here = synced if self.sync_here is None else self.sync_here + (synced - self.sync_here) / 16
             self.fsync_seconds.observe(synced)
             RECEIPT_PATH.journal_sync.observe(synced)
             if payloads:
