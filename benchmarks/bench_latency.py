@@ -2,7 +2,9 @@
 modes, and ActiveMQ 5.17, in one run.
 
 Run: .venv/bin/python benchmarks/bench_latency.py [N]   (AMQ_BENCH_QUICK=1: smaller runs;
-AMQ_BENCH_ROUNDS=R, default 2)
+AMQ_BENCH_ROUNDS=R, default 2; AMQ_BENCH_BASELINE=DIR also runs a single broker and a
+replicated pair from the checkout DIR -- another version of ours, before/after a change --
+as the targets ``baseline single`` and ``baseline replicated``, in the same alternating rounds)
 
 What a plain ``conn.send(...)`` loop waits for: one persistent 256-byte SEND with a
 receipt, then the RECEIPT, then the next (window 1, TCP_NODELAY, a raw socket with our
@@ -215,6 +217,13 @@ def main() -> None:
     metrics: dict[str, list[tuple[str, int]]] = {}  # target -> (node, http port) whose stages are read
     samples: dict[str, list[float]] = {}
     stages: dict[str, Stages] = {}
+    baseline = os.environ.get("AMQ_BENCH_BASELINE")
+    here = str(Path(__file__).resolve().parent.parent)
+    if baseline:
+        # a broker child runs `python -m amqtransport` in our working directory, which Python
+        # puts first on its path: both start from a neutral directory, each with its code first
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+        os.chdir(work)
     try:
         http = free_port()
         single = BrokerProcess(work / "single", args=["--http", f"127.0.0.1:{http}"], log_dir=work / "single-log")
@@ -237,6 +246,21 @@ def main() -> None:
             if mode == "replicated":
                 slave = next(node for node in pair.nodes if node is not master)
                 metrics[mode].append((f"{mode} slave", by_node[slave]))
+        if baseline:
+            ours_path = os.environ["PYTHONPATH"]
+            os.environ["PYTHONPATH"] = str(Path(baseline).resolve())  # the children below run DIR's code
+            try:
+                base = BrokerProcess(work / "baseline-single", log_dir=work / "baseline-single-log")
+                base.start()
+                stops.append(base.terminate)
+                targets["baseline single"] = base.port
+                pair = BrokerPair("replicated", work / "baseline-replicated")
+                pair.start()
+                stops.append(pair.stop)
+                targets["baseline replicated"] = pair.wait_master(60).port
+                pair.wait_in_sync(60)
+            finally:
+                os.environ["PYTHONPATH"] = ours_path
         amq = start_activemq(work / "activemq")
         if amq is not None:
             stops.append(amq[1])

@@ -17,8 +17,11 @@ from amqtransport.broker.store import (
     JournalError,
     after_completions,
     encode,
+    leave_turn_to_writer,
     run_completions,
 )
+from amqtransport.broker.store import journal as journal_module
+from amqtransport.broker.store import writer as writer_module
 
 
 def ack(i: int) -> bytes:
@@ -151,3 +154,196 @@ def test_what_a_lone_completion_defers_runs_before_run_completions_returns() -> 
     run_completions([(completion("b"), None), (completion("c"), None)])  # type: ignore[list-item]
     assert ran == ["b", "c"] and deferred == [False, False]  # the callers call_soon their writes
     assert after_completions(lambda: None) is False  # outside run_completions: nothing to join
+
+
+@pytest.fixture
+def no_idle_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's idle wake-ups (every CHECK_INTERVAL) out of the way: what it takes is
+    then only what it was handed; and no commit counts as slow (INLINE_SLOW) on a loaded
+    CI disk."""
+    monkeypatch.setattr(writer_module, "CHECK_INTERVAL", 60.0)
+    monkeypatch.setattr(journal_module, "INLINE_SLOW", 60.0)
+    writer_module.take_turn_to_writer()  # a mark left on this thread by an earlier test's append
+
+
+def test_a_loop_turn_that_appends_commits_on_the_loop_at_its_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_idle_rounds: None) -> None:
+    """issue 27: appends on the journal's ``inline_thread`` leave the sleeping writer asleep
+    and ask once per turn for ``commit_turn``, which fsyncs them there and hands the
+    completions to ``deliver_here`` on that thread: no thread hand-off."""
+    synced_on: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced_on.append(threading.get_ident())
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    j = started(tmp_path)
+    asked: list[int] = []
+    delivered: list[tuple[int, int]] = []
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: asked.append(threading.get_ident())
+    j.deliver_here = lambda done: delivered.append((len(done), threading.get_ident()))
+    assert j.flush(30)
+    synced_on.clear()
+    for i in range(3):  # one turn, three records
+        j.append([ack(i)], lambda err: None)
+    assert asked == [threading.get_ident()]  # asked once for the turn
+    j.commit_turn(4)
+    assert synced_on == [threading.get_ident()]  # one fdatasync, on this thread
+    assert delivered == [(3, threading.get_ident())]
+    assert j.durable_records == 3
+    j.append([ack(3)], lambda err: None)  # the next turn asks again
+    assert len(asked) == 2
+    j.commit_turn(4)
+    assert delivered[-1] == (1, threading.get_ident())
+    j.close()
+    assert recovered_ids(tmp_path) == ["x0", "x1", "x2", "x3"]
+
+
+def test_a_big_turn_and_an_append_from_another_thread_go_to_the_writer(
+        tmp_path: Path, no_idle_rounds: None) -> None:
+    j = started(tmp_path)
+    asked: list[int] = []
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: asked.append(1)
+    j.deliver_here = lambda done: pytest.fail("a big turn is the writer's")  # type: ignore[assignment]
+    assert j.flush(30)
+    ran_on: list[int] = []
+    all_done = threading.Event()
+
+    def cb(err: BaseException | None) -> None:
+        assert err is None
+        ran_on.append(threading.get_ident())
+        if len(ran_on) == 6:
+            all_done.set()
+
+    for i in range(5):
+        j.append([ack(i)], cb)
+    j.commit_turn(4)  # five records: more than four, so the writer is woken to take them
+    other = threading.Thread(target=lambda: j.append([ack(5)], cb))  # not the loop: wakes the writer
+    assert j.flush(30)
+    other.start()
+    other.join(30)
+    assert all_done.wait(30)
+    assert asked == [1] and threading.get_ident() not in ran_on
+    j.close()
+    assert recovered_ids(tmp_path) == [f"x{i}" for i in range(6)]
+
+
+def test_a_turn_committed_on_the_loop_into_a_deleted_segment_is_never_receipted(
+        tmp_path: Path, no_idle_rounds: None, caplog: pytest.LogCaptureFixture) -> None:
+    """The "file still named" check holds on the loop's commit too: no success for a record
+    appended into a segment that no path names any more."""
+    failures: list[JournalError] = []
+    j = started(tmp_path, on_failure=failures.append)
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: None
+    delivered: list[object] = []
+    j.deliver_here = delivered.append  # type: ignore[assignment]
+    errors: list[BaseException | None] = []
+    j.append([ack(1)], errors.append)
+    os.unlink(j.path_of(j.head))  # the head segment deleted under the broker
+    j.commit_turn(4)
+    assert delivered == []  # nothing delivered as a success
+    assert len(errors) == 1 and isinstance(errors[0], JournalError) and "deleted" in str(errors[0])
+    assert len(failures) == 1 and j.failed is failures[0]
+    caplog.clear()  # the ERROR it must log
+    j.close()
+
+
+def test_after_a_slow_commit_on_the_loop_the_writer_takes_the_turns_for_a_while(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_idle_rounds: None) -> None:
+    """A disk in trouble blocks the loop for one slow fsync, not for each of them."""
+    monkeypatch.setattr(journal_module, "INLINE_SLOW", -1.0)  # every commit counts as slow
+    j = started(tmp_path)
+    delivered: list[int] = []
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: None
+    j.deliver_here = lambda done: delivered.append(threading.get_ident())
+    assert j.flush(30)
+    j.append([ack(1)], lambda err: None)
+    j.commit_turn(4)
+    assert delivered == [threading.get_ident()]  # committed here (and found slow)
+    writer_ran = threading.Event()
+    j.append([ack(2)], lambda err: writer_ran.set())
+    j.commit_turn(4)  # paused: the writer's
+    assert writer_ran.wait(30)
+    assert delivered == [threading.get_ident()]
+    j.close()
+    assert recovered_ids(tmp_path) == ["x1", "x2"]
+
+
+def test_a_turn_nobody_waits_on_or_a_pipelined_one_goes_to_the_writer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_idle_rounds: None) -> None:
+    """A record appended without a completion (a consumer's ack), or a turn marked with
+    leave_turn_to_writer (a producer with receipts outstanding, a send without a receipt),
+    is committed by the writer thread: the loop is not blocked for an fsync nobody waits on."""
+    synced_on: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced_on.append(threading.get_ident())
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    j = started(tmp_path)
+    delivered: list[int] = []
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: None
+    j.deliver_here = lambda done: delivered.append(len(done))
+    assert j.flush(30)
+    synced_on.clear()
+    j.append([ack(1)])  # no callback
+    j.commit_turn(4)
+    assert j.flush(30) and delivered == []
+    assert synced_on and threading.get_ident() not in synced_on  # the writer's fsync
+    ran = threading.Event()
+    leave_turn_to_writer()
+    j.append([ack(2)], lambda err: ran.set())
+    j.commit_turn(4)
+    assert ran.wait(30) and delivered == []
+    j.append([ack(3)], lambda err: None)  # the mark is spent: the next turn is the loop's again
+    j.commit_turn(4)
+    assert delivered == [1]
+    j.close()
+    assert recovered_ids(tmp_path) == ["x1", "x2", "x3"]
+
+
+def test_the_loop_commits_while_its_commits_are_not_slower_than_the_writers(
+        tmp_path: Path, no_idle_rounds: None) -> None:
+    """A crowded machine can give a thread blocked in fdatasync its CPU back late: the
+    loop commits a turn itself only while its commits (sync_here) are no slower than the
+    writer's (sync_writer) by more than INLINE_MARGIN, and tries the other way every
+    INLINE_PROBE_EVERY-th turn."""
+    j = started(tmp_path)
+    delivered: list[int] = []
+    j.inline_thread = threading.get_ident()
+    j.on_queued = lambda: None
+    j.deliver_here = lambda done: delivered.append(len(done))
+    assert j.flush(30)
+
+    def turns(n: int) -> int:
+        """Commit n one-record turns; how many the loop committed."""
+        before = len(delivered)
+        for i in range(n):
+            j.append([ack(i)], lambda err: None)
+            j.commit_turn(4)
+            assert j.flush(30)
+        return len(delivered) - before
+
+    every = journal_module.INLINE_PROBE_EVERY
+    j._turns = 0  # noqa: SLF001 - count the probes from here
+    got = 0
+    for _ in range(every):
+        j.sync_here, j.sync_writer = 0.001, 0.001  # as fast (kept so each turn: the commits move them)
+        got += turns(1)
+    assert got == every - 1  # the loop's, but one probe of the writer
+    j._turns = 0  # noqa: SLF001
+    got = 0
+    for _ in range(every):
+        j.sync_here, j.sync_writer = 1.0, 0.001  # the loop's commits far slower (kept so each turn)
+        got += turns(1)
+    assert got == 1  # the writer's, but one probe of the loop
+    j.close()

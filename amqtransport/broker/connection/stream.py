@@ -82,7 +82,7 @@ from amqtransport.stomp import Frame as StompFrame
 from amqtransport.stomp.encoders import error_frame, receipt_frame
 
 from ..config import BrokerConfig
-from ..store import RECEIPT_PATH, after_completions
+from ..store import RECEIPT_PATH, after_completions, leave_turn_to_writer
 
 __all__ = ["ErrorSent", "IN_DOUBT_HEADER", "StompStream", "StreamHost"]
 
@@ -177,6 +177,7 @@ class StompStream:
         self._frame_timer: asyncio.TimerHandle | None = None  # a frame has started arriving
         self._frame_mark = 0  # frames_in when _frame_timer was armed
         self.frames_in = 0
+        self.unreceipted = 0  # receipt callbacks made and not run yet (receipt_callback)
         self._preauth_held = 0  # bytes of a partial frame buffered before CONNECTED (counted: _preauth)
         self.opened_at = 0.0  # loop.time() of connection_made
         #: the client came through the WebSocket port (connection/websocket.py), not plain TCP
@@ -443,6 +444,7 @@ class StompStream:
 
     def receipt_callback(self, receipt: str | None, what: str) -> object:
         if receipt is None:
+            leave_turn_to_writer()  # nobody waits for it: its fsync must not block the loop
 
             def on_error_only(err: BaseException | None) -> None:
                 if err is not None:
@@ -451,8 +453,12 @@ class StompStream:
             return on_error_only
 
         parsed = time.perf_counter()
+        if self.unreceipted:  # a pipelined producer: the journal's writer overlaps its fsync with our parsing
+            leave_turn_to_writer()
+        self.unreceipted += 1
 
         def done(err: BaseException | None) -> None:
+            self.unreceipted -= 1
             if err is not None:
                 self._persist_failed(what, err, receipt)
             else:

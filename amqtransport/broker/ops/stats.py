@@ -104,7 +104,8 @@ RECEIPT_STAGES: tuple[tuple[str, str], ...] = (
                          "(0 for the first of a loop turn: it goes at once)."),
     ("slave_ack", "Records written to the slave's socket -> the slave's ACK that they are on its disk."),
     ("gate_wait", "A batch on the master's disk -> its completions released by the slave's ACK (replicated)."),
-    ("handoff", "The journal writer handing a batch's completions to the event loop -> them running."),
+    ("handoff", "The journal writer handing a batch's completions to the event loop -> them running "
+                "(0 for a batch the loop committed itself: Journal.commit_turn)."),
     ("receipt_write", "A batch's completions starting -> their RECEIPT frames (a slave: its ACK) handed to the sockets."),
     ("total", "A receipted frame read and parsed -> its RECEIPT handed to the socket (the whole path)."),
 )

@@ -11,6 +11,7 @@ from .journal import (
     NotReceipted,
     StoreLockedError,
     after_completions,
+    leave_turn_to_writer,
     run_completions,
     scan_segment,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "Tx",
     "Unsub",
     "after_completions",
+    "leave_turn_to_writer",
     "decode",
     "encode",
     "run_completions",

@@ -24,7 +24,11 @@ While one fsync is in flight the next batch accumulates, so N concurrent produce
 cost one fsync, not N. A caller that may block for an fsync (a slave's replication
 loop) can instead commit a small batch on its own thread when the writer is idle
 (:meth:`~.writer.JournalWriter.commit_here`: the same write, fsync, checks and hooks,
-one batch at a time, without the two thread hand-offs). A receipt for a persistent SEND is sent from such a callback,
+one batch at a time, without the two thread hand-offs). The broker's loop does so at
+the end of each turn that appended with the writer asleep (:attr:`Journal.inline_thread`,
+``on_queued``, :meth:`Journal.commit_turn`): a lone receipted send (window 1) is read,
+written, fsynced and receipted in two loop turns and no thread hop; a turn that
+appended more than a few records hands them to the writer as before. A receipt for a persistent SEND is sent from such a callback,
 i.e. only once its record is on disk. The writer thread's code is :mod:`.writer`.
 
 Recovery. :meth:`Journal.recover` reads the segments in id order and yields every
@@ -98,11 +102,30 @@ from .segments import (
     scan_segment,
 )
 from .segments import segment_id as _segment_id
-from .writer import BatchHook, Callback, JournalWriter, after_completions, run_completions
+from .writer import (
+    BatchHook,
+    Callback,
+    JournalWriter,
+    after_completions,
+    leave_turn_to_writer,
+    run_completions,
+    take_turn_to_writer,
+)
+
+#: :meth:`Journal.commit_turn` commits on the loop while its commits there take at most
+#: this much (seconds) longer than the writer thread's (what the two hand-offs cost)...
+INLINE_MARGIN = 0.00005
+#: ...and every this many turns tries the other way
+INLINE_PROBE_EVERY = 16
+#: a commit on the loop (:meth:`Journal.commit_turn`) slower than this (seconds)...
+INLINE_SLOW = 0.05
+#: ...leaves every turn's records to the writer thread for this long (seconds)
+INLINE_PAUSE = 1.0
 
 __all__ = [
     "RECEIPT_PATH",
     "after_completions",
+    "leave_turn_to_writer",
     "Journal",
     "JournalError",
     "NotReceipted",
@@ -155,6 +178,24 @@ class Journal(SegmentReads, JournalWriter):
         #: does: its fsync then needs no thread hand-off). The writer still takes whatever
         #: is queued when its CHECK_INTERVAL wait ends, so nothing waits longer than that.
         self.wake_on_append = True
+        #: the thread of the loop that may commit here (the broker's event loop; None: none):
+        #: an append on it that finds the writer asleep leaves the writer asleep and calls
+        #: ``on_queued()`` once, which schedules :meth:`commit_turn` at the end of the loop
+        #: turn (every record the turn appended in one batch, fsynced there when few, or
+        #: handed to the writer): a lone receipted send then needs no thread hand-off
+        self.inline_thread: int | None = None
+        self.on_queued: Callable[[], None] | None = None
+        #: runs the completions :meth:`commit_turn` committed, on the loop (a replicating
+        #: master puts its receipt gate here); default: run them at once
+        self.deliver_here: Callable[[list[tuple[Callback, BaseException | None]]], None] = run_completions
+        self._turn_due = False  # on_queued was called and commit_turn has not run since
+        self._inline_paused_until = 0.0  # time.monotonic() until which commit_turn leaves all to the writer
+        #: moving averages (seconds) of one commit's write + fdatasync + checks, as measured on
+        #: the writer thread and on a caller's (commit_here): a thread that gets its CPU back
+        #: late after the fdatasync (a loop thread on a crowded machine) shows it here
+        self.sync_writer: float | None = None  # (None: no commit measured yet)
+        self.sync_here: float | None = None
+        self._turns = 0  # commit_turn calls that could commit here
         self._woken_at = 0.0  # perf_counter() when an append woke the sleeping writer (0: none since)
         self._queued_at = 0.0  # perf_counter() when the first record of the next batch was queued
         self._failed: BaseException | None = None
@@ -174,6 +215,7 @@ class Journal(SegmentReads, JournalWriter):
         self._fd_off = 0  # bytes in the file self._fd writes (writer thread)
         self._written = (0, 0)  # (segment, offset) up to which the writer has written (under _cond)
         self._read_waiting = False
+        self._waiters = 0  # threads in flush() / wait_durable() (under _cond)
         self._read_fds: OrderedDict[int, int] = OrderedDict()  # segment -> fd for reading (loop thread)
         self.bytes_written = 0
         self.batches = 0
@@ -386,11 +428,48 @@ class Journal(SegmentReads, JournalWriter):
             self._appended += len(payloads)
             if callback is not None:
                 self._callbacks.append(callback)
+            else:  # nobody waits for this record: no reason to block the loop for its fsync
+                leave_turn_to_writer()
+            at = self._head, offset
+            kick = False
             if self._waiting and self.wake_on_append:
-                if not self._woken_at:
-                    self._woken_at = time.perf_counter()  # RECEIPT_PATH.journal_wakeup
-                self._cond.notify_all()  # flush() waiters share the condition
-            return self._head, offset
+                if self.on_queued is not None and threading.get_ident() == self.inline_thread:
+                    kick, self._turn_due = not self._turn_due, True  # commit_turn wakes it if need be
+                else:
+                    if not self._woken_at:
+                        self._woken_at = time.perf_counter()  # RECEIPT_PATH.journal_wakeup
+                    self._cond.notify_all()  # flush() waiters share the condition
+        if kick:
+            self.on_queued()  # type: ignore[misc]  # (checked above, under the lock)
+        return at
+
+    def commit_turn(self, max_records: int) -> None:
+        """End of a loop turn that appended (``on_queued``): commit what it queued here when
+        the writer is idle and it is at most ``max_records`` records
+        (:meth:`~.writer.JournalWriter.commit_here`; the completions go to ``deliver_here``),
+        else leave it to the writer thread (woken if asleep). After a commit here that took
+        longer than :data:`INLINE_SLOW` (a disk in trouble), the writer takes every turn for
+        :data:`INLINE_PAUSE` seconds: the loop (its clients, an HA node's pings and stall
+        detector) is blocked by one slow fsync at most, not by each."""
+        with self._cond:
+            self._turn_due = False
+        started = time.monotonic()
+        if take_turn_to_writer() or started < self._inline_paused_until:
+            max_records = 0  # (commit_here then wakes the writer)
+        else:
+            # here, unless the writer's commits have been faster by more than the two
+            # hand-offs saved; every INLINE_PROBE_EVERY-th turn tries the other way, so
+            # that both averages follow the machine's load
+            self._turns += 1
+            here = self.sync_here is None or self.sync_writer is None or self.sync_here <= self.sync_writer + INLINE_MARGIN
+            if here == (self._turns % INLINE_PROBE_EVERY == 0):
+                max_records = 0
+        done = self.commit_here(max_records)
+        if done is not None and time.monotonic() - started > INLINE_SLOW:
+            self._inline_paused_until = time.monotonic() + INLINE_PAUSE
+        if done:
+            RECEIPT_PATH.handoff.observe(0.0)  # no hand-off: committed where it is delivered
+            self.deliver_here(done)
 
     @property
     def backlog_bytes(self) -> int:
@@ -437,14 +516,18 @@ class Journal(SegmentReads, JournalWriter):
         """Block until everything appended so far is durable (never call from a notify callback)."""
         with self._cond:
             self._cond.notify_all()  # the writer too (an append may have left it asleep: wake_on_append)
-            ok = self._cond.wait_for(
-                lambda: (
-                    (not self._queue and not self._busy)
-                    or self._failed is not None
-                    or self._thread is None
-                ),
-                timeout,
-            )
+            self._waiters += 1
+            try:
+                ok = self._cond.wait_for(
+                    lambda: (
+                        (not self._queue and not self._busy)
+                        or self._failed is not None
+                        or self._thread is None
+                    ),
+                    timeout,
+                )
+            finally:
+                self._waiters -= 1
         return bool(ok) and self._failed is None
 
     def close(self) -> None:
@@ -488,7 +571,11 @@ class Journal(SegmentReads, JournalWriter):
         """Block until the first ``records`` appended records are durable; False on
         timeout or a failed journal. For threads other than the writer."""
         with self._cond:
-            ok = self._cond.wait_for(
-                lambda: self._durable >= records or self._failed is not None or self._thread is None, timeout
-            )
+            self._waiters += 1
+            try:
+                ok = self._cond.wait_for(
+                    lambda: self._durable >= records or self._failed is not None or self._thread is None, timeout
+                )
+            finally:
+                self._waiters -= 1
             return bool(ok) and self._failed is None and self._durable >= records

@@ -35,7 +35,8 @@ from .files import write_all as _write_all
 from .guard import CHECK_INTERVAL, StorageGuard
 from .segments import MAGIC, JournalError
 
-__all__ = ["BatchHook", "Callback", "JournalWriter", "after_completions", "run_completions"]
+__all__ = ["BatchHook", "Callback", "JournalWriter", "after_completions", "leave_turn_to_writer", "run_completions",
+           "take_turn_to_writer"]
 
 log = logging.getLogger("amqtransport.broker.store.journal")  # the journal's logger, as before the move
 
@@ -76,10 +77,14 @@ class JournalWriter:
     _fd_off: int
     _written: tuple[int, int]
     _read_waiting: bool
+    _waiters: int
     bytes_written: int
     batches: int
     records_written: int
     fsync_seconds: Histogram
+    _thread: threading.Thread | None
+    sync_writer: float | None
+    sync_here: float | None
     batch_records: Histogram
 
     def path_of(self, seg_id: int) -> Path:
@@ -163,7 +168,10 @@ class JournalWriter:
         the writer thread takes them (it is busy, or more is queued). A failure is handled
         as the writer handles one (the completions get the error through ``notify``;
         ``on_failure``; the writer stops) and returns ``[]``. The caller blocks for the
-        fsync: a slave's replication loop (:mod:`..ha.slave`), not a loop serving clients."""
+        fsync: a slave's replication loop (:mod:`..ha.slave`), and the broker's loop at the
+        end of a turn that appended few records (:meth:`~.journal.Journal.commit_turn`;
+        a turn that appended more leaves them to the writer, whose fsync then overlaps the
+        loop's parsing: pipelined producers keep their group commit)."""
         with self._cond:
             if (self._busy or not self._queue or self._closing or self._failed is not None or self._check_due
                     or len(self._payloads) > max_records):
@@ -175,7 +183,7 @@ class JournalWriter:
         error = self._commit(items, payloads)
         done = self._settle(callbacks, target, error, batch=True)
         if error is None:
-            self._done(target, target_bytes)
+            self._done(target, target_bytes, here=True)
             return done
         self._deliver(done)
         self._done(target, target_bytes)
@@ -201,6 +209,11 @@ class JournalWriter:
             if problem is not None:  # before any completion: no receipt into a deleted file
                 raise _storage_error(problem)
             synced = time.perf_counter() - started
+            thread = self._thread
+            if thread is not None and thread.ident == threading.get_ident():  # (Journal.commit_turn's choice)
+                self.sync_writer = synced if self.sync_writer is None else self.sync_writer + (synced - self.sync_writer) / 16
+            else:
+                self.sync_here = synced if self.sync_here is None else self.sync_here + (synced - self.sync_here) / 16
             self.fsync_seconds.observe(synced)
             RECEIPT_PATH.journal_sync.observe(synced)
             if payloads:
@@ -240,12 +253,16 @@ class JournalWriter:
             except Exception:  # noqa: BLE001 - e.g. the loop is closed
                 log.exception("journal: delivering completions failed")
 
-    def _done(self, target: int, target_bytes: int) -> None:
+    def _done(self, target: int, target_bytes: int, *, here: bool = False) -> None:
+        """The batch is over. ``here`` (:meth:`commit_here`): wake the sleeping writer only
+        when it has something to do, so that it does not take the GIL from the thread
+        that is about to run the completions."""
         with self._cond:
             self._durable = target
             self._durable_bytes = target_bytes
             self._busy = False
-            self._cond.notify_all()
+            if not here or self._queue or self._closing or self._check_due or self._waiters:
+                self._cond.notify_all()
 
     def _report_failure(self, error: JournalError) -> None:
         if self._on_failure is not None:
@@ -345,6 +362,24 @@ def run_completions(items: list[tuple[Callback, BaseException | None]], handed_a
 _completing = threading.local()  # .after: what the completions running on this thread deferred
 #: a batch of at most this many completions has what they write go out once they ran (after_completions)
 WRITE_NOW_AT_MOST = 1
+
+
+_turn = threading.local()  # .to_writer: this loop turn's records are for the writer thread (commit_turn)
+
+
+def leave_turn_to_writer() -> None:
+    """This loop turn appends for a producer that does not wait for each record's receipt
+    (a pipelined one, a send without a receipt, a consumer's ack): the journal's
+    ``commit_turn`` then leaves the turn's records to the writer thread, whose fsync
+    overlaps the loop's work on the next frames, instead of blocking the loop for it."""
+    _turn.to_writer = True
+
+
+def take_turn_to_writer() -> bool:
+    """Whether :func:`leave_turn_to_writer` was called on this thread since the last call."""
+    found = bool(getattr(_turn, "to_writer", False))
+    _turn.to_writer = False
+    return found
 
 
 def after_completions(fn: Callable[[], None]) -> bool:
