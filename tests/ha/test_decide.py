@@ -118,6 +118,10 @@ CONDITIONS: dict[str, Callable[[Case], bool]] = {
     and _epoch(_info(c)) > c.state.epoch,
     "no peer known": lambda c: c.peers.answers == (),
     "every address refuses": lambda c: bool(c.peers.answers) and all(a.refused for a in c.peers.answers or ()),
+    "held within the refusal window": lambda c: c.state.held_for <= c.options.refusal_window,
+    "not asked again": lambda c: c.peers.again is None,
+    "an address answers as master again": lambda c: any(
+        a.info is not None and a.info.get("amq-ha-role") == "master" for a in c.peers.again or ()),
     "the slave said goodbye": lambda c: c.state.goodbye,
     "the slave was not in sync": lambda c: not c.state.slave_was_synced,
     "this node is master": lambda c: c.state.role == "master",
@@ -243,12 +247,31 @@ def cases(phase: str) -> Iterator[Case]:
         ):
             yield Case(st, DecideOptions(NAME, connector, check, smf, False, witness),
                        Peers(answers, answered, granted, "said so" if granted is not None else ""))
+        # without a witness, the second probe (confirm): no master again, or a master again
+        agains: list[tuple[PeerAnswer, ...]] = [
+            (), (PeerAnswer(A1, refused=True),), (PeerAnswer(A1, error="timed out"), PeerAnswer(A2, refused=True)),
+            *((PeerAnswer(A1, refused=True), PeerAnswer(A2, info=i)) for i in FEW)]
+        firsts = [(PeerAnswer(A1, refused=True), PeerAnswer(A2, refused=True)),
+                  (PeerAnswer(A1, error="timed out"),), (PeerAnswer(A1, info=FEW[2]),)]
+        for st, (check, answered), answers, again in itertools.product(
+            states(phase), check_options(), firsts, agains
+        ):
+            yield Case(st, DecideOptions(NAME, CONNECTOR, check), Peers(answers, answered, again=again))
     elif phase == "master":
         for linked, synced, answers, (witness, granted) in itertools.product(
             (None, "a", "c"), (True, False), answer_lists(list(infos(PEER)), STANDBY), witness_options()
         ):
             st = NodeState(phase, epoch=EPOCH, synced=synced, role="master", linked_to=linked)
             yield Case(st, DecideOptions(NAME, witness=witness), Peers(answers, witness=granted))
+        # receipts held within the refusal window, at its edge, or past it (refusals then prove nothing)
+        refusing = [(PeerAnswer(A1, refused=True),), (PeerAnswer(A1, refused=True), PeerAnswer(A2, refused=True)),
+                    (PeerAnswer(A1, refused=True), PeerAnswer(A2, error="timed out"))]
+        for held, window, answers, (witness, granted) in itertools.product(
+            (0.0, 1.0, 1.5, 30.0), (1.0, 2.0), refusing, witness_options()
+        ):
+            st = NodeState(phase, epoch=EPOCH, role="master", held_for=held)
+            yield Case(st, DecideOptions(NAME, witness=witness, refusal_window=window),
+                       Peers(answers, witness=granted))
     elif phase == "slave-lost":
         for goodbye, was_synced, ssf, (check, answered) in itertools.product(
             (False, True), (False, True), (False, True), check_options()
@@ -307,6 +330,8 @@ def check_table(phase: str, decide_fn: Callable[[str, Case], Decision] = run) ->
             assert got.action != "check", c
         if c.peers.witness is not None:
             assert got.action != "ask-witness", c
+        if c.peers.again is not None:
+            assert got.action != "confirm", c
         hit.add(row)
         count += 1
     dead = {(ph, n) for ph, n, *_ in ROWS if ph == phase} - hit

@@ -11,7 +11,8 @@ counterpart on the peer), from frozen values: what the node knows of itself
 on every address it knows, and whether the ``--takeover-check`` address answers). The
 role loop (:mod:`.node`) only observes and acts. When a rule needs an observation the
 node has not made yet, the decision says so -- ``ask`` (probe the peer's addresses, or
-send them a stand-by request) or ``check`` (try the takeover-check address) -- and the
+send them a stand-by request), ``confirm`` (probe them again after the confirmation
+delay) or ``check`` (try the takeover-check address) -- and the
 node decides again with the answer and its state as it is *after* the last await: a
 stand-by request accepted meanwhile (it runs on the same loop) is always seen, and a
 node raises its epoch with nothing awaited between the decision and the raise.
@@ -57,10 +58,12 @@ combination of inputs against it.
 | link-lost | 4 | an address answers as master | relink |
 | link-lost | 5 | takeover check not tried | check |
 | link-lost | 6 | takeover check unreachable | isolated |
-| link-lost | 7 | no witness | master |
-| link-lost | 8 | the witness not asked | ask-witness |
-| link-lost | 9 | the witness grants | master |
-| link-lost | 10 | otherwise | isolated |
+| link-lost | 7 | no witness; not asked again | confirm |
+| link-lost | 8 | no witness; an address answers as master again | relink |
+| link-lost | 9 | no witness | master |
+| link-lost | 10 | the witness not asked | ask-witness |
+| link-lost | 11 | the witness grants | master |
+| link-lost | 12 | otherwise | isolated |
 | master | 1 | not asked | ask |
 | master | 2 | the peer is master; its epoch is newer | step-down |
 | master | 3 | the peer is master; same epoch; its name is lower | step-down |
@@ -71,7 +74,7 @@ combination of inputs against it.
 | master | 8 | the peer's synced store is newer | step-down |
 | master | 9 | the peer answers | hold |
 | master | 10 | no peer known | clear |
-| master | 11 | every address refuses | clear |
+| master | 11 | every address refuses; held within the refusal window | clear |
 | master | 12 | no witness | hold |
 | master | 13 | the witness not asked | ask-witness |
 | master | 14 | the witness grants | lease |
@@ -104,8 +107,29 @@ do), ``stop`` (exit code 3), ``fence`` (close the client port, decide again),
 ``ask-witness`` (ask the witness, ``--witness``: a slave for mastership at its epoch + 1,
 a master to renew its lease saying it receipts alone; :mod:`.witness`), ``lease`` (receipt
 alone again while the witness renews the lease, and hold again the moment it runs out),
-``refused`` / ``in-sync`` / ``ok`` (the stand-by answers; ``ok-unsynced`` is ``ok``
+``confirm`` (probe the master's addresses again after
+:attr:`DecideOptions.confirm_delay`: a refusal is proof of a dead master only when it
+persists, see "Refusals" below), ``refused`` / ``in-sync`` / ``ok`` (the stand-by answers; ``ok-unsynced`` is ``ok``
 and this store is no longer a complete copy: it resyncs before it could take over).
+
+Refusals. Without a witness, a refused connection is the only proof that the peer's
+process is not running, and a live master refuses for a moment: a suspect master closes
+its client port while it decides (:mod:`.master`), and a firewall may reset the HA ports
+alone (a cut of the replication link with TCP resets). Were both taken at once as proof
+-- the master finding every address of its cut-off slave refusing (a slave has no client
+port) and receipting alone, the slave finding the master's HA port reset and its client
+port closed and taking over -- there would be two masters. So the two sides wait
+differently: a master clears on refusals only within the *refusal window* ``R``
+(:attr:`DecideOptions.refusal_window`, ``min(1 s, --link-timeout)``) after its
+receipts began to be held (``NodeState.held_for``; later rounds hold, or ask the
+witness); a master that clears reopens its client port at once, so a live master's
+client port refuses for at most ``R`` plus a bind in a row unless it holds -- and a
+master that holds past ``R`` never receipts alone on a refusal. Without a witness the
+slave takes over only if a second probe, :attr:`DecideOptions.confirm_delay` (``2 R``)
+after the first, finds no master either (whatever the first found: a refusal, or a
+timeout on one address and a refusal on another). What the pair then still assumes --
+a refused connection on *every* address of a node means its process is not running --
+is in docs/ha.md.
 
 Why: a receipt promises that the message survives the loss of either node, so no
 rule may let a node serve a store that could lack a receipted message, and a master
@@ -172,6 +196,7 @@ from .config import HaOptions, parse_address
 
 __all__ = [
     "Action",
+    "CONFIRM",
     "Decision",
     "DecideOptions",
     "NodeState",
@@ -188,7 +213,7 @@ __all__ = [
 Phase = Literal["start", "link-lost", "master", "slave-lost", "stand-by"]
 #: what a decision says to do (module docstring: "What the outcomes do")
 Action = Literal[
-    "ask", "check",
+    "ask", "check", "confirm",
     "join", "master", "wait", "retry",
     "cold-backup", "relink", "isolated",
     "step-down", "demote-peer", "clear", "hold",
@@ -209,6 +234,7 @@ STAND_BY: Final = "stand-by"
 # outcomes
 ASK: Final = "ask"
 CHECK: Final = "check"
+CONFIRM: Final = "confirm"
 JOIN: Final = "join"
 BECOME_MASTER: Final = "master"
 WAIT: Final = "wait"
@@ -248,6 +274,7 @@ class NodeState:
     goodbye: bool = False  # slave-lost: the slave said goodbye
     slave_was_synced: bool = False  # slave-lost: that slave was in sync
     damaged: bool = False  # its journal reads back damaged or missing records (salvage.verify)
+    held_for: float = 0.0  # master: seconds since its receipts began to be held (suspect), now
 
 
 @dataclass(frozen=True)
@@ -260,13 +287,23 @@ class DecideOptions:
     shutdown_on_master_failure: bool = False
     shutdown_on_slave_failure: bool = False
     witness: tuple[str, int] | None = None
+    #: a suspect master clears on refusals only this long (s) after its receipts began to
+    #: be held: ``min(1 s, --link-timeout)``, one probe's timeout (module docstring, "Refusals")
+    refusal_window: float = 1.0
+
+    @property
+    def confirm_delay(self) -> float:
+        """How long (s) after its first probe a slave without a witness probes its lost
+        master again before taking over: longer than a live master's client port can
+        refuse in a row while it does not hold (the refusal window, then a bind)."""
+        return 2 * self.refusal_window
 
     @classmethod
     def of(cls, name: str, opts: HaOptions) -> DecideOptions:
         check = parse_address(opts.takeover_check, "--takeover-check") if opts.takeover_check else None
         witness = parse_address(opts.witness, "--witness") if opts.witness else None
         return cls(name, opts.master_connector, check, opts.shutdown_on_master_failure,
-                   opts.shutdown_on_slave_failure, witness)
+                   opts.shutdown_on_slave_failure, witness, min(1.0, opts.link_timeout))
 
 
 @dataclass(frozen=True)
@@ -288,12 +325,15 @@ class Peers:
     """What the node observed: the answers of the peer's addresses, in the order it
     asked them (None: not asked yet), whether the takeover-check address answered
     a TCP connect (None: not tried), and whether the witness granted what it was asked
-    (None: not asked; ``witness_reason``: what it said)."""
+    (None: not asked; ``witness_reason``: what it said); ``again``: the answers of the
+    second probe, made :attr:`DecideOptions.confirm_delay` after the first (None: not
+    made)."""
 
     answers: tuple[PeerAnswer, ...] | None = None
     check: bool | None = None
     witness: bool | None = None
     witness_reason: str = ""
+    again: tuple[PeerAnswer, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -436,7 +476,17 @@ def _link_lost(state: NodeState, options: DecideOptions, peers: Peers) -> Decisi
             return Decision(RELINK, f"replication link lost but the master answers on {a.address[0]}:{a.address[1]}: "
                                     "not taking over; re-linking", address=a.address, info=a.info)
     checked = _checked(options, peers, "master lost: taking over", unreachable=ISOLATED)
-    if checked.action != BECOME_MASTER or options.witness is None:
+    if checked.action != BECOME_MASTER:
+        return checked
+    if options.witness is None:
+        if peers.again is None:
+            return Decision(CONFIRM, f"master lost: probing its addresses again in {options.confirm_delay:g} s "
+                                     "before taking over (a live master may refuse for a moment)")
+        for a in peers.again:
+            if a.info is not None and a.info.get("amq-ha-role") == "master":
+                return Decision(RELINK, f"replication link lost but the master answers again on "
+                                        f"{a.address[0]}:{a.address[1]}: not taking over; re-linking",
+                                address=a.address, info=a.info)
         return checked
     if peers.witness is None:
         return Decision(ASK_WITNESS, "master lost: asking the witness for mastership")
@@ -476,10 +526,13 @@ def _master(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
         return Decision(HOLD, f"peer {who} at {where} did not agree to stand by: {why}", info=info)
     if not peers.answers:
         return Decision(CLEAR, "no peer known")
-    if all(a.refused for a in peers.answers):
+    if all(a.refused for a in peers.answers) and state.held_for <= options.refusal_window:
         where = ", ".join(f"{h}:{p}" for (h, p) in (a.address for a in peers.answers))
         return Decision(CLEAR, f"the peer is not running (every address refuses: {where})")
     errors = "; ".join(f"{a.address[0]}:{a.address[1]}: {a.error or 'refused'}" for a in peers.answers)
+    if all(a.refused for a in peers.answers):
+        errors += (f"; held {state.held_for:.1f} s, past the {options.refusal_window:g} s refusal window: "
+                   "a refusal no longer proves the peer stopped")
     if options.witness is None:
         return Decision(HOLD, f"the peer does not answer ({errors})")
     if peers.witness is None:

@@ -13,8 +13,10 @@ the clients replay to whichever node is master and idempotency keys drop the cop
 and the master receipts nothing more until its peer has answered a *stand-by* request
 (phase ``master`` of the table): a peer that is master at a newer epoch makes it step
 down; a peer that agrees to stand by marks its store as no longer a complete copy (it
-will resync before it could take over) and the master goes on alone; no answer keeps
-the receipts held. While receipts are held the client port is closed (connections made
+will resync before it could take over) and the master goes on alone; a peer refusing on
+every address counts as stopped only within the refusal window after the receipts began
+to be held (:attr:`.replication.ReplicationMaster.suspect_since`; decide.py,
+"Refusals"); no answer keeps the receipts held. While receipts are held the client port is closed (connections made
 before stay; a CONNECT that reaches it anyway is refused): clients probing for a port
 that accepts come back about one probe interval after it is reopened, instead of
 backing off further with every refused CONNECT. With ``--shutdown-on-slave-failure`` the master stops instead

@@ -76,6 +76,7 @@ from .decide import (
     ASK_WITNESS,
     BECOME_MASTER,
     CHECK,
+    CONFIRM,
     JOIN,
     LINK_LOST,
     START,
@@ -358,10 +359,13 @@ class HaNode:
             linked_to = st.peer.get("name")
         elif repl is not None and repl.link is not None and repl.link.synced:
             linked_to = repl.link.slave
+        held_for = 0.0
+        if repl is not None and repl.suspect is not None and self.loop is not None:
+            held_for = max(0.0, self.loop.time() - repl.suspect_since)
         return NodeState(phase, epoch=st.epoch, synced=st.synced, last_role=st.role,
                          peer_may_be_master=st.peer_may_be_master, master_strict=st.master_strict, role=self.role,
                          linked_to=linked_to, goodbye=goodbye, slave_was_synced=slave_was_synced,
-                         damaged=bool(self.journal_damage))
+                         damaged=bool(self.journal_damage), held_for=held_for)
 
     async def decide_observing(
         self, read_state: Callable[[], NodeState], ask: Callable[[], Awaitable[list[PeerAnswer]]] | None = None
@@ -374,6 +378,11 @@ class HaNode:
             if d.action == ASK:
                 assert ask is not None, "this phase observes no answers"
                 peers = replace(peers, answers=tuple(await ask()))
+            elif d.action == CONFIRM:  # a refusal proves a dead master only when it persists (decide.py)
+                assert ask is not None, "this phase observes no answers"
+                log.warning("node %s: %s", self.name, d.reason)
+                await self.sleep(self.rules.confirm_delay)
+                peers = replace(peers, again=tuple(await ask()))
             elif d.action == CHECK:
                 assert self.rules.takeover_check is not None
                 peers = replace(peers, check=await reachable(self.rules.takeover_check, 1.0))

@@ -130,6 +130,7 @@ class ReplicationMaster:
         self.on_clear = on_clear
         #: why receipts not covered by a slave ack are held (None: they are not); see decide.py, phase master
         self.suspect: str | None = None
+        self.suspect_since = 0.0  # loop time the receipts began to be held (decide.py: the refusal window)
         #: receipting with no slave attached needs the witness's lease until this loop time
         #: (None: it needs none); set by clear_suspect, renewed by the node (witness.py)
         self.lease_until: float | None = None
@@ -303,6 +304,7 @@ class ReplicationMaster:
         """Hold every completion a slave ack does not cover until :meth:`clear_suspect`."""
         if self.suspect is None and self._fatal is None:
             self.suspect = reason
+            self.suspect_since = self.loop.time()
             log.warning("replication: receipts without a slave ack are held: %s", reason)
             _safe(self.on_suspect, reason)
 

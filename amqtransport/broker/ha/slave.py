@@ -46,7 +46,9 @@ after its last await and raises the epoch with nothing awaited in between. When 
 link breaks after it was in sync, ``--shutdown-on-master-failure`` makes it stop (a
 cold backup holding a complete copy); otherwise it takes over only if the master is
 unreachable on *every* address it knows (master connector, master client port, master
-HA port) *and* the ``--takeover-check`` address (host:port, both nodes must be able to
+HA port) -- without a witness, at two probes :attr:`~.decide.DecideOptions.confirm_delay`
+apart (a live master's ports may refuse for a moment: decide.py, "Refusals") -- *and*
+the ``--takeover-check`` address (host:port, both nodes must be able to
 reach it: the clients' gateway, a load balancer, a third host) answers a TCP connect,
 and, with ``--witness``, the witness grants it mastership (:mod:`.witness`: only once the
 master's lease ran out, and never when the master last said it receipted alone).
