@@ -122,6 +122,8 @@ CONDITIONS: dict[str, Callable[[Case], bool]] = {
     "not asked again": lambda c: c.peers.again is None,
     "an address answers as master again": lambda c: any(
         a.info is not None and a.info.get("amq-ha-role") == "master" for a in c.peers.again or ()),
+    "the master handed over": lambda c: c.state.handed_over,
+    "the master did not hand over": lambda c: not c.state.handed_over,
     "the slave said goodbye": lambda c: c.state.goodbye,
     "the slave was not in sync": lambda c: not c.state.slave_was_synced,
     "this node is master": lambda c: c.state.role == "master",
@@ -257,6 +259,15 @@ def cases(phase: str) -> Iterator[Case]:
             states(phase), check_options(), firsts, agains
         ):
             yield Case(st, DecideOptions(NAME, CONNECTOR, check), Peers(answers, answered, again=again))
+        # the master handed over on the link (signed): whatever the probes would say, and
+        # whether or not they were made (a node that decides again after isolated)
+        for st, connector, (check, answered), smf, answers, (witness, granted), again in itertools.product(
+            states(phase, handed_over=True), (None, CONNECTOR), check_options(), (False, True),
+            [None, (PeerAnswer(A1, refused=True),), (PeerAnswer(A1, info=FEW[0]),)], witness_options(),
+            (None, (PeerAnswer(A1, info=FEW[0]),)),
+        ):
+            yield Case(st, DecideOptions(NAME, connector, check, smf, False, witness),
+                       Peers(answers, answered, granted, "said so" if granted is not None else "", again=again))
     elif phase == "master":
         for linked, synced, answers, (witness, granted) in itertools.product(
             (None, "a", "c"), (True, False), answer_lists(list(infos(PEER)), STANDBY), witness_options()
@@ -332,6 +343,8 @@ def check_table(phase: str, decide_fn: Callable[[str, Case], Decision] = run) ->
             assert got.action != "ask-witness", c
         if c.peers.again is not None:
             assert got.action != "confirm", c
+        if c.state.handed_over:  # a slave the master handed over to neither probes nor waits for a refusal
+            assert got.action not in ("ask", "confirm", "relink"), c
         hit.add(row)
         count += 1
     dead = {(ph, n) for ph, n, *_ in ROWS if ph == phase} - hit

@@ -33,6 +33,13 @@ breaks the MAC). Status requests need no secret: they change nothing.
 :class:`HaRequest` is a request waiting for its challenge: the transport
 (:func:`.wire.ha_request`) fetches one from the receiver and signs just before it
 sends. Checking takes the monotonic time as a parameter (tests never wait).
+
+One request travels the other way on a connection already open: a master's handover
+(``amq-ha-handover``) on the replication link its slave opened. The slave issued a
+challenge for it (:func:`new_challenge`) in its replication ``CONNECT`` and keeps it
+with the link, not in its verifier: the handover answers that challenge or none
+(:meth:`RequestVerifier.check` with ``challenge=``), so it is good on that link alone,
+however long the link has lived, and the same MAC rule checks it.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ __all__ = [
     "RequestVerifier",
     "generate_secret",
     "load_secret",
+    "new_challenge",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,6 +83,11 @@ MIN_SECRET_LENGTH = 16
 _VERSION = "v2"
 #: challenges remembered at once; the oldest is forgotten first
 _MAX_CHALLENGES = 10_000
+
+
+def new_challenge() -> str:
+    """A fresh random challenge (32 hex digits)."""
+    return secrets.token_hex(16)
 
 
 def generate_secret() -> str:
@@ -178,30 +191,37 @@ class RequestVerifier:
     def challenge(self, now: float) -> str:
         """A fresh challenge for a status answer (``now``: this node's monotonic clock)."""
         self._forget(now)
-        value = secrets.token_hex(16)
+        value = new_challenge()
         self._issued[value] = now + self.ttl
         while len(self._issued) > self._max:
             self._issued.popitem(last=False)
         return value
 
     def check(self, request: str, headers: Mapping[str, str], now: float,
-              signed: Sequence[str] = SIGNED_HEADERS) -> str | None:
+              signed: Sequence[str] = SIGNED_HEADERS, *, challenge: str | None = None) -> str | None:
         """None when the request is authentic and answers a live challenge of ours (which
-        it then spends), else why it is refused. ``now``: this node's monotonic clock."""
+        it then spends), else why it is refused. ``now``: this node's monotonic clock.
+        With ``challenge`` the request must answer exactly that one, which the caller
+        issued and keeps (a replication link's, spent with the link); the challenges of
+        status answers are then not looked at."""
         value = headers.get(AUTH_HEADER)
         if not value:
             return "no cluster authentication (amq-ha-auth header missing)"
         parts = value.split(":")
         if len(parts) != 4 or parts[0] != _VERSION:
             return "malformed amq-ha-auth header (a node of another version?)"
-        _v, challenge, nonce, mac = parts
-        if len(challenge) != 32 or not 8 <= len(nonce) <= 64 or len(mac) != 64:
+        _v, answered, nonce, mac = parts
+        if len(answered) != 32 or not 8 <= len(nonce) <= 64 or len(mac) != 64:
             return "malformed amq-ha-auth header"
-        expected = _mac(self._secret, _canonical(request, headers, challenge, nonce, signed))
+        expected = _mac(self._secret, _canonical(request, headers, answered, nonce, signed))
         if not hmac.compare_digest(expected, mac.lower()):
             return "bad cluster secret (the MAC does not match: the nodes have different secrets)"
+        if challenge is not None:
+            if not hmac.compare_digest(answered, challenge):
+                return "replayed request (it answers another link's challenge, not this one's)"
+            return None
         self._forget(now)
-        if self._issued.pop(challenge, None) is None:
+        if self._issued.pop(answered, None) is None:
             return ("stale or replayed request (its challenge was not issued by this node, is spent, "
                     f"or is older than {self.ttl:.0f} s)")
         return None

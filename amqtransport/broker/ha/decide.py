@@ -54,16 +54,17 @@ combination of inputs against it.
 | start | 11 | otherwise | wait |
 | link-lost | 1 | store not synced | retry |
 | link-lost | 2 | shutdown on master failure | cold-backup |
-| link-lost | 3 | not asked | ask |
-| link-lost | 4 | an address answers as master | relink |
+| link-lost | 3 | the master did not hand over; not asked | ask |
+| link-lost | 4 | the master did not hand over; an address answers as master | relink |
 | link-lost | 5 | takeover check not tried | check |
 | link-lost | 6 | takeover check unreachable | isolated |
-| link-lost | 7 | no witness; not asked again | confirm |
-| link-lost | 8 | no witness; an address answers as master again | relink |
-| link-lost | 9 | no witness | master |
-| link-lost | 10 | the witness not asked | ask-witness |
-| link-lost | 11 | the witness grants | master |
-| link-lost | 12 | otherwise | isolated |
+| link-lost | 7 | no witness; the master handed over | master |
+| link-lost | 8 | no witness; not asked again | confirm |
+| link-lost | 9 | no witness; an address answers as master again | relink |
+| link-lost | 10 | no witness | master |
+| link-lost | 11 | the witness not asked | ask-witness |
+| link-lost | 12 | the witness grants | master |
+| link-lost | 13 | otherwise | isolated |
 | master | 1 | not asked | ask |
 | master | 2 | the peer is master; its epoch is newer | step-down |
 | master | 3 | the peer is master; same epoch; its name is lower | step-down |
@@ -131,6 +132,18 @@ timeout on one address and a refusal on another). What the pair then still assum
 a refused connection on *every* address of a node means its process is not running --
 is in docs/ha.md.
 
+Handovers. Only a crash pays that delay. A master that leaves its role on purpose with
+an in-sync slave attached -- it stops (SIGTERM), or its journal failed and it fences
+itself (:mod:`.master`) -- hands over explicitly: after its last receipt and before it
+closes the link it sends a ``HANDOVER`` frame on the replication link (:mod:`.wire`), a
+request signed with the cluster secret like every role-changing request (:mod:`.auth`),
+naming the master and its epoch and answering the challenge the slave put in its
+replication ``CONNECT`` (so it is good on that one link only). A slave whose link ended
+with a handover it verified (``NodeState.handed_over``: the signature, the master's name,
+the epoch it synced at) neither probes the master (whose HA port may still answer
+``master`` for a moment while it stops) nor confirms: it takes over at once (link-lost
+row 7). A forged, replayed or garbled handover is a broken link: the crash rows decide.
+
 Why: a receipt promises that the message survives the loss of either node, so no
 rule may let a node serve a store that could lack a receipted message, and a master
 receipts on its own disk alone only once its peer can no longer take over without
@@ -184,6 +197,10 @@ master, S = slave, C = the takeover-check address):
    the master's lease ran out unrenewed -- so only when the master cannot reach the
    witness either, and then it holds its receipts. docs/ha.md has the table of who may
    serve for each link down (master-slave, master-witness, slave-witness).
+10. M stops (SIGTERM) or fences itself (its journal failed) with S in sync: M sends a
+    signed handover after its last receipt and closes the link; S takes over at once,
+    without probing M (case 1 without the wait: "Handovers" above). No loss: every
+    receipt was on S's disk, and M receipts nothing after the handover.
 """
 
 from __future__ import annotations
@@ -274,6 +291,7 @@ class NodeState:
     goodbye: bool = False  # slave-lost: the slave said goodbye
     slave_was_synced: bool = False  # slave-lost: that slave was in sync
     damaged: bool = False  # its journal reads back damaged or missing records (salvage.verify)
+    handed_over: bool = False  # link-lost: the master handed over on the link (signed, at our epoch)
     held_for: float = 0.0  # master: seconds since its receipts began to be held (suspect), now
 
 
@@ -469,16 +487,22 @@ def _link_lost(state: NodeState, options: DecideOptions, peers: Peers) -> Decisi
     if options.shutdown_on_master_failure:
         return Decision(COLD_BACKUP, "--shutdown-on-master-failure: not taking over, stopping as a cold backup "
                                      "(the store holds a complete copy)")
-    if peers.answers is None:
-        return Decision(ASK, "probing the master's addresses")
-    for a in peers.answers:
-        if a.info is not None and a.info.get("amq-ha-role") == "master":
-            return Decision(RELINK, f"replication link lost but the master answers on {a.address[0]}:{a.address[1]}: "
-                                    "not taking over; re-linking", address=a.address, info=a.info)
-    checked = _checked(options, peers, "master lost: taking over", unreachable=ISOLATED)
+    if not state.handed_over:
+        if peers.answers is None:
+            return Decision(ASK, "probing the master's addresses")
+        for a in peers.answers:
+            if a.info is not None and a.info.get("amq-ha-role") == "master":
+                return Decision(RELINK, f"replication link lost but the master answers on "
+                                        f"{a.address[0]}:{a.address[1]}: not taking over; re-linking",
+                                address=a.address, info=a.info)
+    lost = "the master handed over" if state.handed_over else "master lost"
+    checked = _checked(options, peers, f"{lost}: taking over", unreachable=ISOLATED)
     if checked.action != BECOME_MASTER:
         return checked
     if options.witness is None:
+        if state.handed_over:
+            return Decision(BECOME_MASTER, "the master handed over (a signed handover on the replication link, "
+                                           f"at epoch {state.epoch}): taking over at once")
         if peers.again is None:
             return Decision(CONFIRM, f"master lost: probing its addresses again in {options.confirm_delay:g} s "
                                      "before taking over (a live master may refuse for a moment)")

@@ -71,7 +71,16 @@ from .decide import (
 from .host import RoleHost
 from .port import HaRequests
 from .replication import MasterLink, ReplicationMaster
-from .wire import DEMOTE_HEADER, STANDBY_HEADER, ReplicationError, ask_peer, ha_request
+from .wire import (
+    DEMOTE_HEADER,
+    HANDOVER_HEADER,
+    LINK_CHALLENGE_HEADER,
+    STANDBY_HEADER,
+    ReplicationError,
+    ask_peer,
+    ha_request,
+    pack_handover,
+)
 from .witness import WitnessAnswer, WitnessClient
 
 __all__ = ["MasterHost", "MasterRole"]
@@ -120,6 +129,7 @@ class MasterRole:
         self.held_logged = 0.0
         self.port_closed_for_suspect = False  # the client port was closed by _on_suspect
         self.renew_now: asyncio.Event | None = None  # set: renew the witness lease now (a slave synced)
+        self.handing_over = ""  # why this term ends with a handover to the in-sync slave ("" it does not)
 
     async def start(self, *, replicate: bool) -> None:
         """Open the store and the broker, install the receipt gate (``replicate``), bind
@@ -133,6 +143,7 @@ class MasterRole:
         node.server = server
         node.demote_event = asyncio.Event()
         node.wake = asyncio.Event()
+        self.handing_over = ""
         self.held_since = 0.0
         self.port_closed_for_suspect = False
         node.role = "master"
@@ -168,15 +179,39 @@ class MasterRole:
             node.say("listening on ws://{}:{}".format(*node.server.ws_address))
 
     async def stop(self) -> None:
-        """Close the replication links, the client port and the store."""
+        """Close the replication links, the client port and the store. A term that ends on
+        purpose -- the node stops, or it fences itself (:meth:`_fenced`) -- hands over to an
+        in-sync slave: the link ends with a signed handover after the last receipt."""
         node = self.node
         repl, node.repl = node.repl, None
         if repl is not None:
-            repl.close()
+            repl.close(self._handover(repl))
         server, node.server = node.server, None
         node.listening = False
         if server is not None:
             await server.stop()
+
+    def _handover(self, repl: ReplicationMaster) -> bytes | None:
+        """The ``HANDOVER`` frame that ends this term's link (None: no handover): signed
+        with the cluster secret against the challenge the slave gave in its replication
+        ``CONNECT``, carrying our name and epoch (decide.py, "Handovers")."""
+        node, link = self.node, repl.link
+        why = self.handing_over or ("the node stops" if node.stopping else "")
+        if not why or link is None or not link.synced:
+            return None
+        challenge = link.info.get(LINK_CHALLENGE_HEADER)
+        request = node.request_headers(HANDOVER_HEADER)
+        if not challenge or request.signer is None:
+            log.warning("node %s: cannot hand over to slave %s (%s): it gave no link challenge", node.name,
+                        link.slave, why)
+            return None
+        log.warning("node %s: %s: handing over to the in-sync slave %s at epoch %d", node.name, why, link.slave,
+                    node.state.epoch)
+        try:
+            return pack_handover(request.signed(challenge))
+        except ReplicationError as exc:
+            log.error("node %s: cannot hand over to slave %s: %s", node.name, link.slave, exc)
+            return None
 
     def _fenced(self, reason: str) -> None:
         """The master's journal failed (a full disk, an I/O error; the server has fenced
@@ -190,7 +225,10 @@ class MasterRole:
             node.state.synced = False
             with contextlib.suppress(OSError):  # the disk may be the full one
                 node.state.save(node.data_dir)
+            self.handing_over = f"fenced ({reason})"
             node.demote_event.set()
+            if node.wake is not None:  # the term ends now, not at the next peer check
+                node.wake.set()
             return
         if node.opts.mode == "shared-store":  # exiting releases the store lock: the standby takes over
             log.error("node %s: %s: releasing the store lock to the standby: stopping (exit code 3)", node.name,

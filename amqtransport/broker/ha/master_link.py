@@ -258,6 +258,25 @@ class MasterLink(asyncio.Protocol):
         reason = "slave said goodbye" if self.bye else (str(exc) if exc else "connection closed")
         self.master._link_lost(self, reason)  # noqa: SLF001
 
+    def hand_over(self, frame: bytes) -> None:
+        """End a live link with the master's ``HANDOVER`` ``frame``: the records not yet
+        written go first, then the frame, then the connection is closed (not aborted: what
+        is buffered is sent). The owner has stopped receipting and detached us."""
+        if self.closed:
+            return
+        if self._phase == LIVE:
+            self._flush()
+            self.transport.write(frame)
+            log.warning("replication: handing over to slave %s (every record up to seq %d streamed)", self.slave,
+                        self.master.seq)
+        self.closed = True
+        self._release_readers()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        with contextlib.suppress(Exception):
+            self.transport.close()
+
     def abort(self, reason: str) -> None:
         if self.closed:
             return

@@ -365,6 +365,7 @@ class HaNode:
         return NodeState(phase, epoch=st.epoch, synced=st.synced, last_role=st.role,
                          peer_may_be_master=st.peer_may_be_master, master_strict=st.master_strict, role=self.role,
                          linked_to=linked_to, goodbye=goodbye, slave_was_synced=slave_was_synced,
+                         handed_over=link is not None and link.handed_over,
                          damaged=bool(self.journal_damage), held_for=held_for)
 
     async def decide_observing(

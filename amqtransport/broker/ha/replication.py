@@ -175,7 +175,11 @@ class ReplicationMaster:
     def _tick_every(self) -> float:
         return max(0.02, self.link_timeout / 4)
 
-    def close(self) -> None:
+    def close(self, handover: bytes | None = None) -> None:
+        """Stop replicating: nothing more is receipted. With ``handover`` (a signed
+        ``HANDOVER`` frame, :func:`.wire.pack_handover`) and an in-sync slave attached, the
+        link ends with it, after every record streamed so far (the slave takes over at
+        once); else the link is cut."""
         journal = self.store.journal
         self.store.remove_listener(self)
         journal.remove_batch_hook(self._hook)
@@ -194,7 +198,10 @@ class ReplicationMaster:
         link, self.link = self.link, None
         self._gated = None
         if link is not None:
-            link.abort("master stopping")
+            if handover is not None and link.synced:
+                link.hand_over(handover)
+            else:
+                link.abort("master stopping")
 
     # writer thread -----------------------------------------------------
     def _hook(self, payloads: Sequence[bytes]) -> None:

@@ -21,7 +21,13 @@ sans-IO :class:`~.wire.WireDecoder`:
     journal's writer thread is idle (``Journal.commit_here``: no thread hand-off between
     the read, the fsync and the ack), a bigger one by the writer thread;
 ``PING``
-    the master is alive.
+    the master is alive;
+``HANDOVER``
+    the master leaves its role on purpose and hands over: a request signed with the
+    cluster secret, at the link's epoch, answering the challenge this slave put in its
+    replication ``CONNECT`` (:func:`handover_refusal`). A verified one ends the link
+    (``"handover"``): the node takes over at once (decide.py, "Handovers"); any other is
+    a broken link (``"lost"``).
 
 The slave pings every quarter of ``--link-timeout`` and treats a link silent for
 ``--link-timeout`` as lost, like a broken or closed one, or a malformed frame. When
@@ -33,7 +39,7 @@ longer complete, so the node marks itself not synced (in memory too: the state f
 be gone with the directory), closes the store and, a second later (doubling to 30 s
 while it keeps failing), joins the master again with a fresh store (a full sync) -- it
 never takes over with it.
-:meth:`SlaveLink.run` returns ``"stop"``, ``"lost"`` or ``"failed"``.
+:meth:`SlaveLink.run` returns ``"stop"``, ``"lost"``, ``"handover"`` or ``"failed"``.
 
 The node's slave side
 ---------------------
@@ -61,21 +67,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
 from ..config import BrokerConfig
 from ..store import Callback, MessageStore, after_completions, run_completions
 from ..store.salvage import quarantine_journal
+from .auth import RequestVerifier, new_challenge
 from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY, PeerAnswer
 from .host import RoleHost
 from .wire import (
     ACK,
     BYE,
+    HANDOVER,
+    HANDOVER_HEADER,
+    LINK_CHALLENGE_HEADER,
     PING,
     RECORDS,
     REPLICA_HEADER,
@@ -88,11 +99,12 @@ from .wire import (
     ha_request,
     pack,
     pack_seq,
+    unpack_handover,
     unpack_records,
     unpack_seq,
 )
 
-__all__ = ["SlaveHost", "SlaveLink", "fresh_replica_store", "serve_slave"]
+__all__ = ["SlaveHost", "SlaveLink", "fresh_replica_store", "handover_refusal", "serve_slave"]
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +140,21 @@ JOURNAL_BACKLOG_LIMIT = 8 << 20
 INLINE_COMMIT_RECORDS = 4
 
 
+def handover_refusal(verifier: RequestVerifier, headers: Mapping[str, str], challenge: str, master: str,
+                     epoch: int, now: float) -> str | None:
+    """Why the ``HANDOVER`` ``headers`` read on a link must not be acted on (None: it is
+    authentic): signed with the cluster secret against this link's ``challenge``, from
+    the link's ``master``, at the ``epoch`` the link synced at."""
+    reason = verifier.check(HANDOVER_HEADER, headers, now, challenge=challenge)
+    if reason is not None:
+        return reason
+    if headers.get(HANDOVER_HEADER) != master:
+        return f"it comes from node {headers.get(HANDOVER_HEADER)!r}, not from this link's master {master!r}"
+    if headers.get("amq-ha-epoch") != str(epoch):
+        return f"its epoch {headers.get('amq-ha-epoch')!r} is not the link's ({epoch})"
+    return None
+
+
 class SlaveLink:
     """One replication link, slave side: apply what the master sends, ack what is durable.
 
@@ -144,18 +171,21 @@ class SlaveLink:
         *,
         link_timeout: float,
         on_synced: Callable[[], None],
+        check_handover: Callable[[Mapping[str, str]], str | None] = lambda _h: "no handover expected",
     ) -> None:
         self.store = store
         self.reader = reader
         self.writer = writer
         self.link_timeout = link_timeout
         self.on_synced = on_synced
+        self.check_handover = check_handover  # why a HANDOVER is refused (None: it is authentic)
         self.up = False  # the link is open
         self.synced = False  # the full sync is durable here
+        self.handed_over = False  # the master handed over on this link (verified, while synced)
 
     async def run(self, stop: asyncio.Event) -> str:
-        """Apply the stream until ``stop`` is set (``"stop"``, after a goodbye) or the
-        link is lost (``"lost"``)."""
+        """Apply the stream until ``stop`` is set (``"stop"``, after a goodbye), the
+        master hands over (``"handover"``) or the link is lost (``"lost"``)."""
         store, reader, writer = self.store, self.reader, self.writer
         decoder = WireDecoder()
         loop = asyncio.get_running_loop()
@@ -262,6 +292,8 @@ class SlaveLink:
                     elif kind == SYNC_END:
                         applied = unpack_seq(payload)
                         store.journal.on_durable(sync_done(applied))
+                    elif kind == HANDOVER:
+                        return self._handover(unpack_handover(payload))
                     elif kind != PING:
                         raise ReplicationError(f"unexpected frame kind {kind} from the master")
                 # a few records and an idle writer (one receipted send at a time): fsync them
@@ -278,6 +310,21 @@ class SlaveLink:
             self.up = False
             stop_wait.cancel()
 
+
+    def _handover(self, headers: Mapping[str, str]) -> str:
+        """The master hands over: ``"handover"`` once verified (and this copy is synced;
+        what it streamed before is appended, and goes to disk as the store closes), else
+        the link counts as lost."""
+        reason = self.check_handover(headers)
+        if reason is None and not self.synced:
+            reason = "this store is not in sync yet"
+        if reason is not None:
+            log.error("replication link: the master's handover is refused (%s): treating the master as lost", reason)
+            return "lost"
+        log.warning("replication link: the master %s hands over at epoch %s", headers.get(HANDOVER_HEADER),
+                    headers.get("amq-ha-epoch"))
+        self.handed_over = True
+        return "handover"
 
     async def _journal_caught_up(self, stopping: Callable[[], bool]) -> None:
         """Wait until everything appended is durable, pinging the master meanwhile (or
@@ -309,6 +356,7 @@ class SlaveHost(RoleHost, Protocol):
     waiting_reason: str
     takeovers: int
     store_failures: int  # the replica's store failed this many times in a row (back-off)
+    verifier: RequestVerifier | None  # checks the master's handover (the cluster secret)
 
     @property
     def stop_event(self) -> asyncio.Event: ...
@@ -325,7 +373,9 @@ class SlaveHost(RoleHost, Protocol):
 
 async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
     """Replicate from the master at ``addr``; returns the next action."""
-    headers = node.request_headers(REPLICA_HEADER)
+    challenge = new_challenge()  # the master's handover on this link must answer it (auth.py)
+    request = node.request_headers(REPLICA_HEADER)
+    headers = dataclasses.replace(request, headers={**request.headers, LINK_CHALLENGE_HEADER: challenge})
     where = f"tcp://{addr[0]}:{addr[1]}"
     try:
         answer, reader, writer = await ha_request(*addr, headers, timeout=max(1.0, node.opts.link_timeout))
@@ -376,8 +426,14 @@ async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
         node.store_failures = 0
         node.say(f"synced {len(store.live)} messages at epoch {master_epoch}")
 
+    def check_handover(headers: Mapping[str, str]) -> str | None:
+        if node.verifier is None:
+            return "this node has no cluster secret"
+        return handover_refusal(node.verifier, headers, challenge, info.get("amq-ha-name", "?"), master_epoch,
+                                time.monotonic())
+
     link = node.slave_link = SlaveLink(store, reader, writer, link_timeout=node.opts.link_timeout,
-                                       on_synced=synced)
+                                       on_synced=synced, check_handover=check_handover)
     outcome = await link.run(node.stop_event)
     if store.journal.failed is not None:
         outcome = "failed"

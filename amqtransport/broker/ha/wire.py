@@ -50,6 +50,8 @@ __all__ = [
     "STANDBY_HEADER",
     "STANDBY_REASON",
     "STATUS_HEADER",
+    "HANDOVER_HEADER",
+    "LINK_CHALLENGE_HEADER",
     "ReplicationError",
     "ReplicaRefused",
     "NodeUnreachable",
@@ -61,6 +63,8 @@ __all__ = [
     "record_frames",
     "unpack_records",
     "unpack_seq",
+    "pack_handover",
+    "unpack_handover",
     "ha_request",
     "ha_request_sync",
     "probe",
@@ -72,6 +76,7 @@ __all__ = [
     "ACK",
     "PING",
     "BYE",
+    "HANDOVER",
 ]
 
 #: the headers that name a request in its CONNECT frame (the value: the sender's name)
@@ -86,9 +91,19 @@ RELEASE_HEADER = "amq-ha-release"
 #: the peer's answer to a stand-by request, in its CONNECTED frame
 STANDBY_ANSWER = "amq-ha-standby-answer"  # ok | in-sync | refused
 STANDBY_REASON = "amq-ha-standby-reason"
+#: a master that leaves its role on purpose hands over to its in-sync slave (a HANDOVER
+#: frame on the replication link carries this request, signed like the others)
+HANDOVER_HEADER = "amq-ha-handover"
+#: the challenge a slave puts in its replication CONNECT: the master's handover on that
+#: link must answer it (auth.py; decide.py, "Handovers")
+LINK_CHALLENGE_HEADER = "amq-ha-link-challenge"
 
-SNAP, RECORDS, SYNC_END, ACK, PING, BYE = range(1, 7)
-KINDS = {SNAP: "SNAP", RECORDS: "RECORDS", SYNC_END: "SYNC_END", ACK: "ACK", PING: "PING", BYE: "BYE"}
+SNAP, RECORDS, SYNC_END, ACK, PING, BYE, HANDOVER = range(1, 8)
+KINDS = {SNAP: "SNAP", RECORDS: "RECORDS", SYNC_END: "SYNC_END", ACK: "ACK", PING: "PING", BYE: "BYE",
+         HANDOVER: "HANDOVER"}
+#: the most headers and bytes a HANDOVER payload may carry
+MAX_HANDOVER_HEADERS = 16
+MAX_HANDOVER_BYTES = 4096
 _HDR = struct.Struct("!BI")
 _Q = struct.Struct("!Q")
 _I = struct.Struct("!I")
@@ -198,6 +213,42 @@ def unpack_seq(payload: bytes) -> int:
     if len(payload) != _Q.size:
         raise ReplicationError(f"expected an 8-byte sequence number, got {len(payload)} bytes")
     return int(_Q.unpack(payload)[0])
+
+
+def pack_handover(headers: Mapping[str, str]) -> bytes:
+    """A ``HANDOVER`` frame carrying a signed request's ``headers`` (one ``name:value``
+    line each, UTF-8; names and values hold no newline, names no colon)."""
+    lines = []
+    for k, v in headers.items():
+        if not k or ":" in k or "\n" in k or "\n" in v:
+            raise ReplicationError(f"handover header {k!r} cannot be packed (a colon or a newline)")
+        lines.append(f"{k}:{v}")
+    payload = "\n".join(lines).encode("utf-8")
+    if len(payload) > MAX_HANDOVER_BYTES or len(lines) > MAX_HANDOVER_HEADERS:
+        raise ReplicationError(f"handover of {len(lines)} headers, {len(payload)} bytes is over the limit")
+    return pack(HANDOVER, payload)
+
+
+def unpack_handover(payload: bytes) -> dict[str, str]:
+    """The headers of a ``HANDOVER`` payload (:func:`pack_handover`); a
+    :class:`ReplicationError` naming what is wrong otherwise."""
+    if len(payload) > MAX_HANDOVER_BYTES:
+        raise ReplicationError(f"handover of {len(payload)} bytes is over the {MAX_HANDOVER_BYTES}-byte limit")
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReplicationError(f"handover is not UTF-8 (byte {exc.start})") from None
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.split("\n") if text else [], start=1):
+        name, sep, value = line.partition(":")
+        if not sep or not name:
+            raise ReplicationError(f"handover line {n} is not name:value: {line[:40]!r}")
+        if name in out:
+            raise ReplicationError(f"handover header {name!r} is repeated")
+        out[name] = value
+    if len(out) > MAX_HANDOVER_HEADERS:
+        raise ReplicationError(f"handover of {len(out)} headers is over the limit of {MAX_HANDOVER_HEADERS}")
+    return out
 
 
 class WireDecoder:
