@@ -20,7 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import amqtransport
-from amqtransport.broker.ha.auth import AUTH_HEADER, HaRequest, RequestSigner, RequestVerifier, new_challenge
+from amqtransport.broker.ha.auth import (
+    AUTH_HEADER,
+    HaRequest,
+    RequestSigner,
+    RequestVerifier,
+    new_challenge,
+)
 from amqtransport.broker.ha.slave import handover_refusal
 from amqtransport.broker.ha.wire import (
     HANDOVER,
