@@ -209,11 +209,13 @@ def test_ctrl_c_stops_a_node_restarted_by_hand(tmp_path: Path, runs: list[PairRu
         time.sleep(0.05)
     line = re.search(r"restart it with: (.+)$", first.text, re.M)
     assert line is not None
+    # the other node takes over first (after a crash it probes twice, the confirmation delay
+    # apart: a killed master restarted sooner may win its role back, which loses nothing)
+    _wait_role(first.ports[1], "master")
     hand = subprocess.Popen(shlex.split(line.group(1)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     first.pids.add(hand.pid)
     try:
-        _wait_role(first.ports[1], "master")
         deadline = time.monotonic() + 30  # the restarted node joins as slave
         while "running again" not in first.text:
             assert time.monotonic() < deadline, first.text
