@@ -37,6 +37,13 @@ wiped store), it sends it a demote request (``amq-ha-demote``) and the stale mas
 once the requester's own HA port confirms that it is master at that newer epoch --
 steps down, learns our address and joins us as slave (:mod:`.port` answers requests).
 
+A term that ends on purpose -- the node stops (SIGTERM), or its journal failed and it
+fences itself (:meth:`MasterRole._fenced`) -- with an in-sync slave attached hands over:
+the link's last frame, after the last receipt, is a signed ``HANDOVER`` (:meth:`MasterRole.stop`),
+and the slave takes over at once instead of probing twice as after a crash (decide.py,
+"Handovers"). A term that ends because the peer is master, or may be (step-down, a
+witness that granted it, a failed takeover check), hands nothing over.
+
 :class:`MasterRole` reads and changes the node only through :class:`MasterHost`.
 """
 

@@ -18,7 +18,11 @@ speak a small binary protocol on the same socket::
 exceeds a journal record plus 12 bytes and the receiver can bound what it buffers), ``SYNC_END``
 closes the snapshot and names the sequence number it covers, ``ACK`` (slave ->
 master) names the highest sequence number durable on the slave's disk, ``PING`` keeps
-a quiet link provably alive, ``BYE`` announces a clean slave shutdown.
+a quiet link provably alive, ``BYE`` announces a clean slave shutdown, ``HANDOVER``
+(master -> slave, the last frame of a link) a master leaving its role on purpose: a
+request signed with the cluster secret, answering the challenge the slave gave in its
+``CONNECT``, after which the in-sync slave takes over at once (:meth:`ReplicationMaster.close`;
+:mod:`.decide`, "Handovers").
 
 Full sync, then every record. On attach the master, in one step on its event loop,
 notes ``base`` = records written so far and takes a :class:`~..store.sync.SnapshotReader`
