@@ -11,7 +11,8 @@ Then, for each round seed (:func:`~chaos.nemesis.schedule.round_seeds`):
 2. play it: inject each step at its offset, heal it after its hold;
 3. at the end of the fault window heal whatever is left (SIGCONT, proxies enabled,
    toxics and ballast removed), restart dead nodes, and wait for one master and one
-   in-sync slave (``health_timeout_s``): a ``RoundRecord`` with ``healthy``. If the
+   in-sync slave (``health_timeout_s``), restarting any node that dies meanwhile (one
+   that fences itself late, e.g. at a full disk): a ``RoundRecord`` with ``healthy``. If the
    pair does not come back the run restarts the node that is not master and tries
    once more; if that fails too the mode's run stops there;
 4. wait (bounded) until everything receipted so far has reached its subscribers, so
@@ -383,7 +384,7 @@ class ModeRun:
             nemesis.heal_all()
             self.stage.reset()
             restarted = nemesis.restart_dead()
-            ok, took, desc = nemesis.wait_healthy(self.params.health_timeout_s)
+            ok, took, desc = nemesis.wait_healthy(self.params.health_timeout_s, restarted)
         except Exception as exc:  # a node that would not start: the round is unhealthy, then repaired
             log.exception("round %d: healing failed", plan.round)
             ok, took, desc = False, 0.0, f"healing failed: {exc!r}"
