@@ -242,3 +242,24 @@ def test_fuzz_token_soup_parses_or_fails_cleanly_and_never_raises_when_evaluated
 def test_deep_nesting_is_an_error_not_a_crash() -> None:
     with pytest.raises(SelectorError):
         compile_selector("(" * 5000 + "a" + ")" * 5000)
+
+
+def test_string_equality_compares_a_string_property_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prop = 'text'`` on a string property does not go through the general comparison
+    (a deep queue evaluates it once per message); other types still do, with its rules."""
+    import amqtransport.selector.parser as parser
+
+    calls = []
+    real = parser.compare
+
+    def counting(*args: object) -> object:
+        calls.append(args)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(parser, "compare", counting)
+    sel = compile_selector("k = 'hit'")
+    assert sel.matches(view(k="hit")) and not sel.matches(view(k="miss")) and not sel.matches(view())
+    assert calls == []
+    assert compile_selector("AMQ_SCHEDULED_DELAY = '5'").evaluate(view(AMQ_SCHEDULED_DELAY="5")) is True
+    assert len(calls) == 1  # a long against a string: compare converts it
+    assert compile_selector("NOT (k = 'hit')").evaluate(view()) is False  # null stays null under NOT

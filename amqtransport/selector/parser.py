@@ -404,6 +404,29 @@ def _logic(parts: Sequence[_Node], *, is_and: bool) -> _Node:
     return _Node(BOOL, ev, parts[0].pos, m=m)
 
 
+def _equals_string(left: _Node, text: str, convert: bool, pos: int) -> _Node:
+    """``prop = 'text'``, the commonest selector: a string property compared without
+    :func:`compare` (any other type of value goes through it, as in :func:`_equals`)."""
+    le = left.ev
+
+    def ev(v: MessageView) -> Value:
+        lv = le(v)
+        if type(lv) is str:
+            return lv == text
+        if lv is None:
+            return None
+        c = compare(lv, text, convert)
+        return c == 0 if c is not None else False
+
+    def m(v: MessageView) -> bool:
+        lv = le(v)
+        if type(lv) is str:
+            return lv == text
+        return lv is not None and ev(v) is True
+
+    return _Node(BOOL, ev, pos, m=m)
+
+
 def _not(n: _Node, pos: int) -> _Node:
     inner = n.ev
 
@@ -415,6 +438,8 @@ def _not(n: _Node, pos: int) -> _Node:
 
 
 def _equals(left: _Node, right: _Node, convert: bool, pos: int) -> _Node:
+    if right.kind == CONST and type(right.value) is str and left.kind == PROP:
+        return _equals_string(left, right.value, convert, pos)
     le, re_ = left.ev, right.ev
 
     def ev(v: MessageView) -> Value:

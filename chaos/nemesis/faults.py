@@ -28,7 +28,7 @@ Signals go to the pid of the ``Popen`` we started, and only while that process i
 still running: a reaped pid is never signalled. :meth:`Nemesis.heal_all` (end of a
 round, Ctrl-C) heals every active fault, :meth:`Nemesis.restart_dead` restarts the
 nodes that are down, and :meth:`Nemesis.wait_healthy` waits for one master and one
-slave in sync (replicated: ``amq-ha-peer-state: in-sync`` on the slave; shared store:
+slave in sync, restarting a node that dies while it waits (replicated: ``amq-ha-peer-state: in-sync`` on the slave; shared store:
 the other node waiting for the lock as ``slave``).
 """
 
@@ -376,9 +376,16 @@ class Nemesis:
 
     # -- between rounds ------------------------------------------------------------------
     def restart_dead(self) -> list[str]:
+        """Start every node that is down (never one we froze: a stopped process is alive);
+        the names of those started. A node that will not start (its data filesystem still
+        full, a port still held) is logged and left down: the next call tries again."""
         out = []
         for node in self.dead():
-            node.start(timeout=30)
+            try:
+                node.start(timeout=30)
+            except Exception:
+                log.exception("restarting node %s failed", node.name)
+                continue
             out.append(node.name)
         return out
 
@@ -400,10 +407,18 @@ class Nemesis:
             return False, desc
         return True, desc
 
-    def wait_healthy(self, timeout: float) -> tuple[bool, float, str]:
+    def wait_healthy(self, timeout: float, restarted: list[str] | None = None) -> tuple[bool, float, str]:
+        """Wait (up to ``timeout``) for one master and one slave in sync: (healthy, how
+        long, description). A node found down meanwhile is started again (its name
+        appended to ``restarted``): a node that fences itself late (a full disk noticed
+        at its next write, a takeover it lost) dies *during* the wait, after the round's
+        own restart, and must not leave the pair unhealthy for the rest of the round."""
         t0 = time.monotonic()
         ok, desc = self.health()
         while not ok and time.monotonic() - t0 < timeout:
+            again = self.restart_dead()
+            if restarted is not None:
+                restarted.extend(again)
             time.sleep(0.1)
             ok, desc = self.health()
         return ok, time.monotonic() - t0, desc

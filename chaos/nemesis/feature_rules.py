@@ -16,10 +16,18 @@ grouped messages go to competing consumers, judged here.
     the delay from when it got it, later). Always, faults or not: a takeover or a
     restart keeps the due time (it is in the job's record).
 ``scheduled-late``
-    its first delivery to each subscriber comes by ``t_done + d + SCHEDULED_SLACK_S``
+    its first delivery to each subscriber (its first copy on that consumer's wire: when the
+    broker handed it out, not when the application thread took it from the client's
+    buffer) comes by ``t_done + d + SCHEDULED_SLACK_S``
     (``t_done``: the receipt) -- "on time, give or take the takeover": when a fault
     was active during the message's life, the bound moves to that fault's end plus
-    ``TAKEOVER_S`` (or the round's time to health, if longer) plus the slack.
+    ``TAKEOVER_S`` (or the round's time to health, if longer) plus the slack. An
+    *outage* does the same without a fault: a stretch of at least ``OUTAGE_MIN_S`` in
+    which no node answered a single client-port probe (a CPU-starved machine: the
+    master's process got no time for seconds, its receipts, deliveries and probe answers
+    all stop and resume together) moves the bound to the outage's end plus the slack.
+    Such messages are counted (``scheduled_late_outage``): the broker's timetable is not
+    to blame for seconds it was not run.
 ``priority-order``
     each batch of :class:`~chaos.nemesis.features.PriorityBacklog` was receipted in
     full before the SUBSCRIBE that drains it; among the batch's messages whose *first*
@@ -45,7 +53,8 @@ grouped messages go to competing consumers, judged here.
     active between ``t1`` and X's later delivery is *excused* (a toxic can hold frames
     the broker wrote before it gave X's group away), counted in the stats.
 
-Stats: ``scheduled_sent`` / ``scheduled_delivered``, ``scheduled_late_ms_max`` (the
+Stats: ``scheduled_sent`` / ``scheduled_delivered``, ``scheduled_late_outage`` (past
+the slack but within an outage's), ``scheduled_late_ms_max`` (the
 latest first delivery after its due time ``t_done + d``, in ms, over messages whose life
 saw no fault; ``scheduled_late_ms_max_fault`` over the others), ``priority_batches`` /
 ``priority_pairs_checked``, ``group_messages`` / ``group_owner_changes`` /
@@ -59,7 +68,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from chaos.nemesis.history import Delivery, Fault, History, MessageProps, Send, Subscriber
+from chaos.nemesis.history import Delivery, Fault, History, MessageProps, ProbeRun, Send, Subscriber
 
 
 class _Checker(Protocol):
@@ -85,13 +94,14 @@ class _Checker(Protocol):
 
     def confirmed_acks(self) -> dict[tuple[str, str], tuple[float, Any]]: ...
 
-__all__ = ["FEATURE_RULES", "SCHEDULED_SLACK_S", "TAKEOVER_S", "check_features"]
+__all__ = ["FEATURE_RULES", "OUTAGE_MIN_S", "SCHEDULED_SLACK_S", "TAKEOVER_S", "check_features", "outages"]
 
 FEATURE_RULES = ("scheduled-early", "scheduled-late", "priority-order", "group-lost", "group-duplicate",
                  "group-split")
 EARLY_EPS_S = 0.002  # history times are rounded to 0.1 ms
 SCHEDULED_SLACK_S = 5.0  # a loaded 2-core machine: how late "on time" may be
 TAKEOVER_S = 10.0  # after a fault ends, how long the pair may take to serve again
+OUTAGE_MIN_S = 1.0  # no node answering the client-port probes this long: the pair was not serving
 
 
 def check_features(ck: _Checker) -> None:
@@ -102,6 +112,38 @@ def check_features(ck: _Checker) -> None:
     _Features(ck, props).run()
 
 
+def outages(probes: Sequence[ProbeRun], min_s: float = OUTAGE_MIN_S) -> list[tuple[float, float]]:
+    """The stretches (start, end) of at least ``min_s`` in which no node answered a
+    client-port probe: every node's runs of unanswered probes intersected."""
+    by_node: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in probes:
+        if not r.answered:
+            by_node[r.node].append((r.first_t0, r.last_t1))
+    if not by_node:
+        return []
+    nodes = {r.node for r in probes}
+    if set(by_node) != nodes:
+        return []  # a node that always answered
+    common: list[tuple[float, float]] | None = None
+    for spans in by_node.values():
+        spans.sort()
+        if common is None:
+            common = spans
+            continue
+        out = []
+        i = j = 0
+        while i < len(common) and j < len(spans):
+            lo, hi = max(common[i][0], spans[j][0]), min(common[i][1], spans[j][1])
+            if lo < hi:
+                out.append((lo, hi))
+            if common[i][1] < spans[j][1]:
+                i += 1
+            else:
+                j += 1
+        common = out
+    return [(a, b) for a, b in common or [] if b - a >= min_s]
+
+
 class _Features:
     def __init__(self, ck: _Checker, props: dict[str, MessageProps]) -> None:
         self.ck = ck
@@ -109,6 +151,7 @@ class _Features:
         self.faults: list[Fault] = sorted(ck.h.faults, key=lambda f: f.t)
         self.fault_starts = [f.t for f in self.faults]
         self.health = {r.round: r.health_s for r in ck.h.rounds}
+        self.outages = outages(ck.h.probes)
         self.sends: dict[str, Send] = {}
         for s in ck.h.sends:
             if s.key in props and s.kind == "rcpt":
@@ -125,18 +168,21 @@ class _Features:
         hi = bisect.bisect_right(self.fault_starts, t1)
         return [f for f in self.faults[:hi] if f.t_end >= t0]
 
-    def late_bound(self, s: Send, due: float) -> tuple[float, bool]:
+    def late_bound(self, s: Send, due: float, with_outages: bool = True) -> tuple[float, bool]:
         """The latest acceptable first delivery of a scheduled send, and whether a fault
-        moved it."""
+        (or an outage) moved it."""
         bound = due + SCHEDULED_SLACK_S
         moved = False
-        for f in self.faults_between(s.t, float("inf")):
-            if f.t > bound:
+        # (start, the bound it moves to), by start: a moved bound may reach the next one
+        events = [(f.t, f.t_end + max(TAKEOVER_S, self.health.get(f.round, 0.0)) + SCHEDULED_SLACK_S)
+                  for f in self.faults_between(s.t, float("inf"))]
+        if with_outages:
+            events += [(a, b + SCHEDULED_SLACK_S) for a, b in self.outages if b >= s.t]
+        for start, to in sorted(events):
+            if start > bound:
                 break
-            takeover = max(TAKEOVER_S, self.health.get(f.round, 0.0))
-            if f.t_end + takeover + SCHEDULED_SLACK_S > bound:
-                bound = f.t_end + takeover + SCHEDULED_SLACK_S
-                moved = True
+            if to > bound:
+                bound, moved = to, True
         return bound, moved
 
     # -- scheduled ----------------------------------------------------------------
@@ -144,6 +190,7 @@ class _Features:
         ck = self.ck
         sent = delivered = 0
         late_max = late_max_fault = 0.0
+        late_outage = 0
         for key, p in self.props.items():
             s = self.sends.get(key)
             if p.delay_ms <= 0 or s is None:
@@ -165,9 +212,15 @@ class _Features:
                 if not firsts:
                     continue  # the lost rule's business
                 delivered += 1
-                first = firsts[0]
+                # when the broker handed it out: its first copy on that consumer's wire (the
+                # application may take it from the client's buffer seconds later when the
+                # harness process is starved: not the timetable's lateness)
+                wire = ck.wire.get((sub.name, key))
+                first = wire[0] if wire and wire[0].t < firsts[0].t else firsts[0]
                 bound, moved = self.late_bound(s, due)
                 late = first.t - due
+                if moved and first.t <= bound and first.t > self.late_bound(s, due, with_outages=False)[0]:
+                    late_outage += 1  # on time only thanks to an outage
                 if moved:
                     late_max_fault = max(late_max_fault, late)
                 else:
@@ -176,11 +229,12 @@ class _Features:
                     ck.violate("scheduled-late", first.t,
                                f"{key} (AMQ_SCHEDULED_DELAY {p.delay_ms} ms, receipted at {s.t_done:.3f}, due by "
                                f"{due:.3f}) first reached {sub.name} at {first.t:.3f}: {late:.1f} s late, past "
-                               f"the bound {bound:.3f}" + (" (moved by the faults around it)" if moved else ""),
+                               f"the bound {bound:.3f}" + (" (moved by the faults and outages around it)" if moved else ""),
                                [("props", p), ("send", s), ("delivery", first)], around=(s.t, first.t))
         st = ck.stats
         st["scheduled_sent"] = sent
         st["scheduled_delivered"] = delivered
+        st["scheduled_late_outage"] = late_outage
         st["scheduled_late_ms_max"] = round(late_max * 1000)
         st["scheduled_late_ms_max_fault"] = round(late_max_fault * 1000)
 

@@ -11,14 +11,17 @@ Then, for each round seed (:func:`~chaos.nemesis.schedule.round_seeds`):
 2. play it: inject each step at its offset, heal it after its hold;
 3. at the end of the fault window heal whatever is left (SIGCONT, proxies enabled,
    toxics and ballast removed), restart dead nodes, and wait for one master and one
-   in-sync slave (``health_timeout_s``): a ``RoundRecord`` with ``healthy``. If the
+   in-sync slave (``health_timeout_s``), restarting any node that dies meanwhile (one
+   that fences itself late, e.g. at a full disk): a ``RoundRecord`` with ``healthy``. If the
    pair does not come back the run restarts the node that is not master and tries
    once more; if that fails too the mode's run stops there;
 4. wait (bounded) until everything receipted so far has reached its subscribers, so
    the next round starts clean and a loss shows in the round that made it;
 5. run the checker on the last minute of history (``complete=False``: a quick look;
    it can miss what needs older records, never invent a violation) and print the
-   round's line, with its seed and the violations seen in it.
+   round's line, with its seed and the violations seen in it; ``nemesis.log`` gets each
+   data filesystem's use and the LazyFS's unsynced bytes (and, on a filesystem over half
+   full, its biggest files): what a long run's full disk is made of.
 
 At the end: producers stop and flush, consumers drain (``drain_timeout_s``), probes
 stop, everything is healed and stopped by pid (tmpfs unmounted), and the checker
@@ -28,8 +31,10 @@ one by the CLI) takes the same way out without the final drain.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -186,6 +191,18 @@ def build_workload(stage: Stage, spoke_uri: str, history: History, clock: Callab
         if not c.competing:
             history.add(Subscriber(c.client, c.dest, c.ack, c.durable))
     return consumers, producers
+
+
+def _biggest(root: Path, n: int = 8) -> str:
+    """The ``n`` biggest files under ``root`` (path: KiB), for the disk log line."""
+    sizes: list[tuple[int, str]] = []
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            with contextlib.suppress(OSError):
+                p = Path(dirpath) / f
+                sizes.append((p.stat().st_size, str(p.relative_to(root))))
+    sizes.sort(reverse=True)
+    return ", ".join(f"{p}: {sz >> 10}" for sz, p in sizes[:n]) + f" ({len(sizes)} files)"
 
 
 class _Drain:
@@ -383,7 +400,7 @@ class ModeRun:
             nemesis.heal_all()
             self.stage.reset()
             restarted = nemesis.restart_dead()
-            ok, took, desc = nemesis.wait_healthy(self.params.health_timeout_s)
+            ok, took, desc = nemesis.wait_healthy(self.params.health_timeout_s, restarted)
         except Exception as exc:  # a node that would not start: the round is unhealthy, then repaired
             log.exception("round %d: healing failed", plan.round)
             ok, took, desc = False, 0.0, f"healing failed: {exc!r}"
@@ -392,6 +409,7 @@ class ModeRun:
         if out.pending:
             sample = ", ".join(f"{k} (to {'/'.join(c.client for c in cs)})" for cs, k, _ in drain.pending[:4])
             self._dump_threads(f"round {plan.round}: {out.pending} receipted messages not delivered: {sample}")
+        self._log_disk(plan.round)
         self.history.add(RoundRecord(plan.round, plan.seed, self.mode, t_start, self.clock(), plan.describe(), ok,
                                      round(took, 3), desc))
         # a quick look at this round (the last minute of history); the verdict is the
@@ -416,6 +434,25 @@ class ModeRun:
             f"({sum(1 for t in txs if t.outcome == 'in-doubt')} in doubt), pending {out.pending} | {verdict}"
         )
         return out
+
+    def _log_disk(self, round_no: int) -> None:
+        """Into nemesis.log: each data filesystem's use and the LazyFS's unsynced bytes
+        (what a long run's full disk is made of)."""
+        cl = self.cluster
+        if cl is None:
+            return
+        parts = []
+        for name, m in cl.mounts.items():
+            with contextlib.suppress(OSError):
+                st = os.statvfs(m.path)
+                used = (st.f_blocks - st.f_bfree) * st.f_frsize
+                parts.append(f"{name} {used >> 10} KiB used")
+                if used * 2 > st.f_blocks * st.f_frsize:  # over half full: what is it made of
+                    parts.append(f"{name} biggest: {_biggest(m.path)}")
+        if cl.lazy is not None:
+            with contextlib.suppress(OSError):
+                parts.append(f"lazyfs {cl.lazy.command('stats', timeout=5)}")
+        log.info("round %d disk: %s", round_no, "; ".join(parts))
 
     def _dump_threads(self, why: str) -> None:
         """Every thread's stack (the clients', the bridge's) into ``threads-<mode>.txt``

@@ -6,8 +6,10 @@ bit-flip of a finished journal segment. No broker, no namespace, no FUSE mount h
 from __future__ import annotations
 
 import random
+import time
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -19,6 +21,7 @@ from amqtransport.broker.store.segments import FRAME, MAGIC, segment_name
 from chaos.nemesis.availability import AFTER_S, availability
 from chaos.nemesis.bitflip import finished_segments, flip_bit
 from chaos.nemesis.checker import check
+from chaos.nemesis.faults import Nemesis
 from chaos.nemesis.history import Fault, History, RoundRecord, Send
 from chaos.nemesis.lazyfs import Overlay
 from chaos.nemesis.netns import (
@@ -321,3 +324,58 @@ def test_replay_start_reads_no_position_without_a_usable_checkpoint(tmp_path: Pa
     assert replay_start(tmp_path) is None
     (tmp_path / "checkpoint").write_bytes(b"not a checkpoint")
     assert replay_start(tmp_path) is None
+
+
+# -- the health wait ------------------------------------------------------------------------
+
+
+class _Node:
+    """A pair node as the nemesis sees it (alive, start, HA status); ``fence_after``:
+    dies after answering that many status requests (a node fencing itself late)."""
+
+    def __init__(self, name: str, role: str, fence_after: int | None = None) -> None:
+        self.name, self.role, self.fence_after = name, role, fence_after
+        self.alive, self.asked, self.starts = True, 0, 0
+
+    def status(self, timeout: float = 0.5) -> dict[str, str]:
+        self.asked += 1
+        if self.fence_after is not None and self.asked >= self.fence_after:
+            self.alive, self.fence_after = False, None
+            return {"amq-ha-role": "slave", "amq-ha-peer-state": "catching-up"}
+        if self.role == "master":
+            return {"amq-ha-role": "master", "amq-ha-listening": "true"}
+        return {"amq-ha-role": "slave", "amq-ha-peer-state": "in-sync" if self.starts else "catching-up"}
+
+    def start(self, timeout: float = 30.0) -> _Node:
+        self.alive = True
+        self.starts += 1
+        return self
+
+
+def test_wait_healthy_restarts_a_node_that_dies_while_it_waits() -> None:
+    """A node that fences itself late (after the round's restart_dead, e.g. at a full disk)
+    is started again within the health wait, so the round ends healthy; before, the wait
+    ran out with the node down and the run needed a repair (or stopped)."""
+    a, b = _Node("a", "master"), _Node("b", "slave", fence_after=2)
+    cluster = SimpleNamespace(pair=SimpleNamespace(nodes=[a, b]), kind="replicated")
+    nemesis = Nemesis(cluster, None, History({}), time.monotonic)  # type: ignore[arg-type]
+    ok, _took, desc = nemesis.wait_healthy(5.0)
+    assert ok, desc
+    assert b.starts == 1 and a.starts == 0
+    b.fence_after = b.asked + 1  # once more: the runner hears whom the wait restarted
+    restarted: list[str] = []
+    assert nemesis.wait_healthy(5.0, restarted)[0] and restarted == ["b"]
+
+
+def test_a_node_that_will_not_start_is_left_down_and_tried_again() -> None:
+    class Stubborn(_Node):
+        def start(self, timeout: float = 30.0) -> _Node:
+            raise TimeoutError("no 'ha node' line")
+
+    a, b = _Node("a", "master"), Stubborn("b", "slave")
+    b.alive = False
+    cluster = SimpleNamespace(pair=SimpleNamespace(nodes=[a, b]), kind="replicated")
+    nemesis = Nemesis(cluster, None, History({}), time.monotonic)  # type: ignore[arg-type]
+    assert nemesis.restart_dead() == []
+    ok, _took, desc = nemesis.wait_healthy(0.5)
+    assert not ok and "b: down" in desc

@@ -233,9 +233,12 @@ class MasterRole:
             with contextlib.suppress(OSError):  # the disk may be the full one
                 node.state.save(node.data_dir)
             self.handing_over = f"fenced ({reason})"
-            node.demote_event.set()
-            if node.wake is not None:  # the term ends now, not at the next peer check
-                node.wake.set()
+            if node.witness is not None and node.loop is not None:
+                node.loop.create_task(self._hand_over(node.demote_event))
+            else:
+                node.demote_event.set()
+                if node.wake is not None:  # the term ends now, not at the next peer check
+                    node.wake.set()
             return
         if node.opts.mode == "shared-store":  # exiting releases the store lock: the standby takes over
             log.error("node %s: %s: releasing the store lock to the standby: stopping (exit code 3)", node.name,
@@ -245,15 +248,33 @@ class MasterRole:
         node.exit_code = 3
         node.stop()
 
+    async def _hand_over(self, demote: asyncio.Event) -> None:
+        """Tell the witness we no longer receipt alone (the slave acked every receipt we
+        gave), then leave: the witness refuses mastership to a slave while the lease's
+        last word is "alone", so a master that fenced before its lease loop renewed since
+        the slave synced left the pair with no master for good (found by the nemesis: a
+        full disk 30 ms after a resync)."""
+        node = self.node
+        try:
+            await asyncio.wait_for(node.renew_lease(alone=False), max(0.5, node.opts.link_timeout))
+        except Exception as exc:  # the witness unreachable: the slave asks it again anyway
+            log.warning("node %s: could not tell the witness before handing over: %r", node.name, exc)
+        demote.set()
+        if node.wake is not None:  # the term ends now, not at the next peer check
+            node.wake.set()
+
     def _on_slave_synced(self, link: MasterLink) -> None:
         node = self.node
+        if self.renew_now is not None:  # tell the witness at once that we no longer receipt alone
+            self.renew_now.set()
         node.state.peer_may_be_master = True
         peer = {k: link.info[h] for k, h in (("client", "amq-ha-client"), ("ha", "amq-ha-port")) if h in link.info}
         node.state.peer.update(peer, name=link.slave)
-        node.state.save(node.data_dir)
+        try:
+            node.state.save(node.data_dir)
+        except OSError as exc:  # a full disk: the journal fails on it too and fences
+            log.error("node %s: cannot record that slave %s is in sync: %s", node.name, link.slave, exc)
         node.say(f"slave {link.slave} in sync")
-        if self.renew_now is not None:  # tell the witness at once that we no longer receipt alone
-            self.renew_now.set()
         if not node.listening and node.loop is not None:
             node.loop.create_task(self.listen())
 

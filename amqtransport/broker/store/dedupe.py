@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 __all__ = ["DedupeWindow", "ANY_DESTINATION"]
 
@@ -115,6 +115,17 @@ class DedupeWindow:
         """Live ``(scope, key, accepted_at)`` entries carried by one of ``segments`` (for compaction)."""
         self.expire()
         return [(scope, k, ts) for (scope, k), (ts, seg, _n) in self._keys.items() if seg in segments]
+
+    def bytes_in_segments(self, segments: Collection[int]) -> dict[int, int]:
+        """About how many bytes the live keys carried by each of ``segments`` take in a
+        ``Keys`` record (scope, key, a timestamp and framing), by segment."""
+        self.expire()
+        wanted = set(segments)
+        out: dict[int, int] = {}
+        for (scope, k), (_ts, seg, _n) in self._keys.items():
+            if seg in wanted:
+                out[seg] = out.get(seg, 0) + len(scope) + len(k) + 16
+        return out
 
     def copy_entries(self) -> dict[tuple[str, str], tuple[float, int, int]]:
         """A shallow copy of the entries, ``(scope, key) -> (accepted_at, segment, serial)``
