@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,14 @@ def _in_sync(bp: BrokerPair, witness: WitnessProcess) -> tuple[HaNodeProcess, Ha
     return master, slave
 
 
+def _log_line(log: str, text: str) -> tuple[float, str]:
+    """(its timestamp in seconds, the line) of the first line of a node's log with ``text``."""
+    line = next((ln for ln in log.splitlines() if text in ln), None)
+    assert line is not None, f"no {text!r} in the log: {log[-3000:]}"
+    stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp(), line
+
+
 def _stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
@@ -98,6 +107,12 @@ def test_a_master_whose_slave_hangs_keeps_receipting_on_the_witness_lease(tmp_pa
                 assert _stopped(slave.pid), "the slave was thawed before the receipts came"
                 log = master.log_text()
                 assert "the witness renews our lease" in log, log[-3000:]
+                # the witness first: a frozen slave's HA port accepts the stand-by request and
+                # never answers, so asking it first held every receipt for a whole second more
+                held_at, _ = _log_line(log, "receipts without a slave ack are held")
+                resumed_at, resumed = _log_line(log, "receipts resume")
+                assert "the peer does not answer" not in resumed, resumed
+                print(f"receipts held -> resumed on the witness lease: {resumed_at - held_at:.3f} s")
                 print(f"slave frozen -> first receipt from the master alone: {first_at[0] - frozen_at:.2f} s "
                       f"(--link-timeout {LINK_TIMEOUT:g} s, lease {2 * LINK_TIMEOUT:g} s)")
                 wait_for(lambda: float(master.status().get("amq-ha-lease", "0")) > 0, 30,

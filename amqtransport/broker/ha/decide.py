@@ -65,20 +65,20 @@ combination of inputs against it.
 | link-lost | 11 | the witness not asked | ask-witness |
 | link-lost | 12 | the witness grants | master |
 | link-lost | 13 | otherwise | isolated |
-| master | 1 | not asked | ask |
-| master | 2 | the peer is master; its epoch is newer | step-down |
-| master | 3 | the peer is master; same epoch; its name is lower | step-down |
-| master | 4 | the peer is master | demote-peer |
-| master | 5 | the peer stands by | clear |
-| master | 6 | the peer says in-sync; it is our in-sync slave | clear |
-| master | 7 | the peer says in-sync | hold |
-| master | 8 | the peer's synced store is newer | step-down |
-| master | 9 | the peer answers | hold |
-| master | 10 | no peer known | clear |
-| master | 11 | every address refuses; held within the refusal window | clear |
-| master | 12 | no witness | hold |
-| master | 13 | the witness not asked | ask-witness |
-| master | 14 | the witness grants | lease |
+| master | 1 | the witness not asked | ask-witness |
+| master | 2 | the witness grants | lease |
+| master | 3 | not asked | ask |
+| master | 4 | the peer is master; its epoch is newer | step-down |
+| master | 5 | the peer is master; same epoch; its name is lower | step-down |
+| master | 6 | the peer is master | demote-peer |
+| master | 7 | the peer stands by | clear |
+| master | 8 | the peer says in-sync; it is our in-sync slave | clear |
+| master | 9 | the peer says in-sync | hold |
+| master | 10 | the peer's synced store is newer | step-down |
+| master | 11 | the peer answers | hold |
+| master | 12 | no peer known | clear |
+| master | 13 | every address refuses; held within the refusal window | clear |
+| master | 14 | no witness | hold |
 | master | 15 | otherwise | hold |
 | slave-lost | 1 | the slave said goodbye | forget |
 | slave-lost | 2 | the slave was not in sync | serve |
@@ -193,7 +193,11 @@ master, S = slave, C = the takeover-check address):
 9. With a witness (``--witness``, :mod:`.witness`), cases 5 and 7 change: in case 5 the
    master asks the witness (``ask-witness``) and receipts alone while it renews the
    master's lease (``lease``), which it does only while it has granted the slave
-   nothing; in case 7 the slave takes over only with the witness's grant, given once
+   nothing. It asks the witness *first*, before the peer (``master`` rows 1-2): a
+   peer behind a link that drops packets answers nothing for the whole ask, the
+   witness at once; the renewal says whether the master receipts alone by the same test
+   as its periodic renewals (no in-sync slave attached), and counts only if that still
+   holds when the answer comes (:meth:`.node.HaNode.decide_observing`); in case 7 the slave takes over only with the witness's grant, given once
    the master's lease ran out unrenewed -- so only when the master cannot reach the
    witness either, and then it holds its receipts. docs/ha.md has the table of who may
    serve for each link down (master-slave, master-witness, slave-witness).
@@ -521,6 +525,11 @@ def _link_lost(state: NodeState, options: DecideOptions, peers: Peers) -> Decisi
 
 
 def _master(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
+    if options.witness is not None and peers.witness is None:
+        return Decision(ASK_WITNESS, "receipts held: asking the witness to renew our lease first")
+    if peers.witness:
+        return Decision(LEASE, f"the witness renews our lease (it grants the peer nothing meanwhile): "
+                               f"{peers.witness_reason}")
     if peers.answers is None:
         return Decision(ASK, "asking the peer")
     name, epoch = options.name, state.epoch
@@ -559,11 +568,6 @@ def _master(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
                    "a refusal no longer proves the peer stopped")
     if options.witness is None:
         return Decision(HOLD, f"the peer does not answer ({errors})")
-    if peers.witness is None:
-        return Decision(ASK_WITNESS, f"the peer does not answer ({errors}); asking the witness for the lease")
-    if peers.witness:
-        return Decision(LEASE, f"the peer does not answer and the witness renews our lease (it grants the peer "
-                               f"nothing meanwhile): {peers.witness_reason}")
     return Decision(HOLD, f"the peer does not answer ({errors}) and the witness does not renew our lease: "
                           f"{peers.witness_reason}")
 

@@ -23,8 +23,9 @@ backing off further with every refused CONNECT. With ``--shutdown-on-slave-failu
 (receipts for unreplicated records are refused; from that moment its status no longer
 says master, so the slave takes over); with ``--takeover-check`` a master that cannot
 reach that address when it loses its synced slave fences itself. With ``--witness`` a
-master renews its witness lease all term long (:meth:`MasterRole._keep_lease`); a peer
-that does not answer the stand-by request is then no reason to hold: while the witness
+master renews its witness lease all term long (:meth:`MasterRole._keep_lease`), and a
+suspect master asks the witness to renew it before it asks the peer to stand by (a peer
+behind a link that drops packets answers nothing for the whole ask): while the witness
 renews the lease it grants the slave nothing, so the master receipts alone until the
 lease runs out unrenewed (decide.py, outcome ``lease``); a witness that says another node
 was granted mastership fences it. A slave that

@@ -390,8 +390,14 @@ class HaNode:
             elif d.action == ASK_WITNESS:
                 if read_state().phase in (START, LINK_LOST):  # mastership at the epoch it would raise to
                     answer = await self.ask_witness(TAKEOVER_HEADER, self.state.epoch + 1)
-                else:  # a master about to receipt alone
-                    answer = await self.renew_lease(alone=True)
+                else:  # a master renewing its lease while its receipts are held
+                    alone = read_state().linked_to is None  # as MasterRole._keep_lease says it
+                    answer = await self.renew_lease(alone=alone)
+                    if answer.granted and not alone and read_state().linked_to is None:
+                        # we told the witness an in-sync slave covers our receipts and it left
+                        # meanwhile: this renewal does not let us receipt alone
+                        answer = WitnessAnswer(False, "the in-sync slave left while the witness renewed our "
+                                                      "lease (saying we do not receipt alone)")
                 peers = replace(peers, witness=answer.granted, witness_reason=answer.reason)
             else:
                 return d
