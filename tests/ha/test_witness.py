@@ -174,6 +174,26 @@ def _metric(text: str, name: str) -> float:
     return values[0]
 
 
+def test_a_slave_refused_while_the_frozen_masters_lease_lasts_asks_again_when_it_ends(tmp_path: Path) -> None:
+    """--link-timeout 3 s: the lease (6 s, renewed every second) of a master frozen now
+    ends 5-6 s from now; its slave notices after 3 s, probes the silent master for 1 s
+    and asks the witness, which refuses for the second or so the lease has left. The
+    slave asks again just when it ends: it never goes back to probing the master
+    ("isolated"), which cost a second more per round."""
+    with WitnessProcess(tmp_path / "witness") as witness, BrokerPair(
+        "replicated", tmp_path / "pair", link_timeout=3.0, witness=witness.address
+    ) as bp:
+        old, new = _in_sync(bp, witness)
+        with frozen(old):
+            frozen_at = time.monotonic()
+            assert bp.wait_master(60, exclude=old) is new
+            print(f"master frozen -> the slave serves as master: {time.monotonic() - frozen_at:.2f} s "
+                  "(--link-timeout 3 s, lease 6 s)")
+        log = new.log_text()
+        assert "the witness grants mastership" in log, log[-3000:]
+        assert "the witness does not grant mastership (yet)" not in log, log[-3000:]
+
+
 def test_a_witness_killed_alone_changes_nothing_while_the_nodes_see_each_other(tmp_path: Path) -> None:
     http = {"a": free_port(), "b": free_port()}
     link_timeout = 2.0  # the default: a slow machine must not drop the slave while the witness is down

@@ -28,6 +28,7 @@ from amqtransport.broker.ha.lease import (
     restored,
     takeover,
 )
+from amqtransport.broker.ha.witness import _seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = pair_key(b"the-cluster-secret-of-a-pair")
@@ -262,3 +263,14 @@ def test_the_witness_option_and_config_keys_are_checked(tmp_path: Path) -> None:
     out = subprocess.run([*base, "witness", "--port", "1", "--data-dir", str(bad)],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 1 and "witness-state.json: not JSON" in out.stderr, out.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.none(), st.text(max_size=20), st.floats(allow_nan=True).map(str)))
+def test_the_lease_left_a_witness_says_parses_to_a_duration_or_nothing(text: str | None) -> None:
+    """``amq-witness-remaining``: a slave waits that long before it asks again, so
+    garbage, a negative or an infinite value must read as "not said"."""
+    got = _seconds(text)
+    assert got is None or 0 <= got < float("inf")
+    if text is not None and re.fullmatch(r"\d{1,6}(\.\d{1,3})?", text):
+        assert got == float(text)

@@ -390,6 +390,8 @@ class HaNode:
             elif d.action == ASK_WITNESS:
                 if read_state().phase in (START, LINK_LOST):  # mastership at the epoch it would raise to
                     answer = await self.ask_witness(TAKEOVER_HEADER, self.state.epoch + 1)
+                    if read_state().phase == LINK_LOST:
+                        answer = await self._ask_again_when_the_lease_ends(answer)
                 else:  # a master renewing its lease while its receipts are held
                     alone = read_state().linked_to is None  # as MasterRole._keep_lease says it
                     answer = await self.renew_lease(alone=alone)
@@ -401,6 +403,20 @@ class HaNode:
                 peers = replace(peers, witness=answer.granted, witness_reason=answer.reason)
             else:
                 return d
+
+    async def _ask_again_when_the_lease_ends(self, answer: WitnessAnswer) -> WitnessAnswer:
+        """A slave that lost its master, refused mastership because the master's lease has
+        ``remaining`` seconds left (the witness says how many): ask again just when it
+        ends (once), rather than probe a silent master for a second more and pause
+        first. The witness alone decides; the master's own count of its lease runs out
+        before the witness's (:mod:`.lease`), so it receipts nothing alone by then."""
+        assert self.witness is not None
+        left = answer.remaining
+        if answer.granted or answer.fence or not answer.reached or left is None or not 0 < left <= self.witness.lease:
+            return answer
+        log.warning("node %s: %s; asking the witness again when that lease ends", self.name, answer.reason)
+        await self.sleep(left + 0.05)
+        return await self.ask_witness(TAKEOVER_HEADER, self.state.epoch + 1)
 
     async def _decide_role(self) -> tuple[str, tuple[str, int] | None]:
         """Master, slave of whom, or wait (decide.py, phase ``start``)."""

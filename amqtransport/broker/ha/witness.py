@@ -276,12 +276,24 @@ def run_witness(host: str, port: int, data_dir: Path) -> int:
 # ---------------------------------------------------------------------- a node's side
 @dataclass(frozen=True)
 class WitnessAnswer:
-    """What the witness said (``reached``: it answered at all; ``fence``: step down)."""
+    """What the witness said (``reached``: it answered at all; ``fence``: step down;
+    ``remaining``: the seconds the holder's lease has left by the witness's clock, when it
+    said)."""
 
     granted: bool
     reason: str
     fence: bool = False
     reached: bool = True
+    remaining: float | None = None
+
+
+def _seconds(text: str | None) -> float | None:
+    """A duration header's value; None when absent or not a finite number >= 0."""
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and 0 <= value < float("inf") else None
 
 
 class WitnessClient:
@@ -337,6 +349,7 @@ class WitnessClient:
                                    reached=refused)
         else:
             answer = WitnessAnswer(frame.get(GRANTED_HEADER) == "true", f"witness {self.where}: "
-                                   f"{frame.get(REASON_HEADER) or '?'}", fence=frame.get(FENCE_HEADER) == "true")
+                                   f"{frame.get(REASON_HEADER) or '?'}", fence=frame.get(FENCE_HEADER) == "true",
+                                   remaining=_seconds(frame.get("amq-witness-remaining")))
         self.last = answer
         return answer
