@@ -4,7 +4,8 @@ Without a witness a master whose slave hangs holds every receipt until the slave
 (tests/ha/test_suspect_port.py); with one it goes on receipting on the witness's lease.
 A frozen master is replaced only with the witness's grant once its lease ran out, and is
 fenced when it thaws; a witness killed alone changes nothing while the nodes see each
-other; a restarted witness does not grant twice (its state is durable).
+other; a restarted witness does not grant twice (its state is durable); a grant the other
+node never used (it stood by meanwhile) does not keep the pair without a master.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
 import time
 import urllib.request
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -24,7 +27,7 @@ import pytest
 from ha_helpers import frozen, raw_connect, read_frames, wait_for
 
 import amqtransport
-from amqtransport.broker.ha.lease import pair_id, pair_key
+from amqtransport.broker.ha.lease import dump_state, load_state, pair_id, pair_key
 from amqtransport.broker.ha.wire import ha_request_sync
 from amqtransport.broker.ha.witness import (
     RENEW_HEADER,
@@ -254,6 +257,61 @@ def test_a_restarted_witness_does_not_grant_twice(tmp_path: Path) -> None:
         forged.pair = a.pair
         forged_answer = _ask(forged, TAKEOVER_HEADER, 9)
         assert not forged_answer.granted and forged_answer.reached, forged_answer
+
+
+def test_a_node_asks_past_a_grant_the_other_node_never_used(tmp_path: Path) -> None:
+    """Issue 24: the witness granted b epoch 8 (b then stood by and never served); a,
+    at epoch 7, asking "mastership at my epoch + 1" was refused for ever ("node b was
+    granted epoch 8, not older than 8"). The client asks past the witness's record."""
+    secret = b"a-pair-secret-for-the-deadlock-test"
+    with WitnessProcess(tmp_path / "witness") as witness:
+        a = WitnessClient((witness.host, witness.port), secret, "a", lease=0.5)
+        b = WitnessClient((witness.host, witness.port), secret, "b", lease=0.5)
+        assert _ask(a, RENEW_HEADER, 7).granted
+        wait_for(lambda: _ask(b, TAKEOVER_HEADER, 8).granted, 30, "the witness to grant b epoch 8")
+        fenced = _ask(a, RENEW_HEADER, 7)
+        assert not fenced.granted and fenced.fence, fenced
+        answers: list[WitnessAnswer] = []
+        wait_for(lambda: answers.append(_ask(a, TAKEOVER_HEADER, 8)) or answers[-1].granted, 30,
+                 "the witness to grant a mastership once b's unused lease ran out")
+        assert answers[-1].epoch == 9, answers[-1]
+        status = ha_request_sync(witness.host, witness.port, 5.0, {WITNESS_STATUS: a.pair}).headers
+        assert dict(status)["amq-witness-epoch"] == "9" and dict(status)["amq-witness-holder"] == "a"
+        assert _ask(b, RENEW_HEADER, 8).fence, "b, were it serving on its grant, is fenced"
+
+
+def test_a_pair_whose_witness_granted_a_node_that_then_stood_by_gets_a_master_again(tmp_path: Path) -> None:
+    """Issue 24, the nemesis deadlock as its end state, with real processes: the witness
+    records that it granted the slave b the epoch after master a's, but b never served
+    (it agreed to stand by for a: its copy is incomplete, here wiped). a holds every
+    receipted message; it must serve again (before: both nodes waited for ever, a's
+    takeover refused "node b was granted epoch E+1, not older than E+1")."""
+    with WitnessProcess(tmp_path / "witness") as witness, BrokerPair(
+        "replicated", tmp_path / "pair", link_timeout=LINK_TIMEOUT, witness=witness.address
+    ) as bp:
+        a, b = _in_sync(bp, witness)
+        queue = "/queue/witness.unused-grant"
+        with amqtransport.connect(bp.uri) as c:
+            c.send(queue, "receipted", idempotency_key="k-receipted")
+        epoch = int(a.status()["amq-ha-epoch"])
+        b.kill()
+        a.kill()
+        witness.kill()
+        path = witness.data_dir / STATE_FILE
+        pairs = load_state(path.read_bytes(), 0.0)
+        ((pid, rec),) = pairs.items()
+        path.write_bytes(dump_state({pid: replace(rec, holder=b.name, epoch=epoch + 1, alone=False)}))
+        witness.start()
+        shutil.rmtree(b.data_dir)  # b stood by: its copy is not complete (never synced again)
+        b.start()
+        a.start()
+        assert bp.wait_master(60) is a, a.log_text()[-3000:]
+        assert int(a.status()["amq-ha-epoch"]) == epoch + 2
+        wait_for(lambda: a.status().get("amq-ha-peer-state") == "in-sync", 60, "b to resync from a")
+        with amqtransport.connect(bp.uri) as c:
+            sub = c.subscribe(queue, ack="auto")
+            msg = sub.receive(timeout=10)
+            assert msg is not None and msg.text == "receipted"
 
 
 def test_the_witness_port_refuses_garbage(tmp_path: Path) -> None:

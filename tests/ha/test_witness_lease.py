@@ -27,6 +27,7 @@ from amqtransport.broker.ha.lease import (
     renew,
     restored,
     takeover,
+    takeover_epoch,
 )
 from amqtransport.broker.ha.witness import _seconds
 
@@ -83,6 +84,43 @@ def test_epochs_fence() -> None:
     newer = renew(held, "a", 6, False, LEASE, now=1.0)
     assert not newer.granted and not newer.fence, "a newer master waits for the holder's lease"
     assert renew(held, "a", 6, False, LEASE, now=LEASE).granted
+
+
+def test_a_grant_the_other_node_never_used_does_not_lock_the_pair_out() -> None:
+    """Issue 24 (nemesis seeds 77071/77073): master a at epoch 7 is frozen; the witness
+    grants slave b epoch 8, but b agreed to stand by for the thawed a meanwhile (its copy
+    is no longer complete: it never serves). a's renewal is fenced and a steps down. a,
+    whose store is the complete one, must be able to take over again: asking at its own
+    epoch + 1 (8) it is refused for ever; it asks at the witness's epoch + 1."""
+    held = renew(fresh(), "a", 7, False, LEASE, now=0.0).lease
+    granted = takeover(held, "b", 8, LEASE, now=LEASE)
+    assert granted.granted and granted.lease.holder == "b" and granted.lease.epoch == 8
+    fenced = renew(granted.lease, "a", 7, False, LEASE, now=LEASE + 1)
+    assert not fenced.granted and fenced.fence
+    for now in (LEASE + 1, 2 * LEASE, 1000.0):  # b never renews: its lease runs out
+        assert not takeover(granted.lease, "a", 7 + 1, LEASE, now).granted, "the deadlock of issue 24"
+    epoch = takeover_epoch(7, granted.lease.epoch)
+    assert epoch == 9
+    early = takeover(granted.lease, "a", epoch, LEASE, now=2 * LEASE - 0.01)
+    assert not early.granted and "holds the lease" in early.reason, "never while b's lease may run"
+    late = takeover(granted.lease, "a", epoch, LEASE, now=2 * LEASE)
+    assert late.granted and late.lease.holder == "a" and late.lease.epoch == 9
+    # b, were it serving on that grant after all, is fenced by a's newer epoch
+    assert renew(late.lease, "b", 8, False, LEASE, now=2 * LEASE + 0.1).fence
+
+
+def test_the_witness_epoch_does_not_override_a_holder_that_receipted_alone() -> None:
+    alone = renew(takeover(renew(fresh(), "a", 7, False, LEASE, 0.0).lease, "b", 8, LEASE, LEASE).lease,
+                  "b", 8, True, LEASE, now=LEASE + 0.5).lease
+    for now in (2 * LEASE, 100.0):
+        assert not takeover(alone, "a", takeover_epoch(7, alone.epoch), LEASE, now).granted
+    assert "lack receipted messages" in takeover(alone, "a", takeover_epoch(7, alone.epoch), LEASE, 100.0).reason
+
+
+@given(st.integers(0, 10**6), st.integers(0, 10**6))
+def test_takeover_epoch_is_newer_than_both(own: int, recorded: int) -> None:
+    e = takeover_epoch(own, recorded)
+    assert e > own and e > recorded and e in (own + 1, recorded + 1)
 
 
 def test_a_restarted_witness_does_not_grant_twice() -> None:

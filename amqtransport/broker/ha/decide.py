@@ -27,7 +27,8 @@ first row whose conditions all hold decides. "The peer" is the first of the peer
 addresses that answers; in ``start`` a master answering on any address wins.
 ``master (checked)`` means: with ``--takeover-check``, ``check`` while it has not
 been tried, and ``wait`` while it does not answer; then, with ``--witness``,
-``ask-witness`` (for mastership at its epoch + 1) while it has not been asked, and
+``ask-witness`` (for mastership at its epoch + 1, or the witness's epoch + 1 when
+newer: :func:`.lease.takeover_epoch`) while it has not been asked, and
 ``wait`` while it does not grant it; else ``master``. A claim is (the
 store's epoch if it is synced, else -1; an undamaged journal; last role master;
 configured as master), compared in that order; equal claims go to the lower name. A

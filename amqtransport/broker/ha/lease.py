@@ -21,7 +21,14 @@ in-sync slave: the slave's copy then lacks receipted messages), the lease's leng
 ``takeover`` (a slave that lost its master, for the epoch it would raise to)
     granted only once the holder's lease ran out, never while the holder's last renewal
     said it receipted alone, never for an epoch not newer than the holder's; the
-    grant makes the asker the holder (its lease starts now).
+    grant makes the asker the holder (its lease starts now). The asker asks for
+    :func:`takeover_epoch`: its own epoch + 1, or the holder's + 1 when the witness
+    granted a newer epoch than the asker's store has -- a grant the other node may never
+    have used (it agreed to stand by meanwhile). Asking at its own epoch + 1 it would be
+    refused for ever, the witness keeping its record: no master again (issue 24).
+    Safe: a node that used a grant at epoch ``E`` receipted nothing the asker lacks
+    unless it receipted alone (then its last renewal said so, and it is refused) or with
+    an in-sync slave -- the asker, whose store then adopted ``E`` already.
 
 A node counts its lease from the moment it *sent* the renewal, the witness from the
 moment it got it, so the node's lease always runs out first (a margin covers clock
@@ -63,6 +70,7 @@ __all__ = [
     "renew",
     "restored",
     "takeover",
+    "takeover_epoch",
 ]
 
 MIN_LEASE = 0.05
@@ -147,6 +155,12 @@ def takeover(p: PairLease, node: str, epoch: int, lease: float, now: float) -> V
         return Verdict(False, f"node {p.holder} was granted epoch {p.epoch}, not older than {epoch}", p)
     return _grant(p, node, epoch, False, lease, now,
                   f"the lease of master {p.holder} ran out: mastership granted at epoch {epoch}")
+
+
+def takeover_epoch(own: int, recorded: int) -> int:
+    """The epoch a node whose store has epoch ``own`` asks mastership at, the witness's
+    record being at epoch ``recorded`` (see the module docstring): newer than both."""
+    return max(own, recorded) + 1
 
 
 def restored(p: PairLease, now: float) -> PairLease:

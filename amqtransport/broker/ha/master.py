@@ -113,6 +113,7 @@ class MasterHost(RoleHost, Protocol):
     wake: asyncio.Event | None
     witness: WitnessClient | None
     lease_until: float
+    granted_epoch: int
 
     @property
     def requests(self) -> HaRequests: ...
@@ -348,7 +349,9 @@ class MasterRole:
         slave is attached or while receipts are held, until demoted or stopped."""
         node = self.node
         before = (node.state.epoch, node.state.role)
-        node.state.epoch += 1
+        # the epoch the witness granted, when newer than ours + 1 (lease.takeover_epoch)
+        node.state.epoch = max(node.state.epoch + 1, node.granted_epoch)
+        node.granted_epoch = 0
         node.state.role = "master"
         node.state.synced = True
         node.state.save(node.data_dir)

@@ -173,6 +173,8 @@ class HaNode:
         #: the pair's witness (--witness), and until when (loop time) it renewed our lease as master
         self.witness: WitnessClient | None = None
         self.lease_until = 0.0
+        #: the epoch the witness granted mastership at (0: none): the next term raises to it
+        self.granted_epoch = 0
         if options.mode == "replicated":
             secret = load_secret(options.cluster_password, options.cluster_password_file)
             self.signer, self.verifier = RequestSigner(secret), RequestVerifier(secret)
@@ -392,6 +394,7 @@ class HaNode:
                     answer = await self.ask_witness(TAKEOVER_HEADER, self.state.epoch + 1)
                     if read_state().phase == LINK_LOST:
                         answer = await self._ask_again_when_the_lease_ends(answer)
+                    self.granted_epoch = answer.epoch if answer.granted else 0
                 else:  # a master renewing its lease while its receipts are held
                     alone = read_state().linked_to is None  # as MasterRole._keep_lease says it
                     answer = await self.renew_lease(alone=alone)

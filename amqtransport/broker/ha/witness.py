@@ -67,6 +67,7 @@ from .lease import (
     parse_request,
     renew,
     takeover,
+    takeover_epoch,
 )
 from .port import HaPortProtocol, RefusalLog, answer_error
 from .wire import ReplicaRefused, ReplicationError, ha_request
@@ -278,13 +279,14 @@ def run_witness(host: str, port: int, data_dir: Path) -> int:
 class WitnessAnswer:
     """What the witness said (``reached``: it answered at all; ``fence``: step down;
     ``remaining``: the seconds the holder's lease has left by the witness's clock, when it
-    said)."""
+    said; ``epoch``: the epoch asked for, which a takeover granted must raise to)."""
 
     granted: bool
     reason: str
     fence: bool = False
     reached: bool = True
     remaining: float | None = None
+    epoch: int = 0
 
 
 def _seconds(text: str | None) -> float | None:
@@ -328,12 +330,17 @@ class WitnessClient:
         return self.last.reason if self.last is not None else ""
 
     async def ask(self, request: str, epoch: int, *, alone: bool = False, timeout: float = 1.0) -> WitnessAnswer:
-        """One renewal (:data:`RENEW_HEADER`) or takeover request."""
+        """One renewal (:data:`RENEW_HEADER`) or takeover request; a takeover asks for
+        ``epoch`` or, when the witness granted a newer one already, for that + 1
+        (:func:`.lease.takeover_epoch`; :attr:`WitnessAnswer.epoch` says which)."""
         self.requests += 1
         host, port = self.address
         try:
             st, _r, w = await ha_request(host, port, {WITNESS_STATUS: self.pair}, timeout)
             w.close()
+            recorded = st.get("amq-witness-epoch") or ""
+            if request == TAKEOVER_HEADER and recorded.isascii() and recorded.isdigit() and len(recorded) <= 18:
+                epoch = takeover_epoch(epoch - 1, int(recorded))
             headers = {request: self.name, PAIR_HEADER: self.pair, "amq-ha-epoch": str(epoch),
                        LEASE_HEADER: f"{self.lease:g}", ALONE_HEADER: "true" if alone else "false"}
             challenge = st.get(CHALLENGE_HEADER)
@@ -346,10 +353,10 @@ class WitnessClient:
         except (OSError, TimeoutError, ReplicationError, RemoteProtocolError) as exc:
             refused = isinstance(exc, ReplicaRefused)
             answer = WitnessAnswer(False, f"witness {self.where} {'refused' if refused else 'unreachable'}: {exc}",
-                                   reached=refused)
+                                   reached=refused, epoch=epoch)
         else:
             answer = WitnessAnswer(frame.get(GRANTED_HEADER) == "true", f"witness {self.where}: "
                                    f"{frame.get(REASON_HEADER) or '?'}", fence=frame.get(FENCE_HEADER) == "true",
-                                   remaining=_seconds(frame.get("amq-witness-remaining")))
+                                   remaining=_seconds(frame.get("amq-witness-remaining")), epoch=epoch)
         self.last = answer
         return answer
