@@ -389,14 +389,24 @@ def _stop_pair(bp: Any, say: Callable[[str], None]) -> None:
 @click.option("--timeout", type=float, default=3.0, show_default=True)
 @click.option("--user", default=None, help="Login (a broker with users lists queue names only to a valid login).")
 @click.option("--password", default=None, help="Passcode for --user.")
-def status(port: int, host: str, as_json: bool, timeout: float, user: str | None, password: str | None) -> None:
+@click.option("--wait", "wait_s", type=float, default=0.0, show_default=True, metavar="SECONDS",
+              help="While nothing listens on the port, keep trying for up to SECONDS (a slave "
+                   "opens its client port only once it has taken over).")
+def status(port: int, host: str, as_json: bool, timeout: float, user: str | None, password: str | None,
+           wait_s: float) -> None:
     """Role, message counts, connections and memory of one broker.
 
     A plain broker reports role ``standalone``; an HA node its role (master, slave,
     waiting...), epoch and peer.
     """
     creds = {"login": user or "", "passcode": password or ""} if user is not None else {}
-    frame = _ask(host, port, timeout, creds)
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        try:
+            frame = _ask(host, port, timeout, creds, refused_raises=time.monotonic() < deadline)
+            break
+        except ConnectionRefusedError:
+            time.sleep(0.1)
     info = {k[len("amq-ha-"):]: v for k, v in frame.headers if k.startswith("amq-ha-")}
     if not info:
         click.echo(f"error: {host}:{port} answered without status headers: not an amqtransport broker "
@@ -410,13 +420,17 @@ def status(port: int, host: str, as_json: bool, timeout: float, user: str | None
         click.echo(line)
 
 
-def _ask(host: str, port: int, timeout: float, headers: Mapping[str, str] | HaRequest) -> Frame:
-    """One HA request (status + ``headers``); its CONNECTED answer, or exit 1 saying why not."""
+def _ask(host: str, port: int, timeout: float, headers: Mapping[str, str] | HaRequest, *,
+         refused_raises: bool = False) -> Frame:
+    """One HA request (status + ``headers``); its CONNECTED answer, or exit 1 saying why not
+    (``refused_raises``: a refused connection raises ConnectionRefusedError, to try again)."""
     from amqtransport.broker.ha.wire import ha_request_sync
 
     try:
         frame = ha_request_sync(host, port, timeout, headers)
     except ConnectionRefusedError:
+        if refused_raises:
+            raise
         click.echo(f"error: cannot reach {host}:{port}: nothing is listening there (connection refused); "
                    "is the broker running?", err=True)
         sys.exit(1)

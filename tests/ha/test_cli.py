@@ -116,3 +116,29 @@ def test_release_finds_the_secret_of_amq_broker_pair(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=60, env=env)
     # the secret was found: it went on to ask the (absent) master
     assert found.returncode == 1 and f"cannot reach 127.0.0.1:{port}" in found.stderr, found.stderr
+
+
+def test_status_wait_keeps_trying_until_a_broker_listens(tmp_path: Path) -> None:
+    """`amq broker status --wait S` rides out the seconds in which nothing listens on the
+    port (a slave opens its client port only once it has taken over): it answers once a
+    broker is there. Without --wait a refused connection is an error at once."""
+    port = free_port()
+    once = subprocess.run([*AMQ, "broker", "status", "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert once.returncode == 1 and "nothing is listening there" in once.stderr
+    waiting = subprocess.Popen([*AMQ, "broker", "status", "--port", str(port), "--wait", "60", "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    broker = None
+    try:
+        time.sleep(1.0)  # (not a wait for anything: the status call must be refused at least once)
+        assert waiting.poll() is None, waiting.communicate()
+        broker = subprocess.Popen([*AMQ, "broker", "run", "--port", str(port), "--data-dir", str(tmp_path / "d")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out, err = waiting.communicate(timeout=90)
+        assert waiting.returncode == 0, err
+        assert json.loads(out)["role"] == "standalone"
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+        if broker is not None:
+            broker.terminate()
+            broker.wait(30)
