@@ -84,3 +84,58 @@ def test_a_fencing_master_tells_the_witness_before_it_hands_over() -> None:
     assert not node.lease.alone
     # once the master's lease has run out, the in-sync slave is granted mastership
     assert takeover(node.lease, "a", 8, LEASE, node.now + LEASE).granted
+
+
+class _Started(Exception):
+    pass
+
+
+def test_a_term_with_a_witness_says_alone_before_its_first_receipt() -> None:
+    """A node granted mastership by the witness (its record: holder at the new epoch, "not
+    alone") starts its term with no in-sync slave: before the broker opens (start(), the
+    first moment a receipt is possible) the witness's record must say it receipts alone --
+    else, were the new master cut from the witness from then on, its lease would run out
+    with the record still saying "not alone" and the witness could grant the other node
+    past it (lease.takeover_epoch) without the receipts it gave. Before the fix the record
+    still said "not alone" when the term started."""
+
+    class State:
+        epoch, role, synced = 7, "slave", True
+
+        def save(self, data_dir: Path) -> None:
+            pass
+
+    seen: list[tuple[bool, float]] = []
+
+    class Role(MasterRole):
+        async def start(self, *, replicate: bool) -> None:
+            node: Any = self.node
+            seen.append((node.lease.alone, node.lease_until))
+            raise _Started
+
+    async def main(witness_answers: bool) -> None:
+        loop = asyncio.get_running_loop()
+        node: Any = SimpleNamespace(name="b", loop=loop, data_dir=Path("/nonexistent"), state=State(),
+                                    granted_epoch=8, lease_until=0.0, witness=object())
+        node.lease = takeover(renew(PairLease("k"), "a", 7, False, LEASE, 0.0).lease, "b", 8, LEASE, 10.0).lease
+        assert node.lease.holder == "b" and not node.lease.alone
+
+        async def renew_lease(*, alone: bool) -> Any:
+            if not witness_answers:
+                return SimpleNamespace(granted=False, fence=False, reason="witness unreachable")
+            v = renew(node.lease, "b", node.state.epoch, alone, LEASE, 10.1)
+            node.lease = v.lease
+            if v.granted:
+                node.lease_until = loop.time() + LEASE
+            return SimpleNamespace(granted=v.granted, fence=v.fence, reason=v.reason)
+
+        node.renew_lease = renew_lease
+        try:
+            await Role(node).serve()
+        except _Started:
+            pass
+
+    asyncio.run(main(True))
+    assert seen[-1][0] is True and seen[-1][1] > 0, seen  # the record says alone; the term has its lease
+    asyncio.run(main(False))
+    assert seen[-1] == (False, 0.0), seen  # no renewal: no lease (the term starts suspect)

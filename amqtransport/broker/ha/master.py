@@ -166,6 +166,8 @@ class MasterRole:
                 on_suspect=self._on_suspect,
                 on_clear=self._on_clear,
             )
+            if node.witness is not None:  # receipting alone only while the lease lasts, from the start
+                node.repl.lease_until = node.lease_until
         node.set_role("master", f"epoch {node.state.epoch}")
         node.became_master_at = time.monotonic()
         if not (replicate and node.opts.wait_for_slave):
@@ -356,6 +358,12 @@ class MasterRole:
         node.state.synced = True
         node.state.save(node.data_dir)
         node.lease_until = 0.0
+        if node.witness is not None:
+            # the term starts with no in-sync slave: receipting alone needs a lease whose
+            # last word says so -- the grant that made us master recorded "not alone", and
+            # a witness that grants past an unused grant (lease.takeover_epoch) relies on it.
+            # Not granted: the lease is 0, the term starts suspect (start(), decide.py).
+            await node.renew_lease(alone=True)
         try:
             await self.start(replicate=True)
         except SegmentsLost:  # the store refused to open (records lost): this was no term
