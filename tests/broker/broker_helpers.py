@@ -17,6 +17,36 @@ from amqtransport.stomp import Frame, FrameParser, Heartbeat, serialize
 TIMEOUT = 10.0
 
 
+class MessageSink:
+    """A connection as the broker core sees it (unit tests of BrokerCore): every message
+    delivered to it, in order."""
+
+    writable = True
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []  # the Messages
+
+    def deliver(self, sub: object, message: Any, delivery_count: int) -> None:
+        self.got.append(message)
+
+
+def drain(port: int, queue: str) -> list[int]:
+    """Every message of ``queue`` a consumer gets (acked one by one) until 2 s pass with
+    none: their ``seq`` headers, in order of arrival."""
+    c = StompPy(port)
+    c.conn.subscribe(queue, id="1", ack="client-individual", headers={"activemq.prefetchSize": "500"})
+    got: list[int] = []
+    try:
+        while True:
+            m = c.get(timeout=2.0)
+            got.append(int(m.headers["seq"]))
+            c.conn.ack(m.headers["ack"])
+    except AssertionError:
+        pass
+    c.close()
+    return got
+
+
 class Received:
     """A MESSAGE/ERROR/RECEIPT seen by a stomp.py listener."""
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from broker_helpers import MessageSink
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,23 +24,13 @@ from amqtransport.broker.store import MessageStore, Sub
 T0 = time.time()
 
 
-class _Sink:
-    writable = True
-
-    def __init__(self) -> None:
-        self.got: list[Message] = []
-
-    def deliver(self, sub: object, message: Message, count: int) -> None:
-        self.got.append(message)
-
-
 def _calls_per_publish(tmp: Path, subs: int, n: int = 40) -> float:
     """Python function calls (a deterministic count, no clock) per persistent topic SEND
     with ``subs`` offline durable subscriptions, after a warm-up."""
     store = MessageStore(tmp, checkpoints=False)
     store.open()
     core = BrokerCore(BrokerConfig(), store, clock=time.time, monotonic=time.monotonic)
-    sink = _Sink()
+    sink = MessageSink()
     for i in range(subs):
         core.unsubscribe(core.subscribe(sink, f"d{i}", "/topic/t", durable_name=f"s{i}", client_id=f"c{i}"))
     for _i in range(5):
@@ -76,7 +67,7 @@ def test_offline_subscribers_get_every_message_in_order_after_coming_back(tmp_pa
     store = MessageStore(tmp_path, checkpoints=False)
     store.open()
     core = BrokerCore(BrokerConfig(page_window=8), store, clock=time.time, monotonic=time.monotonic)
-    sink = _Sink()
+    sink = MessageSink()
     for i in range(5):
         core.unsubscribe(core.subscribe(sink, f"d{i}", "/topic/t", durable_name=f"s{i}", client_id=f"c{i}"))
     for i in range(30):

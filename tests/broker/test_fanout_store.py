@@ -9,6 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
+from broker_helpers import MessageSink
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -225,16 +226,6 @@ def test_a_journal_written_before_fan_records_recovers_every_message(tmp_path: P
     s.close()
 
 
-class _Sink:
-    writable = True
-
-    def __init__(self) -> None:
-        self.got: list[Message] = []
-
-    def deliver(self, sub: object, message: Message, count: int) -> None:
-        self.got.append(message)
-
-
 def test_offline_subscriptions_take_their_copies_as_positions_and_priority_still_jumps_ahead(tmp_path: Path) -> None:
     """An offline subscription's queue takes each copy as a position in its paged list
     from the first (no Message, Registry.offline_durable); a message that outranks the
@@ -244,7 +235,7 @@ def test_offline_subscriptions_take_their_copies_as_positions_and_priority_still
 
     store = open_store(tmp_path, checkpoints=False)
     core = BrokerCore(BrokerConfig(page_window=4), store, clock=time.time, monotonic=time.monotonic)
-    sink = _Sink()
+    sink = MessageSink()
     for i in range(3):
         core.unsubscribe(core.subscribe(sink, f"d{i}", "/topic/t", durable_name=f"s{i}", client_id=f"c{i}"))
     for i in range(20):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from broker_helpers import StompPy
+from broker_helpers import StompPy, drain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -69,21 +69,6 @@ def flip_a_bit_in(data_dir: Path, i: int) -> Path:
     raise AssertionError(f"message {i} not found in {segs}")
 
 
-def drain(port: int) -> list[int]:
-    c = StompPy(port)
-    c.conn.subscribe(QUEUE, id="1", ack="client-individual", headers={"activemq.prefetchSize": "500"})
-    got: list[int] = []
-    try:
-        while True:
-            m = c.get(timeout=2.0)
-            got.append(int(m.headers["seq"]))
-            c.conn.ack(m.headers["ack"])
-    except AssertionError:
-        pass
-    c.close()
-    return got
-
-
 def test_a_flipped_bit_mid_journal_loses_that_record_alone_and_verify_and_repair_salvage(tmp_path: Path) -> None:
     data, copy = tmp_path / "data", tmp_path / "copy"
     http = free_port()
@@ -108,7 +93,7 @@ def test_a_flipped_bit_mid_journal_loses_that_record_alone_and_verify_and_repair
         assert seg.read_bytes()[: len(before)] == before  # it truncated nothing
         metrics = requests.get(f"http://127.0.0.1:{http}/metrics", timeout=10).text
         assert "\namq_journal_damaged_regions 1\n" in metrics
-        got = drain(bp.port)
+        got = drain(bp.port, QUEUE)
         # every other receipted message is there, in order, and no acked one came back
         assert got == expected, f"missing {sorted(set(expected) - set(got))[:10]}, extra {sorted(set(got) - set(expected))[:10]}"
         assert bp.terminate() == 0
@@ -123,7 +108,7 @@ def test_a_flipped_bit_mid_journal_loses_that_record_alone_and_verify_and_repair
         try:
             repaired.start()
             assert "bytes skipped" not in repaired.log_text()
-            assert drain(repaired.port) == expected
+            assert drain(repaired.port, QUEUE) == expected
         finally:
             repaired.kill()
     finally:
@@ -202,4 +187,4 @@ def test_a_corrupt_record_on_a_running_master_does_not_block_the_slaves_resync(t
         assert "cannot be read back" in master.log_text() and "sent to the replica from memory" in master.log_text()
         master.kill()
         assert pair.wait_master(timeout=30) is slave
-        assert drain(slave.port) == list(range(100))
+        assert drain(slave.port, QUEUE) == list(range(100))

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from broker_helpers import StompPy
+from broker_helpers import StompPy, drain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,21 +49,6 @@ def segments(data: Path) -> list[Path]:
 def holding(seg: Path, queue: str, n: int) -> set[int]:
     raw = seg.read_bytes()
     return {i for i in range(n) if f"{queue}-{i:05d}|".encode() in raw}
-
-
-def drain(port: int, queue: str) -> list[int]:
-    c = StompPy(port)
-    c.conn.subscribe(queue, id="1", ack="client-individual", headers={"activemq.prefetchSize": "500"})
-    got: list[int] = []
-    try:
-        while True:
-            m = c.get(timeout=2.0)
-            got.append(int(m.headers["seq"]))
-            c.conn.ack(m.headers["ack"])
-    except AssertionError:
-        pass
-    c.close()
-    return got
 
 
 def run_broker(data: Path, cfg: Path) -> tuple[int, str]:

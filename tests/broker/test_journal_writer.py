@@ -45,14 +45,7 @@ def recovered_ids(path: Path) -> list[str]:
 
 def test_an_idle_append_is_fsynced_on_the_callers_thread_without_the_writer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    synced_on: list[int] = []
-    real = os.fdatasync
-
-    def fdatasync(fd: int) -> None:
-        synced_on.append(threading.get_ident())
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    synced_on = fdatasync_threads(monkeypatch)
     j = started(tmp_path)
     j.wake_on_append = False
     ran: list[tuple[BaseException | None, int]] = []
@@ -156,6 +149,19 @@ def test_what_a_lone_completion_defers_runs_before_run_completions_returns() -> 
     assert after_completions(lambda: None) is False  # outside run_completions: nothing to join
 
 
+def fdatasync_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, the thread of every ``os.fdatasync`` call, in order (the calls still sync)."""
+    synced_on: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced_on.append(threading.get_ident())
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    return synced_on
+
+
 @pytest.fixture
 def no_idle_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer's idle wake-ups (every CHECK_INTERVAL) out of the way: what it takes is
@@ -171,14 +177,7 @@ def test_a_loop_turn_that_appends_commits_on_the_loop_at_its_end(
     """issue 27: appends on the journal's ``inline_thread`` leave the sleeping writer asleep
     and ask once per turn for ``commit_turn``, which fsyncs them there and hands the
     completions to ``deliver_here`` on that thread: no thread hand-off."""
-    synced_on: list[int] = []
-    real = os.fdatasync
-
-    def fdatasync(fd: int) -> None:
-        synced_on.append(threading.get_ident())
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    synced_on = fdatasync_threads(monkeypatch)
     j = started(tmp_path)
     asked: list[int] = []
     delivered: list[tuple[int, int]] = []
@@ -280,14 +279,7 @@ def test_a_turn_nobody_waits_on_or_a_pipelined_one_goes_to_the_writer(
     """A record appended without a completion (a consumer's ack), or a turn marked with
     leave_turn_to_writer (a producer with receipts outstanding, a send without a receipt),
     is committed by the writer thread: the loop is not blocked for an fsync nobody waits on."""
-    synced_on: list[int] = []
-    real = os.fdatasync
-
-    def fdatasync(fd: int) -> None:
-        synced_on.append(threading.get_ident())
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    synced_on = fdatasync_threads(monkeypatch)
     j = started(tmp_path)
     delivered: list[int] = []
     j.inline_thread = threading.get_ident()

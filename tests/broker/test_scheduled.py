@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from broker_helpers import MessageSink
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -234,20 +235,11 @@ def test_a_job_fired_again_after_its_fire_was_lost_delivers_the_same_message_id(
     time: the copy of a lost firing is recognisable, repeats still differ."""
     from amqtransport.broker.config import BrokerConfig as Config
     from amqtransport.broker.dispatch.core import BrokerCore
-    from amqtransport.broker.dispatch.model import AUTO, Subscription
-
-    class Sink:
-        writable = True
-
-        def __init__(self) -> None:
-            self.got: list[Message] = []
-
-        def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None:
-            self.got.append(message)
+    from amqtransport.broker.dispatch.model import AUTO
 
     now = [1000.0]
     core = BrokerCore(Config(), None, clock=lambda: now[0], monotonic=lambda: now[0])
-    sink = Sink()
+    sink = MessageSink()
     core.subscribe(sink, "s", "/queue/q", ack_mode=AUTO)  # type: ignore[arg-type]
     core.send("/queue/q", (("AMQ_SCHEDULED_DELAY", "1000"), ("AMQ_SCHEDULED_PERIOD", "1000"),
                            ("AMQ_SCHEDULED_REPEAT", "1")), b"x", persistent=False)
@@ -269,16 +261,7 @@ def test_a_job_joins_the_scheduler_only_once_its_send_is_durable() -> None:
     scheduled only from its record's durability callback now."""
     from amqtransport.broker.config import BrokerConfig as Config
     from amqtransport.broker.dispatch.core import BrokerCore
-    from amqtransport.broker.dispatch.model import AUTO, Subscription
-
-    class Sink:
-        writable = True
-
-        def __init__(self) -> None:
-            self.got: list[Message] = []
-
-        def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None:
-            self.got.append(message)
+    from amqtransport.broker.dispatch.model import AUTO
 
     class SlowStore:
         """A store whose records become durable when the test says so."""
@@ -301,7 +284,7 @@ def test_a_job_joins_the_scheduler_only_once_its_send_is_durable() -> None:
     now = [1000.0]
     store = SlowStore()
     core = BrokerCore(Config(), store, clock=lambda: now[0], monotonic=lambda: now[0])  # type: ignore[arg-type]
-    sink = Sink()
+    sink = MessageSink()
     core.subscribe(sink, "s", "/queue/q", ack_mode=AUTO)  # type: ignore[arg-type]
     receipts: list[object] = []
     core.send("/queue/q", (("AMQ_SCHEDULED_DELAY", "500"),), b"x", persistent=True, callback=receipts.append)
@@ -324,17 +307,8 @@ def test_a_job_refused_for_now_by_the_receipt_gate_still_fires_once_its_record_c
     (NotReceipted) waits again; the job fires once the wait succeeds."""
     from amqtransport.broker.config import BrokerConfig as Config
     from amqtransport.broker.dispatch.core import BrokerCore
-    from amqtransport.broker.dispatch.model import AUTO, Subscription
+    from amqtransport.broker.dispatch.model import AUTO
     from amqtransport.broker.store import JournalError, NotReceipted
-
-    class Sink:
-        writable = True
-
-        def __init__(self) -> None:
-            self.got: list[Message] = []
-
-        def deliver(self, sub: Subscription, message: Message, delivery_count: int) -> None:
-            self.got.append(message)
 
     class Gate:
         """The journal's completion path as a replicated master has it: held until told."""
@@ -370,7 +344,7 @@ def test_a_job_refused_for_now_by_the_receipt_gate_still_fires_once_its_record_c
     now = [1000.0]
     store = GatedStore()
     core = BrokerCore(Config(), store, clock=lambda: now[0], monotonic=lambda: now[0])  # type: ignore[arg-type]
-    sink = Sink()
+    sink = MessageSink()
     core.subscribe(sink, "s", "/queue/q", ack_mode=AUTO)  # type: ignore[arg-type]
     receipts: list[object] = []
     core.send("/queue/q", (("AMQ_SCHEDULED_DELAY", "500"),), b"x", persistent=True, callback=receipts.append)
