@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import socket
+import struct
 import threading
 import time
 from collections import Counter
@@ -15,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import amqtransport
+from amqtransport.broker.ha.wire import PING, SYNC_END, pack
 from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.ports import free_port
 from amqtransport.testing.wait import wait_for as _wait_for
+
+_HEADER = struct.Struct("!BI")  # a replication frame: u8 kind | u32 length (wire.py)
 
 
 def with_opts(uri: str, extra: str) -> str:
@@ -110,7 +114,8 @@ class Forwarder:
     """A TCP forwarder we control: ``cut()`` drops every connection and refuses service
     (accept + close at once) until ``restore()``; ``freeze()`` makes the connections open
     now silent in both directions and half-open (an EOF on one side is not passed on),
-    while new connections are forwarded as usual."""
+    while new connections are forwarded as usual; ``trap_sync_end()`` freezes the next
+    replication link right after the master's ``SYNC_END``, keeping the slave's end alive."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -122,6 +127,9 @@ class Forwarder:
         self._frozen: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stop = False
+        self._trap = False
+        #: set once :meth:`trap_sync_end` froze a link
+        self.trapped = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True, name="forwarder")
         self._thread.start()
 
@@ -145,10 +153,10 @@ class Forwarder:
                 continue
             with self._lock:
                 self._socks += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, _SyncEndWatch()), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, watch: _SyncEndWatch | None = None) -> None:
         try:
             while True:
                 data = src.recv(65536)
@@ -156,6 +164,10 @@ class Forwarder:
                     break
                 if src in self._frozen:
                     continue  # swallowed
+                end = watch.feed(data) if watch is not None else None
+                if end is not None and self._trap:
+                    self._spring(src, dst, data[:end])
+                    continue
                 dst.sendall(data)
         except OSError:
             pass
@@ -179,6 +191,29 @@ class Forwarder:
         with self._lock:
             self._frozen.update(self._socks)
 
+    def trap_sync_end(self) -> None:
+        """Freeze the next replication link the moment the master's ``SYNC_END`` has gone
+        through to the slave: from then on nothing the slave writes reaches the master
+        (its ack of ``SYNC_END`` first) and nothing more of the master's reaches the slave,
+        which hears a ``PING`` every 0.25 s instead, so its link stays up until :meth:`cut`
+        (the master hears silence and drops the link; an EOF from it is not passed on)."""
+        self._trap = True
+
+    def _spring(self, upstream: socket.socket, client: socket.socket, head: bytes) -> None:
+        with self._lock:
+            self._trap = False
+            self._frozen.update((client, upstream))  # the slave's ack is swallowed from now on
+        client.sendall(head)  # up to and including SYNC_END, whole frames only
+        self.trapped.set()
+
+        def keep_alive() -> None:
+            with contextlib.suppress(OSError):
+                while not self._cut and not self._stop:
+                    client.sendall(pack(PING))
+                    time.sleep(0.25)
+
+        threading.Thread(target=keep_alive, daemon=True, name="forwarder-pings").start()
+
     def restore(self) -> None:
         self._cut = False
 
@@ -187,6 +222,50 @@ class Forwarder:
         self.cut()
         self._srv.close()
         self._thread.join(2)
+
+
+class _SyncEndWatch:
+    """Follows the master's side of one connection (a STOMP ``CONNECTED`` frame, then the
+    binary replication frames, :mod:`amqtransport.broker.ha.wire`): :meth:`feed` returns
+    the offset in ``data`` just past the first ``SYNC_END`` frame, or None."""
+
+    def __init__(self) -> None:
+        self._in_stomp = True
+        self._skip_eols = False
+        self._header = b""
+        self._left = 0  # payload bytes of the current frame still to come
+        self._kind = 0
+        self._done = False
+
+    def feed(self, data: bytes) -> int | None:
+        i, n = 0, len(data)
+        while i < n and not self._done:
+            if self._in_stomp:
+                nul = data.find(b"\x00", i)
+                if nul < 0:
+                    return None
+                self._in_stomp, self._skip_eols, i = False, True, nul + 1
+            elif self._skip_eols and data[i] in b"\r\n":
+                i += 1
+            elif self._left:
+                take = min(self._left, n - i)
+                self._left -= take
+                i += take
+                if not self._left and self._kind == SYNC_END:
+                    self._done = True
+                    return i
+            else:
+                self._skip_eols = False
+                need = _HEADER.size - len(self._header)
+                self._header += data[i : i + need]
+                i += min(need, n - i)
+                if len(self._header) == _HEADER.size:
+                    self._kind, self._left = _HEADER.unpack(self._header)
+                    self._header = b""
+                    if not self._left and self._kind == SYNC_END:
+                        self._done = True
+                        return i
+        return None
 
 
 @contextlib.contextmanager

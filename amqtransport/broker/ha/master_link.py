@@ -93,6 +93,13 @@ class MasterLink(asyncio.Protocol):
         self._writing_paused = False
         self._pump_scheduled = False
 
+    @property
+    def sync_ended(self) -> bool:
+        """``SYNC_END`` has been written: from then on the slave may count its copy complete
+        (it marks itself synced, and may take over, once ``SYNC_END`` is durable on its disk,
+        before its ack of it can reach us), so losing this link is losing a synced slave."""
+        return self._phase != SNAPSHOT
+
     def start(self, answer: bytes, snapshot: SnapshotReader) -> None:
         """Answer the slave, then stream the full sync (see :meth:`_pump`)."""
         self._snapshot = snapshot

@@ -69,7 +69,13 @@ witness (:mod:`.witness`) the node may clear it on the witness's lease instead: 
 :attr:`~ReplicationMaster.lease_until` bounds it, and with no slave attached the master is
 suspect again the moment that lease runs out unrenewed (checked where a stall is). With
 ``--shutdown-on-slave-failure`` the node stops instead. A slave lost during its full
-sync, or one that said goodbye, releases what waited for it (it cannot take over).
+sync, before ``SYNC_END`` went out, or one that said goodbye, releases what waited for
+it (it cannot take over). Once ``SYNC_END`` is written the slave counts as synced when it
+is lost, ack or not: it marks its copy complete (one that may take over) as soon as
+``SYNC_END`` is durable on its disk, before its ack can reach us, so a link lost in
+between must not let us receipt alone before it has stood by (found by the nemesis
+without a witness: a master isolated right after its slave re-linked receipted alone once
+the partition healed, froze, and the slave took over without those receipts).
 During the full sync there is no deadline: ActiveMQ's rule, a master does not
 answer a client until the event is forwarded, and a slave that has not finished its
 sync cannot take over anyway. (``Journal.on_durable`` with nothing queued completes at
@@ -430,7 +436,10 @@ class ReplicationMaster:
         if link is not self.link:
             return
         self.link = None
-        was_synced = link.synced and not link.bye
+        # synced as far as the slave may know: it marks its copy complete once SYNC_END is
+        # durable there, before its ack reaches us (a link lost in between, then a master
+        # that receipted alone and was lost: the slave took over without those receipts)
+        was_synced = (link.synced or link.sync_ended) and not link.bye
         if self._gated is link:
             self._gated = None
         level = logging.INFO if link.bye else logging.WARNING
