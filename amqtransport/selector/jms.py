@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from .values import JLong, NumberFormat, Value, parse_int
 
-__all__ = ["JMS_NAMES", "MessageView", "message_view"]
+__all__ = ["JMS_NAMES", "MessageView", "header_sources", "message_view"]
 
 
 class MessageView:
@@ -97,6 +97,26 @@ _NOT_PROPERTIES = _REMOVED | frozenset({
     "JMSPriority", "type", "JMSType", "reply-to", "JMSReplyTo", "persistent", "JMSXGroupID", "JMSXGroupSeq",
 })
 _JMS_SOURCES = _NOT_PROPERTIES - _REMOVED
+
+
+#: JMS headers a selector reads as a header's string, verbatim: from which headers
+_STRING_JMS = {
+    "JMSType": ("type", "JMSType"),
+    "JMSCorrelationID": ("correlation-id", "JMSCorrelationID"),
+    "JMSXGroupID": ("JMSXGroupID",),
+}
+
+
+def header_sources(name: str) -> tuple[str, ...] | None:
+    """The headers whose value, verbatim, a selector reads as identifier ``name`` when
+    that value is a string (a plain property: its own header; ``JMSType``: ``type`` or
+    ``JMSType``; ...): whenever the selector sees a string there, one of these headers
+    holds exactly it. None for a name read otherwise (typed, derived, never a property)."""
+    if name in JMS_NAMES:
+        return _STRING_JMS.get(name)
+    if name in _NOT_PROPERTIES or name in _LONG_PROPS or name == "AMQ_SCHEDULED_REPEAT":
+        return None
+    return (name,)
 
 
 def _properties(headers: Sequence[tuple[str, str]]) -> dict[str, Value]:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Final
 
-from .jms import JMS_NAMES, MessageView
+from .jms import JMS_NAMES, MessageView, header_sources
 from .values import EvalError, JLong, SelectorError, Value, arith, compare, i32, i64, is_num, negate
 
 __all__ = ["Selector", "compile_selector"]
@@ -85,12 +85,19 @@ def _is_true(ev: Eval) -> Callable[[MessageView], bool]:
     return m
 
 
-class _Node:
-    __slots__ = ("kind", "value", "ev", "m", "pos")
+#: ``(header, value)`` pairs, one of which a message's headers hold whenever a node is
+#: TRUE for it (see Selector.required); None: no such pairs known
+Required = tuple[tuple[str, str], ...] | None
 
-    def __init__(self, kind: str, ev: Eval, pos: int, *, value: Value = None, m: Callable[[MessageView], bool] | None = None) -> None:
+
+class _Node:
+    __slots__ = ("kind", "value", "ev", "m", "pos", "req")
+
+    def __init__(self, kind: str, ev: Eval, pos: int, *, value: Value = None, m: Callable[[MessageView], bool] | None = None,
+                 req: Required = None) -> None:
         self.kind = kind  # CONST (a literal; TRUE/FALSE/NULL are BOOL too, see is_bool), PROP, BOOL, OTHER
-        self.value = value
+        self.value = value  # a CONST's value; a PROP's name
+        self.req = req
         self.ev = ev
         self.pos = pos
         # ``matches``: TRUE-or-not, with Java's short-circuits (AND/OR stop at the first
@@ -364,8 +371,27 @@ def _const(value: Value, pos: int) -> _Node:
 
 def _prop(name: str, pos: int) -> _Node:
     if name in JMS_NAMES:
-        return _Node(PROP, lambda v: v.jms.get(name), pos)
-    return _Node(PROP, lambda v: v.props.get(name), pos)
+        return _Node(PROP, lambda v: v.jms.get(name), pos, value=name)
+    return _Node(PROP, lambda v: v.props.get(name), pos, value=name)
+
+
+def _required_of(parts: Sequence[_Node], *, is_and: bool) -> Required:
+    """AND: any part's pairs will do (each part must be TRUE), the fewest; OR: every part's."""
+    reqs = [p.req for p in parts]
+    if is_and:
+        known = [r for r in reqs if r is not None]
+        return min(known, key=len) if known else None
+    if any(r is None for r in reqs):
+        return None
+    return tuple(pair for r in reqs if r is not None for pair in r)
+
+
+def _pairs(left: _Node, values: Sequence[str]) -> Required:
+    """``left`` is a property that equals one of ``values`` (a string each)."""
+    sources = header_sources(left.value) if left.kind == PROP and isinstance(left.value, str) else None
+    if sources is None:
+        return None
+    return tuple((h, text) for text in values for h in sources)
 
 
 def _logic(parts: Sequence[_Node], *, is_and: bool) -> _Node:
@@ -401,7 +427,7 @@ def _logic(parts: Sequence[_Node], *, is_and: bool) -> _Node:
         def m(v: MessageView) -> bool:
             return any(x(v) for x in ms)
 
-    return _Node(BOOL, ev, parts[0].pos, m=m)
+    return _Node(BOOL, ev, parts[0].pos, m=m, req=_required_of(parts, is_and=is_and))
 
 
 def _equals_string(left: _Node, text: str, convert: bool, pos: int) -> _Node:
@@ -424,7 +450,8 @@ def _equals_string(left: _Node, text: str, convert: bool, pos: int) -> _Node:
             return lv == text
         return lv is not None and ev(v) is True
 
-    return _Node(BOOL, ev, pos, m=m)
+    # TRUE only for a string equal to ``text`` (a typed value of this name: no pairs)
+    return _Node(BOOL, ev, pos, m=m, req=_pairs(left, (text,)))
 
 
 def _not(n: _Node, pos: int) -> _Node:
@@ -518,7 +545,7 @@ def _in(left: _Node, items: list[str], negate: bool, pos: int) -> _Node:
             return None
         return (r in choices) != negate
 
-    return _Node(BOOL, ev, pos)
+    return _Node(BOOL, ev, pos, req=None if negate else _pairs(left, items))
 
 
 def _arith_node(op: str, left: _Node, right: _Node, pos: int) -> _Node:
@@ -539,11 +566,18 @@ def _arith_node(op: str, left: _Node, right: _Node, pos: int) -> _Node:
 class Selector:
     """A compiled selector: :meth:`matches` a :class:`MessageView`."""
 
-    __slots__ = ("text", "_m")
+    __slots__ = ("text", "_m", "required")
 
     def __init__(self, text: str, root: _Node) -> None:
         self.text = text
         self._m = root.m
+        #: ``(header, value)`` pairs one of which a message's headers hold (the header
+        #: with exactly that value) whenever the selector matches it; None when the
+        #: selector implies no such pairs. A message without any of them does not match:
+        #: a test on bytes before any evaluation (broker/dispatch/scan.py). Derived from
+        #: ``prop = 'text'`` and ``prop IN ('a', ...)`` on a property read as a header's
+        #: string (:func:`~.jms.header_sources`), through AND (any part) and OR (every part).
+        self.required: Required = root.req
 
     def matches(self, view: MessageView) -> bool:
         """True when the selector is TRUE for the message (null, FALSE or an evaluation error: False)."""

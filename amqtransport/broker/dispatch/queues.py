@@ -28,6 +28,10 @@ prefetch, redelivery to the front, expiry at dispatch, the DLQ -- happens to res
 messages exactly as without paging; a paged message is simply further back.
 :attr:`Queue.depth` counts both.
 
+Selective consumers. When every consumer has a selector, dispatch looks at paged
+messages where they are instead of paging them in: :mod:`.scan` delivers the matches
+and leaves the misses paged, in their places.
+
 Priority. With ``prioritized_messages`` (the default) the deque is kept in priority
 order, FIFO within a priority, paged messages come back by priority, and dispatch pages
 in as soon as a paged message outranks the deque's front: see :mod:`.priority`.
@@ -45,6 +49,7 @@ from .memory import MemoryGauge
 from .message import Message
 from .model import AUTO, Subscription
 from .priority import insert, priority_of, put_back
+from .scan import PagedScanner
 from .selection import dispatch_selective, settle
 
 __all__ = ["Queue", "QueueOwner"]
@@ -76,6 +81,18 @@ class QueueOwner(Protocol):
 
     def paged_top(self, queue: Queue) -> int:
         """The highest priority among ``queue``'s paged messages, -1 when none is paged."""
+        ...
+
+    def scan_top(self, queue: Queue) -> int:
+        """``paged_top`` of what the scan of ``queue``'s paged messages has not passed (scan.py)."""
+        ...
+
+    def rescan(self, queue: Queue) -> None:
+        """``queue``'s consumers changed: the scan of its paged messages starts again at the front."""
+        ...
+
+    def scanner(self) -> PagedScanner | None:
+        """The store, which scans paged messages where they are (scan.py); None without one."""
         ...
 
 
@@ -189,6 +206,10 @@ class Queue:
         """The highest priority among the paged messages, -1 when none is paged."""
         return self.core.paged_top(self)
 
+    def scan_top(self) -> int:
+        """The highest priority among the paged messages the scan has not passed (scan.py)."""
+        return self.core.scan_top(self)
+
     def page_in(self) -> None:
         """Bring the next paged messages to the back of the deque, in order."""
         for m in self.core.page_in(self):
@@ -209,6 +230,7 @@ class Queue:
             self.ranked += 1
             added(self, sub)
         settle(self)  # a new consumer may want what nobody wanted
+        self.core.rescan(self)  # ... resident or paged (scan.py)
         self.make_ready(sub)
 
     def remove_consumer(self, sub: Subscription) -> None:

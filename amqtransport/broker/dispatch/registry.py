@@ -197,6 +197,17 @@ class Registry:
         """The highest priority among ``queue``'s paged messages, -1 when none is paged."""
         return self.store.paged_top(queue.name) if self.store is not None else -1
 
+    def scan_top(self, queue: Queue) -> int:
+        """``paged_top`` of what the scan of ``queue``'s paged messages has not passed (scan.py)."""
+        return self.store.scan_top(queue.name) if self.store is not None else -1
+
+    def rescan(self, queue: Queue) -> None:
+        if self.store is not None:
+            self.store.rescan(queue.name)
+
+    def scanner(self) -> MessageStore | None:
+        return self.store
+
     def register_durable(self, sub: Sub) -> None:
         self.durable_version += 1
         self.durable_subs[sub.queue] = sub

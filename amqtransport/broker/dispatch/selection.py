@@ -45,8 +45,9 @@ from amqtransport.selector import MessageView, message_view
 from .consumers import assigned, eligible, group_of, pick
 from .memory import MemoryGauge
 from .message import Message
-from .model import AUTO, Subscription
+from .model import Subscription
 from .priority import priority_of
+from .scan import PagedScanner, deliver, scan_paged, scannable
 
 __all__ = ["accepts", "dispatch_selective", "settle", "view_of"]
 
@@ -82,6 +83,8 @@ class _Core(Protocol):
 
     def store_ack(self, ids: Sequence[str]) -> None: ...
 
+    def scanner(self) -> PagedScanner | None: ...
+
 
 class SelectiveQueue(Protocol):
     """What selective dispatch needs of a :class:`~.queues.Queue`."""
@@ -97,6 +100,8 @@ class SelectiveQueue(Protocol):
     grouped: bool
     exclusive_owner: Subscription | None
     groups: dict[str, Subscription]
+    selective: int
+    seq: int
 
     @property
     def core(self) -> _Core: ...
@@ -104,6 +109,8 @@ class SelectiveQueue(Protocol):
     def page_in(self) -> None: ...
 
     def paged_top(self) -> int: ...
+
+    def scan_top(self) -> int: ...
 
 
 def _order(m: Message) -> tuple[int, int]:
@@ -129,10 +136,27 @@ def dispatch_selective(q: SelectiveQueue) -> None:
     auto_acked: list[str] = []
     now = 0.0
     paged_in = False
-    top = q.paged_top() if q.prioritized else -1
+    # paged messages: scanned where they are (scan.py), or paged in a window at a time;
+    # None once a scan stopped at a message consumers without credit want (until credit)
+    scanning: bool | None = scannable(q)
+    top = (q.scan_top() if scanning else q.paged_top()) if q.prioritized else -1
     while ready:
         if not messages or (top >= 0 and priority_of(messages[0]) < top):
-            if (held or q.unmatched) and core.memory.paging(q.name):
+            if scanning:
+                if scan_paged(q, ready, auto_acked, accepts):
+                    scanning, top = None, -1  # held: nothing more from the pages this time
+                elif q.grouped:
+                    scanning, top, ranked = None, -1, True
+                else:
+                    top = q.scan_top() if q.prioritized else -1
+                if not messages:
+                    break
+                continue
+            if scanning is None:
+                if not messages:
+                    break
+                top = -1
+            elif (held or q.unmatched) and core.memory.paging(q.name):
                 if not messages:
                     break  # memory is short: no more non-matching messages in
             else:
@@ -169,19 +193,7 @@ def dispatch_selective(q: SelectiveQueue) -> None:
             continue
         if ranked:
             assigned(q, sub, msg)
-        msg.delivery_count += 1
-        if sub.ack_mode == AUTO:
-            if msg.persistent:
-                auto_acked.append(msg.id)
-            q.dequeued += 1
-            core.memory.release(msg)
-        else:
-            sub.unacked[msg.id] = msg
-        sub.conn.deliver(sub, msg, msg.delivery_count)
-        if sub.has_credit():
-            ready.append(sub)
-        else:
-            sub.in_ready = False
+        deliver(q, ready, sub, msg, auto_acked)
     if held:
         if paged_in and q.prioritized:  # what came in may outrank what was held
             merged = sorted([*held, *messages], key=_order)

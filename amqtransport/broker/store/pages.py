@@ -30,6 +30,18 @@ priority give :attr:`top`, the highest priority paged, which dispatch compares w
 resident front. Taking from the middle leaves holes behind the front; once they
 outnumber the live slots (and 4096), the arrays are rebuilt without them.
 
+A selective scan. A queue whose consumers all have selectors looks at its paged
+messages without taking them (:meth:`scan_next`, in take order: front to back, or by
+priority), and for each either *passes* it (:meth:`passed`: no consumer's selector
+matches it; it stays here, in its place) or takes that one slot (:meth:`take_at`: a
+consumer takes it now), leaving a hole. The scan's cursors (one, or one per priority,
+like ``_cur``) remember how far it has passed, so a miss is looked at once per set of
+consumers, not once per dispatch; :attr:`scan_top` is the highest priority not yet
+passed. Nothing is reordered: a passed message is still in its place, so whatever takes
+from the front next (:meth:`popleft`, :meth:`take_top`: a consumer without a selector)
+or a scan started again (:meth:`rescan`: a consumer arrived) meets it first, before
+everything behind it.
+
 Messages are taken from the front (``head`` moves on; the arrays are shifted down
 only once the dead front is large) and appended at the back; a removal in the middle
 (an ack out of order, a move) leaves a *hole* (``pos`` and ``ids`` set to 0) that
@@ -48,6 +60,7 @@ remove the other, a chance of about ``n / 2**64`` per ack with ``n`` messages pa
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
 from hashlib import blake2b
 
@@ -63,6 +76,7 @@ SEG_SHIFT = _SEG_SHIFT  # pos >> SEG_SHIFT is the segment (0: no segment, see Me
 UNKNOWN = 10  # ``pri`` of a slot whose priority is not known yet (loaded from a checkpoint)
 HOLE = 11  # ``pri`` of a removed slot
 _HOLES_MIN = 4096  # holes behind the front tolerated before the arrays are rebuilt
+_NO_SCAN, _SCAN_FIFO, _SCAN_PRIORITY = 0, 1, 2
 
 
 def pack(seg: int, offset: int, flags: int = 0) -> int:
@@ -144,7 +158,7 @@ class PageList:
     """One destination's paged messages in order. See the module docstring."""
 
     __slots__ = ("pos", "ids", "ts", "pri", "head", "live", "ordered", "_last_ts", "counts", "top", "_cur",
-                 "tail", "cursor", "qname")
+                 "tail", "cursor", "qname", "_smode", "_sfifo", "_scur")
 
     def __init__(self) -> None:
         self.pos = array("Q")
@@ -161,6 +175,9 @@ class PageList:
         self.tail: SharedTail | None = None  # entries from tail[cursor:] are this list's too
         self.cursor = 0
         self.qname = b""  # this list's destination, encoded (the copies' id suffix)
+        self._smode = _NO_SCAN  # a selective scan: none, front to back, by priority
+        self._sfifo = 0  # front to back: every live slot before this index was passed
+        self._scur = [0] * 10  # by priority: every live slot of it before this index was passed
 
     def __len__(self) -> int:
         t = self.tail
@@ -263,6 +280,8 @@ class PageList:
         self.pri[i] = p
         if i < self._cur[p]:
             self._cur[p] = i
+        if i < self._scur[p]:
+            self._scur[p] = i  # not passed as a message of this priority
         self._fix_top()
 
     def _fix_top(self) -> None:
@@ -314,6 +333,8 @@ class PageList:
             del self.ts[:head]
             del self.pri[:head]
             self._cur = [max(0, c - head) for c in self._cur]
+            self._scur = [max(0, c - head) for c in self._scur]
+            self._sfifo = max(0, self._sfifo - head)
             self.head = 0
 
     def _reset(self) -> None:
@@ -328,11 +349,13 @@ class PageList:
         self.counts = [0] * (UNKNOWN + 1)
         self.top = -1
         self._cur = [0] * 10
+        self._smode = _NO_SCAN
 
     def popleft(self, n: int) -> list[tuple[int, int, float]]:
         """Take up to ``n`` live messages from the front: ``(pos, id hash, ts)`` each."""
         if self.tail is not None:
             self.catch_up()
+        self._smode = _NO_SCAN  # a taker from the front: what a scan passed comes first
         out: list[tuple[int, int, float]] = []
         pos, ids, ts, pri, counts = self.pos, self.ids, self.ts, self.pri, self.counts
         i, end = self.head, len(pos)
@@ -356,6 +379,7 @@ class PageList:
             self.catch_up()
         if self.counts[UNKNOWN]:
             raise ValueError("take_top: some paged messages' priorities are not known yet")
+        self._smode = _NO_SCAN  # (as in popleft)
         out: list[tuple[int, int, float]] = []
         pos, ids, ts, pri, counts, cur = self.pos, self.ids, self.ts, self.pri, self.counts, self._cur
         head = self.head
@@ -383,9 +407,87 @@ class PageList:
             self._rebuild()
         return out
 
+    # ------------------------------------------------------------------ a selective scan
+    def rescan(self) -> None:
+        """Forget what the scan passed: the next :meth:`scan_next` starts at the front."""
+        self._smode = _NO_SCAN
+
+    def scan_next(self, n: int, *, by_priority: bool) -> list[tuple[int, int]]:
+        """Up to ``n`` live slots the scan has not passed, in take order (front to back,
+        or highest priority first, FIFO within one), left in place: ``(index, pos)`` each.
+        Each must then be :meth:`passed` or taken (:meth:`take_at`) in that order, or the
+        scan stops there; :meth:`scan_end` after the last."""
+        if self.tail is not None:
+            self.catch_up()
+        mode = _SCAN_PRIORITY if by_priority else _SCAN_FIFO
+        if self._smode != mode:
+            self._smode, self._sfifo, self._scur = mode, self.head, [self.head] * 10
+        out: list[tuple[int, int]] = []
+        pos, head = self.pos, self.head
+        if mode == _SCAN_FIFO:
+            i, end = max(self._sfifo, head), len(pos)
+            while i < end and len(out) < n:
+                p = pos[i]
+                if p:
+                    out.append((i, p))
+                i += 1
+            return out
+        if self.counts[UNKNOWN]:
+            raise ValueError("scan_next: some paged messages' priorities are not known yet")
+        pri, counts, cur, scur = self.pri, self.counts, self._cur, self._scur
+        for p in range(9, -1, -1):
+            if not counts[p]:
+                continue
+            i = max(cur[p], head, scur[p])
+            while len(out) < n and (i := pri.find(p, i)) >= 0:
+                out.append((i, pos[i]))
+                i += 1
+            if len(out) >= n:
+                break
+        return out
+
+    def passed(self, i: int) -> None:
+        """The scan passed live slot ``i`` (the next of :meth:`scan_next`): it stays."""
+        if self._smode == _SCAN_FIFO:
+            self._sfifo = i + 1
+        else:
+            self._scur[self.pri[i]] = i + 1
+
+    def take_at(self, i: int) -> tuple[int, int, float]:
+        """Take live slot ``i`` (the next of :meth:`scan_next`): ``(pos, id hash, ts)``."""
+        self.passed(i)
+        out = (self.pos[i], self.ids[i], self.ts[i])
+        self._drop(i)
+        self.live -= 1
+        self._fix_top()
+        return out
+
+    def scan_end(self) -> None:
+        """A scan stopped: tidy the front (what :meth:`take_at` left)."""
+        self._skip_holes()
+        if self.live and len(self.pos) - self.head - self.live > max(_HOLES_MIN, self.live):
+            self._rebuild()
+
+    def scan_top(self) -> int:
+        """The highest priority among the live slots a by-priority scan has not passed
+        (:meth:`top_priority` when no such scan is on), -1 when there is none."""
+        if self._smode != _SCAN_PRIORITY:
+            return self.top_priority()
+        t = self.tail
+        top = t.top if t is not None and len(t.pos) > self.cursor else -1
+        if self.counts[UNKNOWN]:
+            return 9
+        pri, counts, cur, scur, head = self.pri, self.counts, self._cur, self._scur, self.head
+        for p in range(9, top, -1):
+            if counts[p] and pri.find(p, max(cur[p], head, scur[p])) >= 0:
+                return p
+        return top
+
     def _rebuild(self) -> None:
         """The same live slots, in order, without the holes between them."""
         keep = [i for i in range(self.head, len(self.pos)) if self.pos[i]]
+        self._scur = [bisect_left(keep, c) for c in self._scur]  # the same slots passed
+        self._sfifo = bisect_left(keep, self._sfifo)
         pos, ids, ts, pri = self.pos, self.ids, self.ts, self.pri
         self.pos = array("Q", [pos[i] for i in keep])
         self.ids = array("Q", [ids[i] for i in keep])

@@ -19,6 +19,14 @@ records, checkpoints and the full sync skip them (they are not the journal's).
 
 :class:`PagedMessages` is the part of :class:`~.store.MessageStore` that does this,
 over the store's state (declared below, set by the store).
+
+A selective scan (dispatch/scan.py) reads paged messages without making them resident:
+:meth:`PagedMessages.scan_batch` gives the next ones the queue's scan has not passed
+as their record payloads (the list's :meth:`~.pages.PageList.scan_next`), which the
+scan tests with bytes (:func:`~.records.header_needles`) and, when it must, with a
+selector's view of the record's headers (:func:`record_fields`); it then passes each
+(:meth:`~PagedMessages.scan_pass`: it stays paged, in its place) or takes it
+(:meth:`~PagedMessages.scan_take`: resident, for a consumer that takes it now).
 """
 
 from __future__ import annotations
@@ -32,9 +40,9 @@ from ..dispatch.priority import DEFAULT_PRIORITY, priority_of
 from .fanout import ORIGINAL_DESTINATION, fan_copy
 from .journal import Journal, JournalError
 from .pages import MOVED, SEG_SHIFT, PageList, id_hash, pack, segment_of, unpack
-from .records import Enq, Fan, RecordError, decode
+from .records import Enq, Fan, RecordError, decode, enq_fields
 
-__all__ = ["PagedMessages", "LiveView", "materialize", "ORIGINAL_DESTINATION"]
+__all__ = ["PagedMessages", "LiveView", "materialize", "record_fields", "ORIGINAL_DESTINATION"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +68,18 @@ def materialize(payload: bytes, pos: int, destination: str) -> Message:
     m.segment = segment_of(pos)
     m.pos = pos
     return m
+
+
+def record_fields(payload: bytes, pos: int, destination: str) -> tuple[str, str, tuple[tuple[str, str], ...], float, int]:
+    """``(id, destination, headers, timestamp, delivery count)`` of the message
+    :func:`materialize` would read back, without the message (a plain ``Enq``: only its
+    id, destination and headers are decoded)."""
+    if not pos & MOVED:
+        fields = enq_fields(payload)
+        if fields is not None:
+            return fields
+    m = materialize(payload, pos, destination)
+    return m.id, m.destination, m.headers, m.timestamp, m.delivery_count
 
 
 class LiveView(Mapping[str, Message]):
@@ -208,6 +228,73 @@ class PagedMessages:
             self.resident[m.id] = m
             out.append(m)
         return out
+
+    # ------------------------------------------------------------------ a selective scan
+    def scan_batch(self, destination: str, n: int, *,
+                   by_priority: bool) -> list[tuple[int, int, int, bytes | Message | None]]:
+        """The next ``n`` paged messages of ``destination`` its scan has not passed, left
+        paged: ``(index, pos, priority, payload)`` each, the payload the record's bytes -- or the
+        Message of a non-persistent one waiting in its place, or None when the record
+        cannot be read back (:meth:`scan_take` then logs and drops it)."""
+        pl = self.paged.get(destination)
+        if not pl:
+            return []
+        if by_priority and pl.unknown:
+            self._learn_priorities(pl, destination)
+        slots = pl.scan_next(n, by_priority=by_priority)
+        persisted = [pos for _i, pos in slots if pos >> _SEG_SHIFT]
+        payloads: dict[int, bytes | None] = {}
+        if persisted:
+            try:
+                payloads = dict(zip(persisted, self.journal.read(persisted), strict=True))
+            except JournalError:
+                self.journal.check_soon()
+                payloads = {pos: self._payload_or_none(pos) for pos in persisted}
+        transient, pri = self._transient, pl.pri
+        return [(i, pos, pri[i], payloads[pos] if pos >> _SEG_SHIFT else transient[unpack(pos)[1]]) for i, pos in slots]
+
+    def scan_pass(self, destination: str, i: int) -> None:
+        """Slot ``i`` of ``destination``'s list (the next of :meth:`scan_batch`) stays paged."""
+        self.paged[destination].passed(i)
+
+    def scan_take(self, destination: str, i: int, payload: bytes | Message | None) -> Message | None:
+        """Make slot ``i`` (the next of :meth:`scan_batch`, with what it gave) resident and
+        return its message; None when its record cannot be read back (logged, gone)."""
+        pos, _h, _t = self.paged[destination].take_at(i)
+        if isinstance(payload, Message):  # a non-persistent one
+            del self._transient[unpack(pos)[1]]
+            return payload
+        try:
+            if payload is None:
+                raise JournalError("the record could not be read")
+            m = materialize(payload, pos, destination)
+        except (JournalError, RecordError) as exc:
+            self.unreadable_message(pos, destination, exc, "it is lost")
+            self.count -= 1
+            self._dec(segment_of(pos))
+            return None
+        self.resident[m.id] = m
+        return m
+
+    def scan_end(self, destination: str) -> None:
+        """The scan of ``destination`` stopped (for now)."""
+        pl = self.paged.get(destination)
+        if pl is not None:
+            pl.scan_end()
+            if not pl:
+                del self.paged[destination]
+
+    def scan_top(self, destination: str) -> int:
+        """The highest priority among ``destination``'s paged messages its by-priority scan
+        has not passed (:meth:`paged_top` while no scan is on), -1 when none."""
+        pl = self.paged.get(destination)
+        return pl.scan_top() if pl is not None else -1
+
+    def rescan(self, destination: str) -> None:
+        """``destination``'s consumers changed: its next scan starts at the front."""
+        pl = self.paged.get(destination)
+        if pl is not None:
+            pl.rescan()
 
     def paged_top(self, destination: str) -> int:
         """The highest priority among ``destination``'s paged messages (9 while some are not

@@ -66,6 +66,9 @@ __all__ = [
     "RecordTooLarge",
     "encode",
     "decode",
+    "enq_expires",
+    "enq_fields",
+    "header_needles",
 ]
 
 
@@ -261,6 +264,57 @@ def _encode_headers(headers: tuple[tuple[str, str], ...]) -> bytes:
     if flat.count("\x00") == 2 * len(headers) - 1:
         return b"\x00" + flat.encode("utf-8", "surrogatepass")
     return _json_dumps(headers).encode("ascii")
+
+
+def header_needles(pairs: Sequence[tuple[str, str]]) -> tuple[bytes, ...]:
+    """Byte strings of which an ``Enq`` (or ``Fan``) payload holds at least one when its
+    message has a header ``(name, value)`` of ``pairs`` (either header encoding of
+    :func:`_encode_headers`: ``NUL name NUL value``, or the JSON pair ``["name","value"]``).
+    A payload holding none of them has none of those headers: the prefilter of a selective
+    scan (dispatch/scan.py). Holding one proves nothing (a body may hold it too)."""
+    out: list[bytes] = []
+    for name, value in pairs:
+        for needle in (b"\x00" + name.encode("utf-8", "surrogatepass") + b"\x00" + value.encode("utf-8", "surrogatepass"),
+                       _json_dumps([name, value]).encode("ascii")):
+            if needle not in out:
+                out.append(needle)
+    return tuple(out)
+
+
+_EXPIRES_AT = 1 + 2 + 2 + 2 + 8  # the expires field in _ENQ_HEAD
+_D_AT = struct.Struct("<d").unpack_from
+
+
+def enq_expires(payload: bytes) -> float:
+    """The ``expires`` of the message of an ``Enq`` or ``Fan`` payload (0: never; a payload
+    too short for it: 0, decoding it says what is wrong)."""
+    at = _EXPIRES_AT if payload[0] != T_FAN else 5 + _EXPIRES_AT  # a Fan: type byte, u32 length, the Enq
+    if len(payload) < at + 8:
+        return 0.0
+    return float(_D_AT(payload, at)[0])
+
+
+def enq_fields(payload: bytes) -> tuple[str, str, tuple[tuple[str, str], ...], float, int] | None:
+    """``(id, destination, headers, timestamp, delivery count)`` of an ``Enq`` payload's
+    message, without the rest of it (no body, no :class:`Message`); None for another
+    record type. :class:`RecordError` when malformed."""
+    if payload[0] not in (T_ENQ, T_ENQ_AGAIN):
+        return None
+    try:
+        (_kind, lid, ldest, lkey, ts, _expires, count, lh, lb) = _ENQ_HEAD.unpack_from(payload, 0)
+        a = _ENQ_HEAD.size
+        b = a + lid
+        c = b + ldest
+        d = c + lkey
+        e = d + lh
+        if e + lb != len(payload):
+            raise RecordError("record truncated" if e + lb > len(payload) else "trailing bytes after a record")
+        return (payload[a:b].decode("utf-8", "surrogatepass"), payload[b:c].decode("utf-8", "surrogatepass"),
+                _decode_headers(payload[d:e]), ts, count)
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, RecordError):
+            raise
+        raise RecordError(f"malformed record: {exc}") from exc
 
 
 def _decode_headers(raw: bytes) -> tuple[tuple[str, str], ...]:
