@@ -62,10 +62,10 @@ BATCH = 256  # records read back at once
 class PagedScanner(Protocol):
     """What a scan needs of the store (store/paging.py, by destination)."""
 
-    def scan_batch(self, destination: str, n: int, *,
-                   by_priority: bool) -> list[tuple[int, int, int, bytes | Message | None]]: ...
+    def scan_batch(self, destination: str, n: int, *, by_priority: bool, needles: Sequence[bytes] | None,
+                   ) -> tuple[list[tuple[int, int, int, bytes | Message | None]], tuple[int, int] | None]: ...
 
-    def scan_pass(self, destination: str, i: int) -> None: ...
+    def scan_pass(self, destination: str, i: int, p: int) -> None: ...
 
     def scan_take(self, destination: str, i: int, payload: bytes | Message | None) -> Message | None: ...
 
@@ -164,14 +164,13 @@ def scan_paged(q: ScanQueue, ready: deque[Subscription], auto_acked: list[str],
     now = core.clock()
     try:
         while ready:
-            batch = store.scan_batch(name, BATCH, by_priority=prioritized)
-            if not batch:
+            batch, end = store.scan_batch(name, BATCH, by_priority=prioritized, needles=needles)
+            if end is None:
                 return False
             for i, pos, pri, rec in batch:
-                if not ready:
+                if not ready or pri <= floor:  # no credit left; the resident front outranks the rest
+                    store.scan_pass(name, i, pri)
                     return False
-                if pri <= floor:
-                    return False  # the resident front outranks what is left (or is older, at its priority)
                 if isinstance(rec, Message):  # non-persistent, waiting in its place (charged)
                     msg: Message = rec
                     if msg.expires and msg.expires <= now:
@@ -181,8 +180,9 @@ def scan_paged(q: ScanQueue, ready: deque[Subscription], auto_acked: list[str],
                     sub = _ready_for(ready, accepts, msg)
                     if sub is None:
                         if any(not c.in_ready and accepts(c, msg) for c in consumers):
+                            store.scan_pass(name, i, pri)
                             return True
-                        store.scan_pass(name, i)
+                        store.scan_pass(name, i + 1, pri)
                         continue
                     store.scan_take(name, i, rec)
                 else:
@@ -191,9 +191,6 @@ def scan_paged(q: ScanQueue, ready: deque[Subscription], auto_acked: list[str],
                             core.memory.charge(gone)
                             core.drop_expired(gone)
                         continue
-                    if needles is not None and not any(nd in rec for nd in needles):
-                        store.scan_pass(name, i)  # a definite miss: never decoded
-                        continue
                     view = _decoded(rec, pos, name)
                     if view is None:
                         store.scan_take(name, i, rec)  # it does not decode: logged and gone
@@ -201,8 +198,9 @@ def scan_paged(q: ScanQueue, ready: deque[Subscription], auto_acked: list[str],
                     sub = _ready_for(ready, _matches, view)
                     if sub is None:
                         if any(not c.in_ready and _matches(c, view) for c in consumers):
+                            store.scan_pass(name, i, pri)
                             return True
-                        store.scan_pass(name, i)
+                        store.scan_pass(name, i + 1, pri)
                         continue
                     taken = store.scan_take(name, i, rec)
                     if taken is None:  # unreadable: logged and gone
@@ -219,6 +217,7 @@ def scan_paged(q: ScanQueue, ready: deque[Subscription], auto_acked: list[str],
                     _requeue(q, msg)
                     return False
                 deliver(q, ready, sub, msg, auto_acked)
+            store.scan_pass(name, *end)  # the misses after the last candidate
         return False
     finally:
         store.scan_end(name)

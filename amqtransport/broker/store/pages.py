@@ -32,7 +32,7 @@ outnumber the live slots (and 4096), the arrays are rebuilt without them.
 
 A selective scan. A queue whose consumers all have selectors looks at its paged
 messages without taking them (:meth:`scan_next`, in take order: front to back, or by
-priority), and for each either *passes* it (:meth:`passed`: no consumer's selector
+priority), and for each either *passes* it (:meth:`passed_to`: no consumer's selector
 matches it; it stays here, in its place) or takes that one slot (:meth:`take_at`: a
 consumer takes it now), leaving a hole. The scan's cursors (one, or one per priority,
 like ``_cur``) remember how far it has passed, so a miss is looked at once per set of
@@ -415,8 +415,8 @@ class PageList:
     def scan_next(self, n: int, *, by_priority: bool) -> list[tuple[int, int]]:
         """Up to ``n`` live slots the scan has not passed, in take order (front to back,
         or highest priority first, FIFO within one), left in place: ``(index, pos)`` each.
-        Each must then be :meth:`passed` or taken (:meth:`take_at`) in that order, or the
-        scan stops there; :meth:`scan_end` after the last."""
+        They are then passed (:meth:`passed_to`) or taken (:meth:`take_at`) in that order,
+        up to where the scan stops; :meth:`scan_end` after the last."""
         if self.tail is not None:
             self.catch_up()
         mode = _SCAN_PRIORITY if by_priority else _SCAN_FIFO
@@ -446,16 +446,24 @@ class PageList:
                 break
         return out
 
-    def passed(self, i: int) -> None:
-        """The scan passed live slot ``i`` (the next of :meth:`scan_next`): it stays."""
+    def passed_to(self, i: int, p: int) -> None:
+        """The scan passed every slot :meth:`scan_next` gave before slot ``i`` of priority
+        ``p`` (it may be one past the last): they stay. (A batch by priority holds every
+        slot not passed of each higher priority, so those are all passed.)"""
         if self._smode == _SCAN_FIFO:
-            self._sfifo = i + 1
-        else:
-            self._scur[self.pri[i]] = i + 1
+            if i > self._sfifo:
+                self._sfifo = i
+            return
+        scur = self._scur
+        if i > scur[p]:
+            scur[p] = i
+        end = len(self.pos)
+        for q in range(p + 1, 10):
+            scur[q] = end
 
     def take_at(self, i: int) -> tuple[int, int, float]:
-        """Take live slot ``i`` (the next of :meth:`scan_next`): ``(pos, id hash, ts)``."""
-        self.passed(i)
+        """Take live slot ``i`` of :meth:`scan_next` (those before it passed): ``(pos, id hash, ts)``."""
+        self.passed_to(i + 1, self.pri[i])
         out = (self.pos[i], self.ids[i], self.ts[i])
         self._drop(i)
         self.live -= 1

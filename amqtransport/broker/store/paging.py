@@ -32,7 +32,7 @@ selector's view of the record's headers (:func:`record_fields`); it then passes 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ..dispatch.message import Message
@@ -230,32 +230,47 @@ class PagedMessages:
         return out
 
     # ------------------------------------------------------------------ a selective scan
-    def scan_batch(self, destination: str, n: int, *,
-                   by_priority: bool) -> list[tuple[int, int, int, bytes | Message | None]]:
+    def scan_batch(self, destination: str, n: int, *, by_priority: bool, needles: Sequence[bytes] | None,
+                   ) -> tuple[list[tuple[int, int, int, bytes | Message | None]], tuple[int, int] | None]:
         """The next ``n`` paged messages of ``destination`` its scan has not passed, left
-        paged: ``(index, pos, priority, payload)`` each, the payload the record's bytes -- or the
-        Message of a non-persistent one waiting in its place, or None when the record
-        cannot be read back (:meth:`scan_take` then logs and drops it)."""
+        paged: ``(candidates, end)``. ``end`` is ``(index, priority)`` just past the last
+        one looked at (None: none left), for :meth:`scan_pass` once the batch is done.
+        ``candidates`` are ``(index, pos, priority, payload)``, the payload the record's
+        bytes -- or the Message of a non-persistent one waiting in its place, or None when
+        the record cannot be read back (:meth:`scan_take` then logs and drops it). With
+        ``needles``, only the records holding one of them are candidates (the others are
+        misses, never read one by one: :meth:`~.segments.SegmentReads.candidates`)."""
         pl = self.paged.get(destination)
         if not pl:
-            return []
+            return [], None
         if by_priority and pl.unknown:
             self._learn_priorities(pl, destination)
         slots = pl.scan_next(n, by_priority=by_priority)
-        persisted = [pos for _i, pos in slots if pos >> _SEG_SHIFT]
+        if not slots:
+            return [], None
+        pri = pl.pri
+        last = slots[-1][0]
+        end = (last + 1, pri[last])
+        if needles is not None:
+            persisted = [k for k, (_i, pos) in enumerate(slots) if pos >> _SEG_SHIFT]
+            keep = set(persisted[k] for k in self.journal.candidates([slots[k][1] for k in persisted], needles))
+            slots = [e for k, e in enumerate(slots) if k in keep or not e[1] >> _SEG_SHIFT]
+        persisted_pos = [pos for _i, pos in slots if pos >> _SEG_SHIFT]
         payloads: dict[int, bytes | None] = {}
-        if persisted:
+        if persisted_pos:
             try:
-                payloads = dict(zip(persisted, self.journal.read(persisted), strict=True))
+                payloads = dict(zip(persisted_pos, self.journal.read(persisted_pos), strict=True))
             except JournalError:
                 self.journal.check_soon()
-                payloads = {pos: self._payload_or_none(pos) for pos in persisted}
-        transient, pri = self._transient, pl.pri
-        return [(i, pos, pri[i], payloads[pos] if pos >> _SEG_SHIFT else transient[unpack(pos)[1]]) for i, pos in slots]
+                payloads = {pos: self._payload_or_none(pos) for pos in persisted_pos}
+        transient = self._transient
+        return ([(i, pos, pri[i], payloads[pos] if pos >> _SEG_SHIFT else transient[unpack(pos)[1]])
+                 for i, pos in slots], end)
 
-    def scan_pass(self, destination: str, i: int) -> None:
-        """Slot ``i`` of ``destination``'s list (the next of :meth:`scan_batch`) stays paged."""
-        self.paged[destination].passed(i)
+    def scan_pass(self, destination: str, i: int, p: int) -> None:
+        """Every message :meth:`scan_batch` gave before slot ``i`` of priority ``p`` of
+        ``destination``'s list stays paged (``i`` may be one past the last)."""
+        self.paged[destination].passed_to(i, p)
 
     def scan_take(self, destination: str, i: int, payload: bytes | Message | None) -> Message | None:
         """Make slot ``i`` (the next of :meth:`scan_batch`, with what it gave) resident and

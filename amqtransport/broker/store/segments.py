@@ -21,6 +21,7 @@ import os
 import struct
 import threading
 import zlib
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -166,6 +167,45 @@ class SegmentReads:
             window = self._pread(seg, off, last - off + 65536)
             for p in positions[i:j]:
                 out.append(self._payload_at(window, off, p))
+            i = j
+        return out
+
+    def candidates(self, positions: Sequence[int], needles: Sequence[bytes]) -> list[int]:
+        """Indexes (into ``positions``, increasing) of the records that may hold one of
+        ``needles``: every record at ``positions`` whose bytes hold one is among them, and
+        the others are not read one by one -- the segment's bytes around them are searched
+        at C speed (``bytes.find``), so a miss costs no slice and no CRC (a candidate is
+        read, and checked, by :meth:`read`). A run that cannot be read: all candidates."""
+        out: list[int] = []
+        i, n = 0, len(positions)
+        while i < n:
+            seg, off, _flags = unpack(positions[i])
+            offsets = [off]
+            j = i + 1  # a run close together in one segment, as read() reads them: one pread
+            while j < n and j - i < 4096:
+                s2, o2, _f = unpack(positions[j])
+                if s2 != seg or o2 < offsets[-1] or o2 - off > (1 << 20):
+                    break
+                offsets.append(o2)
+                j += 1
+            try:
+                self._wait_written(seg, offsets[-1] + 8)  # every record before the last is whole on disk
+                window = self._pread(seg, off, offsets[-1] - off + 65536)
+            except (JournalError, OSError):
+                window = b""
+            if len(window) <= offsets[-1] - off:
+                out.extend(range(i, j))
+                i = j
+                continue
+            found: set[int] = set()
+            for needle in needles:
+                at = window.find(needle)
+                while at >= 0:  # the record holding it: the last one starting at or before it
+                    found.add(bisect_right(offsets, off + at) - 1)
+                    at = window.find(needle, at + 1)
+            found.add(j - 1 - i)  # the last one may run past the window
+            found.discard(-1)  # (before the first record: another record's bytes)
+            out.extend(i + k for k in sorted(found))
             i = j
         return out
 
