@@ -143,3 +143,41 @@ def test_a_record_without_the_value_is_ruled_out_and_one_with_it_is_not() -> Non
     assert not any(n in payload(("k", "miss"), ("kk", "hit")) for n in needles)
     assert any(n in payload(("a", "b"), ("k", "hit")) for n in needles)
     assert any(n in payload(("k", "hit"), ("nul", "a\x00b")) for n in needles)  # the JSON encoding
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=40), st.sampled_from([b"", b"\x00k\x00hit", b'["k","hit"]', b"\x00k\x00hi"]),
+                          st.booleans()), min_size=1, max_size=40),
+       st.integers(0, 3))
+def test_the_segment_search_finds_every_record_holding_a_needle(
+        records_: list[tuple[bytes, bytes, bool]], split: int) -> None:
+    """SegmentReads.candidates, the scan's search of the segment bytes around the paged
+    records: every record of the positions asked about that holds a needle is among the
+    candidates (records not asked about, another queue's, sit between them)."""
+    import tempfile
+    from pathlib import Path
+
+    from amqtransport.broker.store import Journal
+
+    needles = header_needles((("k", "hit"),))
+    with tempfile.TemporaryDirectory() as d:
+        j = Journal(Path(d) / "j")
+        list(j.recover())
+        j.start()
+        try:
+            payloads = [(filler[:split] + inner + filler[split:]) or b"-" for filler, inner, _asked in records_]
+            seg, off = j.append_at(payloads)
+            assert j.flush(30)
+            positions, wanted = [], []
+            for payload, (_f, _inner, asked) in zip(payloads, records_, strict=True):
+                if asked:
+                    if any(n in payload for n in needles):
+                        wanted.append(len(positions))
+                    positions.append(pack(seg, off))
+                off += len(payload) + 8  # the frame: length and CRC
+            got = j.candidates(positions, needles)
+            assert got == sorted(set(got)) and set(wanted) <= set(got)
+            assert [j.read([positions[k]])[0] for k in wanted] == [payloads[k] for k in range(len(payloads))
+                                                                   if records_[k][2] and any(n in payloads[k] for n in needles)]
+        finally:
+            j.close()
