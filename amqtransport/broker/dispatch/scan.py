@@ -8,18 +8,22 @@ page its paged messages in a window at a time to set the misses aside (selection
 it *scans* them where they are, in the store's page list (store/pages.py), in the
 order a consumer would take them (front to back, or by priority):
 
-1. Read the record's bytes (a batch at a time, :meth:`PagedScanner.scan_batch`). If
-   every consumer's selector names ``(header, value)`` pairs one of which a matching
-   message must hold (:attr:`~amqtransport.selector.Selector.required`: ``k = 'hit'``,
-   ``JMSType IN ('a', 'b')``, an AND with such a part), a record holding none of their
-   byte forms (:func:`~..store.records.header_needles`) is a miss without decoding it.
-2. Otherwise decode only the record's id and headers and evaluate the selectors on
-   that view (no :class:`~.message.Message`, nothing made resident).
+1. If every consumer's selector names ``(header, value)`` pairs one of which a
+   matching message must hold (:attr:`~amqtransport.selector.Selector.required`:
+   ``k = 'hit'``, ``JMSType IN ('a', 'b')``, an AND with such a part), only the records
+   holding one of their byte forms (:func:`~..store.records.header_needles`) are
+   candidates: the store finds them by searching the segment's bytes around a batch of
+   paged records at C speed; every other record is a miss, never read one by one,
+   decoded, nor checked for expiry (it stays paged: a consumer that takes it later
+   drops it then, if it has expired).
+2. A candidate (or, without needles, every record) is read back and its id and headers
+   decoded; the selectors are evaluated on that view (no :class:`~.message.Message`,
+   nothing made resident). An expired one is taken and dropped.
 3. A message a ready consumer's selector matches is taken (made resident, charged) and
    delivered to that consumer at once, round-robin as selection.py does; a miss is
    *passed*: it stays paged, in its place, and the list's scan cursor moves past it,
    so it is not looked at again until the consumers change (:meth:`Queue.add_consumer`
-   starts the scan again from the front). An expired one is taken and dropped.
+   starts the scan again from the front).
 4. A message only consumers without credit want stops the scan there (it keeps its
    place; the scan goes on from it when one of them has credit again, as its ACK
    dispatches the queue). Messages behind it wait meanwhile, as they would behind
@@ -32,9 +36,10 @@ messages first, in their places, before anything behind them. With priorities, t
 scan stops as soon as the resident front outranks the next paged message
 (:meth:`PagedScanner.scan_top` is what is left to scan).
 
-Cost. A miss costs its share of a batched read, a CRC and a ``bytes`` search (or, with
-no needles, decoding its headers and the evaluation), never a Message, the memory
-gauge, a ``seq`` or the unmatched deque.
+Cost. With needles, a miss costs its share of a batched ``pread`` and a ``bytes.find``
+over it, and a step of the list's cursor (about 1 µs of broker CPU per message passed
+over, BENCHMARKS.md); without, a read with its CRC, decoding its headers and the
+evaluation. Never a Message, the memory gauge, a ``seq`` or the unmatched deque.
 """
 
 from __future__ import annotations

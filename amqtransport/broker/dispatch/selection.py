@@ -24,13 +24,18 @@ are not evaluated again until a consumer arrives (:func:`settle` merges them bac
 queue order: by priority, then ``Message.seq``) -- so each message is evaluated about once per consumer
 that could take it, not once per delivery, and the backlog is not rescanned per message.
 
-Paging and cost. Dispatch pages messages in from the store whenever the resident deque
-runs dry; while unmatched or held messages are resident and memory is past its
-low-water mark, it stops paging in (so non-matching messages fill memory at most up to
-the limit, like ActiveMQ, whose selective consumers see only the messages it has paged
-in). Each selector evaluation is a few closure calls (0.5-8 µs); a 1 % selector on
-a deep queue costs one evaluation per message brought into memory, plus one per
-message per arriving consumer.
+Paging and cost. A queue whose consumers all have selectors (none exclusive, with a
+priority, or owning a message group) does not page its paged messages in: it scans
+them where they are (:mod:`.scan`), delivering the matches and leaving the misses
+paged, in their places, behind the scan's cursor -- a miss is never made resident, and,
+when every selector names a header's value (``k = 'hit'``), not even decoded. Otherwise
+dispatch pages messages in from the store whenever the resident deque runs dry; while
+unmatched or held messages are resident and memory is past its low-water mark, it stops
+paging in (so non-matching messages fill memory at most up to the limit, like
+ActiveMQ, whose selective consumers see only the messages it has paged in). Each
+selector evaluation is a few closure calls (0.5-8 µs); a 1 % selector on a deep queue
+costs one evaluation per message brought into memory or scanned, plus one per message
+per arriving consumer.
 """
 
 from __future__ import annotations

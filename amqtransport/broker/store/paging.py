@@ -20,12 +20,14 @@ records, checkpoints and the full sync skip them (they are not the journal's).
 :class:`PagedMessages` is the part of :class:`~.store.MessageStore` that does this,
 over the store's state (declared below, set by the store).
 
-A selective scan (dispatch/scan.py) reads paged messages without making them resident:
-:meth:`PagedMessages.scan_batch` gives the next ones the queue's scan has not passed
-as their record payloads (the list's :meth:`~.pages.PageList.scan_next`), which the
-scan tests with bytes (:func:`~.records.header_needles`) and, when it must, with a
-selector's view of the record's headers (:func:`record_fields`); it then passes each
-(:meth:`~PagedMessages.scan_pass`: it stays paged, in its place) or takes it
+A selective scan (dispatch/scan.py) looks at paged messages without making them
+resident: :meth:`PagedMessages.scan_batch` gives the next ones the queue's scan has not
+passed (the list's :meth:`~.pages.PageList.scan_next`) as their record payloads --
+only those whose bytes hold one of the selectors' needles
+(:func:`~.records.header_needles`, found by searching the segment's bytes:
+:meth:`~.segments.SegmentReads.candidates`) when there are needles. The scan evaluates
+those on the record's headers (:func:`record_fields`), then passes them
+(:meth:`~PagedMessages.scan_pass`: they stay paged, in their places) or takes one
 (:meth:`~PagedMessages.scan_take`: resident, for a consumer that takes it now).
 """
 
