@@ -75,6 +75,15 @@ class Owner:
     def paged_top(self, queue: Queue) -> int:
         return -1
 
+    def scan_top(self, queue: Queue) -> int:
+        return -1
+
+    def rescan(self, queue: Queue) -> None:
+        pass
+
+    def scanner(self) -> None:
+        return None
+
 
 def msg(i: int, *, expires: float = 0.0, persistent: bool = False) -> Message:
     return Message(f"m{i}", "/queue/q", (), b"x", expires=expires, persistent=persistent)

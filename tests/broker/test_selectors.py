@@ -168,6 +168,26 @@ def test_consumers_arriving_after_a_scan_get_the_passed_messages_first_in_order(
         assert take(rest, len(expected)) == expected
 
 
+def test_a_slow_selective_consumer_does_not_hold_up_another_on_a_deep_paged_queue(
+    make_broker: Callable[..., EmbeddedBroker]
+) -> None:
+    b = make_broker(page_window=10)
+    with amqtransport.connect(uri(b)) as c:
+        p = c.producer(window=100)
+        for i in range(400):
+            p.send("/queue/two", f"m{i}", headers={"who": "a" if i % 4 == 1 else "b" if i % 4 == 3 else "-"})
+        p.flush()
+        slow = c.subscribe("/queue/two", ack="client-individual", prefetch=1, selector="who = 'a'")
+        first = slow.receive(timeout=10)
+        assert first is not None and first.text == "m1"  # not acked: its next match waits for it
+        fast = c.subscribe("/queue/two", ack="client-individual", prefetch=20, selector="who = 'b'")
+        assert take(fast, 100) == [f"m{i}" for i in range(3, 400, 4)]
+        first.ack()
+        assert take(slow, 99) == [f"m{i}" for i in range(5, 400, 4)]
+        rest = c.subscribe("/queue/two", ack="client-individual")
+        assert take(rest, 200) == [f"m{i}" for i in range(0, 400, 2)]
+
+
 def test_a_scan_by_priority_keeps_priority_order_and_a_restart_keeps_the_rest(
     make_broker: Callable[..., EmbeddedBroker], tmp_path: Path
 ) -> None:

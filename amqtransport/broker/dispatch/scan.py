@@ -26,8 +26,9 @@ order a consumer would take them (front to back, or by priority):
    starts the scan again from the front).
 4. A message only consumers without credit want stops the scan there (it keeps its
    place; the scan goes on from it when one of them has credit again, as its ACK
-   dispatches the queue). Messages behind it wait meanwhile, as they would behind
-   ActiveMQ's page of undispatched messages.
+   dispatches the queue). If other consumers still have credit, selection.py pages
+   the next window in for them as before the scan existed (taking from the front
+   starts the scan over later), so that none waits behind a slow consumer's message.
 
 Order. Nothing the scan passes leaves the list, and everything it takes is delivered
 at once, so the queue's order is kept without sorting: a consumer that arrives later

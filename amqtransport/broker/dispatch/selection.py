@@ -142,19 +142,24 @@ def dispatch_selective(q: SelectiveQueue) -> None:
     now = 0.0
     paged_in = False
     # paged messages: scanned where they are (scan.py), or paged in a window at a time;
-    # None once a scan stopped at a message consumers without credit want (until credit)
+    # None once a scan stopped at a message only consumers without credit want (and no
+    # other consumer has credit: nothing more from the pages until credit comes back)
     scanning: bool | None = scannable(q)
     top = (q.scan_top() if scanning else q.paged_top()) if q.prioritized else -1
     while ready:
         if not messages or (top >= 0 and priority_of(messages[0]) < top):
             if scanning:
-                if scan_paged(q, ready, auto_acked, accepts):
-                    scanning, top = None, -1  # held: nothing more from the pages this time
+                if scan_paged(q, ready, auto_acked, accepts):  # held: consumers without credit want it
+                    if not ready:
+                        scanning, top = None, -1  # nothing more from the pages this time
+                    else:  # the others go on, a window paged in, so that none waits behind it
+                        scanning = False
+                        top = q.paged_top() if q.prioritized else -1
                 elif q.grouped:
                     scanning, top, ranked = None, -1, True
                 else:
                     top = q.scan_top() if q.prioritized else -1
-                if not messages:
+                if not messages and scanning is not False:
                     break
                 continue
             if scanning is None:
