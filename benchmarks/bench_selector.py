@@ -16,9 +16,11 @@ Per round and broker, on a fresh queue:
   SUBSCRIBE to the last match. The other 99 % stay in the queue.
 
 Contenders: our broker with its defaults (``page_window`` 1000: the rest of the queue
-is paged to the journal at SEND and read back, decoded, when dispatch reaches it), the
+is paged to the journal at SEND; the selective consumer's queue scans it there,
+broker/dispatch/scan.py: only the records holding ``k`` = ``hit`` are read back), the
 same with ``page_window`` = 2 N (``ours resident``: the whole queue stays in memory, as
-ActiveMQ's here) and ActiveMQ 5.17 with ``maxPageSize`` = 2 N (see ``PAGE_POLICY``).
+ActiveMQ's here, each message evaluated as a resident one) and ActiveMQ 5.17 with
+``maxPageSize`` = 2 N (see ``PAGE_POLICY``).
 
 For each phase: messages/s (the drain's per match) and the broker's CPU per message
 (user + system time of its process from ``/proc/PID/stat`` over the phase, JVM threads
