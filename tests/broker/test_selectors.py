@@ -168,6 +168,25 @@ def test_consumers_arriving_after_a_scan_get_the_passed_messages_first_in_order(
         assert take(rest, len(expected)) == expected
 
 
+def test_a_scan_takes_non_persistent_and_expired_messages_in_their_places(
+    make_broker: Callable[..., EmbeddedBroker]
+) -> None:
+    """Behind paged messages, non-persistent ones wait in memory in their places in the
+    list: the scan evaluates them there too; an expired candidate is dropped, not delivered."""
+    b = make_broker(page_window=10)
+    with amqtransport.connect(uri(b)) as c:
+        p = c.producer(window=100)
+        for i in range(60):
+            p.send("/queue/mixed", f"m{i}", headers={"hit": "yes" if i % 5 == 2 else "no"}, persistent=i % 2 == 0)
+        p.send("/queue/mixed", "gone", headers={"hit": "yes", "expires": "1"})  # expired long ago
+        p.flush()
+        hits = c.subscribe("/queue/mixed", ack="client-individual", prefetch=3, selector="hit = 'yes'")
+        assert take(hits, 12) == [f"m{i}" for i in range(2, 60, 5)]
+        assert b.stats()["queues"]["/queue/mixed"]["depth"] == 48  # type: ignore[index]
+        rest = c.subscribe("/queue/mixed", ack="client-individual")
+        assert take(rest, 48) == [f"m{i}" for i in range(60) if i % 5 != 2]
+
+
 def test_a_slow_selective_consumer_does_not_hold_up_another_on_a_deep_paged_queue(
     make_broker: Callable[..., EmbeddedBroker]
 ) -> None:
