@@ -571,12 +571,9 @@ class Selector:
     def __init__(self, text: str, root: _Node) -> None:
         self.text = text
         self._m = root.m
-        #: ``(header, value)`` pairs one of which a message's headers hold (the header
-        #: with exactly that value) whenever the selector matches it; None when the
-        #: selector implies no such pairs. A message without any of them does not match:
-        #: a test on bytes before any evaluation (broker/dispatch/scan.py). Derived from
-        #: ``prop = 'text'`` and ``prop IN ('a', ...)`` on a property read as a header's
-        #: string (:func:`~.jms.header_sources`), through AND (any part) and OR (every part).
+        #: ``(header, value)`` pairs, one of which a message matching the selector holds
+        #: (None: none implied): from ``prop = 'text'``, ``prop IN (...)`` (jms.header_sources),
+        #: through AND (any part) and OR (every part). The byte test of broker/dispatch/scan.py.
         self.required: Required = root.req
 
     def matches(self, view: MessageView) -> bool:
