@@ -96,7 +96,10 @@ class Frame:
         return [value for key, value in self.headers if key == name]
 
     def __contains__(self, name: object) -> bool:
-        return any(key == name for key, _ in self.headers)
+        for key, _ in self.headers:  # a loop, not any(<genexpr>): on every send's path
+            if key == name:
+                return True
+        return False
 
     @property
     def header_map(self) -> dict[str, str]:

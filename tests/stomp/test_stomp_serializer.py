@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amqtransport.errors import LocalProtocolError
-from amqtransport.stomp import Frame, FrameParser, serialize
+from amqtransport.stomp import ALL_COMMANDS, Frame, FrameParser, serialize
+from amqtransport.stomp.serializer import _checked, _plain
+from amqtransport.stomp.versions import UNESCAPED_COMMANDS
 
 
 def F(command: str, headers: list[tuple[str, str]] | None = None, body: bytes = b"") -> Frame:
@@ -80,3 +84,43 @@ def test_make_and_helpers() -> None:
     frame = Frame.make("SEND", {"destination": "/q", "a": "1"}, "text")
     wire = serialize(frame.with_headers(a="2").without_headers("destination"))
     assert wire == b"SEND\na:2\ncontent-length:4\n\ntext\x00"
+
+
+# -- the fast path (serializer._plain) against the checked path -----------------------------
+
+_HEADER_TEXT = st.lists(st.sampled_from(["a", "é", ":", "\\", "\r", "\n", "-", "content-length", "content-type",
+                                         "text/x", "\udc80", "3"]), max_size=3).map("".join)
+_HEADER = st.one_of(st.tuples(_HEADER_TEXT, _HEADER_TEXT),
+                    st.tuples(_HEADER_TEXT, st.integers(0, 9)),  # a value that is no str
+                    st.tuples(_HEADER_TEXT, _HEADER_TEXT, _HEADER_TEXT),  # no pair
+                    st.tuples(_HEADER_TEXT))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sorted(ALL_COMMANDS | {"FOO", ""})), st.lists(_HEADER, max_size=5),
+       st.one_of(st.binary(max_size=8), st.just(bytearray(b"xy"))), st.sampled_from(("1.0", "1.1", "1.2")),
+       st.booleans())
+def test_the_fast_path_writes_what_the_checked_path_writes_or_raises_the_same(
+        command: str, headers: list[tuple[object, ...]], body: bytes, version: str, text_mode: bool) -> None:
+    """Every frame goes the same way whichever path takes it: the same bytes, or the
+    checked path's error (the fast path only ever steps aside)."""
+    frame = Frame(command, tuple(headers), body)  # type: ignore[arg-type]
+    try:
+        expected: bytes | str = _checked(frame, version, text_mode)
+    except LocalProtocolError as exc:
+        expected = str(exc)
+    try:
+        got: bytes | str = serialize(frame, version, text_mode=text_mode)
+    except LocalProtocolError as exc:
+        got = str(exc)
+    assert got == expected
+    if isinstance(expected, bytes) and version != "1.0" and command not in UNESCAPED_COMMANDS:
+        plain = _plain(frame, text_mode)
+        assert plain is None or plain == expected
+
+
+def test_the_common_send_takes_the_fast_path() -> None:
+    frame = F("SEND", [("destination", "/queue/a"), ("persistent", "true"), ("amq-idempotency-key", "k1"),
+                       ("receipt", "r-1")], b"x" * 3)
+    assert _plain(frame, False) == _checked(frame, "1.2", False) == (
+        b"SEND\ndestination:/queue/a\npersistent:true\namq-idempotency-key:k1\nreceipt:r-1\ncontent-length:3\n\nxxx\x00")
