@@ -23,7 +23,7 @@ one endpoint that never reconnects); the sync client runs the thread driver
 (``transports/failover.py``) or, for a plain ``tcp://`` leaf, a ``DirectTransport``.
 
 Every SEND carries an idempotency key (:mod:`amqtransport.outbound` builds the frames:
-the caller's key or a fresh UUID) and asks for a receipt, so the failover layer can
+the caller's key or 128 fresh random bits) and asks for a receipt, so the failover layer can
 replay it after a reconnect and a broker that honours the key drops the copy. ``send``
 returns once the receipt is in; a producer keeps up to ``window`` receipts
 outstanding, and raises a refused send's error once.
