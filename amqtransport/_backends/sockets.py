@@ -10,6 +10,15 @@ calls ``recv`` once. TLS records already decrypted and buffered inside the
 see them. ``close`` shuts the socket down before closing it, which wakes a reader
 blocked in ``poll`` on every platform we run on.
 
+A plain TCP stream also keeps a second socket object on a duplicate of the
+descriptor, with timeout 0: Python polls before every call on a socket with a
+timeout, so a ``recv`` after our own ``poll`` went through ``poll`` twice, and every
+``sendall`` once. The reader's ``recv`` goes through the duplicate (our ``poll`` said
+there is data), and a write first tries one ``send`` there; only what the kernel did
+not take goes through ``sendall`` with the write timeout. (Both objects share one
+open file: the timeout socket keeps it non-blocking already, so nothing changes
+for either.)
+
 Every ``OSError`` / ``ssl.SSLError`` / ``socket.timeout`` is mapped here, once,
 into ``ConnectError``, ``ReadError``, ``WriteError`` or ``ConnectionClosed``.
 """
@@ -17,6 +26,7 @@ into ``ConnectError``, ``ReadError``, ``WriteError`` or ``ConnectionClosed``.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import ssl
@@ -46,6 +56,11 @@ class SocketStream:
         self._wlock = threading.Lock()
         self._closed = False
         sock.settimeout(write_timeout)
+        #: the same socket without a timeout (plain TCP only; see the module docstring)
+        self._direct: socket.socket | None = None
+        if not isinstance(sock, ssl.SSLSocket):
+            self._direct = socket.socket(sock.family, sock.type, sock.proto, fileno=os.dup(sock.fileno()))
+            self._direct.settimeout(0.0)
         self._poll = select.poll()
         self._poll.register(sock.fileno(), select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
 
@@ -64,8 +79,9 @@ class SocketStream:
                     return None
             if self._closed:
                 raise ConnectionClosed(f"{self._peer}: stream closed")
-            return sock.recv(max_bytes)
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            direct = self._direct
+            return sock.recv(max_bytes) if direct is None else direct.recv(max_bytes)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
             return None
         except TimeoutError:
             return None
@@ -81,7 +97,15 @@ class SocketStream:
             if self._closed:
                 raise ConnectionClosed(f"{self._peer}: stream closed")
             try:
-                self._sock.sendall(data)
+                direct = self._direct
+                sent = 0
+                if direct is not None:
+                    try:
+                        sent = direct.send(data)
+                    except BlockingIOError:
+                        pass
+                if sent < len(data):
+                    self._sock.sendall(memoryview(data)[sent:] if sent else data)
             except TimeoutError as exc:
                 raise WriteError(f"{self._peer}: write timed out (peer not reading)") from exc
             except (OSError, ValueError) as exc:
@@ -97,10 +121,12 @@ class SocketStream:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+        for sock in (self._sock, self._direct):
+            if sock is not None:
+                try:
+                    sock.close()
+                except OSError:
+                    pass
 
 
 _TLS_VERSIONS = {"TLSv1": ssl.TLSVersion.TLSv1, "TLSv1.1": ssl.TLSVersion.TLSv1_1,

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import amqtransport
 from amqtransport._backends.memory import MemoryBackend, MemoryStream
 from amqtransport._backends.sockets import SocketBackend
-from amqtransport.errors import ConnectError, TransportError
+from amqtransport.errors import ConnectError, ConnectionClosed, TransportError, WriteError
 from amqtransport.stomp import Frame, FrameParser, serialize
 from amqtransport.uri import parse_uri
 
@@ -121,6 +121,90 @@ def test_connect_refused_and_timeout_map_to_connect_error() -> None:
         assert time.monotonic() - t0 < 3
     finally:
         silent.close()
+
+
+# -- SocketStream: writes that do not fit, a peer that never reads, close under a reader --
+
+
+@pytest.fixture
+def raw_pair() -> Iterator[tuple[socket.socket, int]]:
+    """A listening socket and its port (the test accepts)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    yield srv, srv.getsockname()[1]
+    srv.close()
+
+
+def test_a_write_bigger_than_the_socket_buffers_arrives_whole_and_in_order(
+        raw_pair: tuple[socket.socket, int]) -> None:
+    """A plain stream tries one send without a timeout first; what the kernel did not
+    take goes out through sendall: a slow reader still gets every byte, in order."""
+    srv, port = raw_pair
+    stream = SocketBackend().connect(parse_uri(f"tcp://127.0.0.1:{port}"), 5)
+    peer, _ = srv.accept()
+    data = bytes(range(256)) * (8 * 4096)  # 8 MiB: far more than both socket buffers
+    got = bytearray()
+
+    def read_slowly() -> None:
+        time.sleep(0.2)  # the writer's first send fills the buffers and comes back short
+        while len(got) < len(data):
+            chunk = peer.recv(1 << 16)
+            if not chunk:
+                return
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read_slowly)
+    reader.start()
+    try:
+        stream.write(data)
+        stream.write(b"tail")
+        reader.join(30)
+        assert bytes(got[: len(data)]) == data
+    finally:
+        stream.close()
+        peer.close()
+
+
+def test_a_write_to_a_peer_that_never_reads_times_out_as_a_write_error(raw_pair: tuple[socket.socket, int]) -> None:
+    srv, port = raw_pair
+    stream = SocketBackend(write_timeout=0.5).connect(parse_uri(f"tcp://127.0.0.1:{port}"), 5)
+    peer, _ = srv.accept()
+    try:
+        with pytest.raises(WriteError, match="peer not reading"):
+            for _ in range(64):
+                stream.write(b"x" * (1 << 20))
+    finally:
+        stream.close()
+        peer.close()
+
+
+def test_reads_map_data_silence_end_and_close(raw_pair: tuple[socket.socket, int]) -> None:
+    srv, port = raw_pair
+    stream = SocketBackend().connect(parse_uri(f"tcp://127.0.0.1:{port}"), 5)
+    peer, _ = srv.accept()
+    try:
+        assert stream.read(100, 0.05) is None  # nothing yet
+        peer.sendall(b"abc")
+        assert stream.read(100, 5) == b"abc"
+        errors: list[BaseException] = []
+
+        def blocked_read() -> None:
+            try:
+                stream.read(100, None)
+            except BaseException as exc:  # noqa: BLE001 - kept for the assertion
+                errors.append(exc)
+
+        reader = threading.Thread(target=blocked_read)
+        reader.start()
+        time.sleep(0.1)
+        stream.close()  # wakes the reader
+        reader.join(10)
+        assert not reader.is_alive() and errors and isinstance(errors[0], ConnectionClosed)
+        with pytest.raises(ConnectionClosed):
+            stream.write(b"x")
+    finally:
+        peer.close()
 
 
 # -- TLS ---------------------------------------------------------------------------------
