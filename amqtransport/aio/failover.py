@@ -37,10 +37,12 @@ the thread driver.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 from amqtransport._backends.base import leaf_address
 from amqtransport.backoff import Attempt, failover_schedule
@@ -127,7 +129,7 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         self._listeners: list[Listener] = []
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # receipt id -> each waiting call's future
         self._changed = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._idle: asyncio.TimerHandle | None = None
         self._probing = False
         #: ``on_message(frame, generation)`` for every MESSAGE of the current link
@@ -215,7 +217,14 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
                 log.exception("listener %r.%s raised; ignored", listener, event)
                 continue
             if inspect.isawaitable(result):
-                self._spawn(_logged(result, f"listener {listener!r}.{event}"), f"amq-aio-listener {event}")
+                # the listener's own coroutine is the task: cancelled by close() before its first
+                # step it is closed, never left un-awaited (a wrapper's would be)
+                coro = result if inspect.iscoroutine(result) else _awaited(result)
+                task: asyncio.Task[object] = asyncio.ensure_future(coro)
+                task.set_name(f"amq-aio-listener {event}")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                task.add_done_callback(functools.partial(_log_failure, f"listener {listener!r}.{event}"))
 
     def _idle_barrier(self) -> None:
         self._idle = None
@@ -607,8 +616,10 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
             self._write(write)
 
 
-async def _logged(awaitable: Awaitable[object], what: str) -> None:
-    try:
-        await awaitable
-    except Exception:
-        log.exception("%s raised; ignored", what)
+async def _awaited(awaitable: Awaitable[object]) -> object:
+    return await awaitable
+
+
+def _log_failure(what: str, task: asyncio.Task[object]) -> None:
+    if not task.cancelled() and isinstance(task.exception(), Exception):
+        log.error("%s raised; ignored", what, exc_info=task.exception())

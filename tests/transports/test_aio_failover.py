@@ -216,6 +216,54 @@ def test_a_silent_broker_is_detected_by_heart_beats_and_the_transport_fails_over
     asyncio.run(main())
 
 
+def test_an_error_that_comes_with_connected_ends_the_link_at_once() -> None:
+    """A broker that writes CONNECTED and an ERROR in one packet, then keeps the socket
+    open and says nothing more: the ERROR is read with CONNECTED and handled as soon as
+    the link is installed (it used to wait in the parser for bytes that never came, and
+    a send waited for its receipt until its timeout)."""
+
+    async def main() -> None:
+        async def refusing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\0")
+            writer.write(b"CONNECTED\nversion:1.2\nheart-beat:0,0\n\n\0ERROR\nmessage:go away\n\n\0")
+            await asyncio.sleep(30)  # then silence, the socket open
+
+        server = await asyncio.start_server(refusing, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        t = AsyncFailoverTransport.from_uri(f"failover:(tcp://127.0.0.1:{port})?maxReconnectAttempts=0")
+        await t.start()
+        with pytest.raises(ReconnectExhausted) as info:
+            rec = await t.request(send_frame("/queue/q", "k-1"))
+            assert rec is not None
+            await t.wait(rec, timeout=20)
+        assert "go away" in str(info.value)
+        await t.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_an_async_listener_cancelled_by_close_before_it_ran_is_never_left_unawaited() -> None:
+    """close() cancels the listener tasks still pending; a listener coroutine whose task
+    never got to run is closed, not garbage collected un-awaited (a RuntimeWarning)."""
+    import gc
+    import warnings
+
+    async def main() -> None:
+        t = AsyncFailoverTransport.from_uri("failover:(tcp://127.0.0.1:1)?maxReconnectAttempts=0")
+        events = Events()
+        t.add_listener(events)
+        t._notify("on_interrupted", RuntimeError("lost"))  # spawns the listener's task ...
+        await t.close()  # ... which close() cancels before its first step
+        assert events.seen == []
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(main())
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+
+
 def test_priority_backup_switches_back_once_the_first_broker_is_up() -> None:
     from amqtransport.testing.ports import free_port
 
