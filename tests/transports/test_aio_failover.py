@@ -4,6 +4,7 @@ against the embedded broker, then a real broker pair whose master is SIGKILLed."
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -214,6 +215,56 @@ def test_a_silent_broker_is_detected_by_heart_beats_and_the_transport_fails_over
         server.close()
 
     asyncio.run(main())
+
+
+def test_heart_beats_keep_the_link_up_and_their_end_is_noticed() -> None:
+    """The read deadline (one timer, re-armed from the last byte) never fires while the
+    broker beats every 50 ms (deadline 500 ms: 2 x 250) for 1.5 s; once the beats stop
+    the link is declared half-open. The broker is a thread of its own, so a stalled
+    event loop finds the beats waiting (read before the timer runs)."""
+    import socket
+    import threading
+
+    from amqtransport.errors import HeartbeatTimeout
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    beating, done = threading.Event(), threading.Event()
+    beating.set()
+
+    def beats() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            while b"\0" not in conn.recv(65536):
+                pass
+            conn.sendall(b"CONNECTED\nversion:1.2\nheart-beat:250,250\n\n\0")
+            while beating.is_set():
+                time.sleep(0.05)
+                conn.sendall(b"\n")
+            done.wait(60)  # then silence, the socket open
+
+    async def main() -> None:
+        t = AsyncFailoverTransport.from_uri(f"failover:(tcp://127.0.0.1:{srv.getsockname()[1]})?maxReconnectAttempts=0",
+                                            ConnectParams(heartbeat=(250, 250)))
+        await t.start()
+        await asyncio.sleep(1.5)
+        assert t.is_connected and t.state != "failed"
+        beating.clear()
+        rec = await t.request(send_frame("/queue/q", "k-1"))
+        assert rec is not None
+        with pytest.raises(ReconnectExhausted) as info:
+            await t.wait(rec, timeout=20)
+        assert isinstance(info.value.last_error, HeartbeatTimeout)
+        await t.close()
+
+    server = threading.Thread(target=beats, daemon=True)
+    server.start()
+    try:
+        asyncio.run(main())
+    finally:
+        done.set()
+        srv.close()
 
 
 def test_an_error_that_comes_with_connected_ends_the_link_at_once() -> None:
