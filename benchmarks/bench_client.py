@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import compare, machine, print_table, quick, scale, write_result  # noqa: E402
+from bench_client_latency import stomppy_client  # noqa: E402
 
 import amqtransport  # noqa: E402
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
@@ -67,28 +68,10 @@ def send_loop_rate(uri: str, n: int) -> float:
 
 def stomppy_receipt_loop_rate(port: int, n: int, *, vhost: str | None = None, login: str | None = None,
                               passcode: str | None = None) -> float:
-    import stomp
-
-    got = threading.Event()
-
-    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
-        def on_receipt(self, frame: Any) -> None:
-            got.set()
-
-    dest = f"/queue/bench.{uuid.uuid4().hex[:8]}"
-    conn = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0), vhost=vhost)
-    conn.set_listener("r", Listener())
-    conn.connect(login, passcode, wait=True)
-    try:
-        t0 = time.perf_counter()
-        for i in range(n):
-            got.clear()
-            conn.send(dest, BODY, headers={"persistent": "true", "receipt": f"r{i}"})
-            if not got.wait(30):
-                raise RuntimeError("stomp.py: no receipt")
-        return n / (time.perf_counter() - t0)
-    finally:
-        conn.disconnect()
+    """Messages per second of stomp.py's receipt-per-send loop (``bench_client_latency``'s)."""
+    seconds = stomppy_client(port, f"/queue/bench.{uuid.uuid4().hex[:8]}", n, vhost=vhost, login=login,
+                             passcode=passcode)
+    return n / sum(seconds)
 
 
 def first_receipted_send_after(kill: Any, uri: str, **connect_kwargs: Any) -> float:

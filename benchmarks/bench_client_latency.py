@@ -33,8 +33,9 @@ Servers (the rounds alternate between the contenders, in a rotated order each ro
 
 The overhead of a client is its p50 minus the raw socket's p50 against the same server,
 over all rounds; beside it the median (and range) of the per-round differences, which
-load drift between rounds cannot bias. ``bench_latency.py`` uses these loops and the echo
-server for its own client rows.
+load drift between rounds cannot bias. The loops and the echo server here are the only
+ones: ``bench_latency.py`` (its window-1 rows and client rows) and ``bench_client.py`` (its
+stomp.py loop) use them.
 """
 
 from __future__ import annotations
@@ -86,11 +87,14 @@ class _Clocks:
             self._cpu.append((time.process_time() - self._p0, time.thread_time() - self._t0))
 
 
-def window_one(port: int, dest: str, n: int, *, persistent: bool = True, cpu: Cpu | None = None) -> list[float]:
-    """Raw socket: seconds from each SEND written to its RECEIPT read, one at a time."""
+def window_one(port: int, dest: str, n: int, *, persistent: bool = True, keyed: bool = False,
+               cpu: Cpu | None = None) -> list[float]:
+    """Raw socket: seconds from each SEND written to its RECEIPT read, one at a time
+    (``keyed``: each SEND carries an idempotency key, as our client's do)."""
     flag = "true" if persistent else "false"
     frames = [serialize(Frame.make("SEND", {"destination": dest, "persistent": flag,
-                                            IDEMPOTENCY_HEADER: uuid.uuid4().hex, "receipt": str(i)}, BODY))
+                                            **({IDEMPOTENCY_HEADER: uuid.uuid4().hex} if keyed else {}),
+                                            "receipt": str(i)}, BODY))
               for i in range(n)]
     c = RawClient(port)
     try:
@@ -237,8 +241,14 @@ def start_echo() -> tuple[int, Callable[[], None]]:
     return port, stop
 
 
+def keyed_window_one(port: int, dest: str, n: int, *, persistent: bool = True,
+                     cpu: Cpu | None = None) -> list[float]:
+    """:func:`window_one` with the headers our client sends (an idempotency key)."""
+    return window_one(port, dest, n, persistent=persistent, keyed=True, cpu=cpu)
+
+
 def contenders() -> dict[str, SendLoop]:
-    out: dict[str, SendLoop] = {"raw socket": window_one, "sync tcp": sync_client,
+    out: dict[str, SendLoop] = {"raw socket": keyed_window_one, "sync tcp": sync_client,
                                 "sync failover": sync_failover_client, "aio": aio_client}
     if stomppy_available():
         out["stomp.py"] = stomppy_client

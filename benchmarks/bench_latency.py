@@ -37,11 +37,9 @@ Rounds alternate between the targets. Then:
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,20 +50,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import print_table, quick, scale, write_result  # noqa: E402
-from bench_broker import BODY, RawClient, start_activemq  # noqa: E402
+from bench_broker import BODY, start_activemq  # noqa: E402
+from bench_client_latency import aio_client, percentile, start_echo, sync_client, window_one  # noqa: E402
 
-import amqtransport  # noqa: E402
-import amqtransport.aio as aio  # noqa: E402
 from amqtransport.broker.ops.stats import RECEIPT_STAGES  # noqa: E402
 from amqtransport.processes.ports import free_port  # noqa: E402
-from amqtransport.stomp import Frame, serialize  # noqa: E402
 from amqtransport.testing.broker_pair import BrokerPair  # noqa: E402
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def disk_fdatasync(directory: Path, n: int) -> list[float]:
@@ -83,91 +74,6 @@ def disk_fdatasync(directory: Path, n: int) -> list[float]:
     finally:
         os.close(fd)
         path.unlink()
-
-
-def window_one(port: int, dest: str, n: int) -> list[float]:
-    """Seconds from each SEND written to its RECEIPT read, one at a time."""
-    frames = [serialize(Frame.make("SEND", {"destination": dest, "persistent": "true", "receipt": str(i)}, BODY))
-              for i in range(n)]
-    c = RawClient(port)
-    try:
-        out = []
-        for data in frames:
-            t0 = time.perf_counter()
-            c.sock.sendall(data)
-            f = c.next_frame()
-            out.append(time.perf_counter() - t0)
-            if f.command != "RECEIPT":
-                raise RuntimeError(f"unexpected {f.command}: {f.get('message')}")
-        return out
-    finally:
-        c.close()
-
-
-def sync_client(port: int, dest: str, n: int) -> list[float]:
-    """Seconds of each ``conn.send(dest, BODY)`` (receipted) through the sync client."""
-    with amqtransport.connect(f"tcp://127.0.0.1:{port}") as conn:
-        out = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            conn.send(dest, BODY)
-            out.append(time.perf_counter() - t0)
-        return out
-
-
-def aio_client(port: int, dest: str, n: int) -> list[float]:
-    """Seconds of each ``await conn.send(dest, BODY)`` (receipted) through the asyncio client."""
-
-    async def run() -> list[float]:
-        async with aio.connect(f"tcp://127.0.0.1:{port}") as conn:
-            out = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                await conn.send(dest, BODY)
-                out.append(time.perf_counter() - t0)
-            return out
-
-    return asyncio.run(run())
-
-
-#: a STOMP "broker" that answers at once: CONNECTED to a CONNECT, a RECEIPT to every frame that
-#: asks for one (a child process, so the client measured has its CPU and GIL to itself)
-_ECHO = r"""
-import re, socket, sys
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", 0)); srv.listen(8); print(srv.getsockname()[1], flush=True)
-while True:
-    conn, _ = srv.accept(); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1); buf = b""
-    while True:
-        data = conn.recv(1 << 16)
-        if not data:
-            break
-        buf += data
-        out = []
-        while b"\0" in buf:
-            frame, buf = buf.split(b"\0", 1)
-            frame = frame.lstrip(b"\r\n")
-            if frame.startswith((b"CONNECT", b"STOMP")):
-                out.append(b"CONNECTED\nversion:1.2\nheart-beat:0,0\n\n\0")
-            m = re.search(rb"\nreceipt:([^\r\n]*)", frame)
-            if m:
-                out.append(b"RECEIPT\nreceipt-id:" + m.group(1) + b"\n\n\0")
-        if out:
-            conn.sendall(b"".join(out))
-    conn.close()
-"""
-
-
-def start_echo() -> tuple[int, Callable[[], None]]:
-    proc = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    port = int(proc.stdout.readline())
-
-    def stop() -> None:
-        proc.kill()
-        proc.wait(10)
-
-    return port, stop
 
 
 _SERIES = re.compile(r'^amq_receipt_(\w+)_seconds_(bucket\{le="([^"]+)"\}|sum|count) (\S+)$', re.M)
