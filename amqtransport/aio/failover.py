@@ -530,7 +530,7 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         rid = self.next_id("r")
         rec = Receipt(rid, with_receipt(frame, rid), tx=frame.get("transaction"))
         write = self._core.request(rec)
-        if write is not None and self._write(write):
+        if write is not None and self._write(write) and write.link.paused:
             await write.link.drain()
         return rec
 
@@ -558,6 +558,8 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
 
     async def wait(self, receipt: Receipt, timeout: float | None = None) -> Frame:
         """The broker's RECEIPT for ``receipt``; raises its error, or ``SendTimeout``."""
+        if timeout is None and self.options.timeout < 0 and not receipt.done:
+            await self._until_settled(receipt, None)  # no deadline of any kind: until settled
         loop = asyncio.get_running_loop()
         rule = ReceiptWait(self.options.timeout, timeout, loop.time())
         while not receipt.done:
