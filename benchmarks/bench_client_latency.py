@@ -21,6 +21,10 @@ reader thread counts) and the sending thread's own (``time.thread_time``). Conte
 * ``stomp.py``: stomp.py's ``Connection12.send(..., receipt)``, waiting for its
   listener's ``on_receipt`` (when stomp.py is installed).
 
+Beside them, the floor of the sync client's shape (a reader thread completes the
+receipt the sender waits for): a socketpair round trip read on the sending thread
+against one read by a second thread that releases a lock (:func:`thread_handoff`).
+
 Servers (the rounds alternate between the contenders, in a rotated order each round):
 
 * ``echo``: a child process that answers a CONNECT and every ``receipt`` header at once
@@ -40,8 +44,10 @@ stomp.py loop) use them.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -247,6 +253,44 @@ def keyed_window_one(port: int, dest: str, n: int, *, persistent: bool = True,
     return window_one(port, dest, n, persistent=persistent, keyed=True, cpu=cpu)
 
 
+def thread_handoff(n: int) -> tuple[float, float]:
+    """The floor of a reader-thread client (the sync client's shape): p50 seconds of a
+    one-byte round trip over a socketpair read on the same thread, and read by a second
+    thread that wakes the first through a lock (what a RECEIPT's arrival costs besides
+    the client's own work)."""
+    a, b = socket.socketpair()
+    try:
+        same = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            a.send(b"x")
+            b.recv(16)
+            same.append(time.perf_counter() - t0)
+        gates: list[Any] = []
+
+        def reader() -> None:
+            while b.recv(16) == b"x":
+                gates.pop().release()
+
+        thread = threading.Thread(target=reader, daemon=True)
+        thread.start()
+        cross = []
+        for _ in range(n):
+            gate = _thread.allocate_lock()
+            gate.acquire()
+            gates.append(gate)
+            t0 = time.perf_counter()
+            a.send(b"x")
+            gate.acquire()
+            cross.append(time.perf_counter() - t0)
+        a.send(b"q")
+        thread.join(10)
+        return statistics.median(same), statistics.median(cross)
+    finally:
+        a.close()
+        b.close()
+
+
 def contenders() -> dict[str, SendLoop]:
     out: dict[str, SendLoop] = {"raw socket": keyed_window_one, "sync tcp": sync_client,
                                 "sync failover": sync_failover_client, "aio": aio_client}
@@ -317,6 +361,9 @@ def main() -> None:
                          "CPU us/send": proc_us, "thread CPU us/send": thread_us})
     print_table(rows, title=f"window-1 receipted 256-byte sends, {n} x {rounds} rounds per client and server "
                             f"(load {load:.1f})")
+    same, cross = thread_handoff(n)
+    print(f"\nthread hand-off floor (socketpair round trip, p50): read on the sending thread {same * 1e6:.1f} us, "
+          f"read by a second thread that releases a lock {cross * 1e6:.1f} us (+{(cross - same) * 1e6:.1f} us)")
     goals = []
     if "echo" in servers:
         for name in ("sync tcp", "sync failover", "aio"):
