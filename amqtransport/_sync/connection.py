@@ -28,8 +28,8 @@ replay it after a reconnect and a broker that honours the key drops the copy. ``
 returns once the receipt is in; a producer keeps up to ``window`` receipts
 outstanding, and raises a refused send's error once.
 
-Messages arrive on the transport's reader (a task in asyncio, a thread in the sync
-client), pass the duplicate filter and the ack rules of
+Messages arrive on the transport's reader (the link's protocol callbacks in asyncio, a
+thread in the sync client), pass the duplicate filter and the ack rules of
 :class:`~amqtransport.received.Inbound` (a redelivered copy of a message the
 application already has is dropped; an ACK goes only on the link its message came on)
 and are queued on their subscription's inbox; iterating a subscription ends when it or

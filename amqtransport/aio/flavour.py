@@ -8,7 +8,7 @@ What cannot be written once lives here and in :mod:`amqtransport._sync.flavour`,
 the same names:
 
 - :class:`Inbox`: a subscription's queue of received messages, filled by the transport
-  (the reader task here, reader threads there) and read by ``receive(timeout)``;
+  (the link's protocol callbacks here, reader threads there) and read by ``receive(timeout)``;
 - :data:`Interrupted`: the exception of a wait that was abandoned, not answered
   (a cancelled task here); it leaves a producer's receipt outstanding;
 - :data:`Driver`: the transport type the connection drives;
