@@ -13,7 +13,7 @@ hands each frame to ``on_frame(link, frame)`` at once, in the same loop turn (no
 reader task: a task woken by a stream reader would cost one more loop turn per
 RECEIPT, which a window-1 ``send`` waits for). Bytes that come after CONNECTED but
 before ``open()`` returned are kept and handed on in the next loop turn, after the
-driver installed the link. The end of the stream, a lost connection, a protocol error
+driver installed the link, and so is an end of the connection seen then (after them). The end of the stream, a lost connection, a protocol error
 or two silent heart-beat intervals report ``on_lost(link, error)`` once: the read
 deadline is one timer, re-armed only when it fires (each chunk just notes the time).
 
@@ -122,6 +122,7 @@ class AsyncLink:
         self._session: ClientSession | None = None
         self._handshake: asyncio.Future[Negotiated] | None = None
         self._early: list[bytes] | None = None  # bytes after CONNECTED, before open() returned
+        self._early_end: tuple[BaseException | None] | None = None  # the connection ended then (its error)
         self._reading = False
         self._tasks: list[asyncio.Task[None]] = []
         self._deadline_timer: asyncio.TimerHandle | None = None
@@ -197,6 +198,8 @@ class AsyncLink:
             raise ConnectError(f"{self.address}: protocol error from the broker: {exc}") from exc
         # frames that came with CONNECTED or right after: handed on once the driver has the link
         loop.call_soon(self._received, b"")
+        if self._early_end is not None:  # and then the end of the connection, reported after them
+            loop.call_soon(self._ended, *self._early_end)
         if self._expect_every > 0:
             # wireFormat.maxInactivityDurationInitalDelay: the first deadline comes no sooner than this
             grace = first_deadline_grace_ms(leaf.amq) / 1000.0
@@ -291,11 +294,13 @@ class AsyncLink:
         if self._closing:
             return
         handshake = self._handshake
-        if handshake is not None:  # open() raises it
-            if not handshake.done():
+        if handshake is not None:
+            if not handshake.done():  # open() raises it
                 handshake.set_exception(
                     ConnectionClosed(f"{self.address}: connection closed during the STOMP handshake") if exc is None
                     else ConnectionError(str(exc) or type(exc).__name__))
+            elif self._early_end is None:  # CONNECTED is in: reported once open() returned
+                self._early_end = (exc,)
             return
         if exc is None:
             self.kill(ConnectionClosed(f"{self.address}: connection closed by the broker"))

@@ -294,6 +294,31 @@ def test_an_error_that_comes_with_connected_ends_the_link_at_once() -> None:
     asyncio.run(main())
 
 
+def test_a_broker_that_closes_right_after_connected_is_reported_lost() -> None:
+    """CONNECTED, then the end of the stream: whether the end is read with CONNECTED or
+    after the link was installed, the link is reported lost (never left a zombie)."""
+
+    async def main() -> None:
+        async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\0")
+            writer.write(b"CONNECTED\nversion:1.2\nheart-beat:0,0\n\n\0")
+            writer.close()
+
+        server = await asyncio.start_server(closing, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        t = AsyncFailoverTransport.from_uri(f"failover:(tcp://127.0.0.1:{port})?maxReconnectAttempts=0")
+        await t.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while t.state != "failed" and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert t.state == "failed"
+        await t.close()
+        server.close()
+
+    asyncio.run(main())
+
+
 def test_an_async_listener_cancelled_by_close_before_it_ran_is_never_left_unawaited() -> None:
     """close() cancels the listener tasks still pending; a listener coroutine whose task
     never got to run is closed, not garbage collected un-awaited (a RuntimeWarning)."""
