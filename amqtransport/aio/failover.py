@@ -11,7 +11,8 @@ event is one synchronous call, and its actions are carried out before the next a
 *Links.* :class:`~amqtransport.transports.aio_link.AsyncLink` is one STOMP link on an
 asyncio transport (its protocol reports each frame, in the loop turn that read it, and
 the loss to the driver; its ``write`` puts whole frames in the buffer, so a cancelled
-caller never leaves half a frame on the stream). The driver takes a link opener (``open_link``) as its seam.
+caller never leaves half a frame on the stream). The driver takes a link opener
+(``open_link``) as its seam.
 
 *Reconnecting.* A loss the core answers with ``Reconnect`` starts one supervisor task:
 it tells the listeners ``on_interrupted``, walks the core's connect steps, waits each
