@@ -24,6 +24,7 @@ from amqtransport.broker.ha.lease import (
     pair_id,
     pair_key,
     parse_request,
+    release,
     renew,
     restored,
     takeover,
@@ -115,6 +116,27 @@ def test_the_witness_epoch_does_not_override_a_holder_that_receipted_alone() -> 
     for now in (2 * LEASE, 100.0):
         assert not takeover(alone, "a", takeover_epoch(7, alone.epoch), LEASE, now).granted
     assert "lack receipted messages" in takeover(alone, "a", takeover_epoch(7, alone.epoch), LEASE, 100.0).reason
+
+
+def test_a_master_handing_over_releases_its_lease_and_its_slave_is_granted_at_once() -> None:
+    """Issue 24: a master that hands over to its in-sync slave (it stops, or its disk is
+    full) gives its lease back; before, the slave waited out a lease nobody used (about
+    2 x --link-timeout with nothing served)."""
+    alone = renew(fresh(), "a", 7, True, LEASE, now=0.0).lease  # even after a renewal that said alone
+    out = release(alone, "a", 7, now=0.5)
+    assert out.granted and out.changed and not out.lease.alone and out.lease.remaining(0.5) == 0
+    granted = takeover(out.lease, "b", 8, LEASE, now=0.5)
+    assert granted.granted and granted.lease.holder == "b"
+    # the old holder renews nothing after it: its renewal at the old epoch is fenced
+    assert renew(granted.lease, "a", 7, False, LEASE, now=0.6).fence
+    # a release from anyone else, or at an older epoch, changes nothing
+    held = renew(fresh(), "a", 7, False, LEASE, now=0.0).lease
+    for node, epoch in (("b", 7), ("b", 9), ("a", 6)):
+        v = release(held, node, epoch, now=0.5)
+        assert not v.granted and v.lease == held and "nothing to release" in v.reason
+        assert not takeover(v.lease, "b", 8, LEASE, now=0.5).granted
+    # a released lease is not extended: a takeover after it is granted whatever the time
+    assert release(held, "a", 7, now=5.0).lease.expires == LEASE
 
 
 @given(st.integers(0, 10**6), st.integers(0, 10**6))

@@ -29,6 +29,12 @@ in-sync slave: the slave's copy then lacks receipted messages), the lease's leng
     Safe: a node that used a grant at epoch ``E`` receipted nothing the asker lacks
     unless it receipted alone (then its last renewal said so, and it is refused) or with
     an in-sync slave -- the asker, whose store then adopted ``E`` already.
+``release`` (a master handing over to its in-sync slave: it stops, or its journal failed)
+    the holder gives its lease back: the record says "not alone" and the lease has run
+    out, so the slave it hands over to is granted mastership at once instead of waiting
+    out a lease nobody uses (issue 24). The master sends it after its last receipt alone
+    (it stops counting on its lease first) and before the handover frame; it renews
+    nothing after it. From anyone else, or at an older epoch, it changes nothing.
 
 A node counts its lease from the moment it *sent* the renewal, the witness from the
 moment it got it, so the node's lease always runs out first (a margin covers clock
@@ -67,6 +73,7 @@ __all__ = [
     "pair_id",
     "pair_key",
     "parse_request",
+    "release",
     "renew",
     "restored",
     "takeover",
@@ -155,6 +162,16 @@ def takeover(p: PairLease, node: str, epoch: int, lease: float, now: float) -> V
         return Verdict(False, f"node {p.holder} was granted epoch {p.epoch}, not older than {epoch}", p)
     return _grant(p, node, epoch, False, lease, now,
                   f"the lease of master {p.holder} ran out: mastership granted at epoch {epoch}")
+
+
+def release(p: PairLease, node: str, epoch: int, now: float) -> Verdict:
+    """The holder hands over and gives its lease back (see the module docstring)."""
+    if p.holder != node or epoch < p.epoch:
+        return Verdict(False, f"node {node} at epoch {epoch} does not hold the lease (holder {p.holder or 'none'} "
+                              f"at epoch {p.epoch}): nothing to release", p)
+    new = replace(p, alone=False, expires=min(p.expires, now))
+    return Verdict(True, f"lease of node {node} released (it hands over to its in-sync slave)", new,
+                   changed=_durable(new) != _durable(p))
 
 
 def takeover_epoch(own: int, recorded: int) -> int:

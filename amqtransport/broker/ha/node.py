@@ -101,6 +101,7 @@ from .wire import (
 )
 from .witness import (
     LEASE_MARGIN,
+    RELEASE_HEADER,
     RENEW_HEADER,
     TAKEOVER_HEADER,
     WitnessAnswer,
@@ -173,6 +174,9 @@ class HaNode:
         #: the pair's witness (--witness), and until when (loop time) it renewed our lease as master
         self.witness: WitnessClient | None = None
         self.lease_until = 0.0
+        #: this term released its lease (handing over): it renews nothing more
+        self.lease_released = False
+        self._lease_requests: set[asyncio.Future[WitnessAnswer]] = set()
         #: the epoch the witness granted mastership at (0: none): the next term raises to it
         self.granted_epoch = 0
         if options.mode == "replicated":
@@ -447,13 +451,32 @@ class HaNode:
 
     async def renew_lease(self, *, alone: bool) -> WitnessAnswer:
         """A master renews its witness lease; once granted, :attr:`lease_until` is the loop
-        time it runs out by our count (from the moment we asked, minus a margin)."""
+        time it runs out by our count (from the moment we asked, minus a margin). A
+        renewal is never cut off half-way (a caller cancelled meanwhile leaves it running):
+        :meth:`release_lease` waits for it, so the release is the witness's last word."""
         assert self.loop is not None and self.witness is not None
+        if self.lease_released:
+            return WitnessAnswer(False, "this term released its lease (it hands over)")
         asked = self.loop.time()
-        answer = await self.ask_witness(RENEW_HEADER, self.state.epoch, alone=alone)
-        if answer.granted:
+        request = asyncio.ensure_future(self.ask_witness(RENEW_HEADER, self.state.epoch, alone=alone))
+        self._lease_requests.add(request)
+        request.add_done_callback(self._lease_requests.discard)
+        answer = await asyncio.shield(request)
+        if answer.granted and not self.lease_released:
             self.lease_until = max(self.lease_until, asked + self.witness.lease * (1 - LEASE_MARGIN))
         return answer
+
+    async def release_lease(self) -> WitnessAnswer:
+        """A master handing over to its in-sync slave gives its lease back (:func:`.lease.release`):
+        it counts on the lease no more, lets a renewal under way reach the witness first,
+        then releases, so the slave is granted mastership at once."""
+        assert self.witness is not None
+        self.lease_released = True
+        self.lease_until = 0.0
+        pending = [r for r in self._lease_requests if not r.done()]
+        if pending:
+            await asyncio.wait(pending)
+        return await self.ask_witness(RELEASE_HEADER, self.state.epoch)
 
     def request_headers(self, request_header: str) -> HaRequest:
         """A request to another node (``request_header``: replica, demote or stand-by):

@@ -16,7 +16,7 @@ and gets one answer, ``CONNECTED`` or ``ERROR``:
 ``amq-witness-status: <pair id>``
     no secret: whether the witness knows the pair, its holder, epoch and lease left, and
     a fresh challenge (``amq-ha-challenge``) for the pair's next signed request;
-``amq-witness-renew: <node>`` / ``amq-witness-takeover: <node>``
+``amq-witness-renew: <node>`` / ``amq-witness-takeover: <node>`` / ``amq-witness-release: <node>``
     with ``amq-witness-pair``, ``amq-ha-epoch``, ``amq-witness-lease`` (seconds) and
     ``amq-witness-alone`` (renew), signed with the pair's key (:mod:`.auth`: HMAC over
     these headers against the challenge, spent once) -- or, for a pair the witness does
@@ -31,7 +31,8 @@ answered with an ERROR and changes nothing. At start every lease counts as renew
 (:func:`.lease.restored`), so a restarted witness never grants twice.
 
 The node's side (:class:`WitnessClient`): a master renews every ``link_timeout / 3``
-(:class:`.master.MasterRole`), saying whether it receipts alone; a slave asks for
+(:class:`.master.MasterRole`), saying whether it receipts alone, and releases its lease
+when it hands over to its in-sync slave (:func:`.lease.release`); a slave asks for
 mastership when its master is lost (:mod:`.decide`, phase ``link-lost``). A lease lasts
 :func:`lease_seconds` (twice ``link_timeout``); the node counts it from the moment it
 sent the renewal, minus a margin (:data:`LEASE_MARGIN`), so its own view always runs out
@@ -65,6 +66,7 @@ from .lease import (
     pair_id,
     pair_key,
     parse_request,
+    release,
     renew,
     takeover,
     takeover_epoch,
@@ -74,7 +76,7 @@ from .wire import ReplicaRefused, ReplicationError, ha_request
 
 __all__ = [
     "ALONE_HEADER", "FENCE_HEADER", "GRANTED_HEADER", "KEY_HEADER", "LEASE_HEADER", "PAIR_HEADER",
-    "REASON_HEADER", "RENEW_HEADER", "STATE_FILE", "TAKEOVER_HEADER", "WITNESS_SIGNED", "WITNESS_STATUS",
+    "REASON_HEADER", "RELEASE_HEADER", "RENEW_HEADER", "STATE_FILE", "TAKEOVER_HEADER", "WITNESS_SIGNED", "WITNESS_STATUS",
     "Witness", "WitnessAnswer", "WitnessClient", "lease_seconds", "run_witness",
 ]
 
@@ -83,6 +85,7 @@ log = logging.getLogger(__name__)
 WITNESS_STATUS = "amq-witness-status"
 RENEW_HEADER = "amq-witness-renew"
 TAKEOVER_HEADER = "amq-witness-takeover"
+RELEASE_HEADER = "amq-witness-release"
 PAIR_HEADER = "amq-witness-pair"
 KEY_HEADER = "amq-witness-key"
 LEASE_HEADER = "amq-witness-lease"
@@ -160,11 +163,11 @@ class Witness:
         if status is not None:
             self._answer(transport, self._status(status, now))
             return
-        request = RENEW_HEADER if frame.get(RENEW_HEADER) is not None else TAKEOVER_HEADER
+        request = next((h for h in (RENEW_HEADER, RELEASE_HEADER) if frame.get(h) is not None), TAKEOVER_HEADER)
         node = frame.get(request)
         if node is None:
             answer_error(transport, "this is a witness port (amq broker witness): it answers amq-witness-status, "
-                                    "amq-witness-renew and amq-witness-takeover requests only")
+                                    "amq-witness-renew, amq-witness-takeover and amq-witness-release requests only")
             return
         try:
             headers = self._answer_request(request, node, frame, now)
@@ -211,6 +214,8 @@ class Witness:
         epoch, lease, alone = parse_request({h: v for h, v in frame.headers})
         if request == RENEW_HEADER:
             verdict = renew(current, node, epoch, alone, lease, now)
+        elif request == RELEASE_HEADER:
+            verdict = release(current, node, epoch, now)
         else:
             verdict = takeover(current, node, epoch, lease, now)
         if verdict.changed or known is None:
@@ -222,7 +227,7 @@ class Witness:
         self.pairs[pid] = verdict.lease
         if verdict.granted:
             self.granted += 1
-            if request == TAKEOVER_HEADER or verdict.changed:
+            if request != RENEW_HEADER or verdict.changed:
                 log.info("witness: pair %s: %s %s: %s", pid[:8], request.rpartition("-")[2], node, verdict.reason)
         else:
             self.denied += 1
@@ -330,7 +335,7 @@ class WitnessClient:
         return self.last.reason if self.last is not None else ""
 
     async def ask(self, request: str, epoch: int, *, alone: bool = False, timeout: float = 1.0) -> WitnessAnswer:
-        """One renewal (:data:`RENEW_HEADER`) or takeover request; a takeover asks for
+        """One renewal (:data:`RENEW_HEADER`), release or takeover request; a takeover asks for
         ``epoch`` or, when the witness granted a newer one already, for that + 1
         (:func:`.lease.takeover_epoch`; :attr:`WitnessAnswer.epoch` says which)."""
         self.requests += 1
