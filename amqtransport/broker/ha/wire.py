@@ -379,30 +379,51 @@ async def ask_peer(
     """Ask each address in turn until an answer satisfies ``until`` (default: the first
     that answers): a request built by ``headers()`` (freshly signed each time, e.g. a
     stand-by request), or a plain status probe when ``headers`` is None. An ERROR
-    answer to a request is followed by a status probe (is it a master?)."""
+    answer to a request is followed by a status probe (is it a master?).
+
+    Status probes change nothing, so they go to every address at once: a silent peer (a
+    frozen node's kernel accepts, nothing answers) costs one timeout, not one per
+    address (a slave whose master froze probed two addresses for 2 s before it asked the
+    witness, issue 24). The answers come back in the addresses' order, cut after the
+    first that satisfies ``until``, as in turn; that one ends the wait for the rest."""
+    if headers is None:
+        return await _probe_all(addresses, timeout, until)
     out: list[PeerAnswer] = []
     for addr in addresses:
-        if headers is None:
+        try:
+            frame, _r, writer = await ha_request(*addr, headers(), timeout=timeout)
+        except ConnectionRefusedError:
+            out.append(PeerAnswer(addr, refused=True))
+            continue
+        except ReplicaRefused as exc:
             info = await probe(*addr, timeout=timeout)
-            out.append(PeerAnswer(addr, info=info, error="" if info is not None else "no answer"))
+            out.append(PeerAnswer(addr, info=info, error=f"refused: {exc}"))
+        except (OSError, TimeoutError, ReplicationError) as exc:
+            out.append(PeerAnswer(addr, error=str(exc) or type(exc).__name__))
+            continue
         else:
-            try:
-                frame, _r, writer = await ha_request(*addr, headers(), timeout=timeout)
-            except ConnectionRefusedError:
-                out.append(PeerAnswer(addr, refused=True))
-                continue
-            except ReplicaRefused as exc:
-                info = await probe(*addr, timeout=timeout)
-                out.append(PeerAnswer(addr, info=info, error=f"refused: {exc}"))
-            except (OSError, TimeoutError, ReplicationError) as exc:
-                out.append(PeerAnswer(addr, error=str(exc) or type(exc).__name__))
-                continue
-            else:
-                writer.close()
-                out.append(PeerAnswer(addr, info={k: v for k, v in frame.headers}, standby=frame.get(STANDBY_ANSWER),
-                                      standby_reason=frame.get(STANDBY_REASON) or ""))
+            writer.close()
+            out.append(PeerAnswer(addr, info={k: v for k, v in frame.headers}, standby=frame.get(STANDBY_ANSWER),
+                                  standby_reason=frame.get(STANDBY_REASON) or ""))
         if until(out[-1]):
             break
+    return out
+
+
+async def _probe_all(addresses: Sequence[tuple[str, int]], timeout: float,
+                     until: Callable[[PeerAnswer], bool]) -> list[PeerAnswer]:
+    """:func:`ask_peer`'s status probes, all at once (its docstring)."""
+    tasks = [asyncio.ensure_future(probe(*addr, timeout=timeout)) for addr in addresses]
+    out: list[PeerAnswer] = []
+    try:
+        for addr, task in zip(addresses, tasks, strict=True):
+            info = await task
+            out.append(PeerAnswer(addr, info=info, error="" if info is not None else "no answer"))
+            if until(out[-1]):
+                break
+    finally:
+        for task in tasks:
+            task.cancel()
     return out
 
 
