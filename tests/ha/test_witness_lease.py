@@ -30,7 +30,8 @@ from amqtransport.broker.ha.lease import (
     takeover,
     takeover_epoch,
 )
-from amqtransport.broker.ha.witness import _seconds
+from amqtransport.broker.ha.slave import link_lost_probe_timeout
+from amqtransport.broker.ha.witness import _seconds, lease_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = pair_key(b"the-cluster-secret-of-a-pair")
@@ -137,6 +138,18 @@ def test_a_master_handing_over_releases_its_lease_and_its_slave_is_granted_at_on
         assert not takeover(v.lease, "b", 8, LEASE, now=0.5).granted
     # a released lease is not extended: a takeover after it is granted whatever the time
     assert release(held, "a", 7, now=5.0).lease.expires == LEASE
+
+
+@given(st.floats(0.05, 400.0))  # a lease is at most 600 s (MAX_LEASE)
+def test_a_slave_notices_and_probes_a_silent_master_within_its_lease(link_timeout: float) -> None:
+    """Issue 24: the slave of a frozen or cut-off master notices after the link timeout,
+    probes the master's addresses, then asks the witness, which grants once the lease ran
+    out. Were the probe to end after the lease, it alone would keep the pair without a
+    master (before: a 1 s probe after 1 s of silence against a 2 s lease -- and the lease
+    itself was what a killed master's slave waited for)."""
+    lease = lease_seconds(link_timeout)
+    assert link_timeout + link_lost_probe_timeout(link_timeout, witness=True) <= lease + 1e-9
+    assert lease > link_timeout, "a master frozen shorter than the link timeout is not seen as stalled: its lease guards"
 
 
 @given(st.integers(0, 10**6), st.integers(0, 10**6))

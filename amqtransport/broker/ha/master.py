@@ -213,7 +213,7 @@ class MasterRole:
     async def _release_lease(self) -> None:
         """Before the handover frame: give the witness lease back (:func:`.lease.release`),
         so the slave is granted mastership at once rather than after the lease we no
-        longer use ran out (about 2 x ``--link-timeout``). Receipts alone stop first; with
+        longer use ran out (about 1.5 x ``--link-timeout``). Receipts alone stop first; with
         the slave in sync every receipt waits for its ack anyway."""
         node = self.node
         if node.repl is not None and node.repl.lease_until is not None:

@@ -104,7 +104,8 @@ from .wire import (
     unpack_seq,
 )
 
-__all__ = ["SlaveHost", "SlaveLink", "fresh_replica_store", "handover_refusal", "serve_slave"]
+__all__ = ["SlaveHost", "SlaveLink", "fresh_replica_store", "handover_refusal", "link_lost_probe_timeout",
+           "serve_slave"]
 
 log = logging.getLogger(__name__)
 
@@ -472,9 +473,10 @@ async def _after_master_loss(node: SlaveHost, addr: tuple[str, int], where: str)
     phase ``link-lost``); returns the next action."""
     candidates = [addr] + [a for a in node.peer_addresses() if a != addr]
     isolated = False
+    timeout = link_lost_probe_timeout(node.opts.link_timeout, witness=bool(node.opts.witness))
     while not node.stopping:
         d = await node.decide_observing(lambda: node.decision_state(LINK_LOST), lambda: ask_peer(
-            candidates, None, min(1.0, node.opts.link_timeout), until=_is_master
+            candidates, None, timeout, until=_is_master
         ))
         if d.action == RETRY:
             log.warning("replication link to %s lost: %s", where, d.reason)
@@ -503,6 +505,18 @@ async def _after_master_loss(node: SlaveHost, addr: tuple[str, int], where: str)
         node.takeovers += 1
         return "master"
     return "stop"
+
+
+def link_lost_probe_timeout(link_timeout: float, *, witness: bool) -> float:
+    """How long a slave that lost its link waits for its master's addresses to answer a
+    status probe: ``min(1 s, --link-timeout)``, halved with a witness. Without one a
+    refusal on every address is the proof of a dead master, so a slow master must have
+    time to answer; with one only the witness's grant lets the slave take over, and the
+    probe only finds a live master to re-link to (one that answers within milliseconds
+    unless it is frozen or cut off, and then the witness grants once its lease ran out).
+    A silent master's probe lasted as long as its lease had left (issue 24)."""
+    timeout = min(1.0, link_timeout)
+    return timeout / 2 if witness else timeout
 
 
 def _is_master(answer: PeerAnswer) -> bool:

@@ -34,7 +34,7 @@ The node's side (:class:`WitnessClient`): a master renews every ``link_timeout /
 (:class:`.master.MasterRole`), saying whether it receipts alone, and releases its lease
 when it hands over to its in-sync slave (:func:`.lease.release`); a slave asks for
 mastership when its master is lost (:mod:`.decide`, phase ``link-lost``). A lease lasts
-:func:`lease_seconds` (twice ``link_timeout``); the node counts it from the moment it
+:func:`lease_seconds` (1.5 x ``link_timeout``); the node counts it from the moment it
 sent the renewal, minus a margin (:data:`LEASE_MARGIN`), so its own view always runs out
 before the witness's. The witness unreachable is an answer too: not granted.
 """
@@ -102,9 +102,19 @@ _PAIR_ID = re.compile(r"[0-9a-f]{32}")
 _KEY = re.compile(r"[0-9a-f]{64}")
 
 
+#: a lease lasts this many link timeouts (renewed every third of one: four renewals may
+#: fail in a row before a master receipting alone holds)
+LEASE_LINK_TIMEOUTS = 1.5
+
+
 def lease_seconds(link_timeout: float) -> float:
-    """How long a node's lease lasts: twice its link timeout (renewed every third of one)."""
-    return min(MAX_LEASE, max(MIN_LEASE, 2 * link_timeout))
+    """How long a node's lease lasts: :data:`LEASE_LINK_TIMEOUTS` link timeouts. No rule
+    depends on its length (the node's count runs out before the witness's, whatever it
+    is), but every takeover waits for it: the slave of a killed master is granted
+    mastership only once the lease ran out, so at twice the link timeout a kill cost
+    about 2 s with no master (issue 24); at one and a half the lease ends about when the
+    slave of a silent master has noticed (one link timeout) and probed it."""
+    return min(MAX_LEASE, max(MIN_LEASE, LEASE_LINK_TIMEOUTS * link_timeout))
 
 
 # ---------------------------------------------------------------------- the witness
