@@ -129,6 +129,30 @@ def test_a_master_whose_slave_hangs_keeps_receipting_on_the_witness_lease(tmp_pa
         assert {"before", *done} <= got
 
 
+def test_a_master_that_loses_its_slave_keeps_its_client_port_open_while_its_lease_runs(tmp_path: Path) -> None:
+    """Issue 24: a master that loses its slave cuts the clients whose receipts waited for
+    it; they reconnect at once. It used to close its client port while it asked the
+    witness (a few milliseconds): the clients found it refusing and went to the other
+    address -- the lost slave's, which an isolated host leaves unanswered for seconds (the
+    nemesis's isolate-node of the slave: 4 empty windows after the master had resumed).
+    While its own lease runs the peer cannot be master, so the port stays open."""
+    with WitnessProcess(tmp_path / "witness") as witness, BrokerPair(
+        "replicated", tmp_path / "pair", link_timeout=LINK_TIMEOUT, witness=witness.address
+    ) as bp:
+        master, slave = _in_sync(bp, witness)
+        mark = len(master.log_text())
+        with amqtransport.connect(bp.uri) as c, frozen(slave):
+            c.send("/queue/witness.port-open", "m0", idempotency_key="k0")
+            wait_for(lambda: "receipts resume" in master.log_text()[mark:], 60,
+                     "the master to resume on its lease")
+            c.send("/queue/witness.port-open", "m1", idempotency_key="k1")
+            log = master.log_text()[mark:]
+            assert "the witness renews our lease" in log, log[-3000:]
+            # a closed port is bound again when receipts resume: the server logs it
+            assert f"broker {master.name} listening on" not in log, "the client port was closed:\n" + log[-3000:]
+            assert _stopped(slave.pid)
+
+
 def test_a_frozen_master_is_replaced_only_with_the_witness_grant_and_fenced_when_it_thaws(tmp_path: Path) -> None:
     with WitnessProcess(tmp_path / "witness") as witness, BrokerPair(
         "replicated", tmp_path / "pair", link_timeout=LINK_TIMEOUT, witness=witness.address

@@ -127,6 +127,10 @@ class MasterHost(RoleHost, Protocol):
         """Give the witness lease back (handing over); no renewal after it."""
         ...
 
+    def covered_by_lease(self) -> bool:
+        """Master with a witness whose own count of its lease has not run out."""
+        ...
+
     def stop(self) -> None:
         """Stop the node."""
 
@@ -142,6 +146,7 @@ class MasterRole:
         self.held_since = 0.0  # receipts held for a peer check since (monotonic), 0: not held
         self.held_logged = 0.0
         self.port_closed_for_suspect = False  # the client port was closed by _on_suspect
+        self.port_open_on_lease = False  # suspect, the port left open while the witness lease covers us
         self.renew_now: asyncio.Event | None = None  # set: renew the witness lease now (a slave synced)
         self.handing_over = ""  # why this term ends with a handover to the in-sync slave ("" it does not)
 
@@ -160,6 +165,7 @@ class MasterRole:
         self.handing_over = ""
         self.held_since = 0.0
         self.port_closed_for_suspect = False
+        self.port_open_on_lease = False
         node.role = "master"
         if replicate:
             node.repl = ReplicationMaster(
@@ -336,18 +342,35 @@ class MasterRole:
         port that accepts and then refuses the CONNECT made clients' back-off grow (each
         probe saw it accept, each attempt failed: up to 25.6 s to come back once the pair
         was healthy); a refused port keeps their probes going, so they are back about one
-        probe interval after :meth:`_on_clear` reopens it. Connections made before stay."""
+        probe interval after :meth:`_on_clear` reopens it. Connections made before stay.
+
+        With a witness and our lease still running (``covered_by_lease``: the peer cannot
+        be master before it ends) the port stays open and clients may connect while the
+        witness is asked first (decide.py, ``master`` row 1, a few milliseconds); it closes
+        only if that round ends with the receipts still held. Closing it for those
+        milliseconds sent the clients cut off with the lost slave's receipts to the other
+        node's address -- the lost slave, whose host may drop their SYN for seconds
+        (nemesis ``isolate-node`` of the slave: 4 empty windows, issue 24)."""
         node = self.node
+        if node.covered_by_lease():
+            self.port_open_on_lease = True
+        else:
+            self._close_port_for_suspect()
+        if node.wake is not None:
+            node.wake.set()
+
+    def _close_port_for_suspect(self) -> None:
+        node = self.node
+        self.port_open_on_lease = False
         if node.server is not None and node.server.close_port():
             node.listening = False
             self.port_closed_for_suspect = True
             node.say("client port closed: receipts are held until the peer stands by")
-        if node.wake is not None:
-            node.wake.set()
 
     def _on_clear(self, _reason: str) -> None:
         """Receipts resume: reopen the client port :meth:`_on_suspect` closed."""
         node = self.node
+        self.port_open_on_lease = False
         if self.port_closed_for_suspect and node.loop is not None:
             node.loop.create_task(self._reopen())
 
@@ -408,6 +431,8 @@ class MasterRole:
                     break
                 if node.repl.suspect is not None:
                     await self._confirm_peer()
+                    if node.repl is not None and node.repl.suspect is not None and self.port_open_on_lease:
+                        self._close_port_for_suspect()  # the witness did not renew: still held
                 elif node.repl.link is None:
                     await self._check_peer_not_master()
         finally:

@@ -439,6 +439,20 @@ class HaNode:
         self.set_waiting(d.reason)
         return "wait", None
 
+    def covered_by_lease(self) -> bool:
+        """A master with a witness whose own count of its lease has not run out: the
+        witness grants the peer nothing before that lease ends by its clock, later than
+        ours (:mod:`.lease`), so the peer cannot be master meanwhile. A suspect master so
+        covered keeps its client port open while it asks the witness (:mod:`.master`)."""
+        return (self.witness is not None and self.loop is not None and self.role == "master"
+                and not self.lease_released and self.lease_until > self.loop.time())
+
+    def accepts_clients(self) -> bool:
+        """A client's CONNECT on the client port starts a session: the node serves, or it
+        is suspect but :meth:`covered_by_lease` (the session's receipts wait like any other's)."""
+        repl = self.repl
+        return repl is None or repl.serving or (repl.suspect is not None and self.covered_by_lease())
+
     def lease_left(self) -> float | None:
         if self.witness is None or self.role != "master" or self.loop is None:
             return None

@@ -208,6 +208,11 @@ class PortHost(NodeReadout, Protocol):
     def demote(self) -> None:
         """Leave the master role (the role loop then decides again)."""
 
+    def accepts_clients(self) -> bool:
+        """A client's CONNECT may start a session now (the node serves, or its witness
+        lease covers it while it is suspect)."""
+        ...
+
 
 def status_headers(node: NodeReadout) -> dict[str, str]:
     """The ``amq-ha-*`` headers of the ``CONNECTED`` answer to a status request (and of
@@ -274,14 +279,16 @@ class HaRequests:
         """The master's :class:`~..context.ConnectHook`, called by the client-port STOMP
         handler for every CONNECT frame: HA requests are handed to :meth:`handle`; while
         the master is suspect (it may have been replaced while frozen) a client's CONNECT
-        is refused, so no client starts a session on a node that may be about to step down.
+        is refused, so no client starts a session on a node that may be about to step down
+        -- unless its own witness lease still runs (the peer cannot be master before it
+        ends: ``accepts_clients``; the session's receipts wait for the decision).
         A stall is checked first: a CONNECT read right after a freeze must not be answered
         before the node notices that it was frozen."""
         repl = self.node.repl
         if repl is not None:
             repl.check_stall()
         is_request = frame.get(STATUS_HEADER) is not None or any(frame.get(h) is not None for h in ROLE_REQUESTS)
-        if not is_request and (repl is None or repl.serving):
+        if not is_request and self.node.accepts_clients():
             return False
         transport = conn.detach()  # the HA code owns this socket from now on
         if transport is None:
