@@ -171,7 +171,7 @@ def build_workload(stage: Stage, spoke_uri: str, history: History, clock: Callab
     spoke = ClientSettings(uri=f"failover:({spoke_uri})?initialReconnectDelay=20&maxReconnectDelay=500"
                                f"&timeout={params.client_timeout_ms}", heartbeat_ms=params.heartbeat_ms)
     r = params.rate
-    selected = SelectorProducer("p-select", pair, history, clock, dest="/queue/nemesis.select", rate=r / 2,
+    selected = SelectorProducer("p-select", pair, history, clock, dest="/queue/nemesis.select", rate=r,
                                 seed=params.seed)
     consumers = [
         Consumer("c-indiv", pair, history, clock, dest="/queue/nemesis.indiv", ack="client-individual"),
