@@ -46,8 +46,8 @@ The rules:
 ``unhealthy``
     after every round the pair came back to a master and an in-sync slave within the
     bound (the runner records it in ``rounds``).
-``scheduled-early``, ``scheduled-late``, ``priority-order``, ``group-lost``, ``group-duplicate``, ``group-split``
-    the ActiveMQ features (scheduled, prioritized and grouped messages): see
+``scheduled-early``, ``scheduled-late``, ``priority-order``, ``group-lost``, ``group-duplicate``, ``group-split``, ``selector-lost``, ``selector-miss-delivered``, ``selector-duplicate``
+    the ActiveMQ features (scheduled, prioritized, grouped and selected messages): see
     :mod:`chaos.nemesis.feature_rules`.
 
 Each violation carries the round it happened in (by time), the instant, a one-line
@@ -171,8 +171,9 @@ class _Checker:
     def must_reach(self) -> list[tuple[str, str, float, float, Any]]:
         """(dest, key, t, t_done, record) of everything that must be delivered."""
         out: list[tuple[str, str, float, float, Any]] = []
+        selected = {p.key for p in self.h.props if p.k}  # selector-lost judges them
         for s in self.h.sends:
-            if s.kind == "rcpt" and s.outcome == "ok":
+            if s.kind == "rcpt" and s.outcome == "ok" and s.key not in selected:
                 out.append((s.dest, s.key, s.t, s.t_done, ("send", s)))
         for tx in self.h.txs:
             if tx.outcome == "committed":

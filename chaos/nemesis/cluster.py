@@ -45,8 +45,11 @@ for every scenario) built on :class:`~chaos.harness.cluster.EmbeddedPairCluster`
   the stage calls once its proxies exist).
 
 The brokers run with small journal segments (compaction runs often), a dedupe window
-of ``dedupe_window_seconds`` and no redelivery limit (a message bounced between
-failovers must not end in a DLQ the checker does not read).
+of ``dedupe_window_seconds``, no redelivery limit (a message bounced between
+failovers must not end in a DLQ the checker does not read) and a small ``page_window``
+(a queue keeps 100 persistent messages in memory, the rest paged: the selector
+feature's backlog of misses pages within seconds, and any queue that backs up during
+a fault pages too).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ BROKER_CONFIG: dict[str, Any] = {
     "compact_interval_ms": 500,
     "dedupe_window_seconds": 600.0,
     "max_redeliveries": -1,
+    "page_window": 100,
 }
 
 BALLAST = "nemesis-ballast"

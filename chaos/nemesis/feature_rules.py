@@ -1,4 +1,4 @@
-"""The checker's rules for the ActiveMQ features (scheduled, prioritized, grouped messages).
+"""The checker's rules for the ActiveMQ features (scheduled, prioritized, grouped, selected messages).
 
 Theory of operation
 -------------------
@@ -8,7 +8,8 @@ the history. What a producer asked for on a message is its ``props`` record
 (:class:`~chaos.nemesis.history.MessageProps`, written by :mod:`chaos.nemesis.features`).
 Scheduled and prioritized messages go to ordinary subscribers, so the general rules
 (``lost``, ``duplicate``, ``redelivered-after-ack``) judge "delivered once" for them;
-grouped messages go to competing consumers, judged here.
+grouped messages go to competing consumers, and selected messages to a selective
+subscriber or, at the end, its drain: judged here.
 
 ``scheduled-early``
     no copy of a message sent with ``AMQ_SCHEDULED_DELAY`` d reaches any consumer's
@@ -52,13 +53,31 @@ grouped messages go to competing consumers, judged here.
     ``t1`` -- neither consumer changed, yet the group moved. A change with a fault
     active between ``t1`` and X's later delivery is *excused* (a toxic can hold frames
     the broker wrote before it gave X's group away), counted in the stats.
+``selector-lost``
+    the selector feature (:class:`~chaos.nemesis.features.SelectorProducer`): a
+    receipted message whose ``k`` is ``hit`` reached the application of every
+    subscriber of its queue with a selector (``k = 'hit'``), and one whose ``k`` is
+    ``miss`` reached the application of a subscriber of the queue without one (the
+    drain at the end) -- a miss the selective consumer passed over is still there.
+    Complete history only, like ``lost`` (which leaves these messages to this rule).
+``selector-miss-delivered``
+    no copy of a ``miss`` ever reaches the wire of a subscriber with a selector,
+    receipted or not, faults or not.
+``selector-duplicate``
+    a selected message reached a second subscriber of its queue (a hit the drain got
+    too) only if the first one's ACK of it was not yet known durable when the second
+    one's copy came in on its wire (the rule of ``group-duplicate``); each subscriber
+    getting it at most once is the general ``duplicate`` rule, an ACK's durability
+    ``redelivered-after-ack``.
 
 Stats: ``scheduled_sent`` / ``scheduled_delivered``, ``scheduled_late_outage`` (past
 the slack but within an outage's), ``scheduled_late_ms_max`` (the
 latest first delivery after its due time ``t_done + d``, in ms, over messages whose life
 saw no fault; ``scheduled_late_ms_max_fault`` over the others), ``priority_batches`` /
 ``priority_pairs_checked``, ``group_messages`` / ``group_owner_changes`` /
-``group_changes_excused`` / ``group_redelivered_across``.
+``group_changes_excused`` / ``group_redelivered_across``, ``selector_hits`` /
+``selector_misses`` (receipted), ``selector_hits_delivered`` / ``selector_misses_drained``
+/ ``selector_redelivered_across``.
 """
 
 from __future__ import annotations
@@ -97,7 +116,7 @@ class _Checker(Protocol):
 __all__ = ["FEATURE_RULES", "OUTAGE_MIN_S", "SCHEDULED_SLACK_S", "TAKEOVER_S", "check_features", "outages"]
 
 FEATURE_RULES = ("scheduled-early", "scheduled-late", "priority-order", "group-lost", "group-duplicate",
-                 "group-split")
+                 "group-split", "selector-lost", "selector-miss-delivered", "selector-duplicate")
 EARLY_EPS_S = 0.002  # history times are rounded to 0.1 ms
 SCHEDULED_SLACK_S = 5.0  # a loaded 2-core machine: how late "on time" may be
 TAKEOVER_S = 10.0  # after a fault ends, how long the pair may take to serve again
@@ -161,6 +180,7 @@ class _Features:
         self.check_scheduled()
         self.check_priority()
         self.check_groups()
+        self.check_selectors()
 
     # -- helpers ------------------------------------------------------------------
     def faults_between(self, t0: float, t1: float) -> list[Fault]:
@@ -318,10 +338,12 @@ class _Features:
                            f"{len(ck.key_wire.get(key, []))} copies on the wire)",
                            [("send", s), *(("delivery", d) for d in ck.key_wire.get(key, []))], around=(s.t, s.t_done))
         ck.stats["group_messages"] = n
-        self._cross_duplicates(app)
+        ck.stats["group_redelivered_across"] = self._cross_duplicates(app, "group-duplicate")
         self._splits(wire, span, group_of)
 
-    def _cross_duplicates(self, app: dict[str, list[Delivery]]) -> None:
+    def _cross_duplicates(self, app: Mapping[str, Sequence[Delivery]], rule: str) -> int:
+        """``rule`` (``group-duplicate``, ``selector-duplicate``) on the application
+        deliveries of each key; how many keys reached a second consumer legitimately."""
         ck = self.ck
         across = [(key, ds) for key, ds in app.items() if len({d.sub for d in ds}) > 1]
         confirmed = ck.confirmed_acks() if across else {}
@@ -337,14 +359,14 @@ class _Features:
                 proof = [(at, d) for at, d in proof if at < arrived]
                 if proof:
                     at, d = min(proof, key=lambda x: x[0])
-                    ck.violate("group-duplicate", later.t,
+                    ck.violate(rule, later.t,
                                f"{key} reached {later.sub} at {later.t:.3f} (on its wire at {arrived:.3f}) after "
                                f"{d.sub} got it at {d.t:.3f} and its ACK was known durable at {at:.3f}",
                                [("delivery", x) for x in ds], around=(d.t, later.t))
                     break
             else:
                 redelivered += 1
-        ck.stats["group_redelivered_across"] = redelivered
+        return redelivered
 
     def _splits(self, wire: list[Delivery], span: dict[tuple[str, int], list[float]],
                 group_of: dict[str, str]) -> None:
@@ -373,3 +395,49 @@ class _Features:
                        [("delivery", d1), ("delivery", d2)], around=(d1.t, x_until))
         ck.stats["group_owner_changes"] = changes
         ck.stats["group_changes_excused"] = excused
+
+    # -- selectors ----------------------------------------------------------------
+    def check_selectors(self) -> None:
+        ck = self.ck
+        k_of = {key: p.k for key, p in self.props.items() if p.k}
+        if not k_of:
+            return
+        selective = {x.name: x.selector for subs in ck.by_dest.values() for x in subs if x.selector}
+        for d in ck.h.deliveries:
+            if d.stage == "wire" and d.sub in selective and k_of.get(d.key) == "miss":
+                ck.violate("selector-miss-delivered", d.t,
+                           f"{d.key} (k = 'miss') reached {d.sub} (selector {selective[d.sub]!r}) on its wire "
+                           f"at {d.t:.3f} (message id {d.msg_id})", [("props", self.props[d.key]), ("delivery", d)])
+        counts = dict.fromkeys(("hits", "misses", "hits_delivered", "misses_drained"), 0)
+        for key, k in k_of.items():
+            s = self.sends.get(key)
+            if s is None or s.outcome != "ok":
+                continue
+            hit = k == "hit"
+            counts["hits" if hit else "misses"] += 1
+            # a hit is owed to every selective subscriber, a miss to one without a selector
+            subs = [x for x in ck.by_dest.get(s.dest, ()) if bool(x.selector) == hit]
+            if not subs:
+                continue
+            missing = [x for x in subs if (x.name, key) not in ck.app]
+            if not missing if hit else len(missing) < len(subs):
+                counts["hits_delivered" if hit else "misses_drained"] += 1
+                continue
+            if not ck.complete:
+                continue
+            copies = ck.key_wire.get(key, [])
+            who = ", ".join(x.name for x in missing)
+            ck.violate("selector-lost", s.t,
+                       f"{key} (k = '{k}') to {s.dest}: receipted at {s.t_done:.3f} but never reached "
+                       + (f"the selective subscriber {who}" if hit else f"the subscriber without a selector {who}")
+                       + f" ({len(copies)} copies on any wire: {', '.join(sorted({d.sub for d in copies})) or 'none'})",
+                       [("props", self.props[key]), ("send", s), *(("delivery", d) for d in copies)],
+                       around=(s.t, s.t_done))
+        app: dict[str, list[Delivery]] = defaultdict(list)
+        for (_sub, key), ds in ck.app.items():
+            if key in k_of:
+                app[key].extend(ds)
+        st = ck.stats
+        for name, n in counts.items():
+            st[f"selector_{name}"] = n
+        st["selector_redelivered_across"] = self._cross_duplicates(app, "selector-duplicate")

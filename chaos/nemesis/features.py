@@ -1,8 +1,8 @@
-"""The nemesis's ActiveMQ-feature clients: scheduled, grouped and prioritized messages.
+"""The nemesis's ActiveMQ-feature clients: scheduled, grouped, prioritized and selected messages.
 
 Theory of operation
 -------------------
-Three more kinds of client join the workload (:func:`chaos.nemesis.runner.build_workload`);
+Four more kinds of client join the workload (:func:`chaos.nemesis.runner.build_workload`);
 each records a :class:`~chaos.nemesis.history.MessageProps` per message beside the
 usual ``Send``, so the rules of :mod:`chaos.nemesis.feature_rules` know what was asked:
 
@@ -30,14 +30,31 @@ usual ``Send``, so the rules of :mod:`chaos.nemesis.feature_rules` know what was
   would (acked, recorded on the wire, not handed on); ``redelivered-after-ack`` still
   fails it if that ACK had been proved durable.
 
+* :class:`SelectorProducer` and :class:`SelectiveConsumer` -- receipted persistent
+  messages (random priorities) carrying a string property ``k``: ``hit`` for about one
+  in ``HIT_ONE_IN``, ``miss`` otherwise (only hits once ``max_misses`` misses were
+  sent: the backlog stays bounded in a long run, and the hits keep coming through it),
+  into a queue whose one consumer subscribes with ``selector="k = 'hit'"``
+  (``client-individual``). Nobody takes the misses while the run goes on, so they pile
+  up past the pair's ``page_window`` (:data:`chaos.nemesis.cluster.BROKER_CONFIG`)
+  and the broker serves the hits by scanning its paged messages in place
+  (``amqtransport/broker/dispatch/scan.py``). At the end
+  (:meth:`SelectiveConsumer.hand_over`) the selective consumer waits for every
+  receipted hit and leaves, and its ``drain`` -- a consumer of the same queue without
+  a selector -- takes what is left: every receipted miss must still be there. Both are
+  subscribers of the history (with their selectors); the ``selector-*`` rules judge
+  them, ``duplicate`` and ``redelivered-after-ack`` too.
+
 The runner's final drain calls :meth:`PriorityBacklog.stop_sending` with the producers'
-stop: from then on it only receives.
+stop: from then on it only receives; then :meth:`SelectiveConsumer.hand_over`.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from amqtransport.client import Connection
@@ -46,9 +63,12 @@ from chaos.harness.clients import ClientSettings
 from chaos.nemesis.history import Ack, History, MessageProps, Send
 from chaos.nemesis.workload import Clock, Consumer, ReceiptedProducer
 
-__all__ = ["ScheduledProducer", "GroupProducer", "GroupConsumer", "PriorityBacklog", "DELAY_MS"]
+__all__ = ["ScheduledProducer", "GroupProducer", "GroupConsumer", "PriorityBacklog", "SelectorProducer",
+           "SelectiveConsumer", "DELAY_MS", "SELECTOR", "HIT_ONE_IN"]
 
 DELAY_MS = (200, 1500)  # the range of AMQ_SCHEDULED_DELAY drawn per message
+SELECTOR = "k = 'hit'"  # the selective consumer's selector
+HIT_ONE_IN = 10  # about one message in this many is a hit
 
 
 def _err(exc: BaseException) -> str:
@@ -149,3 +169,67 @@ class PriorityBacklog(Consumer):
             self.history.add(Send(t, self.client, self.dest, key, "rcpt", "ok", self.clock()))
             ok.add(key)
         return ok
+
+
+class SelectorProducer(ReceiptedProducer):
+    def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock, *,
+                 dest: str, rate: float, seed: int = 0, max_misses: int = 2000) -> None:
+        super().__init__(name, settings, history, clock, dest=dest, rate=rate)
+        self.rng = random.Random(f"{seed}:{name}")
+        self.max_misses = max_misses
+        self.misses = 0
+        self.k: dict[str, str] = {}  # key -> its k, until its outcome is known
+        self.lock = threading.Lock()
+        self.receipted: dict[str, str] = {}  # key -> its k, for the receipted ones
+
+    def options(self, key: str, t: float) -> dict[str, Any]:
+        hit = self.misses >= self.max_misses or self.rng.randrange(HIT_ONE_IN) == 0
+        self.misses += not hit
+        k = "hit" if hit else "miss"
+        priority = self.rng.randrange(10)
+        self.k[key] = k
+        self.history.add(MessageProps(t, key, priority=priority, k=k))
+        return {"headers": {"k": k}, "priority": priority}
+
+    def _record(self, key: str, t: float, outcome: str, error: str = "") -> None:
+        super()._record(key, t, outcome, error)
+        k = self.k.pop(key, "")
+        if outcome == "ok" and k:
+            with self.lock:
+                self.receipted[key] = k
+
+    def keys(self, k: str) -> set[str]:
+        """The receipted keys whose ``k`` is ``k``."""
+        with self.lock:
+            return {key for key, v in self.receipted.items() if v == k}
+
+
+class SelectiveConsumer(Consumer):
+    """The selector feature's consumer (``selector``, ``client-individual``) of
+    ``producer``'s queue, and the ``drain`` that takes the rest at the end."""
+
+    def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock, *,
+                 producer: SelectorProducer, selector: str = SELECTOR) -> None:
+        super().__init__(name, settings, history, clock, dest=producer.dest, ack="client-individual",
+                         selector=selector)
+        self.producer = producer
+        self.drain = Consumer(f"{name}-drain", settings, history, clock, dest=producer.dest, ack="client-individual")
+
+    def hand_over(self, timeout: float) -> int:
+        """After the producer stopped: wait (up to ``timeout``) for every receipted hit,
+        leave, start the drain, wait (as long again) for every receipted miss; how many
+        of them are still missing."""
+        hits = self.producer.keys("hit")
+        _wait_until(lambda: all(self.has(k) for k in hits), timeout)
+        self.stop()
+        self.join(timeout)
+        self.drain.start()
+        misses = self.producer.keys("miss")
+        _wait_until(lambda: all(self.drain.has(k) for k in misses), timeout)
+        return sum(not self.has(k) for k in hits) + sum(not self.drain.has(k) for k in misses)
+
+
+def _wait_until(done: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.1)

@@ -9,14 +9,18 @@ offline (``load_history``) and a checker change can be tried on an old run.
 
 Times are seconds on one monotonic clock, from the run's start. Records are small
 named tuples kept in one list per kind; the JSON form is ``{kind: {"fields": [...],
-"rows": [[...], ...]}}`` (compact: a long run holds hundreds of thousands of rows).
+"rows": [[...], ...]}}`` (compact: a long run holds hundreds of thousands of rows). A kind that gained fields
+(with defaults) since a report was written still loads: the missing trailing fields
+take their defaults.
 
 Kinds (see each tuple's fields):
 
 ``subscribers``
     who reads what: name, destination, ack mode (``auto`` / ``client`` /
-    ``client-individual``), durable or not. A message sent to a destination must
-    reach every subscriber of it that is not ``auto`` (``auto`` is at-most-once).
+    ``client-individual``), durable or not, its JMS ``selector`` ("": none). A message
+    sent to a destination must reach every subscriber of it that is not ``auto``
+    (``auto`` is at-most-once); the messages of the selector feature (a ``k`` in their
+    ``props``) are judged by its own rules instead.
 ``sends``
     one per message sent outside a transaction: ``kind`` ``rcpt`` (receipted) or
     ``ff`` (fire-and-forget), ``outcome`` ``ok`` (receipt in), ``fail`` (the broker
@@ -40,8 +44,9 @@ Kinds (see each tuple's fields):
 ``props``
     the ActiveMQ features a producer asked for on one message (:mod:`chaos.nemesis.features`):
     its JMS ``priority`` (-1: none given), ``delay_ms`` (``AMQ_SCHEDULED_DELAY``, 0:
-    none), ``group`` (``JMSXGroupID``, "": none) and ``batch`` (the backlog it was sent
-    in, for the priority rule; 0: none). Its ``Send`` record says how the send went.
+    none), ``group`` (``JMSXGroupID``, "": none), ``batch`` (the backlog it was sent
+    in, for the priority rule; 0: none) and ``k`` (the string property a selector
+    reads, ``hit`` or ``miss``; "": none). Its ``Send`` record says how the send went.
 ``faults``
     what the nemesis did, to which node (``target``), from ``t`` to ``t_end``.
 ``probes``
@@ -85,6 +90,7 @@ class Subscriber(NamedTuple):
     dest: str
     ack: str  # auto | client | client-individual
     durable: bool = False
+    selector: str = ""  # the subscription's JMS selector; "": none
 
 
 class Send(NamedTuple):
@@ -141,6 +147,7 @@ class MessageProps(NamedTuple):
     delay_ms: int = 0  # AMQ_SCHEDULED_DELAY; 0: none
     group: str = ""  # JMSXGroupID; "": none
     batch: int = 0  # the priority backlog it belongs to; 0: none
+    k: str = ""  # the selector feature's property: "hit" or "miss"; "": none
 
 
 class Fault(NamedTuple):
@@ -268,7 +275,7 @@ class History:
         for kind, tcls in KINDS.items():
             block = data.get(kind) or {}
             fields = block.get("fields") or list(tcls._fields)
-            if list(fields) != list(tcls._fields):
+            if list(fields) != list(tcls._fields)[:len(fields)]:  # older reports: a prefix
                 raise ValueError(f"history {kind}: fields {fields} do not match {list(tcls._fields)}")
             rows = [tcls(*(tuple(v) if isinstance(v, list) else v for v in row)) for row in block.get("rows", [])]
             setattr(h, kind, rows)

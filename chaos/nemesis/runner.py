@@ -23,7 +23,9 @@ Then, for each round seed (:func:`~chaos.nemesis.schedule.round_seeds`):
    data filesystem's use and the LazyFS's unsynced bytes (and, on a filesystem over half
    full, its biggest files): what a long run's full disk is made of.
 
-At the end: producers stop and flush, consumers drain (``drain_timeout_s``), probes
+At the end: producers stop and flush, consumers drain (``drain_timeout_s``; the
+selector feature's consumer then hands its queue over to a consumer without a selector,
+:meth:`~chaos.nemesis.features.SelectiveConsumer.hand_over`), probes
 stop, everything is healed and stopped by pid (tmpfs unmounted), and the checker
 judges the complete history. A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into
 one by the CLI) takes the same way out without the final drain.
@@ -46,7 +48,14 @@ from chaos.harness.cluster import ClusterError, Stage
 from chaos.nemesis.checker import CheckResult, Violation, check
 from chaos.nemesis.cluster import BRIDGED_QUEUE, NemesisCluster
 from chaos.nemesis.faults import NET_KINDS, Active, Nemesis
-from chaos.nemesis.features import GroupConsumer, GroupProducer, PriorityBacklog, ScheduledProducer
+from chaos.nemesis.features import (
+    GroupConsumer,
+    GroupProducer,
+    PriorityBacklog,
+    ScheduledProducer,
+    SelectiveConsumer,
+    SelectorProducer,
+)
 from chaos.nemesis.history import History, RoundRecord, Subscriber
 from chaos.nemesis.probe import Prober
 from chaos.nemesis.schedule import FAULT_KINDS, RoundPlan, default_kinds, plan_round, round_seeds
@@ -162,6 +171,8 @@ def build_workload(stage: Stage, spoke_uri: str, history: History, clock: Callab
     spoke = ClientSettings(uri=f"failover:({spoke_uri})?initialReconnectDelay=20&maxReconnectDelay=500"
                                f"&timeout={params.client_timeout_ms}", heartbeat_ms=params.heartbeat_ms)
     r = params.rate
+    selected = SelectorProducer("p-select", pair, history, clock, dest="/queue/nemesis.select", rate=r,
+                                seed=params.seed)
     consumers = [
         Consumer("c-indiv", pair, history, clock, dest="/queue/nemesis.indiv", ack="client-individual"),
         Consumer("c-client", pair, history, clock, dest="/queue/nemesis.client", ack="client"),
@@ -175,6 +186,7 @@ def build_workload(stage: Stage, spoke_uri: str, history: History, clock: Callab
         *(GroupConsumer(f"c-group{i}", pair, history, clock, dest="/queue/nemesis.group", ack="client-individual")
           for i in (1, 2, 3)),
         PriorityBacklog("c-prio", pair, history, clock, dest="/queue/nemesis.prio", seed=params.seed),
+        SelectiveConsumer("c-select", pair, history, clock, producer=selected),
     ]
     producers: list[Worker] = [
         ReceiptedProducer("p-indiv", pair, history, clock, dest="/queue/nemesis.indiv", rate=r),
@@ -186,10 +198,13 @@ def build_workload(stage: Stage, spoke_uri: str, history: History, clock: Callab
         ReceiptedProducer("p-bridged", spoke, history, clock, dest=BRIDGED_QUEUE, rate=r / 2),
         ScheduledProducer("p-sched", pair, history, clock, dest="/queue/nemesis.sched", rate=r / 4, seed=params.seed),
         GroupProducer("p-group", pair, history, clock, dest="/queue/nemesis.group", rate=r / 2),
+        selected,
     ]
     for c in consumers:
         if not c.competing:
-            history.add(Subscriber(c.client, c.dest, c.ack, c.durable))
+            history.add(Subscriber(c.client, c.dest, c.ack, c.durable, c.selector))
+        if isinstance(c, SelectiveConsumer):  # its drain starts at the end (SelectiveConsumer.hand_over)
+            history.add(Subscriber(c.drain.client, c.drain.dest, c.drain.ack))
     return consumers, producers
 
 
@@ -218,7 +233,7 @@ class _Drain:
         for c in consumers:
             if c.competing:
                 shared.setdefault(c.dest, []).append(c)
-            elif c.ack != "auto":
+            elif c.ack != "auto" and not c.selector:  # a selective one: SelectiveConsumer.hand_over
                 self.by_dest.setdefault(c.dest, []).append((c,))
         for dest, cs in shared.items():
             self.by_dest.setdefault(dest, []).append(tuple(cs))
@@ -497,6 +512,13 @@ class ModeRun:
         for p in self.producers:
             p.join(self.params.client_timeout_ms / 1000 + 10)
         left = self.drain.wait(self.params.drain_timeout_s) if self.drain is not None else 0
+        for c in list(self.consumers):
+            if isinstance(c, SelectiveConsumer):
+                try:
+                    left += c.hand_over(self.params.drain_timeout_s)
+                finally:
+                    if c.drain.ident is not None:  # started: stopped with the others
+                        self.consumers.append(c.drain)
         if self.nemesis is not None:
             self.nemesis.join_background(self.params.drain_timeout_s)
         if left:

@@ -25,7 +25,8 @@ recognisable everywhere. What each thread records (:mod:`chaos.nemesis.history`)
   master's sockets (a new durable SUBSCRIBE, tracked sends and their idle barrier), and
   the deliveries that must follow.
 * :class:`Consumer` -- one subscription in one ack mode (``auto``, ``client``,
-  ``client-individual``; durable topic subscriptions with a ``client-id``). A wire tap
+  ``client-individual``; durable topic subscriptions with a ``client-id``; a JMS
+  ``selector`` if given). A wire tap
   (``Connection.add_wire_tap``) records every MESSAGE as it arrives (``wire``, before the client's duplicate
   filter), the loop records what the application gets (``app``) and acks it
   (``Ack`` with the link generation the message came on). Every ``sync_s`` after an
@@ -420,13 +421,14 @@ class Consumer(Worker):
     competing = False
 
     def __init__(self, name: str, settings: ClientSettings, history: History, clock: Clock, *,
-                 dest: str, ack: str, durable: bool = False, sync_s: float = 0.3) -> None:
+                 dest: str, ack: str, durable: bool = False, sync_s: float = 0.3, selector: str = "") -> None:
         if durable:
             settings = replace(settings, client_id=f"nemesis-{name}")
         super().__init__(name, settings, history, clock)
         self.dest = dest
         self.ack = ack
         self.durable = durable
+        self.selector = selector  # a JMS selector ("": none)
         self.sync_s = sync_s
         self.sync_dest = f"/queue/nemesis.sync.{name}"
         self.lock = threading.Lock()
@@ -439,7 +441,8 @@ class Consumer(Worker):
     def work(self, conn: Connection) -> None:
         state = self.tap(conn)
         headers = {"activemq.subscriptionName": self.client} if self.durable else None
-        sub = conn.subscribe(self.dest, ack=self.ack, headers=headers)  # type: ignore[arg-type]
+        sub = conn.subscribe(self.dest, ack=self.ack, headers=headers,  # type: ignore[arg-type]
+                             selector=self.selector or None)
         state["sub"] = sub.id
         sync_sub = conn.subscribe(self.sync_dest, ack="auto")
         last_sync = self.clock()

@@ -76,6 +76,8 @@ def test_short_nemesis_both_modes(tmp_path: Path) -> None:
         # the ActiveMQ features were exercised and judged (chaos/nemesis/feature_rules.py)
         assert stats["scheduled_delivered"] > 20 and stats["priority_pairs_checked"] > 100, stats
         assert stats["group_messages"] > 50, stats
+        # hits through a backlog of misses deeper than the nemesis's page_window (100), the misses drained
+        assert stats["selector_hits_delivered"] >= 5 and stats["selector_misses_drained"] > 100, stats
         assert check(history).ok
         # the harness recorded when it stopped the producers (availability counts no window after it)
         stopped = history.meta["workload_stopped_s"]

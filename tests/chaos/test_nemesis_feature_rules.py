@@ -37,10 +37,12 @@ def deliver(h: History, sub: str, key: str, t: float, gen: int = 1, mid: str = "
     h.add(Ack(t + 0.002, sub, key, gen))
 
 
-def clean() -> History:
+def clean(selector: bool = True) -> History:
     """One round (0-60 s): a scheduled message (800 ms) delivered 0.85 s after its SEND;
     a priority batch of four delivered highest first, FIFO within a priority; two groups
-    over two consumers, each group staying with its consumer."""
+    over two consumers, each group staying with its consumer; six messages to a queue with
+    a selective consumer (``k = 'hit'``): its two hits reach it, its four misses the drain
+    at the end."""
     h = History({"mode": "replicated"})
     h.extend([
         Subscriber("c-sched", "/queue/s", "client-individual"),
@@ -62,6 +64,17 @@ def clean() -> History:
         h.add(MessageProps(5.0 + i / 10, key, group=group))
         h.add(Send(5.0 + i / 10, "p-group", "/queue/g", key, "rcpt", "ok", 5.01 + i / 10))
         deliver(h, "c-group1" if group == "g0" else "c-group2", key, 5.02 + i / 10)
+    if selector:
+        h.extend([Subscriber("c-select", "/queue/sel", "client-individual", selector="k = 'hit'"),
+                  Subscriber("c-select-drain", "/queue/sel", "client-individual")])
+    for i in range(6 if selector else 0):
+        key = f"sel:{i}"
+        h.add(MessageProps(10.0 + i / 10, key, priority=i, k="hit" if i in (0, 3) else "miss"))
+        h.add(Send(10.0 + i / 10, "p-select", "/queue/sel", key, "rcpt", "ok", 10.01 + i / 10))
+        if i in (0, 3):
+            deliver(h, "c-select", key, 10.02 + i / 10)
+        else:
+            deliver(h, "c-select-drain", key, 50.0 + i / 10)
     h.t_end = 60.0
     return h
 
@@ -78,6 +91,8 @@ def test_a_clean_history_passes_with_its_stats() -> None:
     assert st["scheduled_late_ms_max"] == 40  # on the wire at 1.85, due 1.01 + 0.8
     assert st["priority_batches"] == 1 and st["priority_pairs_checked"] == 6
     assert st["group_messages"] == 8 and st["group_owner_changes"] == 0
+    assert st["selector_hits"] == 2 and st["selector_misses"] == 4
+    assert st["selector_hits_delivered"] == 2 and st["selector_misses_drained"] == 4
 
 
 def test_a_scheduled_message_delivered_before_its_delay_is_early() -> None:
@@ -301,13 +316,82 @@ def test_a_group_move_with_a_fault_around_it_is_excused_and_counted() -> None:
     assert result.stats["group_changes_excused"] == 1  # 1 -> 2; back to 1 is not judged (2 got nothing later)
 
 
+def without(h: History, sub: str, key: str) -> History:
+    h.deliveries = [d for d in h.deliveries if (d.sub, d.key) != (sub, key)]
+    h.acks = [a for a in h.acks if (a.sub, a.key) != (sub, key)]
+    return h
+
+
+def test_a_receipted_hit_the_selective_consumer_never_got_is_selector_lost() -> None:
+    h = without(clean(), "c-select", "sel:3")
+    result = check(h)
+    assert rules_of(h) == {"selector-lost": 1}  # not the general lost: the drain does not owe it
+    assert "sel:3 (k = 'hit')" in result.violations[0].summary
+    assert "never reached the selective subscriber c-select" in result.violations[0].summary
+    assert rules_of(h, complete=False) == {}  # judged after the final drain
+    deliver(h, "c-select-drain", "sel:3", 50.5)  # the drain taking it instead does not help
+    assert rules_of(h) == {"selector-lost": 1}
+
+
+def test_a_receipted_miss_the_drain_never_got_is_selector_lost() -> None:
+    h = without(clean(), "c-select-drain", "sel:4")
+    result = check(h)
+    assert rules_of(h) == {"selector-lost": 1}
+    assert "sel:4 (k = 'miss')" in result.violations[0].summary
+    assert "the subscriber without a selector c-select-drain" in result.violations[0].summary
+    h.sends = [x if x.key != "sel:4" else x._replace(outcome="unknown") for x in h.sends]
+    assert check(h).ok  # not receipted: not a promise
+
+
+def test_a_miss_on_the_selective_consumers_wire_is_selector_miss_delivered() -> None:
+    h = clean()
+    h.add(Delivery(10.3, "c-select", "sel:2", "m-sel:2", 1, "wire"))  # the filter may drop it: still wrong
+    result = check(h)
+    assert rules_of(h) == {"selector-miss-delivered": 1}
+    assert "sel:2 (k = 'miss') reached c-select (selector \"k = 'hit'\")" in result.violations[0].summary
+    assert rules_of(h, complete=False) == {"selector-miss-delivered": 1}  # judged at once
+
+
+def test_a_hit_at_the_drain_after_a_durable_ack_is_a_selector_duplicate() -> None:
+    h = clean()
+    h.add(Sync(10.5, "c-select", 1, 1, 10.6, True))  # proves c-select's acks of sel:0 and sel:3 durable
+    deliver(h, "c-select-drain", "sel:0", 50.9)
+    result = check(h)
+    assert rules_of(h) == {"selector-duplicate": 1}
+    assert "known durable at 10.600" in result.violations[0].summary
+    h.syncs = []  # no proof: the ACK may have died with the link, the drain may get it again
+    result = check(h)
+    assert result.ok and result.stats["selector_redelivered_across"] == 1
+
+
+def test_a_selected_message_twice_to_one_subscriber_is_the_general_duplicate() -> None:
+    h = clean()
+    deliver(h, "c-select", "sel:0", 11.0, gen=2, mid="m-sel:0-again")
+    assert rules_of(h) == {"duplicate": 1}
+
+
+def test_a_history_from_before_the_selector_fields_still_loads() -> None:
+    data = clean(selector=False).to_json()
+    for kind, n in (("subscribers", 4), ("props", 6)):  # a report.json without selector / k
+        block = data[kind]
+        block["fields"] = block["fields"][:n]
+        block["rows"] = [row[:n] for row in block["rows"]]
+    again = History.from_json(data)
+    assert {s.name for s in again.subscribers} == {"c-sched", "c-prio"} and all(p.k == "" for p in again.props)
+    assert check(again).ok
+    data["props"]["fields"] = ["t", "key", "delay_ms"]
+    with pytest.raises(ValueError, match="do not match"):
+        History.from_json(data)
+
+
 def test_every_feature_rule_has_a_failing_history_above() -> None:
-    covered = {"scheduled-early", "scheduled-late", "priority-order", "group-lost", "group-duplicate", "group-split"}
+    covered = {"scheduled-early", "scheduled-late", "priority-order", "group-lost", "group-duplicate", "group-split",
+               "selector-lost", "selector-miss-delivered", "selector-duplicate"}
     assert covered == set(FEATURE_RULES)
 
 
 def test_a_history_from_before_the_feature_records_still_loads_and_passes() -> None:
-    h = clean()
+    h = clean(selector=False)
     data = h.to_json()
     del data["props"]  # a report.json written before the props records existed
     again = History.from_json(data)
