@@ -15,10 +15,13 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from amqtransport.broker.dispatch.message import Message
 from amqtransport.broker.ha.slave import JOURNAL_BACKLOG_LIMIT, SlaveLink
 from amqtransport.broker.ha.wire import RECORDS, SNAP, SYNC_END, pack, pack_seq, record_frames
-from amqtransport.broker.store import Ack, Enq, MessageStore
+from amqtransport.broker.store import RECEIPT_PATH, Ack, Enq, MessageStore
+from amqtransport.broker.store import writer as writer_module
 from amqtransport.broker.store.records import encode
 
 
@@ -72,6 +75,23 @@ def test_records_sent_twice_are_applied_once(tmp_path: Path) -> None:
         live = sorted(m.id for m in store.iter_messages())
         assert live == ["m0", "m1"], live  # before the fix: m2 and m3 were back (applied twice, acked once)
         assert store.count == 2
+    finally:
+        store.close()
+
+
+def test_the_slaves_reads_and_acks_are_in_the_receipt_path_histograms(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 27: a slave's share of a pair's receipt path is in its ``/metrics`` too: each
+    replication read (``amq_receipt_read_seconds``) and, for a read fsynced on its loop,
+    read -> ACK written (``amq_receipt_total_seconds``)."""
+    monkeypatch.setattr(writer_module, "CHECK_INTERVAL", 60.0)  # the writer idle: the read is fsynced inline
+    reads, totals = RECEIPT_PATH.read.snapshot().count, RECEIPT_PATH.total.snapshot().count
+    frames = [pack(SYNC_END, pack_seq(0)), *record_frames(RECORDS, 1, [encode(Enq(_msg(1)))])]
+    outcome, store = _run_slave(tmp_path, frames)
+    try:
+        assert outcome == "lost"
+        assert RECEIPT_PATH.read.snapshot().count > reads
+        assert RECEIPT_PATH.total.snapshot().count > totals
     finally:
         store.close()
 

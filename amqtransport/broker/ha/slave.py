@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..config import BrokerConfig
-from ..store import Callback, MessageStore, after_completions, run_completions
+from ..store import RECEIPT_PATH, Callback, MessageStore, after_completions, run_completions
 from ..store.salvage import quarantine_journal
 from .auth import RequestVerifier, new_challenge
 from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY, PeerAnswer
@@ -271,6 +271,7 @@ class SlaveLink:
                 if not data:
                     log.warning("replication link closed by the master")
                     return "lost"
+                got = time.perf_counter()
                 for kind, payload in decoder.feed(data):
                     if kind == RECORDS:
                         first, payloads = unpack_records(payload)
@@ -297,11 +298,13 @@ class SlaveLink:
                         return self._handover(unpack_handover(payload))
                     elif kind != PING:
                         raise ReplicationError(f"unexpected frame kind {kind} from the master")
+                RECEIPT_PATH.read.observe(time.perf_counter() - got)
                 # a few records and an idle writer (one receipted send at a time): fsync them
                 # here and ack at once, without the writer thread's two hand-offs
                 completions = store.journal.commit_here(INLINE_COMMIT_RECORDS)
                 if completions:
                     run_completions(completions)
+                    RECEIPT_PATH.total.observe(time.perf_counter() - got)
                 if store.journal.backlog_bytes > JOURNAL_BACKLOG_LIMIT:
                     await self._journal_caught_up(stop_wait.done)
         except ReplicationError as exc:

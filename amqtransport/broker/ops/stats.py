@@ -96,7 +96,8 @@ class Histogram:
 #: (stage, help) of :class:`ReceiptPath`, in path order; ``/metrics`` names each
 #: ``amq_receipt_<stage>_seconds``
 RECEIPT_STAGES: tuple[tuple[str, str], ...] = (
-    ("read", "Handling one client read: parsing its frames, routing them, queueing their journal records."),
+    ("read", "Handling one client read: parsing its frames, routing them, queueing their journal records "
+             "(a slave: one replication read, its records decoded, applied and queued)."),
     ("journal_wakeup", "An append waking the idle journal writer (condition variable) -> the writer running."),
     ("journal_queue", "A group commit's first record queued -> the journal writer taking the batch."),
     ("journal_sync", "Writing and fdatasyncing one group commit (and checking its file still has a name)."),
@@ -107,7 +108,8 @@ RECEIPT_STAGES: tuple[tuple[str, str], ...] = (
     ("handoff", "The journal writer handing a batch's completions to the event loop -> them running "
                 "(0 for a batch the loop committed itself: Journal.commit_turn)."),
     ("receipt_write", "A batch's completions starting -> their RECEIPT frames (a slave: its ACK) handed to the sockets."),
-    ("total", "A receipted frame read and parsed -> its RECEIPT handed to the socket (the whole path)."),
+    ("total", "A receipted frame read and parsed -> its RECEIPT handed to the socket (the whole path; a slave: "
+              "a replication read -> its ACK handed to the socket, when fsynced on its loop)."),
 )
 
 
