@@ -18,7 +18,10 @@ the p50 and p99 of the round trips and the messages per second; the targets are
 * ``shared-store``: a shared-store pair's master (one disk, the lock beside it);
 * ``ActiveMQ``: Debian's 5.17 with its defaults (KahaDB, journal syncs on).
 
-Rounds alternate between the targets. Then:
+Within each round the targets take turns, ``AMQ_BENCH_CHUNK`` (default 50) sends or
+fdatasyncs each, the order rotating: on a shared machine a burst of other load then
+falls on every target alike, so the ratios of one run compare like with like (a target
+measured in one 1,000-send window could be hit by a burst the others missed). Then:
 
 * where the time goes: each of our targets runs with ``--http`` and the benchmark reads
   the ``amq_receipt_<stage>_seconds`` histograms of ``/metrics`` (``RECEIPT_PATH`` in
@@ -50,30 +53,66 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import print_table, quick, scale, write_result  # noqa: E402
-from bench_broker import BODY, start_activemq  # noqa: E402
+from bench_broker import BODY, RawClient, start_activemq  # noqa: E402
 from bench_client_latency import aio_client, percentile, start_echo, sync_client, window_one  # noqa: E402
 
 from amqtransport.broker.ops.stats import RECEIPT_STAGES  # noqa: E402
 from amqtransport.processes.ports import free_port  # noqa: E402
+from amqtransport.stomp import Frame, serialize  # noqa: E402
 from amqtransport.testing.broker_pair import BrokerPair  # noqa: E402
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
 
+#: sends (or fdatasyncs) one target makes before the next takes its turn (AMQ_BENCH_CHUNK)
+CHUNK = max(1, int(os.environ.get("AMQ_BENCH_CHUNK", "50")))
 
-def disk_fdatasync(directory: Path, n: int) -> list[float]:
-    """Seconds of each ``fdatasync`` after a 256-byte append, in ``directory``."""
-    path = directory / "fdatasync.probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
+
+class DiskProbe:
+    """``fdatasync`` after each 256-byte append to a file in ``directory``, in chunks."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "fdatasync.probe"
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def run(self, n: int) -> list[float]:
+        """Seconds of each of ``n`` ``fdatasync`` s."""
         out = []
         for _ in range(n):
-            os.write(fd, BODY)
+            os.write(self.fd, BODY)
             t0 = time.perf_counter()
-            os.fdatasync(fd)
+            os.fdatasync(self.fd)
             out.append(time.perf_counter() - t0)
         return out
-    finally:
-        os.close(fd)
-        path.unlink()
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.path.unlink()
+
+
+class WindowOne:
+    """:func:`window_one`'s loop (the same frames) on one connection kept open, run in chunks."""
+
+    def __init__(self, port: int, dest: str, n: int) -> None:
+        self.frames = [serialize(Frame.make("SEND", {"destination": dest, "persistent": "true", "receipt": str(i)},
+                                            BODY)) for i in range(n)]
+        self.at = 0
+        self.client = RawClient(port)
+
+    def run(self, n: int) -> list[float]:
+        """Seconds from each of the next ``n`` SENDs written to its RECEIPT read."""
+        c = self.client
+        out = []
+        for data in self.frames[self.at : self.at + n]:
+            t0 = time.perf_counter()
+            c.sock.sendall(data)
+            f = c.next_frame()
+            out.append(time.perf_counter() - t0)
+            if f.command != "RECEIPT":
+                raise RuntimeError(f"unexpected {f.command}: {f.get('message')}")
+        self.at += n
+        return out
+
+    def close(self) -> None:
+        self.client.close()
 
 
 _SERIES = re.compile(r'^amq_receipt_(\w+)_seconds_(bucket\{le="([^"]+)"\}|sum|count) (\S+)$', re.M)
@@ -179,11 +218,22 @@ def main() -> None:
         for name in ("disk", *targets, *(f"{c} / {srv}" for srv in servers for c in clients)):
             samples[name] = []
         for r in range(rounds):
-            samples["disk"] += disk_fdatasync(work, n)
-            for name, port in targets.items():
+            for port in targets.values():
                 window_one(port, f"/queue/latency.warm.{r}", max(20, n // 20))
-                before = {node: stages_of(h) for node, h in metrics.get(name, [])}
-                samples[name] += window_one(port, f"/queue/latency.{r}", n)
+            before = {node: stages_of(h) for name in targets for node, h in metrics.get(name, [])}
+            runners: dict[str, DiskProbe | WindowOne] = {"disk": DiskProbe(work)}
+            runners.update((name, WindowOne(port, f"/queue/latency.{r}", n)) for name, port in targets.items())
+            try:
+                # the targets take turns, CHUNK sends each (the order rotating): a burst of the
+                # machine's other load then falls on all of them alike, not on one target's window
+                order = list(runners)
+                for k, start in enumerate(range(0, n, CHUNK)):
+                    for name in order[k % len(order):] + order[: k % len(order)]:
+                        samples[name] += runners[name].run(min(CHUNK, n - start))
+            finally:
+                for runner in runners.values():
+                    runner.close()
+            for name in targets:
                 for node, h in metrics.get(name, []):
                     add_delta(stages.setdefault(node, {}), before[node], stages_of(h))
             for srv, port in servers.items():  # what our client adds, against the single broker and the echo
