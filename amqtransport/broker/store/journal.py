@@ -113,7 +113,8 @@ from .writer import (
 )
 
 #: :meth:`Journal.commit_turn` commits on the loop while its commits there take at most
-#: this much (seconds) longer than the writer thread's (what the two hand-offs cost)...
+#: the two hand-offs (:attr:`Journal.handoffs`, as measured) longer than the writer
+#: thread's; this much (seconds) until they have been measured...
 INLINE_MARGIN = 0.00005
 #: ...and every this many turns tries the other way
 INLINE_PROBE_EVERY = 16
@@ -195,6 +196,12 @@ class Journal(SegmentReads, JournalWriter):
         #: late after the fdatasync (a loop thread on a crowded machine) shows it here
         self.sync_writer: float | None = None  # (None: no commit measured yet)
         self.sync_here: float | None = None
+        #: moving averages (seconds) of what a turn left to the writer costs besides its
+        #: commit, measured on such turns: waking the sleeping writer (the append, or
+        #: commit_turn, until the writer runs) and handing the completions back (the
+        #: writer's ``notify`` until the first of them runs on the loop)
+        self.wake_writer: float | None = None
+        self.handback_writer: float | None = None
         self._turns = 0  # commit_turn calls that could commit here
         self._woken_at = 0.0  # perf_counter() when an append woke the sleeping writer (0: none since)
         self._queued_at = 0.0  # perf_counter() when the first record of the next batch was queued
@@ -475,10 +482,10 @@ class Journal(SegmentReads, JournalWriter):
             max_records = 0  # (commit_here then wakes the writer)
         else:
             # here, unless the writer's commits have been faster by more than the two
-            # hand-offs saved; every INLINE_PROBE_EVERY-th turn tries the other way, so
-            # that both averages follow the machine's load
+            # hand-offs saved (measured on the writer's turns); every INLINE_PROBE_EVERY-th
+            # turn tries the other way, so that the averages follow the machine's load
             self._turns += 1
-            here = self.sync_here is None or self.sync_writer is None or self.sync_here <= self.sync_writer + INLINE_MARGIN
+            here = self.sync_here is None or self.sync_writer is None or self.sync_here <= self.sync_writer + self.handoffs
             if here == (self._turns % INLINE_PROBE_EVERY == 0):
                 max_records = 0
         done = self.commit_here(max_records)
@@ -487,6 +494,16 @@ class Journal(SegmentReads, JournalWriter):
         if done:
             RECEIPT_PATH.handoff.observe(0.0)  # no hand-off: committed where it is delivered
             self.deliver_here(done)
+
+    @property
+    def handoffs(self) -> float:
+        """What the two thread hand-offs of a turn left to the writer cost (seconds): as
+        measured (:attr:`wake_writer` + :attr:`handback_writer`), else :data:`INLINE_MARGIN`.
+        On a crowded machine they cost several times the margin (issue 27: 120-130 us at
+        load 6), and a fixed margin left turns to the writer that the loop did faster."""
+        if self.wake_writer is None or self.handback_writer is None:
+            return INLINE_MARGIN
+        return self.wake_writer + self.handback_writer
 
     @property
     def backlog_bytes(self) -> int:

@@ -85,6 +85,9 @@ class JournalWriter:
     _thread: threading.Thread | None
     sync_writer: float | None
     sync_here: float | None
+    wake_writer: float | None
+    handback_writer: float | None
+    on_queued: Callable[[], None] | None
     batch_records: Histogram
 
     def path_of(self, seg_id: int) -> Path:
@@ -127,7 +130,9 @@ class JournalWriter:
                     self._cond.wait(CHECK_INTERVAL)
                     self._waiting = False
                     if self._woken_at:
-                        RECEIPT_PATH.journal_wakeup.observe(time.perf_counter() - self._woken_at)
+                        woke = time.perf_counter() - self._woken_at
+                        RECEIPT_PATH.journal_wakeup.observe(woke)
+                        self.wake_writer = woke if self.wake_writer is None else self.wake_writer + (woke - self.wake_writer) / 16
                         self._woken_at = 0.0
                 if self._failed is not None:  # a batch commit_here wrote failed: it did what a failure does
                     return
@@ -153,6 +158,8 @@ class JournalWriter:
             else:
                 error = self._commit(items, payloads)
                 done = self._settle(callbacks, target, error, batch=True)
+                if done and self.on_queued is not None:  # a loop that commits turns itself: time the way back
+                    done[0] = self._timed_handback(*done[0])
             self._deliver(done)
             self._done(target, target_bytes)
             if error is not None:
@@ -176,6 +183,8 @@ class JournalWriter:
             if (self._busy or not self._queue or self._closing or self._failed is not None or self._check_due
                     or len(self._payloads) > max_records):
                 if self._queue and self._waiting:
+                    if not self._woken_at:
+                        self._woken_at = time.perf_counter()  # RECEIPT_PATH.journal_wakeup, wake_writer
                     self._cond.notify_all()  # the writer's, then (the appends may not have woken it)
                 return None
             self._woken_at = 0.0  # the writer, if woken, finds nothing to do
@@ -189,6 +198,18 @@ class JournalWriter:
         self._done(target, target_bytes)
         self._report_failure(error)
         return []
+
+    def _timed_handback(self, cb: Callback, err: BaseException | None) -> tuple[Callback, BaseException | None]:
+        """``cb``, noting when it runs how long the hand-back took (:attr:`handback_writer`)."""
+        handed = time.perf_counter()
+
+        def first(e: BaseException | None) -> None:
+            took = time.perf_counter() - handed
+            self.handback_writer = took if self.handback_writer is None else self.handback_writer + (
+                took - self.handback_writer) / 16
+            cb(e)
+
+        return first, err
 
     def _take(self) -> tuple[list[bytes | tuple[str, object]], list[Callback], list[bytes], int, int]:
         """Take everything queued as one batch (under ``_cond``); the taker holds ``_busy``."""
