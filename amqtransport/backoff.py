@@ -24,6 +24,14 @@ replaces it unless it is -1.  When the iterator ends the caller raises
 ``ReconnectExhausted``; the caller stops iterating as soon as an attempt succeeds and
 sleeps ``attempt.delay`` seconds before each attempt itself (sleep is the caller's).
 
+``failed_last(attempts, failed)`` is ActiveMQ's rule for the link that just failed
+(``FailoverTransport.getConnectList``: the URI of the failed transport is removed and
+added back at the end of the list): in every pass of a reconnect, the endpoint whose
+address is ``failed`` is tried last (after the shuffle of ``randomize`` and the
+priority endpoints of ``priorityBackup``), and the pass's delay stays on its first
+attempt.  A broker that died, hung or was cut off is thus not the first thing a
+reconnect waits on when another broker of the list may already serve.
+
 ``static_delays(options)`` is the discovery agent's backoff: ``initialReconnectDelay``,
 then multiplied by ``backOffMultiplier`` each failure, capped at ``maxReconnectDelay``
 (constant without ``useExponentialBackOff``), ``maxReconnectAttempts`` values or
@@ -36,6 +44,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from tenacity import wait_exponential, wait_fixed
@@ -50,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Attempt",
     "failover_schedule",
+    "failed_last",
     "failover_delay_ms",
     "pass_limit",
     "static_delays",
@@ -178,6 +188,20 @@ def failover_schedule(
                 delay = ms / 1000.0
             yield Attempt(endpoint, delay, pass_number)
         pass_number += 1
+
+
+def failed_last(attempts: Iterator[Attempt[T]], failed: str | None) -> Iterator[Attempt[T]]:
+    """``attempts`` with the endpoint whose address is ``failed`` last in each pass (see
+    the module docstring); unchanged when ``failed`` is None or not in the list."""
+    if failed is None:
+        yield from attempts
+        return
+    wanted = _normalise(failed)
+    for _, group in groupby(attempts, key=lambda attempt: attempt.pass_number):
+        items = list(group)
+        ordered = [a for a in items if _key(a.endpoint) != wanted] + [a for a in items if _key(a.endpoint) == wanted]
+        for index, attempt in enumerate(ordered):
+            yield Attempt(attempt.endpoint, items[0].delay if index == 0 else 0.0, attempt.pass_number)
 
 
 def static_delay_ms(options: StaticOptions, failures: int) -> float:

@@ -13,6 +13,7 @@ from amqtransport.backoff import (
     Attempt,
     describe_failover,
     describe_static,
+    failed_last,
     failover_delay_ms,
     failover_schedule,
     pass_limit,
@@ -285,3 +286,32 @@ def test_schedule_invariants(o: FailoverOptions, n: int, startup: bool, seed: in
             assert base <= o.max_reconnect_delay / 1000 + 1e-9
             assert base >= previous - 1e-9  # never shrinks
         previous = base
+
+
+def test_failed_last_puts_the_lost_broker_at_the_end_of_every_pass() -> None:
+    schedule = failed_last(failover_schedule(EPS, opts(randomize=False, initialReconnectDelay=10), startup=False),
+                           "tcp://a:1")
+    got = take(schedule, 6)
+    assert [a.endpoint for a in got] == ["tcp://b:2", "tcp://c:3", "tcp://a:1"] * 2
+    assert [a.delay for a in got] == [0.0, 0.0, 0.0, 0.01, 0.0, 0.0]  # the pass's delay stays first
+    assert [a.pass_number for a in got] == [1, 1, 1, 2, 2, 2]
+
+
+def test_failed_last_without_a_lost_broker_or_with_an_unknown_one_changes_nothing() -> None:
+    plain = take(failover_schedule(EPS, opts(randomize=False), startup=False), 6)
+    assert take(failed_last(failover_schedule(EPS, opts(randomize=False), startup=False), None), 6) == plain
+    assert take(failed_last(failover_schedule(EPS, opts(randomize=False), startup=False), "tcp://z:9"), 6) == plain
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), failed=st.sampled_from(EPS), passes=st.integers(1, 4))
+def test_failed_last_keeps_each_shuffled_pass_with_the_lost_broker_last(seed: int, failed: str, passes: int) -> None:
+    options = opts(randomize=True, maxReconnectAttempts=passes)
+    before = list(failover_schedule(EPS, options, startup=False, rng=random.Random(seed)))
+    after = list(failed_last(failover_schedule(EPS, options, startup=False, rng=random.Random(seed)), failed))
+    assert len(after) == len(before) == 3 * passes
+    for n in range(passes):
+        got, was = after[3 * n:3 * n + 3], before[3 * n:3 * n + 3]
+        assert got[-1].endpoint == failed
+        assert [a.endpoint for a in got[:-1]] == [a.endpoint for a in was if a.endpoint != failed]
+        assert [a.delay for a in got] == [was[0].delay, 0.0, 0.0]

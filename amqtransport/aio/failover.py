@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from amqtransport._backends.base import leaf_address
-from amqtransport.backoff import Attempt, failover_schedule
+from amqtransport.backoff import Attempt, failed_last, failover_schedule
 from amqtransport.errors import (
     AmqTransportError,
     AuthenticationError,
@@ -133,6 +133,8 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._idle: asyncio.TimerHandle | None = None
         self._probing = False
+        #: the address of the link lost last: a reconnect tries it last (``backoff.failed_last``)
+        self._failed_address: str | None = None
         #: ``on_message(frame, generation)`` for every MESSAGE of the current link
         self.on_message: Callable[[Frame, int], None] | None = None
         #: called with each ERROR that names no request (before the link ends)
@@ -275,7 +277,8 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         leaves = self.leaves
         if self.options.update_uris_url:  # may read a URL: off the loop
             leaves = await asyncio.to_thread(endpoints, self.leaves, self.options.update_uris_url)
-        self._core.begin_connect(leaves, self._schedule(leaves, self.options, startup=startup, rng=self._rng),
+        attempts = self._schedule(leaves, self.options, startup=startup, rng=self._rng)
+        self._core.begin_connect(leaves, failed_last(attempts, None if startup else self._failed_address),
                                  startup=startup, last_error=last_error)
         every = self.options.probe_interval / 1000.0
         loop = asyncio.get_running_loop()
@@ -336,7 +339,10 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         return install
 
     def _lost(self, link: AsyncLink, error: TransportError) -> None:
-        self._run(self._core.link_lost(link, error))
+        actions = self._core.link_lost(link, error)
+        if any(isinstance(action, Reconnect) for action in actions):
+            self._failed_address = link.address
+        self._run(actions)
 
     async def _supervise(self, error: BaseException) -> None:
         log.warning("failover: link lost (%s); reconnecting", error)

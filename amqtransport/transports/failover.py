@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from amqtransport._backends.base import Backend, leaf_address
-from amqtransport.backoff import Attempt
+from amqtransport.backoff import Attempt, failed_last
 from amqtransport.errors import (
     AmqTransportError,
     AuthenticationError,
@@ -141,6 +141,8 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
         self._probing = False
         self._threads = threads if threads is not None else ThreadSet()
         self._timeout_ms = options.timeout
+        #: the address of the link lost last: a reconnect tries it last (``backoff.failed_last``)
+        self._failed_address: str | None = None
 
     # -- running the core's actions ---------------------------------------------------------
 
@@ -250,8 +252,9 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
             return backup
         endpoints = self._endpoints()
         with self._lock:
-            self._core.begin_connect(endpoints, self._schedule(endpoints, self.options, startup=startup,
-                                                               rng=self._rng), startup=startup, last_error=last_error)
+            attempts = self._schedule(endpoints, self.options, startup=startup, rng=self._rng)
+            self._core.begin_connect(endpoints, failed_last(attempts, None if startup else self._failed_address),
+                                     startup=startup, last_error=last_error)
         while True:
             with self._lock:
                 step = self._core.next_connect()
@@ -373,6 +376,8 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
     def _lost(self, conn: StompConnection, error: TransportError) -> None:
         with self._lock:
             actions = self._core.link_lost(conn, error)
+            if any(isinstance(action, Reconnect) for action in actions):
+                self._failed_address = conn.address
         self._run(actions)
 
     def _supervise(self, error: BaseException) -> None:

@@ -260,3 +260,43 @@ def test_a_half_open_link_is_found_by_heart_beats(open_driver: Callable[..., Dri
         for conn in held:
             conn.close()
         server.close()
+
+
+def test_a_reconnect_tries_the_broker_it_lost_last(open_driver: Callable[..., Driver]) -> None:
+    """ActiveMQ's getConnectList: the broker whose link was lost goes to the end of the
+    list. The first broker answers one CONNECTED and then hangs (a frozen master: it
+    accepts connections and answers nothing); the link is lost on heart-beats and the
+    reconnect must reach the second broker first, not wait out a 60 s connectTimeout
+    on the hung one."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        first = True
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed by the test
+                return
+            held.append(conn)
+            if first:
+                first = False
+                data = b""
+                while b"\0" not in data:
+                    data += conn.recv(4096)
+                conn.sendall(b"CONNECTED\nversion:1.2\nheart-beat:100,100\n\n\0")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with EmbeddedBroker(port=0) as b:
+            d = open_driver(f"failover:(tcp://127.0.0.1:{port},{b.uri})?randomize=false"
+                            "&initialReconnectDelay=10&maxReconnectDelay=50",
+                            ConnectParams(heartbeat=(100, 100), connect_timeout=60))
+            assert d.connected_address == f"tcp://127.0.0.1:{port}"
+            assert wait_for(lambda: d.connected_address == b.uri, timeout=30), (d.state, d.connected_address)
+            d.wait(d.request(send("/queue/shared.lastfirst", "k-1")), timeout=10)
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
