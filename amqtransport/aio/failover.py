@@ -135,6 +135,9 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         self._probing = False
         #: the address of the link lost last: a reconnect tries it last (``backoff.failed_last``)
         self._failed_address: str | None = None
+        #: a ``failover:`` schedule tries the lost broker last; ``static:`` / ``masterslave:``
+        #: keep their order (ActiveMQ builds a new failover transport for each of their passes)
+        self._lost_last = schedule is failover_schedule
         #: ``on_message(frame, generation)`` for every MESSAGE of the current link
         self.on_message: Callable[[Frame, int], None] | None = None
         #: called with each ERROR that names no request (before the link ends)
@@ -278,7 +281,7 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
         if self.options.update_uris_url:  # may read a URL: off the loop
             leaves = await asyncio.to_thread(endpoints, self.leaves, self.options.update_uris_url)
         attempts = self._schedule(leaves, self.options, startup=startup, rng=self._rng)
-        self._core.begin_connect(leaves, failed_last(attempts, None if startup else self._failed_address),
+        self._core.begin_connect(leaves, failed_last(attempts, self._failed_address if self._lost_last and not startup else None),
                                  startup=startup, last_error=last_error)
         every = self.options.probe_interval / 1000.0
         loop = asyncio.get_running_loop()

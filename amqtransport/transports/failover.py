@@ -126,10 +126,13 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
         self._sleep: Sleep = sleep if sleep is not None else self._closed_event.wait
         self._clock = clock
         self._rng = rng
-        if schedule is None:
-            from amqtransport.backoff import failover_schedule
+        from amqtransport.backoff import failover_schedule
 
+        if schedule is None:
             schedule = failover_schedule
+        #: a ``failover:`` schedule tries the lost broker last; ``static:`` / ``masterslave:``
+        #: keep their order (ActiveMQ builds a new failover transport for each of their passes)
+        self._lost_last = schedule is failover_schedule
         self._schedule = schedule
         self._uri_parser = uri_parser
         #: the bare TCP probe run while a back-off sleeps (None: never; probe.py)
@@ -253,7 +256,7 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
         endpoints = self._endpoints()
         with self._lock:
             attempts = self._schedule(endpoints, self.options, startup=startup, rng=self._rng)
-            self._core.begin_connect(endpoints, failed_last(attempts, None if startup else self._failed_address),
+            self._core.begin_connect(endpoints, failed_last(attempts, self._failed_address if self._lost_last and not startup else None),
                                      startup=startup, last_error=last_error)
         while True:
             with self._lock:

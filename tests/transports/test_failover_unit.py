@@ -123,7 +123,8 @@ def test_n_attempts_after_a_loss_then_failed(backend: MemoryBackend) -> None:
         a.drop()
         assert rec.event.wait(5)
         assert sleeps == [0.01, 0.02]
-        assert backend.connect_log[1:] == ["a:1", "b:2"] * 3
+        # the lost broker a goes last in every pass (ActiveMQ's getConnectList)
+        assert backend.connect_log[1:] == ["b:2", "a:1"] * 3
         assert rec.calls[-1] == ("failed", "ReconnectExhausted")
         with pytest.raises(ReconnectExhausted):
             sub.receive(1)
