@@ -18,7 +18,8 @@ class ClientSettings:
 
     uri: str
     heartbeat_ms: int = 1000
-    connect_timeout_s: float = 2.0
+    #: seconds to connect and receive CONNECTED (None: the URI's ``connectTimeout``, 10 s unless given)
+    connect_timeout_s: float | None = 2.0
     dedupe: bool = True
     login: str | None = None
     passcode: str | None = None

@@ -68,7 +68,7 @@ from chaos.nemesis.workload import (
     Worker,
 )
 
-__all__ = ["NemesisParams", "RoundOutcome", "ModeResult", "ModeRun", "build_workload", "replay_command"]
+__all__ = ["NemesisParams", "RoundOutcome", "ModeResult", "ModeRun", "build_workload", "pair_uri", "replay_command"]
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +163,19 @@ def replay_command(mode: str, seed: int, rounds: int, kinds: Sequence[str] | Non
     return cmd
 
 
+def pair_uri(stage: Stage, params: NemesisParams) -> str:
+    """The pair's clients' URI: the stage's failover over the proxies (first node first)
+    with ``nested.connectTimeout`` of one link timeout on every leaf, so that a node that
+    accepts and answers nothing (frozen, isolated) costs a reconnect that long, not 10 s
+    (docs/chaos.md, *The clients' URI*)."""
+    return f"{stage.uri(timeout_ms=params.client_timeout_ms)}&nested.connectTimeout={round(params.link_timeout_s * 1000)}"
+
+
 def build_workload(stage: Stage, spoke_uri: str, history: History, clock: Callable[[], float],
                    params: NemesisParams) -> tuple[list[Consumer], list[Worker]]:
     """The consumers (subscribed first) and the producers of every kind (see the module
     docstring of :mod:`chaos.nemesis.workload`)."""
-    pair = ClientSettings(uri=stage.uri(timeout_ms=params.client_timeout_ms), heartbeat_ms=params.heartbeat_ms)
+    pair = ClientSettings(uri=pair_uri(stage, params), heartbeat_ms=params.heartbeat_ms, connect_timeout_s=None)
     spoke = ClientSettings(uri=f"failover:({spoke_uri})?initialReconnectDelay=20&maxReconnectDelay=500"
                                f"&timeout={params.client_timeout_ms}", heartbeat_ms=params.heartbeat_ms)
     r = params.rate
