@@ -333,7 +333,7 @@ class BrokerPair:
         self.data_dir = private_dir(data_dir)
         common: list[str] = ["--ha", mode, *extra_args]
         self.cluster_password_file: Path | None = None
-        if mode == "replicated":
+        if mode == "replicated" or witness:  # the witness knows a pair by its secret
             self.cluster_password_file = self._secret_file(cluster_password, cluster_password_file)
             common += ["--cluster-password-file", str(self.cluster_password_file)]
         if users:

@@ -312,8 +312,12 @@ def test_the_witness_option_and_config_keys_are_checked(tmp_path: Path) -> None:
         load_ha_table(cfg)
     with pytest.raises(ConfigError, match="--witness"):
         HaOptions(witness="h", cluster_password="x" * 16).validate()
-    with pytest.raises(ConfigError, match="--witness is for --ha replicated"):
+    # a shared store with a witness (sealed.py) needs the secret the witness knows the pair by
+    with pytest.raises(ConfigError, match="and a pair with --witness\\) needs the pair's cluster secret"):
         HaOptions(mode="shared-store", witness="h:1").validate()
+    HaOptions(mode="shared-store", witness="h:1", cluster_password="x" * 16).validate()
+    with pytest.raises(ConfigError, match="--allow-failback does not go with --witness on a shared store"):
+        HaOptions(mode="shared-store", witness="h:1", cluster_password="x" * 16, allow_failback=True).validate()
     base = [sys.executable, "-m", "amqtransport", "broker"]
     out = subprocess.run([*base, "run", "--port", "5", "--ha", "replicated", "--cluster-password", "x" * 16,
                           "--witness", "nope", "--data-dir", str(tmp_path / "d")],

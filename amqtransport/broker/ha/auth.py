@@ -119,7 +119,7 @@ def load_secret(password: str | None, password_file: str | None) -> bytes:
         secret, what = password, "--cluster-password"
     else:
         raise ConfigError(
-            "--ha replicated needs the pair's cluster secret: --cluster-password-file FILE (the same file "
+            "--ha replicated (and a pair with --witness) needs the pair's cluster secret: --cluster-password-file FILE (the same file "
             "content on both nodes), --cluster-password, or cluster_password_file / cluster_password in the "
             "[ha] table; `amq broker pair` generates one",
             path="cluster_password",

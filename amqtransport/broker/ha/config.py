@@ -25,7 +25,7 @@ Keys (snake_case, ActiveMQ camelCase accepted as aliases): ``mode``, ``master_co
 (``HOST:PORT`` of an ``amq broker witness``: see :mod:`.witness`), ``ha_port``,
 ``link_timeout`` (seconds), ``cluster_password`` (``clusterPassword``) or
 ``cluster_password_file`` (``clusterPasswordFile``): the pair's shared secret, required
-in replicated mode (see :mod:`.auth`), and the HA port's bounds ``ha_max_connections``
+in replicated mode and with a witness (see :mod:`.auth`), and the HA port's bounds ``ha_max_connections``
 (16), ``ha_idle_timeout`` (5 s) and ``ha_max_frame`` (65536 bytes). A relative
 ``cluster_password_file`` is relative to the config file. Command-line flags win over the file. Unknown keys and bad
 values raise :class:`~amqtransport.errors.ConfigError` naming the key.
@@ -152,9 +152,10 @@ class HaOptions:
         if self.takeover_check:
             parse_address(self.takeover_check, "--takeover-check")
         if self.witness:
-            if self.mode != "replicated":
-                raise ConfigError("--witness is for --ha replicated (a shared store has its lock)", path="witness")
             parse_address(self.witness, "--witness")
+            if self.mode == "shared-store" and self.allow_failback:
+                raise ConfigError("--allow-failback does not go with --witness on a shared store (the witness's "
+                                  "lease decides who is master, not a failback request)", path="allow_failback")
         if not 0.001 <= self.lock_interval <= 60:
             raise ConfigError(f"--lock-interval must be between 0.001 and 60 s, got {self.lock_interval}",
                               path="lock_interval")
@@ -163,7 +164,7 @@ class HaOptions:
                               path="link_timeout")
         if (self.master_user is None) != (self.master_password is None):
             raise ConfigError("--master-user and --master-password go together", path="master_user")
-        if self.mode == "replicated":
+        if self.mode == "replicated" or self.witness:  # the witness knows a pair by its secret
             load_secret(self.cluster_password, self.cluster_password_file)
         if not 1 <= self.ha_max_connections <= 10_000:
             raise ConfigError(f"ha_max_connections must be between 1 and 10000, got {self.ha_max_connections}",

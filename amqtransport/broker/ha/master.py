@@ -55,6 +55,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Protocol
 
 from ..server import BrokerServer
@@ -150,12 +151,13 @@ class MasterRole:
         self.renew_now: asyncio.Event | None = None  # set: renew the witness lease now (a slave synced)
         self.handing_over = ""  # why this term ends with a handover to the in-sync slave ("" it does not)
 
-    async def start(self, *, replicate: bool) -> None:
-        """Open the store and the broker, install the receipt gate (``replicate``), bind
-        the client port (with ``--wait-for-slave``: once a slave has synced)."""
+    async def start(self, *, replicate: bool, data_dir: Path | None = None) -> None:
+        """Open the store (in ``data_dir``, default the node's) and the broker, install the
+        receipt gate (``replicate``), bind the client port (with ``--wait-for-slave``: once
+        a slave has synced)."""
         node = self.node
         t0 = time.monotonic()
-        server = BrokerServer(node.config, data_dir=node.data_dir, users=node.users)
+        server = BrokerServer(node.config, data_dir=data_dir or node.data_dir, users=node.users)
         await server.open()
         server.connect_hook = node.requests  # status and role requests on the client port (port.py)
         server.on_fenced = self._fenced
@@ -272,6 +274,11 @@ class MasterRole:
                 node.demote_event.set()
                 if node.wake is not None:  # the term ends now, not at the next peer check
                     node.wake.set()
+            return
+        if node.opts.mode == "shared-store" and node.witness is not None and node.demote_event is not None:
+            # a store under a witness lease (sealed.py): leave the role, stop renewing; the standby seals it
+            log.error("node %s: %s: leaving the master role (the witness lease lapses)", node.name, reason)
+            node.demote_event.set()
             return
         if node.opts.mode == "shared-store":  # exiting releases the store lock: the standby takes over
             log.error("node %s: %s: releasing the store lock to the standby: stopping (exit code 3)", node.name,

@@ -15,7 +15,8 @@ store -- replication link, demote, stand-by -- is signed with the pair's cluster
 secret and checked (:mod:`.auth`); the HA port is bounded (:mod:`.port`).
 
 Shared store (``--ha shared-store``): the store's file lock elects the master; the
-role loop of that mode is :class:`~.shared.SharedStoreRole`.
+role loop of that mode is :class:`~.shared.SharedStoreRole` -- with ``--witness``, the
+witness's lease does and the store is sealed by a rename (:class:`~.sealed.LeasedStoreRole`).
 
 Replicated, shared nothing (``--ha replicated``). A node with ``--master-connector``
 is configured as slave; one without is configured as master. What the node is --
@@ -92,6 +93,7 @@ from .epoch import HaState
 from .master import MasterRole
 from .port import HaPortProtocol, HaRequests
 from .replication import ReplicationMaster
+from .sealed import LeasedStoreRole
 from .shared import SharedStoreRole
 from .slave import SlaveLink, serve_slave
 from .wire import (
@@ -179,9 +181,10 @@ class HaNode:
         self._lease_requests: set[asyncio.Future[WitnessAnswer]] = set()
         #: the epoch the witness granted mastership at (0: none): the next term raises to it
         self.granted_epoch = 0
-        if options.mode == "replicated":
+        if options.mode == "replicated" or options.witness:
             secret = load_secret(options.cluster_password, options.cluster_password_file)
-            self.signer, self.verifier = RequestSigner(secret), RequestVerifier(secret)
+            if options.mode == "replicated":
+                self.signer, self.verifier = RequestSigner(secret), RequestVerifier(secret)
             if options.witness:
                 self.witness = WitnessClient(parse_address(options.witness, "--witness"), secret, self.name,
                                              lease_seconds(options.link_timeout))
@@ -219,7 +222,9 @@ class HaNode:
                 argv[i + 1] = "***"
         log.info("node %s: started as: amq %s", self.name, " ".join(argv))
         try:
-            if self.opts.mode == "shared-store":
+            if self.opts.mode == "shared-store" and self.witness is not None:
+                await LeasedStoreRole(self).run()
+            elif self.opts.mode == "shared-store":
                 await SharedStoreRole(self).run()
             else:
                 await self._run_replicated()

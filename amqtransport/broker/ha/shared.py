@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,11 +50,24 @@ from .master import MasterRole
 if TYPE_CHECKING:
     from ..http import HttpServer
 
-__all__ = ["KnownNode", "SharedHost", "SharedStoreRole", "announce", "known_nodes"]
+__all__ = ["KnownNode", "SharedHost", "SharedStoreRole", "announce", "known_nodes", "store_dirs"]
 
 log = logging.getLogger(__name__)
 
 NODES_DIR = "ha-nodes"  # in the shared data directory: one <name>.json per node
+_STORE = re.compile(r"store-(\d{1,18})")  # a store sealed with a witness (sealed.py)
+
+
+def store_dirs(data_dir: Path) -> list[tuple[int, Path]]:
+    """Every ``store-<epoch>`` directory in ``data_dir`` (a store run with a witness:
+    :mod:`.sealed`), oldest epoch first."""
+    out: list[tuple[int, Path]] = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(data_dir):
+            m = _STORE.fullmatch(entry.name)
+            if m and entry.is_dir(follow_symlinks=False):
+                out.append((int(m.group(1)), Path(entry.path)))
+    return sorted(out)
 
 
 @dataclass(frozen=True)
@@ -172,6 +186,16 @@ class SharedStoreRole:
                 got = await wait_for_lock(lock, node.opts.lock_interval, stop=node.stop_event, may_take=may_take)
                 if not got:
                     return
+                if store_dirs(node.data_dir):
+                    # the store was run with a witness (sealed.py): its journal is in store-<epoch>/,
+                    # and a node without one would serve an empty DATA/journal beside it
+                    lock.release()
+                    self.lock_conflicts += 1
+                    if self.lock_conflicts == 1 or self.lock_conflicts % 100 == 0:
+                        log.error("node %s: %s holds a store run with a witness (store-<epoch>/): start this node "
+                                  "with the pair's --witness too; staying slave", node.name, node.data_dir)
+                    await node.sleep(max(1.0, node.opts.lock_interval))
+                    continue
                 if is_locked(journal_lock):
                     # we hold ha.lock but another process still holds the journal: the lock
                     # file was deleted or replaced under a live master. Never raise the epoch
