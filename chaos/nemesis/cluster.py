@@ -29,12 +29,12 @@ for every scenario) built on :class:`~chaos.harness.cluster.EmbeddedPairCluster`
   slave still sees the master answer on its client port, as with the proxy). Where namespaces cannot be made,
   :attr:`net_reason` says why, the nodes stay on 127.0.0.1 with the replication
   proxies, and the partition faults are skipped.
-* **The witness** (``witness=True``, replicated): an ``amq broker witness``
+* **The witness** (``witness=True``): an ``amq broker witness``
   (:class:`~amqtransport.processes.witness.WitnessProcess`) both nodes are given with
   ``--witness``; with namespaces it runs in one of its own (endpoint ``witness``, one
   more name in :class:`~chaos.nemesis.netns.Netns`'s list), so ``partition-witness``
-  and ``isolate-node`` cut its links with the kernel too. A shared store has its lock
-  file as the arbiter and no witness (:attr:`witness_reason` says so).
+  and ``isolate-node`` cut its links with the kernel too. A shared store with a witness
+  is elected by its lease instead of its lock file (amqtransport/broker/ha/sealed.py).
 * **LazyFS** (``lazyfs=True``, root with ``/dev/fuse``, fusepy and libfuse2): node
   ``a``'s data directory (replicated) or the shared store is a
   :mod:`chaos.nemesis.lazyfs` mount over a backing directory (on the tmpfs when there is
@@ -181,8 +181,6 @@ class NemesisCluster:
         self.witness_reason: str | None = None
         if not witness:
             self.witness_reason = "no witness (run with --witness)"
-        elif mode != "replicated":
-            self.witness_reason = "a shared store has no witness (its lock file is the arbiter)"
         self.agent: Any = None
         self.spoke: BrokerProcess | None = None
         self.hub: EmbeddedPairCluster | None = None

@@ -289,7 +289,7 @@ class ModeRun:
         self.history = History({"mode": mode, "seed": params.seed, "rounds": params.rounds,
                                 "kinds": self.kinds, "double_faults": params.double_faults,
                                 "link_timeout_s": params.link_timeout_s,
-                                "witness": params.witness and mode == "replicated"})
+                                "witness": params.witness})
         self.result = ModeResult(mode, params, self.kinds, self.history)
         self.cluster: NemesisCluster | None = None
         self.stage: Stage | None = None

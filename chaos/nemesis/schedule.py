@@ -79,7 +79,7 @@ class FaultKind:
     #: lands (who, what); it is left out of the default set and runs with ``--faults all``
     pending: str = ""
     #: the pair has the witness this fault needs: pending only without ``--witness``
-    #: (replicated; a shared store has its lock file as the arbiter, and no witness)
+    #: (replicated; a shared store's partitions stay pending: its nodes share one disk)
     needs_witness: bool = False
 
 

@@ -454,9 +454,19 @@ class HaNode:
 
     def accepts_clients(self) -> bool:
         """A client's CONNECT on the client port starts a session: the node serves, or it
-        is suspect but :meth:`covered_by_lease` (the session's receipts wait like any other's)."""
+        is suspect but :meth:`covered_by_lease` (the session's receipts wait like any other's);
+        a shared-store master, unless :meth:`store_lease_lapsed`."""
         repl = self.repl
-        return repl is None or repl.serving or (repl.suspect is not None and self.covered_by_lease())
+        if repl is None:  # a shared store: not once a witness lease ran out (sealed.py)
+            return not self.store_lease_lapsed()
+        return repl.serving or (repl.suspect is not None and self.covered_by_lease())
+
+    def store_lease_lapsed(self) -> bool:
+        """A shared-store master with a witness whose own count of its lease ran out: it
+        answers no client CONNECT (:meth:`accepts_clients`) and leaves the role at its next
+        poll (sealed.py)."""
+        return (self.opts.mode == "shared-store" and self.witness is not None and self.role == "master"
+                and self.loop is not None and self.loop.time() >= self.lease_until)
 
     def lease_left(self) -> float | None:
         if self.witness is None or self.role != "master" or self.loop is None:
