@@ -146,6 +146,11 @@ def test_the_first_master_with_a_witness_moves_a_store_made_without_one(tmp_path
     store = seal(tmp_path, 3)
     assert store_dirs(tmp_path) == [(3, store)] and not (tmp_path / "journal").exists()
     assert _names(store / "journal") == ["legacy"]
+    # a name once used never comes back: an old master's path must keep naming nothing
+    for epoch in (2, 3):
+        with pytest.raises(FileExistsError, match="at epoch 3 already"):
+            seal(tmp_path, epoch)
+    assert store_dirs(tmp_path) == [(3, store)]
 
 
 def test_a_frozen_shared_store_master_is_replaced_on_the_witness_lease_and_fenced_when_it_thaws(

@@ -73,7 +73,10 @@ def seal(data_dir: Path, epoch: int, *, fsync: bool = True) -> Path:
     moving a store made without a witness, ``DATA/journal``, in), fsync ``DATA``; return
     it. OSError when the rename fails (another node sealed it first: its name is gone)."""
     target = data_dir / f"store-{epoch}"
-    current = current_store(data_dir)
+    dirs = store_dirs(data_dir)
+    current = dirs[-1][1] if dirs else None
+    if dirs and dirs[-1][0] >= epoch:  # a name used once is never used again (the old master's path)
+        raise FileExistsError(f"the store is at epoch {dirs[-1][0]} already ({current}), not older than {epoch}")
     if current is None:
         target.mkdir(mode=0o700)
     elif current != target:
@@ -164,7 +167,9 @@ class LeasedStoreRole:
             if node.role != "slave":
                 node.set_role("slave", f"waiting for the witness {node.witness.where} to grant the store")
             asked = node.loop.time()
-            answer = await node.ask_witness(TAKEOVER_HEADER, node.state.epoch + 1)
+            dirs = store_dirs(node.data_dir)
+            own = max(node.state.epoch, dirs[-1][0] if dirs else 0)  # the state file may lag a seal (a crash)
+            answer = await node.ask_witness(TAKEOVER_HEADER, own + 1)
             if not answer.granted:
                 if answer.reason != logged:
                     log.info("node %s: not master: %s", node.name, answer.reason)
@@ -184,7 +189,19 @@ class LeasedStoreRole:
             await node.sleep(node.opts.lock_interval)
 
     async def _term(self, epoch: int) -> str:
-        """Seal the store at ``epoch``, serve until the lease or the store is lost."""
+        """A term granted at ``epoch``: renew the lease from the grant on (opening a large
+        store takes a while), seal the store, serve until the lease or the store is lost."""
+        self.left = ""
+        self.node.state.epoch = max(self.node.state.epoch, epoch)  # what the renewals say from now on
+        keeper = asyncio.get_running_loop().create_task(self._keep_lease())
+        try:
+            return await self._serve(epoch)
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+
+    async def _serve(self, epoch: int) -> str:
         node = self.node
         fsync = node.config.fsync
         try:
@@ -206,21 +223,14 @@ class LeasedStoreRole:
         if previous and previous != node.name:
             node.takeovers += 1
         log.warning("node %s: the witness granted the store at epoch %d: sealed %s", node.name, epoch, store)
-        self.left = ""
-        keeper: asyncio.Task[None] | None = None
         try:
             await node.master.start(replicate=False, data_dir=store)
-            keeper = asyncio.get_running_loop().create_task(self._keep_lease())
             return await self._hold(store)
         except (StoreLockedError, SegmentsLost, JournalError, OSError) as exc:
             self.left = f"cannot open the store {store}: {exc}"
             log.error("node %s: %s", node.name, self.left)
             return "fenced"
         finally:
-            if keeper is not None:
-                keeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await keeper
             await node.master.stop()
 
     async def _keep_lease(self) -> None:
