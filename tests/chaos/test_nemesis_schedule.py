@@ -149,7 +149,7 @@ def test_the_witness_adds_the_partition_kinds_to_the_replicated_default_set() ->
     with_witness = set(default_kinds("replicated", witness=True))
     assert not split & without and "partition-witness" not in without
     assert with_witness == without | split | {"partition-witness"}
-    # a shared store has no witness: its default set does not change
+    # a shared store's partitions stay pending with a witness too: its default set does not change
     assert default_kinds("shared-store", witness=True) == default_kinds("shared-store")
     assert "partition-witness" not in default_kinds("shared-store", witness=True)
     assert FAULT_KINDS["partition-witness"].modes == ("replicated",)

@@ -220,6 +220,12 @@ class LeasedStoreRole:
             log.error("node %s: %s", node.name, self.left)
             await node.sleep(max(1.0, node.opts.lock_interval))
             return "retry"
+        if not store.is_dir() or node.loop is None or node.loop.time() >= node.lease_until:
+            # frozen since the grant: our lease ran out, so another node may have sealed the
+            # store; opening it would create an empty one under our old name
+            self.left = f"the lease ran out before the store {store} was opened"
+            log.error("node %s: %s", node.name, self.left)
+            return "retry"
         if previous and previous != node.name:
             node.takeovers += 1
         log.warning("node %s: the witness granted the store at epoch %d: sealed %s", node.name, epoch, store)
