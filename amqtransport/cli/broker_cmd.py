@@ -28,7 +28,7 @@ def broker() -> None:
     """The embedded STOMP broker: 'run' one (with --ha, one node of a master/slave
     pair), start a 'pair', ask a running broker or HA node for its 'status' (role,
     message counts, memory), 'release' an HA master that holds receipts for a peer that
-    is gone for good, run a 'witness' for replicated pairs, 'hash-password' for a users file."""
+    is gone for good, run a 'witness' for pairs, 'hash-password' for a users file."""
 
 
 def register(command: click.Command) -> None:
@@ -284,7 +284,7 @@ async def _serve(cfg: object, users: dict[str, str] | None) -> int:
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def witness_cmd(port: int, data_dir: str, host: str, log_level: str) -> None:
-    """Run a witness for replicated pairs in the foreground until SIGTERM or Ctrl-C.
+    """Run a witness for pairs (replicated or shared store) in the foreground until SIGTERM or Ctrl-C.
 
     Give both nodes of a pair `--witness HOST:PORT` (one witness serves any number of
     pairs, each known by its cluster secret): a master that loses its slave then goes on

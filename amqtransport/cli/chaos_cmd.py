@@ -73,8 +73,9 @@ def proxy(host: str, port: int, verbose: bool) -> None:
               help="Nemesis: the pair's dedupe_window_size (keys); a small one (e.g. 3000, about 20 s of the "
                    "workload) lets trackMessages replays outlive it.")
 @click.option("--witness", "witness", is_flag=True,
-              help="Nemesis, replicated: run an amq broker witness (in a network namespace of its own) and give "
-                   "both nodes --witness; adds the partition kinds (and partition-witness) to the default set.")
+              help="Nemesis: run an amq broker witness (in a network namespace of its own) and give both nodes "
+                   "--witness; replicated, adds the partition kinds (and partition-witness) to the default set; "
+                   "a shared store is then elected by the witness's lease, not its lock file.")
 @click.option("--keep", is_flag=True, help="Nemesis: keep the scratch directory (broker logs, nemesis.log) "
                                          "even when the run passes.")
 @click.option("--list", "list_only", is_flag=True, help="List the scenarios and the nemesis's fault kinds, and exit.")

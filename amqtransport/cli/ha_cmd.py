@@ -61,11 +61,14 @@ def ha_options(fn: F) -> F:
         click.option("--takeover-check", default=None,
                      help="HOST:PORT both nodes must reach; a slave takes over only if it answers."),
         click.option("--witness", default=None, metavar="HOST:PORT",
-                     help="Replicated: the pair's witness (amq broker witness): a master that loses its slave "
+                     help="The pair's witness (amq broker witness). Replicated: a master that loses its slave "
                           "receipts alone on its lease, a slave takes over only with its grant [default: none, "
-                          "the master holds receipts until the peer answers; config key witness in [ha]]."),
+                          "the master holds receipts until the peer answers; config key witness in [ha]]. "
+                          "Shared store: mastership is its lease instead of the lock file, so a frozen master "
+                          "is replaced (needs the cluster secret too)."),
         click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False),
-                     help="Replicated: file holding the pair's shared secret (both nodes, same content); "
+                     help="Replicated (or with --witness): file holding the pair's shared secret (both nodes, "
+                          "same content); "
                           "every replication/demote request is signed with it."),
         click.option("--cluster-password", default=None,
                      help="Replicated: the pair's shared secret itself (visible in ps: prefer the file)."),
@@ -160,9 +163,10 @@ def replication_passcode(value: object, path: object, *, user: object) -> str | 
               help="File holding the replication link's passcode (first line).")
 @click.option("--takeover-check", default=None, help="HOST:PORT both nodes must reach to take over.")
 @click.option("--witness", default=None, metavar="HOST:PORT",
-              help="Replicated: both nodes use this witness (amq broker witness) [default: none].")
+              help="Both nodes use this witness (amq broker witness) [default: none].")
 @click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="Replicated: the pair's shared secret [default: DATA_DIR/cluster.secret, generated once].")
+              help="Replicated (or with --witness): the pair's shared secret [default: DATA_DIR/cluster.secret, "
+                   "generated once].")
 @click.option("--http-port", type=int, default=None,
               help="HTTP side port of the first master (console, /metrics, /healthz, /readyz on 127.0.0.1) "
                    "[default: off].")
