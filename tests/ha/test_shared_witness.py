@@ -23,6 +23,7 @@ from ha_helpers import raw_connect, read_frames, wait_for
 import amqtransport
 from amqtransport.broker.ha.sealed import disarm, seal
 from amqtransport.broker.ha.shared import store_dirs
+from amqtransport.broker.ha.witness import lease_seconds
 from amqtransport.broker.store import guard as guard_module
 from amqtransport.broker.store.journal import Journal
 from amqtransport.broker.store.records import Ack, encode
@@ -32,7 +33,7 @@ from amqtransport.testing.broker_pair import BrokerPair
 
 pytestmark = pytest.mark.timeout(240)
 
-LINK_TIMEOUT = 1.0  # a lease lasts 2 s
+LINK_TIMEOUT = 1.0  # a lease lasts 1.5 s
 
 
 def _append(j: Journal, name: str) -> BaseException | None:
@@ -180,7 +181,7 @@ def test_a_frozen_shared_store_master_is_replaced_on_the_witness_lease_and_fence
                                  f"{IDEMPOTENCY_HEADER}:key-{body}\ncontent-length:{len(body)}\n\n{body}\x00".encode())
                 new = bp.wait_master(60, exclude=old)
                 print(f"shared-store master frozen -> the standby serves: {time.monotonic() - frozen_at:.2f} s "
-                      f"(--link-timeout {LINK_TIMEOUT:g} s, lease {2 * LINK_TIMEOUT:g} s)")
+                      f"(--link-timeout {LINK_TIMEOUT:g} s, lease {lease_seconds(LINK_TIMEOUT):g} s)")
                 with amqtransport.connect(bp.uri) as c:
                     for i in range(10):
                         c.send(queue, f"after-{i}", idempotency_key=f"k-after-{i}")
