@@ -26,8 +26,8 @@ master that lost it (docs/ha.md, "A shared store with a witness"):
   master reads (the copy of the newest segment, or an older segment); a check after the
   rename fails the journal: no receipt, and the master leaves the role
   (:meth:`.master.MasterRole._fenced`). No clock is involved.
-* The master renews its lease every third of ``--link-timeout``, saying it does not
-  receipt alone (the standby reads the same journal: it lacks nothing), and leaves the
+* The master renews its lease every third of ``--link-timeout`` (on a thread of its
+  own: a busy loop must not lose it), saying it does not receipt alone (the standby reads the same journal: it lacks nothing), and leaves the
   role when its own count of the lease ends unrenewed (before the witness's: a live
   master stops writing before anyone is granted), when the witness says another node
   holds a newer epoch, or when its store directory lost its name.
@@ -41,6 +41,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -52,7 +54,7 @@ from ..store.segments import JournalError
 from ..store.segments import segment_id as _segment_id
 from .epoch import HaState
 from .shared import KnownNode, SharedHost, announce, store_dirs
-from .witness import LEASE_MARGIN, TAKEOVER_HEADER, WitnessAnswer, WitnessClient
+from .witness import LEASE_MARGIN, RENEW_HEADER, TAKEOVER_HEADER, WitnessAnswer, WitnessClient
 
 __all__ = ["LeasedHost", "LeasedStoreRole", "current_store", "disarm", "seal", "settle_delay"]
 
@@ -241,17 +243,44 @@ class LeasedStoreRole:
 
     async def _keep_lease(self) -> None:
         """Renew the lease every third of ``--link-timeout`` (never "alone": the standby
-        reads this very journal); a witness that fences us ends the term."""
+        reads this very journal) on a thread of its own, until cancelled: a loop busy for
+        longer than the lease (a new master swamped by every client failing over to it,
+        found by the nemesis) must not lose it -- the standby would take over, and then
+        lose it the same way. A frozen process renews nothing (the thread is frozen too);
+        a witness that fences us ends the term."""
         node = self.node
+        stop = threading.Event()
+        threading.Thread(target=self._renewals, args=(stop, node.state.epoch), daemon=True,
+                         name=f"witness-lease:{node.name}").start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stop.set()
+
+    def _renewals(self, stop: threading.Event, epoch: int) -> None:
+        """The renewal thread (:meth:`_keep_lease`): ``lease_until`` counts, as the loop's
+        clock does, ``time.monotonic()`` from the moment a granted renewal was sent."""
+        node, witness = self.node, self.node.witness
+        assert witness is not None
         every = max(0.05, node.opts.link_timeout / 3)
-        while not node.stopping and not self.left:
-            answer = await node.renew_lease(alone=False)
-            if answer.fence:
-                self.left = f"the witness fenced us: {answer.reason}"
-                return
-            if not answer.granted:
-                log.warning("node %s: witness lease not renewed: %s", node.name, answer.reason)
-            await asyncio.sleep(every)
+        timeout = max(0.5, min(1.0, node.opts.link_timeout))
+        loop = asyncio.new_event_loop()
+        try:
+            while not stop.is_set():
+                asked = time.monotonic()
+                answer = loop.run_until_complete(witness.ask(RENEW_HEADER, epoch, alone=False, timeout=timeout))
+                if stop.is_set():
+                    return
+                if answer.granted:
+                    node.lease_until = max(node.lease_until, asked + witness.lease * (1 - LEASE_MARGIN))
+                elif answer.fence:
+                    self.left = f"the witness fenced us: {answer.reason}"
+                    return
+                else:
+                    log.warning("node %s: witness lease not renewed: %s", node.name, answer.reason)
+                stop.wait(every)
+        finally:
+            loop.close()
 
     async def _hold(self, store: Path) -> str:
         """Serve until stop ("stop") or the term ends ("fenced": :attr:`left` says why)."""
