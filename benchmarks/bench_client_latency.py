@@ -97,26 +97,37 @@ def window_one(port: int, dest: str, n: int, *, persistent: bool = True, keyed: 
                cpu: Cpu | None = None) -> list[float]:
     """Raw socket: seconds from each SEND written to its RECEIPT read, one at a time
     (``keyed``: each SEND carries an idempotency key, as our client's do)."""
-    flag = "true" if persistent else "false"
-    frames = [serialize(Frame.make("SEND", {"destination": dest, "persistent": flag,
-                                            **({IDEMPOTENCY_HEADER: uuid.uuid4().hex} if keyed else {}),
-                                            "receipt": str(i)}, BODY))
-              for i in range(n)]
+    frames = send_frames(dest, n, persistent=persistent, keyed=keyed)
     c = RawClient(port)
     try:
-        out = []
         clocks = _Clocks(cpu)
-        for data in frames:
-            t0 = time.perf_counter()
-            c.sock.sendall(data)
-            f = c.next_frame()
-            out.append(time.perf_counter() - t0)
-            if f.command != "RECEIPT":
-                raise RuntimeError(f"unexpected {f.command}: {f.get('message')}")
+        out = timed_receipts(c, frames)
         clocks.stop()
         return out
     finally:
         c.close()
+
+
+def send_frames(dest: str, n: int, *, persistent: bool = True, keyed: bool = False) -> list[bytes]:
+    """``n`` serialized SENDs of ``BODY`` to ``dest``, receipts "0" .. "n-1"."""
+    flag = "true" if persistent else "false"
+    return [serialize(Frame.make("SEND", {"destination": dest, "persistent": flag,
+                                          **({IDEMPOTENCY_HEADER: uuid.uuid4().hex} if keyed else {}),
+                                          "receipt": str(i)}, BODY))
+            for i in range(n)]
+
+
+def timed_receipts(c: RawClient, frames: list[bytes]) -> list[float]:
+    """Seconds from each of ``frames`` written on ``c`` to its RECEIPT read, one at a time."""
+    out = []
+    for data in frames:
+        t0 = time.perf_counter()
+        c.sock.sendall(data)
+        f = c.next_frame()
+        out.append(time.perf_counter() - t0)
+        if f.command != "RECEIPT":
+            raise RuntimeError(f"unexpected {f.command}: {f.get('message')}")
+    return out
 
 
 def sync_loop(uri: str, dest: str, n: int, *, persistent: bool = True, cpu: Cpu | None = None) -> list[float]:

@@ -54,11 +54,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import print_table, quick, scale, write_result  # noqa: E402
 from bench_broker import BODY, RawClient, start_activemq  # noqa: E402
-from bench_client_latency import aio_client, percentile, start_echo, sync_client, window_one  # noqa: E402
+from bench_client_latency import (  # noqa: E402
+    aio_client,
+    percentile,
+    send_frames,
+    start_echo,
+    sync_client,
+    timed_receipts,
+    window_one,
+)
 
 from amqtransport.broker.ops.stats import RECEIPT_STAGES  # noqa: E402
 from amqtransport.processes.ports import free_port  # noqa: E402
-from amqtransport.stomp import Frame, serialize  # noqa: E402
 from amqtransport.testing.broker_pair import BrokerPair  # noqa: E402
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
 
@@ -92,22 +99,13 @@ class WindowOne:
     """:func:`window_one`'s loop (the same frames) on one connection kept open, run in chunks."""
 
     def __init__(self, port: int, dest: str, n: int) -> None:
-        self.frames = [serialize(Frame.make("SEND", {"destination": dest, "persistent": "true", "receipt": str(i)},
-                                            BODY)) for i in range(n)]
+        self.frames = send_frames(dest, n)
         self.at = 0
         self.client = RawClient(port)
 
     def run(self, n: int) -> list[float]:
         """Seconds from each of the next ``n`` SENDs written to its RECEIPT read."""
-        c = self.client
-        out = []
-        for data in self.frames[self.at : self.at + n]:
-            t0 = time.perf_counter()
-            c.sock.sendall(data)
-            f = c.next_frame()
-            out.append(time.perf_counter() - t0)
-            if f.command != "RECEIPT":
-                raise RuntimeError(f"unexpected {f.command}: {f.get('message')}")
+        out = timed_receipts(self.client, self.frames[self.at : self.at + n])
         self.at += n
         return out
 
