@@ -47,9 +47,9 @@ from ..store.journal import Callback
 from .consumers import added, group_of, owner_left
 from .memory import MemoryGauge
 from .message import Message
-from .model import AUTO, Subscription
+from .model import Subscription
 from .priority import insert, priority_of, put_back
-from .scan import PagedScanner
+from .scan import PagedScanner, deliver
 from .selection import dispatch_selective, settle
 
 __all__ = ["Queue", "QueueOwner"]
@@ -184,19 +184,7 @@ class Queue:
                     ready.appendleft(sub)
                     self.core.drop_expired(msg)
                     continue
-            msg.delivery_count += 1
-            if sub.ack_mode == AUTO:
-                if msg.persistent:
-                    auto_acked.append(msg.id)
-                self.dequeued += 1
-                self.core.memory.release(msg)
-            else:
-                sub.unacked[msg.id] = msg
-            sub.conn.deliver(sub, msg, msg.delivery_count)
-            if sub.has_credit():
-                ready.append(sub)
-            else:
-                sub.in_ready = False
+            deliver(self, ready, sub, msg, auto_acked)
         if auto_acked:
             self.core.store_ack(auto_acked)
         if self.grouped and messages and ready:
