@@ -192,6 +192,53 @@ def test_torn_tail_is_truncated_and_writing_continues(tmp_path: Path) -> None:
     s3.close()
 
 
+def test_a_truncated_torn_tail_is_fsynced_before_the_first_new_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut must be durable before anything is written after it: else a power loss
+    brings the torn bytes back at the end of a segment that is no longer the last, where
+    the next recovery reads them as damage (salvage.py), not as a tail to cut."""
+    s = open_store(tmp_path, checkpoints=False)
+    for i in range(5):
+        s.add(msg(i))
+    s.close()
+    seg = sorted(tmp_path.glob("seg-*.log"))[-1]
+    os.truncate(seg, seg.stat().st_size - 7)  # cut the last record in the middle
+
+    events: list[tuple[str, str, int]] = []  # (what, file name, its size then)
+    real_fsync, real_fdatasync, real_write = os.fsync, os.fdatasync, os.write
+
+    def name(fd: int) -> str:
+        return os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+
+    def fsync(fd: int) -> None:
+        events.append(("sync", name(fd), os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    def fdatasync(fd: int) -> None:
+        events.append(("sync", name(fd), os.fstat(fd).st_size))
+        real_fdatasync(fd)
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        if name(fd).startswith("seg-"):
+            events.append(("write", name(fd), os.fstat(fd).st_size))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "write", write)
+    s2 = open_store(tmp_path, checkpoints=False)
+    s2.add(msg(9))
+    s2.close()
+    monkeypatch.undo()
+    cut = seg.stat().st_size
+    first_write = next(i for i, e in enumerate(events) if e[0] == "write")
+    assert ("sync", seg.name, cut) in events[:first_write], events
+    s3 = open_store(tmp_path, checkpoints=False)
+    assert sorted(s3.live) == ["m0", "m1", "m2", "m3", "m9"]
+    s3.close()
+
+
 @pytest.mark.parametrize("checkpoint", [False, True])
 def test_corrupt_checksum_stops_that_segment(
     tmp_path: Path, checkpoint: bool, caplog: pytest.LogCaptureFixture
