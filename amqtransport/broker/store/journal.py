@@ -294,7 +294,13 @@ class Journal(SegmentReads, JournalWriter):
         cache, readable as if on disk. Recovery builds on it and the next checkpoint
         records those sizes as durable; a power loss then took the bytes and the
         checkpoint proved records lost (found by the nemesis: a shared store's master
-        killed, the next one recovered its unsynced tail of segment 221, power lost)."""
+        killed, the next one recovered its unsynced tail of segment 221, power lost).
+
+        Only the last segment can be unsynced if every run had ``fsync`` on (the writer
+        fdatasyncs a segment before it rolls to the next; repair and the torn-tail cut
+        fsync what they rewrite), but nothing on disk says so (``BrokerConfig.fsync``):
+        a run with it off leaves every segment it wrote in the page cache. So all are
+        synced (cheap when clean: 200 synced 1 MiB files took 9 ms here)."""
         for seg_id in ids:
             with contextlib.suppress(FileNotFoundError):
                 fd = os.open(self.path_of(seg_id), os.O_RDONLY)
