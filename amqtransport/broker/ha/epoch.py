@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..store.files import replace_file, write_all
+
 __all__ = ["HaState", "STATE_FILE"]
 
 log = logging.getLogger(__name__)
@@ -89,18 +91,5 @@ class HaState:
     def save(self, directory: str | Path) -> None:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        path = d / STATE_FILE
-        tmp = d / (STATE_FILE + f".tmp{os.getpid()}")
         data = json.dumps(asdict(self), sort_keys=True).encode("utf-8")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        replace_file(d, STATE_FILE, lambda fd: write_all(fd, data), tmp_name=f"{STATE_FILE}.tmp{os.getpid()}")

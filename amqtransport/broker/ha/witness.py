@@ -55,6 +55,7 @@ from pathlib import Path
 from amqtransport.errors import RemoteProtocolError
 from amqtransport.stomp import Frame, serialize
 
+from ..store.files import replace_file, write_all
 from .auth import AUTH_HEADER, CHALLENGE_HEADER, RequestSigner, RequestVerifier
 from .config import HaPortLimits
 from .lease import (
@@ -148,19 +149,8 @@ class Witness:
 
     def save(self, pairs: dict[str, PairLease]) -> None:
         """Write ``pairs`` durably: temporary file, fsync, rename, fsync of the directory."""
-        tmp = self.path.with_name(STATE_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, dump_state(pairs))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.data_dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        data = dump_state(pairs)
+        replace_file(self.data_dir, STATE_FILE, lambda fd: write_all(fd, data), mode=0o600)  # it holds the keys
 
     def handle(self, transport: asyncio.Transport, frame: Frame, peer: str) -> None:
         """Answer the one CONNECT of a connection (the module docstring)."""

@@ -4,7 +4,8 @@ directory fsync.
 Theory of operation
 -------------------
 A small file the store must never find half written (the checkpoint, the segment
-chain's record) is replaced whole: written into ``<name>.tmp``, fsynced, renamed over
+chain's record; a pair node's HA state and the witness's leases, :mod:`..ha.epoch` and
+:mod:`..ha.witness`) is replaced whole: written into ``<name>.tmp``, fsynced, renamed over
 ``<name>``, and the directory fsynced so that the rename itself survives a power loss
 (:func:`replace_file`). A crash leaves the old file or the new one, never a mix. A
 directory entry made or removed (a new segment, a deleted one) is durable only once the
@@ -37,12 +38,13 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 def replace_file(directory: Path, name: str, write: Callable[[int], object], *,
-                 fsync: bool = True, ready: Callable[[], None] | None = None) -> None:
-    """Replace ``directory/name`` atomically: ``write(fd)`` writes ``name.tmp``,
-    ``ready()`` (which may raise to give up, leaving ``name`` as it was), fsync, rename
-    over ``name``, fsync the directory."""
-    tmp = directory / (name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                 fsync: bool = True, ready: Callable[[], None] | None = None,
+                 mode: int = 0o644, tmp_name: str | None = None) -> None:
+    """Replace ``directory/name`` atomically: ``write(fd)`` writes ``name.tmp`` (or
+    ``tmp_name``; created with ``mode``), ``ready()`` (which may raise to give up, leaving
+    ``name`` as it was), fsync, rename over ``name``, fsync the directory."""
+    tmp = directory / (tmp_name or name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         write(fd)
         if ready is not None:
