@@ -151,6 +151,18 @@ def _ready_for(ready: deque[Subscription], wants: Callable[[Subscription, T], bo
     return None
 
 
+def _pass_or_hold(store: PagedScanner, name: str, i: int, pri: int, consumers: Sequence[Subscription],
+                  wants: Callable[[Subscription, T], bool], what: T) -> bool:
+    """No ready consumer wants the message at ``i``: hold the scan there (True) when a
+    consumer without credit wants it (step 4 of the module docstring), else pass it
+    (step 3: the cursor moves past it)."""
+    if any(not c.in_ready and wants(c, what) for c in consumers):
+        store.scan_pass(name, i, pri)
+        return True
+    store.scan_pass(name, i + 1, pri)
+    return False
+
+
 def scan_paged(q: ScanQueue, ready: deque[Subscription], auto_acked: list[str],
                accepts: Callable[[Subscription, Message], bool]) -> bool:
     """Deliver ``q``'s paged messages its ready consumers' selectors match, passing the
@@ -185,10 +197,8 @@ def scan_paged(q: ScanQueue, ready: deque[Subscription], auto_acked: list[str],
                         continue
                     sub = _ready_for(ready, accepts, msg)
                     if sub is None:
-                        if any(not c.in_ready and accepts(c, msg) for c in consumers):
-                            store.scan_pass(name, i, pri)
+                        if _pass_or_hold(store, name, i, pri, consumers, accepts, msg):
                             return True
-                        store.scan_pass(name, i + 1, pri)
                         continue
                     store.scan_take(name, i, rec)
                 else:
@@ -203,10 +213,8 @@ def scan_paged(q: ScanQueue, ready: deque[Subscription], auto_acked: list[str],
                         continue
                     sub = _ready_for(ready, _matches, view)
                     if sub is None:
-                        if any(not c.in_ready and _matches(c, view) for c in consumers):
-                            store.scan_pass(name, i, pri)
+                        if _pass_or_hold(store, name, i, pri, consumers, _matches, view):
                             return True
-                        store.scan_pass(name, i + 1, pri)
                         continue
                     taken = store.scan_take(name, i, rec)
                     if taken is None:  # unreadable: logged and gone
