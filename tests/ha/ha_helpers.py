@@ -17,6 +17,7 @@ from typing import Any
 
 import amqtransport
 from amqtransport.broker.ha.wire import PING, SYNC_END, pack
+from amqtransport.stomp import IDEMPOTENCY_HEADER
 from amqtransport.testing.broker_pair import BrokerPair
 from amqtransport.testing.ports import free_port
 from amqtransport.testing.wait import wait_for as _wait_for
@@ -382,3 +383,17 @@ def raw_connect(port: int, client_id: str | None = None) -> socket.socket:
         data += chunk
     assert data.startswith(b"CONNECTED"), data
     return sock
+
+
+def raw_send(sock: socket.socket, destination: str, body: str, *, receipt: str | None = None,
+             idempotency_key: str | None = None) -> None:
+    """A persistent SEND of ``body`` on a raw connection (:func:`raw_connect`), asking for a
+    RECEIPT with id ``receipt`` and carrying ``idempotency_key`` when given; no wait."""
+    data = body.encode()
+    headers = f"destination:{destination}\n"
+    if receipt is not None:
+        headers += f"receipt:{receipt}\n"
+    headers += "persistent:true\n"
+    if idempotency_key is not None:
+        headers += f"{IDEMPOTENCY_HEADER}:{idempotency_key}\n"
+    sock.sendall(f"SEND\n{headers}content-length:{len(data)}\n\n".encode() + data + b"\x00")

@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-from ha_helpers import raw_connect, read_frames, wait_for
+from ha_helpers import raw_connect, raw_send, read_frames, wait_for
 
 import amqtransport
-from amqtransport.stomp import IDEMPOTENCY_HEADER
 from amqtransport.testing.broker_pair import BrokerPair
 
 pytestmark = pytest.mark.timeout(150)
@@ -50,10 +49,7 @@ def freeze_round(bp: BrokerPair, queue: str, tag: str, sockets: int = 6) -> tupl
         os.kill(old.pid, signal.SIGSTOP)
         try:
             for sock, body in zip(socks, bodies, strict=True):
-                sock.sendall(
-                    f"SEND\ndestination:{queue}\nreceipt:{body}\npersistent:true\n"
-                    f"{IDEMPOTENCY_HEADER}:key-{body}\ncontent-length:{len(body)}\n\n{body}\x00".encode()
-                )
+                raw_send(sock, queue, body, receipt=body, idempotency_key=f"key-{body}")
             # a client connecting now: the kernel queues it; the thawed node answers it later
             late = socket.create_connection(("127.0.0.1", old.port), timeout=5)
             socks.append(late)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ha_helpers import raw_connect, read_frames, wait_for
+from ha_helpers import raw_connect, raw_send, read_frames, wait_for
 
 import amqtransport
 from amqtransport.broker.ha.sealed import disarm, seal
@@ -28,7 +28,6 @@ from amqtransport.broker.store import guard as guard_module
 from amqtransport.broker.store.journal import Journal
 from amqtransport.broker.store.records import Ack, encode
 from amqtransport.processes.witness import WitnessProcess
-from amqtransport.stomp import IDEMPOTENCY_HEADER
 from amqtransport.testing.broker_pair import BrokerPair
 
 pytestmark = pytest.mark.timeout(240)
@@ -177,8 +176,7 @@ def test_a_frozen_shared_store_master_is_replaced_on_the_witness_lease_and_fence
             frozen_at = time.monotonic()
             try:
                 for sock, body in zip(socks, bodies, strict=True):
-                    sock.sendall(f"SEND\ndestination:{queue}\nreceipt:{body}\npersistent:true\n"
-                                 f"{IDEMPOTENCY_HEADER}:key-{body}\ncontent-length:{len(body)}\n\n{body}\x00".encode())
+                    raw_send(sock, queue, body, receipt=body, idempotency_key=f"key-{body}")
                 new = bp.wait_master(60, exclude=old)
                 print(f"shared-store master frozen -> the standby serves: {time.monotonic() - frozen_at:.2f} s "
                       f"(--link-timeout {LINK_TIMEOUT:g} s, lease {lease_seconds(LINK_TIMEOUT):g} s)")

@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from ha_helpers import frozen, raw_connect, read_frames, wait_for
+from ha_helpers import frozen, raw_connect, raw_send, read_frames, wait_for
 
 import amqtransport
 from amqtransport.broker.ha.lease import dump_state, load_state, pair_id, pair_key
@@ -39,7 +39,6 @@ from amqtransport.broker.ha.witness import (
     WitnessClient,
 )
 from amqtransport.processes.witness import WitnessProcess
-from amqtransport.stomp import IDEMPOTENCY_HEADER
 from amqtransport.testing.broker_pair import BrokerPair, HaNodeProcess
 from amqtransport.testing.ports import free_port
 
@@ -168,8 +167,7 @@ def test_a_frozen_master_is_replaced_only_with_the_witness_grant_and_fenced_when
             frozen_at = time.monotonic()
             try:
                 for sock, body in zip(socks, bodies, strict=True):
-                    sock.sendall(f"SEND\ndestination:{queue}\nreceipt:{body}\npersistent:true\n"
-                                 f"{IDEMPOTENCY_HEADER}:key-{body}\ncontent-length:{len(body)}\n\n{body}\x00".encode())
+                    raw_send(sock, queue, body, receipt=body, idempotency_key=f"key-{body}")
                 assert bp.wait_master(60, exclude=old) is new
                 print(f"master frozen -> the slave serves as master: {time.monotonic() - frozen_at:.2f} s "
                       f"(--link-timeout {LINK_TIMEOUT:g} s, lease {2 * LINK_TIMEOUT:g} s)")
