@@ -247,16 +247,16 @@ def test_deep_nesting_is_an_error_not_a_crash() -> None:
 def test_string_equality_compares_a_string_property_directly(monkeypatch: pytest.MonkeyPatch) -> None:
     """``prop = 'text'`` on a string property does not go through the general comparison
     (a deep queue evaluates it once per message); other types still do, with its rules."""
-    import amqtransport.selector.parser as parser
+    import amqtransport.selector.nodes as nodes
 
     calls = []
-    real = parser.compare
+    real = nodes.compare
 
     def counting(*args: object) -> object:
         calls.append(args)
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(parser, "compare", counting)
+    monkeypatch.setattr(nodes, "compare", counting)
     sel = compile_selector("k = 'hit'")
     assert sel.matches(view(k="hit")) and not sel.matches(view(k="miss")) and not sel.matches(view())
     assert calls == []
