@@ -166,6 +166,8 @@ _I = struct.Struct("<I")
 _D = struct.Struct("<d")
 # type, len(id), len(destination), len(key), timestamp, expires, delivery_count, len(headers), len(body)
 _ENQ_HEAD = struct.Struct("<BHHHddIII")
+_ENQ_HEAD_AT = _ENQ_HEAD.unpack_from
+_ENQ_FIELDS = _ENQ_HEAD.size  # where an Enq's variable-length fields start
 _json_dumps = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), check_circular=False).encode
 
 
@@ -294,6 +296,22 @@ def enq_expires(payload: bytes) -> float:
     return float(_D_AT(payload, at)[0])
 
 
+def _enq_offsets(payload: bytes | memoryview) -> tuple[int, float, float, int, int, int, int, int, int, int]:
+    """An ``Enq`` payload's head, ``(kind, timestamp, expires, delivery count, a, b, c, d,
+    e, f)``, and where its fields lie: the id ``[a:b]``, the destination ``[b:c]``, the
+    key ``[c:d]``, the headers ``[d:e]``, the body ``[e:f]`` (``f``: the payload's length,
+    else :class:`RecordError`; a payload shorter than the head: :class:`struct.error`)."""
+    (kind, lid, ldest, lkey, ts, expires, count, lh, lb) = _ENQ_HEAD_AT(payload, 0)
+    b = _ENQ_FIELDS + lid
+    c = b + ldest
+    d = c + lkey
+    e = d + lh
+    f = e + lb
+    if f != len(payload):
+        raise RecordError("record truncated" if f > len(payload) else f"{len(payload) - f} trailing bytes after a record")
+    return kind, ts, expires, count, _ENQ_FIELDS, b, c, d, e, f
+
+
 def enq_fields(payload: bytes) -> tuple[str, str, tuple[tuple[str, str], ...], float, int] | None:
     """``(id, destination, headers, timestamp, delivery count)`` of an ``Enq`` payload's
     message, without the rest of it (no body, no :class:`Message`); None for another
@@ -301,14 +319,7 @@ def enq_fields(payload: bytes) -> tuple[str, str, tuple[tuple[str, str], ...], f
     if payload[0] not in (T_ENQ, T_ENQ_AGAIN):
         return None
     try:
-        (_kind, lid, ldest, lkey, ts, _expires, count, lh, lb) = _ENQ_HEAD.unpack_from(payload, 0)
-        a = _ENQ_HEAD.size
-        b = a + lid
-        c = b + ldest
-        d = c + lkey
-        e = d + lh
-        if e + lb != len(payload):
-            raise RecordError("record truncated" if e + lb > len(payload) else "trailing bytes after a record")
+        _kind, ts, _expires, count, a, b, c, d, e, _f = _enq_offsets(payload)
         return (payload[a:b].decode("utf-8", "surrogatepass"), payload[b:c].decode("utf-8", "surrogatepass"),
                 _decode_headers(payload[d:e]), ts, count)
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
@@ -401,15 +412,7 @@ def decode(payload: bytes | memoryview) -> Record:
 
 def _decode_enq(payload: bytes | memoryview) -> Enq:
     """The commonest record, by slicing (what ``_decode`` does for it, faster)."""
-    (kind, lid, ldest, lkey, ts, expires, count, lh, lb) = _ENQ_HEAD.unpack_from(payload, 0)
-    a = _ENQ_HEAD.size
-    b = a + lid
-    c = b + ldest
-    d = c + lkey
-    e = d + lh
-    f = e + lb
-    if f != len(payload):
-        raise RecordError("record truncated" if f > len(payload) else f"{len(payload) - f} trailing bytes after a record")
+    kind, ts, expires, count, a, b, c, d, e, f = _enq_offsets(payload)
     raw = bytes(payload)
     return Enq(
         Message(
