@@ -113,13 +113,18 @@ class RoundOutcome:
     health_s: float = 0.0
     detail: str = ""
     pending: int = 0  # receipted messages not yet delivered when the round ended
+    #: those messages: (key, the clients one of which must get it); :func:`late_lines`
+    #: says which were delivered later
+    late: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    stacks: str = ""  # where the thread stacks were written when the round ended with some pending
     violations: list[Violation] = field(default_factory=list)
     line: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "round": self.round, "seed": self.seed, "plan": self.plan.to_json(),
                 "healthy": self.healthy, "health_s": round(self.health_s, 3), "detail": self.detail,
-                "pending": self.pending, "violations": [v.to_json() for v in self.violations], "line": self.line}
+                "pending": self.pending, "late": [[k, list(cs)] for k, cs in self.late],
+                "violations": [v.to_json() for v in self.violations], "line": self.line}
 
 
 @dataclass
@@ -142,6 +147,27 @@ class ModeResult:
     def failed_rounds(self) -> list[RoundOutcome]:
         bad = set(self.result.rounds_failed()) if self.result is not None else set()
         return [r for r in self.rounds if r.round in bad or not r.healthy]
+
+    def late_lines(self) -> list[str]:
+        """One line per round that ended with receipted messages not yet delivered: how
+        many, and whether each reached one of its consumers later (in a later round or
+        the final drain: the history's deliveries to the application) or never."""
+        got = {(d.sub, d.key) for d in self.history.deliveries if d.stage == "app"}
+        lines = []
+        for rnd in self.rounds:
+            if not rnd.late:
+                continue
+            never = [k for k, clients in rnd.late if not any((c, k) in got for c in clients)]
+            n = len(rnd.late)
+            if not never:
+                what = f"all {n} delivered later" if n > 1 else "delivered later"
+            else:
+                what = (f"{n - len(never)} delivered later, {len(never)} never: "
+                        f"{', '.join(never[:4])}{' ...' if len(never) > 4 else ''}")
+            stacks = f" (thread stacks then: {rnd.stacks})" if rnd.stacks else ""
+            lines.append(f"{self.mode} round {rnd.round}: {n} receipted message{'s' if n > 1 else ''} "
+                         f"still undelivered at the round's end{stacks}: {what}")
+        return lines
 
     def to_json(self) -> dict[str, Any]:
         p = asdict(self.params)
@@ -428,10 +454,14 @@ class ModeRun:
             log.exception("round %d: healing failed", plan.round)
             ok, took, desc = False, 0.0, f"healing failed: {exc!r}"
         out.healthy, out.health_s, out.detail = ok, took, desc
-        out.pending = drain.wait(self.params.round_drain_s, until=self.clock()) if ok else drain.count()
+        until = self.clock() if ok else float("inf")
+        out.pending = drain.wait(self.params.round_drain_s, until=until) if ok else drain.count()
+        out.late = [(k, tuple(c.client for c in cs)) for cs, k, t in drain.pending if t <= until]
         if out.pending:
-            sample = ", ".join(f"{k} (to {'/'.join(c.client for c in cs)})" for cs, k, _ in drain.pending[:4])
-            self._dump_threads(f"round {plan.round}: {out.pending} receipted messages not delivered: {sample}")
+            sample = ", ".join(f"{k} (to {'/'.join(cs)})" for k, cs in out.late[:4])
+            out.stacks = str(self._dump_threads(
+                f"round {plan.round}: {out.pending} receipted messages still undelivered at the round's end: {sample}",
+                note=False) or "")
         self._log_disk(plan.round)
         self.history.add(RoundRecord(plan.round, plan.seed, self.mode, t_start, self.clock(), plan.describe(), ok,
                                      round(took, 3), desc))
@@ -477,9 +507,10 @@ class ModeRun:
                 parts.append(f"lazyfs {cl.lazy.command('stats', timeout=5)}")
         log.info("round %d disk: %s", round_no, "; ".join(parts))
 
-    def _dump_threads(self, why: str) -> None:
+    def _dump_threads(self, why: str, *, note: bool = True) -> Path | None:
         """Every thread's stack (the clients', the bridge's) into ``threads-<mode>.txt``
-        in the scratch directory: what a stuck consumer or bridge was waiting for."""
+        in the scratch directory: what a stuck consumer or bridge was waiting for. Noted
+        in the result (``note``) with ``why``; returns the file (None: not written)."""
         path = self.workdir / f"threads-{self.mode}.txt"
         try:
             with open(path, "a", encoding="utf-8") as f:
@@ -488,8 +519,10 @@ class ModeRun:
                 faulthandler.dump_traceback(file=f, all_threads=True)
         except OSError:
             log.exception("could not write %s", path)
-            return
-        self.result.notes.append(f"{why}: thread stacks in {path}")
+            return None
+        if note:
+            self.result.notes.append(f"{why}: thread stacks in {path}")
+        return path
 
     def _repair(self) -> bool:
         """After an unhealthy round: thaw, restart the node that is not master, wait again."""

@@ -300,6 +300,50 @@ def test_with_the_witness_the_replay_commands_carry_it(tmp_path: Path) -> None:
     assert "replay: amq chaos run nemesis --mode replicated --seed 777 --rounds 1 --witness" in text
 
 
+class _LateRun:
+    """A mode run whose first round ended with two receipted messages undelivered (both
+    delivered in round 2) and whose second ended with one that never came."""
+
+    def __init__(self, mode: str, params: NemesisParams, workdir: Path, echo: object, clock: object) -> None:
+        h = History({"mode": mode})
+        h.extend([Subscriber("c", "/queue/q", "client-individual"), Subscriber("d", "/queue/q", "client-individual"),
+                  RoundRecord(1, params.seed, mode, 0.0, 10.0, "+1.0s kill-master", True, 1.0),
+                  RoundRecord(2, 777, mode, 10.0, 20.0, "+1.0s latency", True, 0.2),
+                  Send(1.0, "p", "/queue/q", "k1", "rcpt", "ok", 1.1),
+                  Send(2.0, "p", "/queue/q", "k2", "rcpt", "ok", 2.1),
+                  Delivery(12.0, "c", "k1", "m1", 1, "wire"),  # the consumer's application never got it
+                  Delivery(12.5, "d", "k1", "m1", 2, "app"),
+                  Delivery(13.0, "c", "k2", "m2", 1, "app"),
+                  Send(14.0, "p", "/queue/q", "k3", "rcpt", "ok", 14.1)])
+        self.result = ModeResult(mode, params, ["kill-master", "latency"], h)
+        self.result.rounds = [
+            RoundOutcome(mode, 1, params.seed, plan_round(params.seed, mode, None, round_no=1), healthy=True,
+                         pending=2, late=[("k1", ("c", "d")), ("k2", ("c", "d"))], stacks="/tmp/threads.txt"),
+            RoundOutcome(mode, 2, 777, plan_round(777, mode, None, round_no=2), healthy=True,
+                         pending=1, late=[("k3", ("c", "d"))]),
+        ]
+
+    def run(self) -> ModeResult:
+        self.result.result = check(self.result.history)
+        return self.result
+
+
+def test_the_summary_says_which_late_messages_came_later_and_which_never(tmp_path: Path) -> None:
+    """A round that ends with receipted messages undelivered is named with what became of
+    them (before: "N receipted messages not delivered", also for those drained later)."""
+    lines: list[str] = []
+    run_nemesis("replicated", NemesisParams(rounds=2, seed=5), report_dir=tmp_path / "r", echo=lines.append,
+                workdir=tmp_path, mode_runner=_LateRun)
+    text = "\n".join(lines)
+    assert ("replicated round 1: 2 receipted messages still undelivered at the round's end "
+            "(thread stacks then: /tmp/threads.txt): all 2 delivered later") in text, text
+    assert "replicated round 2: 1 receipted message still undelivered at the round's end: 0 delivered later, " \
+           "1 never: k3" in text, text
+    assert "not delivered" not in text
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert data["results"]["replicated"]["rounds"][0]["late"] == [["k1", ["c", "d"]], ["k2", ["c", "d"]]]
+
+
 @pytest.mark.soak
 @pytest.mark.timeout(0)  # as long as the rounds take (about 15 s each per mode)
 def test_nemesis_soak(tmp_path: Path) -> None:
