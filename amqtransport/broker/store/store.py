@@ -10,10 +10,11 @@ are durable. All methods run on one thread (the broker's event loop); only the
 journal's writer thread touches files for writing, and completions come back through
 the ``notify`` function given at construction.
 
-The store's stories, one module each: this one holds its state, the record stream
-folded into it and the mutations; :mod:`.paging` finds live messages and reads paged
-ones back (resident and paged); :mod:`.compaction` frees segments (and the store
-limit that waits for it); :mod:`.checkpoint` writes and loads the index.
+The store's stories, one module each: this one holds its state and the mutations;
+:mod:`.folding` folds the record stream into the state (:meth:`apply`); :mod:`.paging`
+finds live messages and reads paged ones back (resident and paged); :mod:`.compaction`
+frees segments (and the store limit that waits for it); :mod:`.checkpoint` writes and
+loads the index.
 
 State is a pure function of the record stream: :meth:`apply` folds one record into
 the in-memory state, and recovery (records read back from segments), a replica
@@ -21,9 +22,7 @@ the in-memory state, and recovery (records read back from segments), a replica
 all use it, so a store can always be rebuilt from a stream of records. Every mutation
 made through the public methods is (1) encoded as a record, (2) appended to the
 journal, (3) applied, and (4) announced to :class:`StoreListener` objects in that
-order. Records find the messages they name by id: a resident one in a dict, a paged
-one by its id hash in the list of the destination the record names (``Ack`` and
-``Move`` carry it; records of older versions do not, and then every list is searched).
+order.
 
 Recovery and checkpoints (:mod:`.checkpoint`). Recovery loads the newest checkpoint
 (the state as of a journal position) and replays only the records after that
@@ -46,7 +45,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -54,14 +52,14 @@ from pathlib import Path
 from typing import Protocol
 
 from ..dispatch.message import Message
-from ..dispatch.priority import priority_of
 from . import checkpoint as ckpt
 from .compaction import KEYS_PER_RECORD as _KEYS_PER_RECORD
 from .compaction import Compaction
 from .dedupe import DedupeWindow
-from .fanout import FanGroup, FanOutRecords, is_copy_of, ref_hash
+from .fanout import FanGroup, FanOutRecords, is_copy_of
+from .folding import FRAME_HEAD, RecordFolding
 from .journal import MAX_RECORD, Callback, Journal, JournalError
-from .pages import INNER, MOVED, PageList, SharedTail, id_hash, pack, segment_of
+from .pages import PageList, SharedTail, pack
 from .paging import ORIGINAL_DESTINATION, LiveView, PagedMessages
 from .records import (
     Ack,
@@ -83,8 +81,6 @@ __all__ = ["MessageStore", "StoreListener", "StoreStats", "ORIGINAL_DESTINATION"
 
 log = logging.getLogger(__name__)
 
-_FRAME_HEAD = 8  # the journal's u32 length + u32 crc before each payload
-_U32 = struct.Struct("<I")
 
 
 class StoreListener(Protocol):
@@ -106,19 +102,9 @@ class StoreStats:
     paged: int = 0
 
 
-def tx_inner_offsets(payload: bytes | memoryview) -> list[int]:
-    """Offsets, within a ``Tx`` record's payload, of each sub-record's u32 length."""
-    out: list[int] = []
-    n = _U32.unpack_from(payload, 1)[0]
-    at = 5
-    for _ in range(n):
-        out.append(at)
-        at += 4 + _U32.unpack_from(payload, at)[0]
-    return out
-
-
-class MessageStore(PagedMessages, Compaction, FanOutRecords):
-    """The store (see the module docstring); finding and paging messages is
+class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
+    """The store (see the module docstring); folding records into its state is
+    :class:`~.folding.RecordFolding`, finding and paging messages
     :class:`~.paging.PagedMessages`, compaction :class:`~.compaction.Compaction`, topic
     messages stored once :class:`~.fanout.FanOutRecords`."""
 
@@ -260,116 +246,6 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
         if listener in self._listeners:
             self._listeners.remove(listener)
 
-    # ------------------------------------------------------------------ state folding
-    def apply(self, rec: Record, pos: int, payload: bytes | memoryview | None = None, *, keep: bool = False) -> None:
-        """Fold one record, written at journal position ``pos`` (its frame: see pages.py),
-        into the in-memory state. ``keep``: a new message stays resident (the caller holds
-        it) instead of being paged. ``payload`` (the record's bytes) is needed for a
-        ``Tx``, to place its messages."""
-        seg = segment_of(pos)
-        if isinstance(rec, Enq):
-            self._apply_enq(rec.message, pos, rec.relocated, keep)
-        elif isinstance(rec, Ack):
-            for mid in rec.ids:
-                where = self.find(mid, rec.destination)
-                if where is None:
-                    continue
-                if isinstance(where, Message):
-                    del self.resident[mid]
-                    gone = where.segment
-                else:
-                    pl, i = where
-                    gone = segment_of(pl.pos[i])
-                    pl.remove_at(i)
-                    if self._replay_seen is not None:
-                        self._replay_seen.discard(id_hash(mid))
-                self.count -= 1
-                self._dec(gone)
-                if gone != seg:
-                    self._refs.setdefault(seg, set()).add(gone)
-        elif isinstance(rec, Move):
-            self._apply_move(rec, seg)
-        elif isinstance(rec, Tx):
-            if payload is None:
-                payload = encode(rec)
-            base = pos & ~0x3 | INNER
-            for sub, at in zip(rec.records, tx_inner_offsets(payload), strict=True):
-                self.apply(sub, base + ((_FRAME_HEAD + at) << 2), keep=keep)
-        elif isinstance(rec, Keys):
-            for scope, key, ts in rec.keys:
-                self.dedupe.add(scope, key, ts, seg)
-        elif isinstance(rec, Fan):
-            self._apply_fan(rec, pos, keep)
-        elif isinstance(rec, Sub):
-            self.subs[rec.queue] = rec
-            self._sub_seg[rec.queue] = seg
-            self._ref_names.setdefault(ref_hash(rec.queue), rec.queue)
-        elif isinstance(rec, Unsub):
-            self.subs.pop(rec.queue, None)
-            self._ref_of.pop(rec.queue, None)
-            old_seg = self._sub_seg.pop(rec.queue, None)
-            if old_seg is not None and old_seg != seg:
-                self._refs.setdefault(seg, set()).add(old_seg)
-
-    def _apply_enq(self, m: Message, pos: int, relocated: bool, keep: bool) -> None:
-        seg = segment_of(pos)
-        m.persistent = True
-        old = self.find(m.id, m.destination) if relocated or self._replay_seen is not None else None
-        if old is not None:  # a re-written copy (relocation) supersedes the old Enq, in place
-            if isinstance(old, Message):
-                prev = old.segment
-                old.segment, old.pos = seg, pos
-            else:
-                pl, i = old
-                prev = segment_of(pl.pos[i])
-                pl.set_pos(i, pos)
-            self._dec(prev)
-            if prev != seg:
-                self._refs.setdefault(seg, set()).add(prev)
-        else:
-            self.count += 1
-            if keep:
-                m.segment, m.pos = seg, pos
-                self.resident[m.id] = m
-            else:
-                h = id_hash(m.id)
-                self.page_list(m.destination).append(pos, h, m.timestamp, priority_of(m))
-                if self._replay_seen is not None:
-                    self._replay_seen.add(h)
-        self._seg_live[seg] = self._seg_live.get(seg, 0) + 1
-        self._enqs[seg] = self._enqs.get(seg, 0) + 1
-        if m.key:
-            self.dedupe.add(m.destination, m.key, m.timestamp, seg)
-
-    def _apply_move(self, rec: Move, seg: int) -> None:
-        """A move to another destination: the message loses its idempotency key (the window
-        keeps it under the destination it was sent to) and gains the ``original-destination``
-        header the first time. A move to where it is changes nothing."""
-        where = self.find(rec.id, rec.source)
-        if where is None:
-            return
-        if isinstance(where, Message):
-            moved = where
-            if moved.destination == rec.destination:
-                return
-            moved.key = ""
-            if not any(k == ORIGINAL_DESTINATION for k, _ in moved.headers):
-                moved.headers = moved.headers + ((ORIGINAL_DESTINATION, moved.destination),)
-            moved.destination = rec.destination
-            moved.wire_cache = None
-            moved.pos |= MOVED
-            at = moved.segment
-        else:
-            pl, i = where
-            if self.paged.get(rec.destination) is pl:
-                return
-            pos, h, ts, pri = pl.pos[i], pl.ids[i], pl.ts[i], pl.pri[i]
-            pl.remove_at(i)
-            self.page_list(rec.destination).append(pos | MOVED, h, ts, pri)
-            at = segment_of(pos)
-        if at != seg:
-            self._refs.setdefault(seg, set()).add(at)
-
     def _write(self, records: Sequence[Record], callback: Callback | None, *, keep: bool = True) -> int:
         if any(isinstance(r, (Fan, Tx)) for r in records):  # references named for their segment
             records, payloads = self._fan_encode(records)
@@ -380,7 +256,7 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
             self._check_limit()
         for rec, payload in zip(records, payloads, strict=True):
             self.apply(rec, pack(seg, offset), payload, keep=keep)
-            offset += _FRAME_HEAD + len(payload)
+            offset += FRAME_HEAD + len(payload)
         if self._listeners:
             for rec, payload in zip(records, payloads, strict=True):
                 for listener in list(self._listeners):
@@ -569,7 +445,7 @@ class MessageStore(PagedMessages, Compaction, FanOutRecords):
         seg, offset = self.journal.append_at(list(payloads), callback)
         for rec, payload in zip(records, payloads, strict=True):
             self.apply(rec, pack(seg, offset), payload)
-            offset += _FRAME_HEAD + len(payload)
+            offset += FRAME_HEAD + len(payload)
         self.checkpoints.appended()
 
     def import_records(self, records: Iterable[Record], callback: Callback | None = None) -> None:
