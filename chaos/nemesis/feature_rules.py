@@ -87,7 +87,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from chaos.nemesis.history import Delivery, Fault, History, MessageProps, ProbeRun, Send, Subscriber
+from chaos.nemesis.history import Delivery, Fault, History, MessageProps, ProbeRun, Send, Subscriber, Sync
 
 
 class _Checker(Protocol):
@@ -161,6 +161,59 @@ def outages(probes: Sequence[ProbeRun], min_s: float = OUTAGE_MIN_S) -> list[tup
                 j += 1
         common = out
     return [(a, b) for a, b in common or [] if b - a >= min_s]
+
+
+class _Links:
+    """The grouped queue's consumer links, for :meth:`_Features._splits`: each link's
+    wire deliveries in the order its one reader read them (the broker's write order),
+    the keys it had, each consumer's latest link generation, each link's syncs."""
+
+    def __init__(self, wire: Sequence[Delivery], syncs: Iterable[Sync], group_of: Mapping[str, str],
+                 sends: Mapping[str, Send]) -> None:
+        self.group_of = group_of
+        self.sends = sends
+        self.wire: dict[tuple[str, int], list[Delivery]] = defaultdict(list)
+        self.last_gen: dict[str, int] = {}
+        for d in wire:
+            self.wire[(d.sub, d.gen)].append(d)
+            self.last_gen[d.sub] = max(self.last_gen.get(d.sub, d.gen), d.gen)
+        self.keys = {link: {d.key for d in ds} for link, ds in self.wire.items()}
+        self.syncs: dict[tuple[str, int], list[Sync]] = defaultdict(list)
+        for s in syncs:
+            if s.sub in self.last_gen:
+                self.last_gen[s.sub] = max(self.last_gen[s.sub], s.gen_after)
+                if s.ok and s.gen_before == s.gen_after:
+                    self.syncs[(s.sub, s.gen_before)].append(s)
+
+    def handed_back_first(self, d1: Delivery, d2: Delivery) -> bool:
+        """Did the broker give d2's group G to d2's consumer Y (on link L_Y) before d1's
+        consumer X (on L_X), though the client read X's copy first? Yes when
+
+        * L_X got a message L_Y had had before, or as, its first message of G: a message
+          leaves a consumer's link only when the link closes (the workload's consumers
+          neither NACK nor unsubscribe; L_X went on, so the message came from L_Y);
+        * Y did move to a later link (a message given back by a link that goes on is a
+          broker bug, not a reordering); and
+        * nothing shows the broker serving L_Y after L_X's first message of G came in: no
+          message on L_Y *sent* after that, no sync *begun* after it and receipted on L_Y
+          (one clock for the whole harness: these are causal, not the readers' order).
+
+        Then L_Y closed after it got d2 and before L_X got G: G moved from Y to X."""
+        g = self.group_of[d2.key]
+        x_link, y_link = (d1.sub, d1.gen), (d2.sub, d2.gen)
+        if self.last_gen.get(d2.sub, d2.gen) <= d2.gen:
+            return False
+        had = self.keys.get(y_link, set())
+        for d in self.wire[x_link]:
+            if d.key in had:
+                break  # given back by L_Y: it had closed
+            if self.group_of[d.key] == g:
+                return False  # X had G before anything came back from L_Y
+        else:
+            return False
+        first_g = next(d for d in self.wire[x_link] if self.group_of[d.key] == g)
+        sent_after = [d for d in self.wire[y_link] if d.key in self.sends and self.sends[d.key].t > first_g.t]
+        return not sent_after and not any(s.t > first_g.t for s in self.syncs.get(y_link, ()))
 
 
 class _Features:
@@ -371,8 +424,10 @@ class _Features:
     def _splits(self, wire: list[Delivery], span: dict[tuple[str, int], list[float]],
                 group_of: dict[str, str]) -> None:
         ck = self.ck
-        changes = excused = 0
+        links = _Links(wire, ck.h.syncs, group_of, self.sends)
+        changes = excused = reordered = 0
         owner: dict[str, Delivery] = {}  # group -> its latest delivery (to its current owner)
+        before: dict[str, Delivery] = {}  # group -> the previous owner's last delivery
         for d2 in wire:  # in arrival order
             g = group_of[d2.key]
             d1 = owner.get(g)
@@ -380,21 +435,43 @@ class _Features:
             if d1 is None or d1.sub == d2.sub or d1.t > d2.t:
                 continue
             changes += 1
-            x = d1.sub
-            x_until = span[(x, d1.gen)][1]
-            y_since = span[(d2.sub, d2.gen)][0]
-            if x_until <= d2.t or y_since >= d1.t:
-                continue  # a consumer changed: x's link was gone, or y's is new
-            if self.faults_between(d1.t, x_until):
+            d0, before[g] = before.get(g), d1
+            verdict = self._move(d1, d2, span, links)
+            if verdict == "reordered":
+                # the broker gave g to d2's consumer before d1's: what it moved from was
+                # the owner before d1's
+                reordered += 1
+                if d0 is None or d0.sub == d2.sub:
+                    continue
+                d1, verdict = d0, self._move(d0, d2, span, None)
+            if verdict == "excused":
                 excused += 1
-                continue
-            ck.violate("group-split", d2.t,
-                       f"group {g}: {d2.key} reached {d2.sub} at {d2.t:.3f} while {x}, which got {d1.key} of "
-                       f"the group at {d1.t:.3f}, stayed on the same link (generation {d1.gen}) until "
-                       f"{x_until:.3f} and {d2.sub}'s link (generation {d2.gen}) was up since {y_since:.3f}",
-                       [("delivery", d1), ("delivery", d2)], around=(d1.t, x_until))
+            elif verdict == "split":
+                x_until = span[(d1.sub, d1.gen)][1]
+                y_since = span[(d2.sub, d2.gen)][0]
+                ck.violate("group-split", d2.t,
+                           f"group {g}: {d2.key} reached {d2.sub} at {d2.t:.3f} while {d1.sub}, which got {d1.key} "
+                           f"of the group at {d1.t:.3f}, stayed on the same link (generation {d1.gen}) until "
+                           f"{x_until:.3f} and {d2.sub}'s link (generation {d2.gen}) was up since {y_since:.3f}",
+                           [("delivery", d1), ("delivery", d2)], around=(d1.t, x_until))
         ck.stats["group_owner_changes"] = changes
         ck.stats["group_changes_excused"] = excused
+        ck.stats["group_changes_reordered"] = reordered
+
+    def _move(self, d1: Delivery, d2: Delivery, span: dict[tuple[str, int], list[float]],
+              links: _Links | None) -> str:
+        """The group's move from d1's consumer X to d2's consumer Y: ``ok`` (a consumer
+        changed), ``excused`` (a fault), ``reordered`` (the broker gave it to Y first,
+        see :meth:`_Links.handed_back_first`; only with ``links``) or ``split``."""
+        x_until = span[(d1.sub, d1.gen)][1]
+        y_since = span[(d2.sub, d2.gen)][0]
+        if x_until <= d2.t or y_since >= d1.t:
+            return "ok"  # a consumer changed: x's link was gone, or y's is new
+        if links is not None and links.handed_back_first(d1, d2):
+            return "reordered"
+        if self.faults_between(d1.t, x_until):
+            return "excused"
+        return "split"
 
     # -- selectors ----------------------------------------------------------------
     def check_selectors(self) -> None:
