@@ -52,7 +52,18 @@ subscriber or, at the end, its drain: judged here.
     after ``t2`` (a later delivery on it) and Y's link was the same since before
     ``t1`` -- neither consumer changed, yet the group moved. A change with a fault
     active between ``t1`` and X's later delivery is *excused* (a toxic can hold frames
-    the broker wrote before it gave X's group away), counted in the stats.
+    the broker wrote before it gave X's group away), counted in the stats. Two links'
+    reader threads do not order their frames (the client read X's copy first though
+    the broker wrote Y's first), so a change is *reordered* -- judged as Y's before
+    X's, i.e. from the owner before X to Y -- when the links prove it: X's link got,
+    before or as its first message of G, a message Y's link had had (a message leaves
+    a link only when the link closes: the workload's consumers neither NACK nor
+    unsubscribe, and X's link went on), Y moved to a later link, and nothing causal
+    shows the broker serving Y's link after X had G (no message on it *sent*, no sync
+    *begun* and receipted on it, after X's first message of G came in; the harness
+    has one clock). Then Y's link closed after it got G and before X got G: the
+    broker dropped Y (a batch of silent clients dropped together, issue 22) and moved
+    G on. A split with either link going on stays a violation.
 ``selector-lost``
     the selector feature (:class:`~chaos.nemesis.features.SelectorProducer`): a
     receipted message whose ``k`` is ``hit`` reached the application of every
@@ -75,7 +86,7 @@ the slack but within an outage's), ``scheduled_late_ms_max`` (the
 latest first delivery after its due time ``t_done + d``, in ms, over messages whose life
 saw no fault; ``scheduled_late_ms_max_fault`` over the others), ``priority_batches`` /
 ``priority_pairs_checked``, ``group_messages`` / ``group_owner_changes`` /
-``group_changes_excused`` / ``group_redelivered_across``, ``selector_hits`` /
+``group_changes_excused`` / ``group_changes_reordered`` / ``group_redelivered_across``, ``selector_hits`` /
 ``selector_misses`` (receipted), ``selector_hits_delivered`` / ``selector_misses_drained``
 / ``selector_redelivered_across``.
 """
@@ -87,7 +98,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from chaos.nemesis.history import Delivery, Fault, History, MessageProps, ProbeRun, Send, Subscriber, Sync
+from chaos.nemesis.history import (
+    Delivery,
+    Fault,
+    History,
+    MessageProps,
+    ProbeRun,
+    Send,
+    Subscriber,
+    Sync,
+)
 
 
 class _Checker(Protocol):
