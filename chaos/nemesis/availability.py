@@ -23,6 +23,16 @@ that lie in no other fault's ``[t, t_end + A)``: what that kind does by itself (
 windows of the rounds' time that lie in no fault's ``[t, t_end + A)`` (the baseline,
 not excluded from anything), ``all-faults`` over every fault's windows.
 
+``single-failures`` is ``all-faults`` without the faults of a component the pair's
+two nodes *share* (:data:`SHARED_COMPONENT`): the promise is availability through any
+single failure of the pair's nodes and links, and a component both nodes depend on has
+no second copy to fail over to. Today that is ``disk-full`` of a shared store: its one
+disk is the journal of both nodes, so a full disk stops the pair by design (nothing
+lost, every write refused with an error naming the full disk; docs/ha.md, "A shared
+store with a witness"). Its own row still shows what it costs, and its span still makes
+the windows near it not ``alone`` for the other faults. In a replicated pair
+``disk-full`` fills one node's own disk, a single failure like any other.
+
 Only time in which the workload was sending counts. At the end of a mode's run the
 harness itself stops the producers (``ModeRun._finish``, recorded as
 ``history.meta["workload_stopped_s"]``; a history from before that record falls back to
@@ -43,12 +53,15 @@ from dataclasses import dataclass
 
 from chaos.nemesis.history import History
 
-__all__ = ["Availability", "availability", "workload_end", "AFTER_S", "WINDOW_S", "NOT_PAIR_CLIENTS"]
+__all__ = ["Availability", "availability", "workload_end", "shared_component", "AFTER_S", "WINDOW_S",
+           "NOT_PAIR_CLIENTS", "SHARED_COMPONENT"]
 
 WINDOW_S = 1.0
 AFTER_S = 5.0
 #: producers whose sends do not go to the pair (the spoke's, forwarded by the bridge)
 NOT_PAIR_CLIENTS = ("p-bridged",)
+#: per HA mode, the fault kinds that strike a component both nodes share (module docstring)
+SHARED_COMPONENT: dict[str, tuple[str, ...]] = {"shared-store": ("disk-full",)}
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,11 @@ def workload_end(h: History) -> float:
     return max((r.t_end for r in h.rounds), default=float("inf"))
 
 
+def shared_component(h: History) -> frozenset[str]:
+    """The fault kinds of :data:`SHARED_COMPONENT` for the HA mode of ``h``'s rounds."""
+    return frozenset(k for r in h.rounds[:1] for k in SHARED_COMPONENT.get(r.mode, ()))
+
+
 def _windows(lo: float, hi: float, end: float = float("inf")) -> list[float]:
     out = []
     w = lo
@@ -100,7 +118,7 @@ def _hit(done: list[float], w: float) -> bool:
 
 def availability(h: History, link_timeout_s: float | None = None,
                  exclude_clients: Iterable[str] = NOT_PAIR_CLIENTS) -> dict[str, Availability]:
-    """Figures per fault kind, plus ``all-faults`` and ``no-fault`` (module docstring)."""
+    """Figures per fault kind, plus ``all-faults``, ``single-failures`` and ``no-fault`` (module docstring)."""
     lt = float(h.meta.get("link_timeout_s", 1.0) if link_timeout_s is None else link_timeout_s)
     skip = set(exclude_clients)
     done = sorted(s.t_done for s in h.sends if s.kind == "rcpt" and s.outcome == "ok" and s.client not in skip)
@@ -109,12 +127,14 @@ def availability(h: History, link_timeout_s: float | None = None,
     busy = sorted((f.t, f.t_end + AFTER_S, i) for i, f in enumerate(faults))
     starts = [b[0] for b in busy]
     end = workload_end(h)
+    shared = shared_component(h)
     for i, f in enumerate(faults):
+        kinds = (f.kind, "all-faults") if f.kind in shared else (f.kind, "all-faults", "single-failures")
         for w in _windows(f.t + lt, f.t_end + AFTER_S, end):
             hit = _hit(done, w)
             j = bisect.bisect_right(starts, w + WINDOW_S)
             alone = not any(lo < w + WINDOW_S and hi > w and k != i for lo, hi, k in busy[:j])
-            for kind in (f.kind, "all-faults"):
+            for kind in kinds:
                 c = counts[kind]
                 c[0] += 1
                 c[1] += hit

@@ -125,9 +125,10 @@ def test_bad_cuts_are_refused_with_the_reason() -> None:
 # -- availability ---------------------------------------------------------------------------
 
 
-def _history(sends: list[float], faults: list[Fault], rounds: tuple[float, float] = (0.0, 40.0)) -> History:
+def _history(sends: list[float], faults: list[Fault], rounds: tuple[float, float] = (0.0, 40.0),
+             mode: str = "replicated") -> History:
     h = History({"link_timeout_s": 1.0})
-    h.add(RoundRecord(1, 1, "replicated", rounds[0], rounds[1], "", True, 0.0))
+    h.add(RoundRecord(1, 1, mode, rounds[0], rounds[1], "", True, 0.0))
     h.extend(Send(t - 0.01, "p-indiv", "/queue/x", f"k{i}", "rcpt", "ok", t) for i, t in enumerate(sends))
     h.extend(faults)
     return h
@@ -179,6 +180,21 @@ def test_alone_counts_only_the_windows_no_other_fault_is_near() -> None:
     a = availability(_history([11.5, 12.5], [lock, cut]))["delete-lock"]
     assert (a.windows, a.available) == (4, 2)  # [11,12) [12,13) [13,14) [14,15)
     assert (a.alone_windows, a.alone_available) == (1, 1)  # only [11,12) is clear of the cut
+
+
+def test_a_full_shared_disk_is_reported_apart_from_the_single_failures_of_the_pair() -> None:
+    full = Fault(10.0, 12.0, 1, "disk-full", "a", "store filled")  # span [11, 17): nothing receipted
+    kill = Fault(30.0, 30.0, 1, "kill-master", "a", "SIGKILL")  # span [31, 35): every window answered
+    sends = [float(t) + 0.5 for t in range(40) if not 10 <= t < 17]
+    shared = availability(_history(sends, [full, kill], mode="shared-store"))
+    # the shared store's one disk is no single failure of the pair: its own row, not in single-failures
+    assert (shared["disk-full"].windows, shared["disk-full"].available) == (6, 0)
+    assert (shared["all-faults"].windows, shared["all-faults"].available) == (10, 4)
+    single = shared["single-failures"]
+    assert (single.windows, single.available, single.alone_windows, single.alone_available) == (4, 4, 4, 4)
+    # a replicated node's disk is its own: a single failure like any other
+    replicated = availability(_history(sends, [full, kill], mode="replicated"))
+    assert (replicated["single-failures"].windows, replicated["single-failures"].available) == (10, 4)
 
 
 def test_windows_after_the_harness_stopped_the_producers_are_dropped_not_counted_unavailable() -> None:
