@@ -18,7 +18,11 @@ Then, for each round seed (:func:`~chaos.nemesis.schedule.round_seeds`):
 4. wait (bounded) until everything receipted so far has reached its subscribers, so
    the next round starts clean and a loss shows in the round that made it;
 5. run the checker on the last minute of history (``complete=False``: a quick look;
-   it can miss what needs older records, never invent a violation) and print the
+   it can miss what needs older records, never invent a violation) in a process of its
+   own (:class:`RoundCheck`: in this one, the half second of pure Python it takes held the
+   GIL against the clients' and the proxies' threads, which then moved no byte for up to
+   two seconds -- receipts stopped, clients and brokers each took the other for silent,
+   and the next round's first windows counted as unavailable) and print the
    round's line, with its seed and the violations seen in it; ``nemesis.log`` gets each
    data filesystem's use and the LazyFS's unsynced bytes (and, on a filesystem over half
    full, its biggest files): what a long run's full disk is made of.
@@ -36,9 +40,11 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import logging
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +74,8 @@ from chaos.nemesis.workload import (
     Worker,
 )
 
-__all__ = ["NemesisParams", "RoundOutcome", "ModeResult", "ModeRun", "build_workload", "pair_uri", "replay_command"]
+__all__ = ["NemesisParams", "RoundOutcome", "ModeResult", "ModeRun", "RoundCheck", "build_workload", "pair_uri",
+           "replay_command"]
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +310,39 @@ class _Drain:
         return sum(1 for _, _, t in self.pending if t <= until)
 
 
+def _check_json(data: dict[str, Any]) -> tuple[int, list[Violation]]:
+    """:class:`RoundCheck`'s child: (its pid, the quick look's violations)."""
+    return os.getpid(), check(History.from_json(data), complete=False).violations
+
+
+class RoundCheck:
+    """The round's quick look (module docstring, step 5) in a child process, started once
+    (``spawn``: a fork of this many-threaded process is unsafe) and reused; the history
+    goes over as its JSON form. A child that cannot start or dies: the look runs here."""
+
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self.pid: int | None = None  # the child the last look ran in (None: here)
+
+    def violations(self, h: History, timeout: float = 300.0) -> list[Violation]:
+        data = h.to_json()
+        try:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self.pid, found = self._pool.submit(_check_json, data).result(timeout)
+            return found
+        except Exception as exc:  # noqa: BLE001 - a look lost is a look taken here, never a verdict lost
+            log.warning("the round check's process failed (%r): checking in this process", exc)
+            self.close()
+            self.pid = None
+            return check(h, complete=False).violations
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
 class ModeRun:
     def __init__(self, mode: str, params: NemesisParams, workdir: Path, echo: Echo,
                  clock: Callable[[], float]) -> None:
@@ -324,6 +364,7 @@ class ModeRun:
         self.producers: list[Worker] = []
         self.prober: Prober | None = None
         self.drain: _Drain | None = None
+        self.round_check = RoundCheck()
 
     def label(self) -> str:
         return f"nemesis[{self.mode}]"
@@ -467,9 +508,9 @@ class ModeRun:
                                      round(took, 3), desc))
         # a quick look at this round (the last minute of history); the verdict is the
         # final check of the complete history
-        recent = check(self.history.since(t_start - 60.0), complete=False)
-        out.violations = [v for v in recent.violations if v.round == plan.round]
-        new = sum(1 for v in recent.violations if v.round == plan.round)
+        recent = self.round_check.violations(self.history.since(t_start - 60.0))
+        out.violations = [v for v in recent if v.round == plan.round]
+        new = len(out.violations)
         sends = self.history.sends[sends0:]
         txs = self.history.txs[txs0:]
         replay = replay_command(self.mode, plan.seed, 1, self.params.kinds, self.params.double_faults,
@@ -581,6 +622,7 @@ class ModeRun:
             self.prober = None
 
     def _teardown(self) -> None:
+        self.round_check.close()
         try:
             if self.nemesis is not None:
                 self.nemesis.heal_all()
