@@ -176,6 +176,35 @@ def test_a_checkpoint_from_another_journal_is_refused(tmp_path: Path) -> None:
     assert a == b and a["count"] == 300 and a["messages"]["/queue/a"][0][0] == "m1000"
 
 
+def test_the_tail_a_crash_left_counts_toward_the_next_checkpoint(tmp_path: Path) -> None:
+    """Checkpoints come every ``checkpoint_interval`` bytes of journal, not of one
+    process's appends: terms that each end (a crash, a takeover) before appending that
+    much still get one, so a new master never replays an ever longer tail (issue 24)."""
+    pump = Pump()
+    interval = 32 * 1024
+    kw: dict[str, Any] = {"segment_size": 8192, "checkpoint_interval": interval, "notify": pump}
+    s = open_store(tmp_path, **kw)
+    s.add(msg(0))
+    s.flush()
+    s.checkpoints.write_now()
+    sent, per_term = 1, []
+    for _term in range(4):  # each term appends about 0.4 x the interval, then crashes
+        start, n = s.journal.appended_bytes, 0
+        while s.journal.appended_bytes - start < 0.4 * interval:
+            s.add(msg(sent))
+            sent, n = sent + 1, n + 1
+        pump.run()
+        s.checkpoints.stop()
+        pump.run()
+        per_term.append(n)
+        crash(s)
+        s = open_store(tmp_path, **kw)
+    tail = int(s.checkpoints.last_recovery.rsplit("+ ", 1)[1].split()[0])
+    assert tail < sum(per_term[-2:]) + 1, (s.checkpoints.last_recovery, per_term)  # not all four terms
+    assert s.count == sent
+    s.close()
+
+
 def test_periodic_checkpoints_with_compaction(tmp_path: Path) -> None:
     """Background checkpoints every 32 KiB of journal; compaction deletes a dead segment
     only once a checkpoint that no longer needs it is published, so after a crash the

@@ -254,6 +254,7 @@ class Checkpointer:
                 existing = set(journal.segments)
                 missing = sorted(s for s in store._seg_live if s not in existing)  # noqa: SLF001
                 if not missing:
+                    self._count_tail(cap.segment, cap.offset)
                     return f"recovered from the checkpoint at segment {cap.segment} offset {cap.offset} + {n} records"
                 lost = [s for s in missing if s not in chain] if cap.journal == chain.journal else []
                 if lost:
@@ -264,6 +265,18 @@ class Checkpointer:
             log.log(level, "store %s: %s; replaying the whole journal", store.directory, why)
         n = store.replay(None)
         return f"replayed the whole journal ({n} records; {why})"
+
+    def _count_tail(self, segment: int, offset: int) -> None:
+        """The journal after the checkpoint counts toward the next one as if this process
+        had appended it: checkpoints come every ``interval`` bytes of *journal*, however
+        many processes (restarts, takeovers) share them. Counting only this process's
+        appends, a pair failing over more often than every ``interval`` bytes never wrote
+        one, and each new master replayed a longer tail (issue 24, the nemesis: the same
+        checkpoint for minutes, 51,000 then 71,000 records replayed, up to 1.2 s of every
+        takeover)."""
+        tail = sum(size - (offset if seg == segment else 0)
+                   for seg, size in self.store.journal.segment_sizes().items() if seg >= segment)
+        self._last_bytes = self.store.journal.appended_bytes - max(0, tail)
 
     # ---------------------------------------------------------------- writing
     def _may_start(self) -> bool:
