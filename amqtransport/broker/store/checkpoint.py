@@ -268,15 +268,17 @@ class Checkpointer:
 
     def _count_tail(self, segment: int, offset: int) -> None:
         """The journal after the checkpoint counts toward the next one as if this process
-        had appended it: checkpoints come every ``interval`` bytes of *journal*, however
-        many processes (restarts, takeovers) share them. Counting only this process's
-        appends, a pair failing over more often than every ``interval`` bytes never wrote
-        one, and each new master replayed a longer tail (issue 24, the nemesis: the same
-        checkpoint for minutes, 51,000 then 71,000 records replayed, up to 1.2 s of every
-        takeover)."""
+        had appended it, and a tail of a segment or more makes the next one due at the
+        first append: a process that recovered a tail it did not write (a restart, a
+        takeover) checkpoints it, so the next recovery replays what this process appends,
+        not every term's since the last checkpoint. Counting only a process's own appends,
+        a pair failing over more often than every ``interval`` bytes never wrote one, and
+        each new master replayed a longer tail (issue 24, the nemesis: the same checkpoint
+        for minutes, 51,000 then 71,000 records replayed, up to 1.2 s of a takeover)."""
+        journal = self.store.journal
         tail = sum(size - (offset if seg == segment else 0)
-                   for seg, size in self.store.journal.segment_sizes().items() if seg >= segment)
-        self._last_bytes = self.store.journal.appended_bytes - max(0, tail)
+                   for seg, size in journal.segment_sizes().items() if seg >= segment)
+        self._last_bytes = journal.appended_bytes - (self.interval if tail >= journal.segment_size else max(0, tail))
 
     # ---------------------------------------------------------------- writing
     def _may_start(self) -> bool:
