@@ -13,13 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from amqtransport.broker.dispatch.message import Message
 from amqtransport.broker.ha.slave import JOURNAL_BACKLOG_LIMIT, SlaveLink
-from amqtransport.broker.ha.wire import RECORDS, SNAP, SYNC_END, pack, pack_seq, record_frames
+from amqtransport.broker.ha.wire import (
+    ACK,
+    BYE,
+    RECORDS,
+    SNAP,
+    SYNC_END,
+    WireDecoder,
+    pack,
+    pack_seq,
+    record_frames,
+)
 from amqtransport.broker.store import RECEIPT_PATH, Ack, Enq, MessageStore
 from amqtransport.broker.store import writer as writer_module
 from amqtransport.broker.store.records import encode
@@ -158,3 +169,78 @@ def test_a_slave_with_a_slow_disk_holds_a_bounded_backlog_during_a_full_sync(tmp
         assert max(backlog) <= limit, f"journal backlog reached {max(backlog)} bytes (bound {limit})"
     finally:
         store.close()
+
+
+MasterScript = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def _link_against(tmp_path: Path, master_script: MasterScript, link_timeout: float,
+                  stop_after_sync: bool) -> tuple[str, list[int], float]:
+    """Run a SlaveLink against a scripted master (``master_script(reader, writer)``);
+    with ``stop_after_sync`` the node's stop event is set once the slave acked the
+    SYNC_END. Returns (outcome, the frame kinds the master read, seconds the link ran)."""
+    received: list[int] = []
+
+    async def main(store: MessageStore) -> tuple[str, float]:
+        stop = asyncio.Event()
+        acked = asyncio.Event()
+
+        async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            decoder = WireDecoder()
+
+            async def read_all() -> None:
+                while data := await reader.read(1 << 16):
+                    for kind, _payload in decoder.feed(data):
+                        received.append(kind)
+                        if kind == ACK:
+                            acked.set()
+
+            reading = asyncio.ensure_future(read_all())
+            await master_script(reader, writer)
+            await asyncio.sleep(30)  # keeps the link open (and silent): the slave ends it
+            reading.cancel()
+
+        server = await asyncio.start_server(master, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        link = SlaveLink(store, reader, writer, link_timeout=link_timeout, on_synced=lambda: None)
+        started = time.monotonic()
+        run = asyncio.ensure_future(link.run(stop))
+        if stop_after_sync:
+            await asyncio.wait_for(acked.wait(), 30)
+            stop.set()
+        try:
+            return await asyncio.wait_for(run, 60), time.monotonic() - started
+        finally:
+            writer.close()
+            server.close()
+
+    store = MessageStore(tmp_path / "replica")
+    store.open()
+    try:
+        outcome, took = asyncio.run(main(store))
+    finally:
+        store.close()
+    return outcome, received, took
+
+
+async def _sync_only(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(pack(SYNC_END, pack_seq(0)))
+    await writer.drain()
+
+
+def test_a_stopping_slave_says_goodbye_while_it_waits_for_the_stream(tmp_path: Path) -> None:
+    """The node stops while the link waits in its read (issue 27 made that read a plain
+    ``await reader.read``): the link ends with ``"stop"`` and the master gets ``BYE``."""
+    outcome, received, _took = _link_against(tmp_path, _sync_only, link_timeout=30.0, stop_after_sync=True)
+    assert outcome == "stop"
+    assert BYE in received
+
+
+def test_a_silent_master_is_lost_after_the_link_timeout(tmp_path: Path) -> None:
+    """A master that sends nothing more (not even a PING) for ``link_timeout``: the link
+    ends with ``"lost"``, not before the timeout and long before the test's own."""
+    outcome, received, took = _link_against(tmp_path, _sync_only, link_timeout=1.0, stop_after_sync=False)
+    assert outcome == "lost"
+    assert ACK in received  # the SYNC_END was acked: the link was up
+    assert took >= 1.0
