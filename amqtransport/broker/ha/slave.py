@@ -231,10 +231,10 @@ class SlaveLink:
 
         applied: int | None = None  # the last record applied (numbered from SYNC_END's base)
         store.journal.wake_on_append = False  # each read ends in commit_here, which wakes the writer if need be
-        # one plain ``await reader.read`` per read: an asyncio.wait on a new task per read
-        # cost the pair's receipt path 19 us (issue 27, benchmarks/ab_slave_link.py: 69
-        # against 89 us per record and ACK); a stop or a silent link interrupts the read by
-        # cancelling this task, only while it waits in that read
+        # one plain ``await reader.read`` per read, not an asyncio.wait on a new task per
+        # read (issue 27: a slave woken for each record, as in a pair, answers it 26-42 us
+        # sooner; BENCHMARKS.md, benchmarks/ab_slave_link.py); a stop or a silent link
+        # interrupts the read by cancelling this task, only while it waits in that read
         task = asyncio.current_task()
         assert task is not None, "SlaveLink.run runs in a task"
         reading = False
