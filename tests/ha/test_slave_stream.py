@@ -30,6 +30,7 @@ from amqtransport.broker.ha.wire import (
     pack,
     pack_seq,
     record_frames,
+    unpack_seq,
 )
 from amqtransport.broker.store import RECEIPT_PATH, Ack, Enq, MessageStore
 from amqtransport.broker.store import writer as writer_module
@@ -171,7 +172,8 @@ def test_a_slave_with_a_slow_disk_holds_a_bounded_backlog_during_a_full_sync(tmp
         store.close()
 
 
-MasterScript = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+#: a scripted master: writes to the slave, and awaits the slave's ACK of a sequence number
+MasterScript = Callable[[asyncio.StreamWriter, Callable[[int], Awaitable[None]]], Awaitable[None]]
 
 
 def _link_against(tmp_path: Path, master_script: MasterScript, link_timeout: float,
@@ -184,19 +186,28 @@ def _link_against(tmp_path: Path, master_script: MasterScript, link_timeout: flo
     async def main(store: MessageStore) -> tuple[str, float]:
         stop = asyncio.Event()
         acked = asyncio.Event()
+        highest = [-1]
+        ack_seen = asyncio.Condition()
 
         async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             decoder = WireDecoder()
 
             async def read_all() -> None:
                 while data := await reader.read(1 << 16):
-                    for kind, _payload in decoder.feed(data):
+                    for kind, payload in decoder.feed(data):
                         received.append(kind)
                         if kind == ACK:
                             acked.set()
+                            async with ack_seen:
+                                highest[0] = max(highest[0], unpack_seq(payload))
+                                ack_seen.notify_all()
+
+            async def wait_ack(seq: int) -> None:
+                async with ack_seen:
+                    await asyncio.wait_for(ack_seen.wait_for(lambda: highest[0] >= seq), 30)
 
             reading = asyncio.ensure_future(read_all())
-            await master_script(reader, writer)
+            await master_script(writer, wait_ack)
             await asyncio.sleep(30)  # keeps the link open (and silent): the slave ends it
             reading.cancel()
 
@@ -224,7 +235,7 @@ def _link_against(tmp_path: Path, master_script: MasterScript, link_timeout: flo
     return outcome, received, took
 
 
-async def _sync_only(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _sync_only(writer: asyncio.StreamWriter, wait_ack: Callable[[int], Awaitable[None]]) -> None:
     writer.write(pack(SYNC_END, pack_seq(0)))
     await writer.drain()
 
@@ -244,3 +255,33 @@ def test_a_silent_master_is_lost_after_the_link_timeout(tmp_path: Path) -> None:
     assert outcome == "lost"
     assert ACK in received  # the SYNC_END was acked: the link was up
     assert took >= 1.0
+
+
+def test_the_live_stream_applies_each_record_once_and_a_gap_drops_the_link(tmp_path: Path) -> None:
+    """Once the stream is live the slave handles each read as it arrives (issue 27: its
+    socket's protocol hands the read over, no task waits for it); the rules hold there
+    too: a copy of an applied record is skipped, a gap ends the link, and each record is
+    acked once durable. The scripted master waits for each ACK, so every read after the
+    SYNC_END's is handled by the live path."""
+    enq = [encode(Enq(_msg(i))) for i in range(1, 4)]
+
+    async def master(writer: asyncio.StreamWriter, wait_ack: Callable[[int], Awaitable[None]]) -> None:
+        writer.write(pack(SYNC_END, pack_seq(10)))
+        await wait_ack(10)
+        for seq, payload in enumerate(enq, 11):  # records 11-13, one read each
+            writer.writelines(record_frames(RECORDS, seq, [payload]))
+            await wait_ack(seq)
+        writer.writelines(record_frames(RECORDS, 12, enq[1:]))  # 12-13 again: skipped
+        writer.writelines(record_frames(RECORDS, 14, [encode(Ack(("m2",), "/queue/a"))]))
+        await wait_ack(14)
+        writer.writelines(record_frames(RECORDS, 16, [encode(Enq(_msg(6)))]))  # 15 never came
+
+    outcome, received, _took = _link_against(tmp_path, master, link_timeout=30.0, stop_after_sync=False)
+    assert outcome == "lost"  # the gap
+    assert received.count(ACK) >= 5  # 10, 11, 12, 13, 14
+    store = MessageStore(tmp_path / "replica")
+    store.open()
+    try:
+        assert sorted(m.id for m in store.iter_messages()) == ["m1", "m3"]  # m2 acked once, m6 after the gap
+    finally:
+        store.close()

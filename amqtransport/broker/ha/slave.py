@@ -73,7 +73,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 from ..config import BrokerConfig
 from ..store import RECEIPT_PATH, Callback, MessageStore, after_completions, run_completions
@@ -135,6 +135,8 @@ def fresh_replica_store(data_dir: Path, config: BrokerConfig, loop: asyncio.Abst
 #: sync arrives as fast as the network; without this bound a slave whose disk or CPU is
 #: slower held the difference in memory, up to the size of the master's store)
 JOURNAL_BACKLOG_LIMIT = 8 << 20
+#: the most one read of the link takes (a read that took less left nothing buffered)
+READ_BYTES = 1 << 20
 #: at most this many records read in one go are fsynced on the link's own loop
 #: (``Journal.commit_here``); more go to the journal's writer thread, whose group commit
 #: overlaps the next read with the fsync
@@ -154,6 +156,25 @@ def handover_refusal(verifier: RequestVerifier, headers: Mapping[str, str], chal
     if headers.get("amq-ha-epoch") != str(epoch):
         return f"its epoch {headers.get('amq-ha-epoch')!r} is not the link's ({epoch})"
     return None
+
+
+class _LiveProtocol(asyncio.Protocol):
+    """The link's socket once the stream is live (:meth:`SlaveLink.run`): each read is
+    handed to ``on_data`` as it arrives; the end of the connection to ``on_lost``."""
+
+    def __init__(self, on_data: Callable[[bytes], None], on_lost: Callable[[str], None]) -> None:
+        self.on_data = on_data
+        self.on_lost = on_lost
+
+    def data_received(self, data: bytes) -> None:
+        self.on_data(data)
+
+    def eof_received(self) -> bool:
+        self.on_lost("replication link closed by the master")
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.on_lost(f"replication link broke: {exc}" if exc else "replication link closed by the master")
 
 
 class SlaveLink:
@@ -231,6 +252,131 @@ class SlaveLink:
 
         applied: int | None = None  # the last record applied (numbered from SYNC_END's base)
         store.journal.wake_on_append = False  # each read ends in commit_here, which wakes the writer if need be
+
+        def handle(data: bytes) -> str | None:
+            """One read of the stream: apply what it brought, fsync and ack it; an outcome
+            (``"handover"``, ``"lost"``) ends the link."""
+            nonlocal applied
+            got = time.perf_counter()
+            for kind, payload in decoder.feed(data):
+                if kind == RECORDS:
+                    first, payloads = unpack_records(payload)
+                    if applied is not None:
+                        # each record once, in order: a record numbered at or below
+                        # what is applied is a copy (applying an Enq twice would bring
+                        # the message back after its ACK); a gap is a lost record
+                        if first > applied + 1:
+                            raise ReplicationError(f"records {applied + 1} to {first - 1} are missing "
+                                                   f"from the stream (got {first})")
+                        payloads = payloads[applied + 1 - first :]
+                        first = applied + 1
+                        if not payloads:
+                            continue
+                        applied = first + len(payloads) - 1
+                    store.import_payloads(payloads, durable_up_to(first + len(payloads) - 1))
+                elif kind == SNAP:
+                    _first, payloads = unpack_records(payload)
+                    store.import_payloads(payloads)
+                elif kind == SYNC_END:
+                    applied = unpack_seq(payload)
+                    store.journal.on_durable(sync_done(applied))
+                elif kind == HANDOVER:
+                    return self._handover(unpack_handover(payload))
+                elif kind != PING:
+                    raise ReplicationError(f"unexpected frame kind {kind} from the master")
+            RECEIPT_PATH.read.observe(time.perf_counter() - got)
+            # a few records and an idle writer (one receipted send at a time): fsync them
+            # here and ack at once, without the writer thread's two hand-offs
+            completions = store.journal.commit_here(INLINE_COMMIT_RECORDS)
+            if completions:
+                run_completions(completions)
+                RECEIPT_PATH.total.observe(time.perf_counter() - got)
+            return None
+
+        async def live() -> str:
+            """The live stream: the socket's protocol hands each read to ``handle`` as it
+            arrives (no task wakes for it: a slave woken for each record, as in a pair,
+            answered it 20-28 us sooner than with ``await reader.read``, issue 27); this
+            coroutine only watches for the end, a stop, silence, pings, compaction and a
+            journal backlog (reading paused until it is durable)."""
+            transport = cast(asyncio.Transport, writer.transport)
+            ended: asyncio.Future[str] = loop.create_future()
+            poke: asyncio.Future[None] = loop.create_future()
+            failure: list[BaseException] = []
+            last_data = loop.time()
+            paused = False
+
+            def finish(outcome: str) -> None:
+                if not ended.done():
+                    ended.set_result(outcome)
+                if not poke.done():
+                    poke.set_result(None)
+
+            def on_data(data: bytes) -> None:
+                nonlocal last_data, paused
+                if ended.done():
+                    return
+                last_data = loop.time()
+                try:
+                    outcome = handle(data)
+                except ReplicationError as exc:
+                    log.error("replication stream error: %s", exc)
+                    outcome = "lost"
+                except Exception as exc:  # noqa: BLE001 - raised by run(), as from the read loop
+                    failure.append(exc)
+                    outcome = "lost"
+                if outcome is not None:
+                    finish(outcome)
+                elif store.journal.failed is not None or store.journal.backlog_bytes > JOURNAL_BACKLOG_LIMIT:
+                    if store.journal.failed is None:
+                        transport.pause_reading()
+                        paused = True
+                    if not poke.done():
+                        poke.set_result(None)
+
+            def on_lost(reason: str) -> None:
+                if not ended.done():
+                    log.warning("%s", reason)
+                finish("lost")
+
+            transport.set_protocol(_LiveProtocol(on_data, on_lost))
+            tick = self.link_timeout / 4
+            last_ping = last_compact = loop.time()
+            try:
+                while not ended.done():
+                    if stop_wait.done():
+                        return await self._goodbye()
+                    if store.journal.failed is not None:
+                        log.error("slave journal failed: %s; dropping the link", store.journal.failed)
+                        return "failed"
+                    if paused:
+                        await self._journal_caught_up(stop_wait.done)
+                        paused = False
+                        transport.resume_reading()
+                        continue
+                    now = loop.time()
+                    if now - last_data >= self.link_timeout:
+                        log.warning("replication link silent for %.1f s: treating the master as lost",
+                                    self.link_timeout)
+                        return "lost"
+                    if now - last_ping >= tick:
+                        writer.write(pack(PING))
+                        last_ping = now
+                    if now - last_compact >= 1.0:
+                        last_compact = now
+                        with contextlib.suppress(Exception):
+                            store.compact()
+                    if poke.done():
+                        poke = loop.create_future()
+                    watched = cast("set[asyncio.Future[object]]", {ended, poke, stop_wait})
+                    await asyncio.wait(watched, timeout=min(tick, last_data + self.link_timeout - now),
+                                       return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                finish("ended")  # what the connection does from now on is the caller's: no log
+            if failure:
+                raise failure[0]
+            return ended.result()
+
         # one plain ``await reader.read`` per read, not an asyncio.wait on a new task per
         # read (issue 27: a slave woken for each record, as in a pair, answers it 26-42 us
         # sooner; BENCHMARKS.md, benchmarks/ab_slave_link.py); a stop or a silent link
@@ -281,7 +427,7 @@ class SlaveLink:
                         store.compact()
                 reading, read_since = True, now
                 try:
-                    data = await reader.read(1 << 20)
+                    data = await reader.read(READ_BYTES)
                 except asyncio.CancelledError:
                     if interrupted is None:
                         raise  # cancelled from outside
@@ -298,42 +444,15 @@ class SlaveLink:
                 if not data:
                     log.warning("replication link closed by the master")
                     return "lost"
-                got = time.perf_counter()
-                for kind, payload in decoder.feed(data):
-                    if kind == RECORDS:
-                        first, payloads = unpack_records(payload)
-                        if applied is not None:
-                            # each record once, in order: a record numbered at or below
-                            # what is applied is a copy (applying an Enq twice would bring
-                            # the message back after its ACK); a gap is a lost record
-                            if first > applied + 1:
-                                raise ReplicationError(f"records {applied + 1} to {first - 1} are missing "
-                                                       f"from the stream (got {first})")
-                            payloads = payloads[applied + 1 - first :]
-                            first = applied + 1
-                            if not payloads:
-                                continue
-                            applied = first + len(payloads) - 1
-                        store.import_payloads(payloads, durable_up_to(first + len(payloads) - 1))
-                    elif kind == SNAP:
-                        _first, payloads = unpack_records(payload)
-                        store.import_payloads(payloads)
-                    elif kind == SYNC_END:
-                        applied = unpack_seq(payload)
-                        store.journal.on_durable(sync_done(applied))
-                    elif kind == HANDOVER:
-                        return self._handover(unpack_handover(payload))
-                    elif kind != PING:
-                        raise ReplicationError(f"unexpected frame kind {kind} from the master")
-                RECEIPT_PATH.read.observe(time.perf_counter() - got)
-                # a few records and an idle writer (one receipted send at a time): fsync them
-                # here and ack at once, without the writer thread's two hand-offs
-                completions = store.journal.commit_here(INLINE_COMMIT_RECORDS)
-                if completions:
-                    run_completions(completions)
-                    RECEIPT_PATH.total.observe(time.perf_counter() - got)
+                outcome = handle(data)
+                if outcome is not None:
+                    return outcome
                 if store.journal.backlog_bytes > JOURNAL_BACKLOG_LIMIT:
                     await self._journal_caught_up(stop_wait.done)
+                elif applied is not None and len(data) < READ_BYTES:
+                    # the stream is live and the reader holds nothing more (the read took
+                    # less than it could): from now on each read is handled as it arrives
+                    return await live()
         except ReplicationError as exc:
             log.error("replication stream error: %s", exc)
             return "lost"
