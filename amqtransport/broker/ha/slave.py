@@ -19,7 +19,11 @@ sans-IO :class:`~.wire.WireDecoder`:
     ack of a lone record is written as soon as its completion has run); a read that brought at most
     :data:`INLINE_COMMIT_RECORDS` records is fsynced on the link's loop itself when the
     journal's writer thread is idle (``Journal.commit_here``: no thread hand-off between
-    the read, the fsync and the ack), a bigger one by the writer thread;
+    the read, the fsync and the ack), a bigger one by the writer thread. Once the
+    ``SYNC_END`` is applied and nothing is left buffered, the stream is *live*: the
+    socket's protocol (:class:`_LiveProtocol`) hands each read to the link as it arrives,
+    so no task is woken for it (the full sync's reads are awaited: their back-pressure
+    and the stop are simpler there);
 ``PING``
     the master is alive;
 ``HANDOVER``
@@ -296,7 +300,7 @@ class SlaveLink:
         async def live() -> str:
             """The live stream: the socket's protocol hands each read to ``handle`` as it
             arrives (no task wakes for it: a slave woken for each record, as in a pair,
-            answered it 20-28 us sooner than with ``await reader.read``, issue 27); this
+            answered it 8-11 us sooner than with ``await reader.read``, issue 27); this
             coroutine only watches for the end, a stop, silence, pings, compaction and a
             journal backlog (reading paused until it is durable)."""
             transport = cast(asyncio.Transport, writer.transport)
