@@ -1,4 +1,4 @@
-"""The slave's side of the replication stream (broker/ha/slave.py): each record applied
+"""The slave's side of the replication stream (broker/ha/slave_link.py): each record applied
 once, in order, whatever the master sends.
 
 A full sync ends with the journal's tail read back, then live records. When the tail
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from amqtransport.broker.dispatch.message import Message
-from amqtransport.broker.ha.slave import JOURNAL_BACKLOG_LIMIT, SlaveLink
+from amqtransport.broker.ha.slave_link import JOURNAL_BACKLOG_LIMIT, SlaveLink
 from amqtransport.broker.ha.wire import (
     ACK,
     BYE,

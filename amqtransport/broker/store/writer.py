@@ -175,7 +175,7 @@ class JournalWriter:
         the writer thread takes them (it is busy, or more is queued). A failure is handled
         as the writer handles one (the completions get the error through ``notify``;
         ``on_failure``; the writer stops) and returns ``[]``. The caller blocks for the
-        fsync: a slave's replication loop (:mod:`..ha.slave`), and the broker's loop at the
+        fsync: a slave's replication loop (:mod:`..ha.slave_link`), and the broker's loop at the
         end of a turn that appended few records (:meth:`~.journal.Journal.commit_turn`;
         a turn that appended more leaves them to the writer, whose fsync then overlaps the
         loop's parsing: pipelined producers keep their group commit)."""
