@@ -110,6 +110,26 @@ class _LiveProtocol(asyncio.Protocol):
         self.on_lost(f"replication link broke: {exc}" if exc else "replication link closed by the master")
 
 
+class _Tending:
+    """What both of the link's loops do on their way round: a PING every quarter of the
+    link timeout (the master is told this slave lives) and a compaction a second."""
+
+    def __init__(self, store: MessageStore, writer: asyncio.StreamWriter, link_timeout: float, now: float) -> None:
+        self.store = store
+        self.writer = writer
+        self.tick = link_timeout / 4
+        self.last_ping = self.last_compact = now
+
+    def tend(self, now: float) -> None:
+        if now - self.last_ping >= self.tick:
+            self.writer.write(pack(PING))
+            self.last_ping = now
+        if now - self.last_compact >= 1.0:
+            self.last_compact = now
+            with contextlib.suppress(Exception):
+                self.store.compact()
+
+
 class SlaveLink:
     """One replication link, slave side: apply what the master sends, ack what is durable.
 
@@ -274,7 +294,7 @@ class SlaveLink:
 
             transport.set_protocol(_LiveProtocol(on_data, on_lost))
             tick = self.link_timeout / 4
-            last_ping = last_compact = loop.time()
+            tending = _Tending(store, writer, self.link_timeout, loop.time())
             try:
                 while not ended.done():
                     if stop_wait.done():
@@ -292,13 +312,7 @@ class SlaveLink:
                         log.warning("replication link silent for %.1f s: treating the master as lost",
                                     self.link_timeout)
                         return "lost"
-                    if now - last_ping >= tick:
-                        writer.write(pack(PING))
-                        last_ping = now
-                    if now - last_compact >= 1.0:
-                        last_compact = now
-                        with contextlib.suppress(Exception):
-                            store.compact()
+                    tending.tend(now)
                     if poke.done():
                         poke = loop.create_future()
                     watched = cast("set[asyncio.Future[object]]", {ended, poke, stop_wait})
@@ -340,8 +354,7 @@ class SlaveLink:
         watchdog = loop.call_at(loop.time() + self.link_timeout, watch)
         stop_wait = asyncio.ensure_future(stop.wait())
         stop_wait.add_done_callback(lambda _f: interrupt("stop"))
-        last_ping = loop.time()
-        last_compact = loop.time()
+        tending = _Tending(store, writer, self.link_timeout, loop.time())
         self.up = True
         try:
             while True:
@@ -351,13 +364,7 @@ class SlaveLink:
                 if stop_wait.done():
                     return await self._goodbye()
                 now = loop.time()
-                if now - last_ping >= self.link_timeout / 4:
-                    writer.write(pack(PING))
-                    last_ping = now
-                if now - last_compact >= 1.0:
-                    last_compact = now
-                    with contextlib.suppress(Exception):
-                        store.compact()
+                tending.tend(now)
                 reading, read_since = True, now
                 try:
                     data = await reader.read(READ_BYTES)
