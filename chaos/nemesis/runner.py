@@ -40,11 +40,9 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import logging
-import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +62,7 @@ from chaos.nemesis.features import (
 )
 from chaos.nemesis.history import History, RoundRecord, Subscriber
 from chaos.nemesis.probe import Prober
+from chaos.nemesis.roundcheck import RoundCheck
 from chaos.nemesis.schedule import FAULT_KINDS, RoundPlan, default_kinds, plan_round, round_seeds
 from chaos.nemesis.workload import (
     Consumer,
@@ -308,39 +307,6 @@ class _Drain:
 
     def count(self, until: float = float("inf")) -> int:
         return sum(1 for _, _, t in self.pending if t <= until)
-
-
-def _check_json(data: dict[str, Any]) -> tuple[int, list[Violation]]:
-    """:class:`RoundCheck`'s child: (its pid, the quick look's violations)."""
-    return os.getpid(), check(History.from_json(data), complete=False).violations
-
-
-class RoundCheck:
-    """The round's quick look (module docstring, step 5) in a child process, started once
-    (``spawn``: a fork of this many-threaded process is unsafe) and reused; the history
-    goes over as its JSON form. A child that cannot start or dies: the look runs here."""
-
-    def __init__(self) -> None:
-        self._pool: ProcessPoolExecutor | None = None
-        self.pid: int | None = None  # the child the last look ran in (None: here)
-
-    def violations(self, h: History, timeout: float = 300.0) -> list[Violation]:
-        data = h.to_json()
-        try:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-            self.pid, found = self._pool.submit(_check_json, data).result(timeout)
-            return found
-        except Exception as exc:  # noqa: BLE001 - a look lost is a look taken here, never a verdict lost
-            log.warning("the round check's process failed (%r): checking in this process", exc)
-            self.close()
-            self.pid = None
-            return check(h, complete=False).violations
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
 
 
 class ModeRun:

@@ -25,7 +25,7 @@ from chaos.nemesis.history import (
     Sync,
     Tx,
 )
-from chaos.nemesis.runner import RoundCheck
+from chaos.nemesis.roundcheck import RoundCheck
 
 pytestmark = pytest.mark.chaos
 
