@@ -258,3 +258,46 @@ def test_a_snapshot_of_big_records_fits_the_wire_limit() -> None:
         list(record_frames(SNAP, 0, [b"y" * 1001], max_record=1000))
     with pytest.raises(ReplicationError, match="SNAP frame of .* over the 64-byte limit"):
         WireDecoder(64).feed(pack(SNAP, b"z" * 65))
+
+
+def test_a_stalled_master_counts_its_hold_from_the_stall_so_a_refusing_peer_does_not_clear_it() -> None:
+    """A master whose loop stalled (SIGSTOP) longer than the link timeout holds its
+    receipts; its slave may have taken over meanwhile and died since. A peer that refuses
+    on every address then proves nothing: decide.py clears on refusals only within the
+    refusal window after the hold began, so the hold must count from the stall's start.
+    (A no-witness soak lost receipted messages: the master, frozen 5 s, was thawed just
+    after the new master's SIGKILL, cleared on the refusals, receipted alone at the old
+    epoch, and the restarted peer's newer epoch won.) Failed before: held_for was the
+    time since the thaw."""
+    import types
+
+    from amqtransport.broker.ha.decide import (
+        CLEAR,
+        HOLD,
+        DecideOptions,
+        NodeState,
+        PeerAnswer,
+        Peers,
+        decide,
+    )
+    from amqtransport.broker.ha.replication import ReplicationMaster
+
+    now = [100.0]
+    repl = ReplicationMaster.__new__(ReplicationMaster)
+    repl.loop = types.SimpleNamespace(time=lambda: now[0])  # type: ignore[assignment]
+    repl.link_timeout = 1.0
+    repl.suspect, repl._fatal, repl.lease_until, repl._gated = None, None, None, None  # noqa: SLF001
+    repl.on_suspect = lambda _reason: None
+    repl._tick_due = 100.0 + 0.25  # noqa: SLF001 - the last tick ran at 100.0
+    now[0] = 105.3  # frozen for 5 s, then thawed
+    repl.check_stall()
+    assert repl.suspect is not None and "stalled" in repl.suspect
+    held_for = now[0] - repl.suspect_since
+    assert held_for >= 5.0
+    options = DecideOptions(name="a")
+    refused = [PeerAnswer(("127.0.0.1", 1), None, refused=True), PeerAnswer(("127.0.0.1", 2), None, refused=True)]
+    st = NodeState("master", epoch=9, role="master", held_for=held_for)
+    assert decide(st, options, Peers(answers=refused)).action == HOLD
+    # a hold that began just now (a slave link lost while the loop ran) still clears on refusals
+    st = NodeState("master", epoch=9, role="master", held_for=0.1)
+    assert decide(st, options, Peers(answers=refused)).action == CLEAR

@@ -124,7 +124,8 @@ port closed and taking over -- there would be two masters. So the two sides wait
 differently: a master clears on refusals only within the *refusal window* ``R``
 (:attr:`DecideOptions.refusal_window`, ``min(1 s, --link-timeout)``) after its
 receipts began to be held (``NodeState.held_for``; later rounds hold, or ask the
-witness); a master that clears reopens its client port at once, so a live master's
+witness; after a stall of its own loop, from the stall's start: its slave may have
+taken over and died meanwhile); a master that clears reopens its client port at once, so a live master's
 client port refuses for at most ``R`` plus a bind in a row unless it holds -- and a
 master that holds past ``R`` never receipts alone on a refusal. Without a witness the
 slave takes over only if a second probe, :attr:`DecideOptions.confirm_delay` (``2 R``)
