@@ -168,3 +168,33 @@ def test_frozen_master_many_rounds(tmp_path: Path) -> None:
             assert not answer.startswith(b"CONNECTED"), n
         print(f"\n{rounds} freeze rounds, 6 buffered SENDs + 1 CONNECT each: 0 receipted by a thawed master, "
               f"0 sessions accepted; {time.monotonic() - t0:.0f} s")
+
+
+def test_a_thawed_master_whose_successor_died_holds_until_the_peer_answers(tmp_path: Path) -> None:
+    """Master a is frozen until b has taken over, b is killed, a is thawed: b may have
+    receipted alone, so a must not receipt at its old epoch because b's addresses now
+    refuse (a no-witness soak lost receipted messages so: the refusal window was counted
+    from the thaw, a cleared at once and its writes were dropped when b came back with
+    the newer store). a holds until b answers, then steps down."""
+    with BrokerPair("replicated", tmp_path, link_timeout=0.5) as bp:
+        with amqtransport.connect(bp.uri) as c:
+            c.send("/queue/succ", "warm-up")
+        old = bp.wait_master(30)
+        new = bp.other(old)
+        sock = raw_connect(old.port)
+        try:
+            os.kill(old.pid, signal.SIGSTOP)
+            try:
+                assert bp.wait_master(30, exclude=old) is new
+                new.kill()
+            finally:
+                os.kill(old.pid, signal.SIGCONT)
+            raw_send(sock, "/queue/succ", "after-thaw", receipt="r1", idempotency_key="k-after-thaw")
+            frames, _closed = read_frames(sock, time.monotonic() + 4)
+            assert not any(f.startswith(b"RECEIPT") for f in frames), \
+                f"the thawed master receipted alone while its successor was down: {frames}"
+        finally:
+            sock.close()
+        bp.restart(new)
+        assert bp.wait_master(30, exclude=old) is new
+        wait_for(lambda: old.status().get("amq-ha-peer-state") == "in-sync", 30, "the old master to resync as slave")

@@ -317,13 +317,28 @@ class ReplicationMaster:
         sessions would only wait (the node refuses their CONNECT)."""
         return self.suspect is None and self._fatal is None
 
-    def suspect_now(self, reason: str, since: float | None = None) -> None:
+    def _stall_start(self) -> float | None:
+        """When the loop's stall began (its last tick), if the stall timer is overdue by
+        more than ``link_timeout`` (frozen by SIGSTOP, a pause); else None."""
+        if self.loop.time() - self._tick_due > self.link_timeout:
+            return self._tick_due - self._tick_every
+        return None
+
+    def suspect_now(self, reason: str) -> None:
         """Hold every completion a slave ack does not cover until :meth:`clear_suspect`.
-        ``since`` (loop time, default now): when this node was last known to serve, from
-        which decide.py's refusal window counts (:meth:`check_stall`)."""
+        The hold counts (``suspect_since``, decide.py's refusal window) from now, or from
+        the start of a stall this loop just woke from, whichever saw it first (a lost
+        slave link or :meth:`check_stall`): the slave may have taken over during the stall
+        and died since, so a peer that refuses now proves nothing (a no-witness soak lost
+        receipted messages so: the frozen master, thawed just after the new master's kill,
+        cleared on the refusals and receipted alone at the old epoch; the restarted peer's
+        newer store won)."""
+        stalled = self._stall_start()
+        if self.suspect is not None and stalled is not None:
+            self.suspect_since = min(self.suspect_since, stalled)
         if self.suspect is None and self._fatal is None:
             self.suspect = reason
-            self.suspect_since = self.loop.time() if since is None else since
+            self.suspect_since = self.loop.time() if stalled is None else stalled
             log.warning("replication: receipts without a slave ack are held: %s", reason)
             _safe(self.on_suspect, reason)
 
@@ -335,13 +350,8 @@ class ReplicationMaster:
         its sockets before it runs its overdue timers when it was frozen in mid-turn."""
         lag = self.loop.time() - self._tick_due
         if lag > self.link_timeout:
-            # held since the stall began, not since it ended: the slave may have taken
-            # over meanwhile and died since, so a peer that refuses now proves nothing
-            # (decide.py's refusal window; a soak lost receipted messages so: the frozen
-            # master, thawed just after the new master's kill, cleared on the refusals
-            # and receipted alone at the old epoch, then the restarted peer's newer won)
             self.suspect_now(f"the event loop stalled for {lag:.1f} s, longer than --link-timeout "
-                             f"{self.link_timeout:g} s", since=self._tick_due - self._tick_every)
+                             f"{self.link_timeout:g} s")
         if self.lease_until is not None and self._gated is None and self.loop.time() >= self.lease_until:
             self.suspect_now("the witness lease ran out (receipting alone needs it: the slave may be granted "
                              "mastership now)")
