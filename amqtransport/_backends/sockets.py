@@ -25,6 +25,7 @@ into ``ConnectError``, ``ReadError``, ``WriteError`` or ``ConnectionClosed``.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import select
@@ -227,6 +228,21 @@ _vm_lock = threading.Lock()
 _vm_brokers: dict[str, Any] = {}
 
 
+def _stop_vm_brokers() -> None:
+    """Stop every ``vm://`` broker this process started (at interpreter exit), so each
+    removes its private data directory. A ``vm://`` broker lives as long as the process:
+    it is not stopped when its last connection closes (a later ``vm://NAME`` finds the
+    same broker and the messages left on it)."""
+    with _vm_lock:
+        brokers = list(_vm_brokers.items())
+        _vm_brokers.clear()
+    for name, broker in brokers:
+        try:
+            broker.stop()
+        except Exception:  # noqa: BLE001 - at exit: report and go on with the others
+            log.exception("vm://%s: the embedded broker did not stop cleanly", name)
+
+
 def vm_name(leaf: object) -> str:
     """The embedded broker's name in a ``vm://NAME`` leaf."""
     return str(getattr(leaf, "name", None) or getattr(leaf, "host", "") or "localhost")
@@ -243,6 +259,8 @@ def vm_endpoint(name: str) -> tuple[str, int]:
                 raise ConnectError(f"vm://{name}: the embedded broker is not available: {exc}") from exc
             broker = EmbeddedBroker(port=0, name=name)
             broker.start()
+            if not _vm_brokers:
+                atexit.register(_stop_vm_brokers)
             _vm_brokers[name] = broker
             log.info("vm://%s: started an embedded broker on %s", name, broker.uri)
         return broker.host, int(broker.port)
