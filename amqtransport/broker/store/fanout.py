@@ -75,14 +75,13 @@ from .dedupe import DedupeWindow
 from .journal import Callback, Journal
 from .pages import PageList, SharedTail, copy_hash, id_hash, segment_of
 from .records import Ack, Enq, Fan, Record, Sub, Tx, TxPart, encode
+from .segments import FRAME_HEAD
 
 __all__ = ["FanGroup", "FanOutRecords", "fan_copy", "ref_hash", "is_copy_of", "ORIGINAL_DESTINATION"]
 
 log = logging.getLogger(__name__)
 
 ORIGINAL_DESTINATION = "original-destination"
-
-_FRAME_HEAD = 8
 
 
 def fan_copy(msg: Message, queue: str) -> Message:
@@ -362,7 +361,7 @@ class FanOutRecords:
                 if g.seg == head:
                     bare = Fan(fan.message, g.bare, fan.copies)
                     p = encode(bare)
-                    if self.journal.segment_for(len(p) + _FRAME_HEAD) == head:
+                    if self.journal.segment_for(len(p) + FRAME_HEAD) == head:
                         return [bare], [p]
         out_r: list[Record] = []
         out_p: list[bytes] = []
@@ -372,7 +371,7 @@ class FanOutRecords:
                 new = self._named_record(rec, named)
                 out_r.append(new)
                 out_p.append(payloads[i] if payloads is not None and new is rec else encode(new))
-            size = sum(len(p) for p in out_p) + _FRAME_HEAD * len(out_p)
+            size = sum(len(p) for p in out_p) + FRAME_HEAD * len(out_p)
             if self.journal.segment_for(size) == head:
                 break  # else: a new segment, which names nothing yet
         return out_r, out_p

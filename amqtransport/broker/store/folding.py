@@ -27,10 +27,10 @@ from .fanout import ref_hash
 from .pages import INNER, MOVED, PageList, id_hash, segment_of
 from .paging import ORIGINAL_DESTINATION
 from .records import Ack, Enq, Fan, Keys, Move, Record, Sub, Tx, Unsub, encode
+from .segments import FRAME_HEAD
 
 __all__ = ["FRAME_HEAD", "RecordFolding", "tx_inner_offsets"]
 
-FRAME_HEAD = 8  # the journal's u32 length + u32 crc before each payload
 _U32 = struct.Struct("<I")
 
 

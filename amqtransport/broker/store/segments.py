@@ -32,12 +32,13 @@ from .pages import INNER, pack, unpack
 from .records import Record, RecordError, decode
 
 __all__ = [
-    "FRAME", "MAGIC", "MAX_RECORD", "JournalError", "StoreLockedError", "Scan", "SegmentReads",
+    "FRAME", "FRAME_HEAD", "MAGIC", "MAX_RECORD", "JournalError", "StoreLockedError", "Scan", "SegmentReads",
     "scan_segment", "segment_id", "segment_name",
 ]
 
 MAGIC = b"AMQJSEG1"
 FRAME = struct.Struct("<II")
+FRAME_HEAD = FRAME.size  # the journal's u32 length + u32 crc before each payload
 #: the largest record recovery reads back; :meth:`Journal.append` refuses larger ones
 MAX_RECORD = 1 << 30
 
