@@ -73,7 +73,7 @@ from chaos.nemesis.workload import (
     Worker,
 )
 
-__all__ = ["NemesisParams", "RoundOutcome", "ModeResult", "ModeRun", "RoundCheck", "build_workload", "pair_uri",
+__all__ = ["NemesisParams", "RoundOutcome", "ModeResult", "ModeRun", "build_workload", "pair_uri",
            "replay_command"]
 
 log = logging.getLogger(__name__)
