@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from chaos.harness.cluster import scratch_dir
 from chaos.nemesis.checker import RULES
-from chaos.nemesis.runner import ModeResult, ModeRun, NemesisParams, replay_command
+from chaos.nemesis.results import ModeResult
+from chaos.nemesis.runner import ModeRun, NemesisParams, replay_command
 from chaos.nemesis.schedule import FAULT_KINDS, PAIR_MODES
 
 __all__ = ["run_nemesis", "nemesis_modes", "format_summary", "format_availability", "write_nemesis_report",

@@ -43,13 +43,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chaos.harness.clients import ClientSettings
 from chaos.harness.cluster import ClusterError, Stage
-from chaos.nemesis.checker import CheckResult, Violation, check
+from chaos.nemesis.checker import check
 from chaos.nemesis.cluster import BRIDGED_QUEUE, NemesisCluster
 from chaos.nemesis.faults import NET_KINDS, Active, Nemesis
 from chaos.nemesis.features import (
@@ -62,6 +62,7 @@ from chaos.nemesis.features import (
 )
 from chaos.nemesis.history import History, RoundRecord, Subscriber
 from chaos.nemesis.probe import Prober
+from chaos.nemesis.results import ModeResult, RoundOutcome
 from chaos.nemesis.roundcheck import RoundCheck
 from chaos.nemesis.schedule import FAULT_KINDS, RoundPlan, default_kinds, plan_round, round_seeds
 from chaos.nemesis.workload import (
@@ -73,8 +74,7 @@ from chaos.nemesis.workload import (
     Worker,
 )
 
-__all__ = ["NemesisParams", "RoundOutcome", "ModeResult", "ModeRun", "build_workload", "pair_uri",
-           "replay_command"]
+__all__ = ["NemesisParams", "ModeRun", "build_workload", "pair_uri", "replay_command"]
 
 log = logging.getLogger(__name__)
 
@@ -107,80 +107,6 @@ class NemesisParams:
     def kinds_for(self, mode: str) -> list[str]:
         base = list(self.kinds) if self.kinds is not None else default_kinds(mode, self.witness)
         return [k for k in base if mode in FAULT_KINDS[k].modes]
-
-
-@dataclass
-class RoundOutcome:
-    mode: str
-    round: int
-    seed: int
-    plan: RoundPlan
-    healthy: bool = False
-    health_s: float = 0.0
-    detail: str = ""
-    pending: int = 0  # receipted messages not yet delivered when the round ended
-    #: those messages: (key, the clients one of which must get it); :func:`late_lines`
-    #: says which were delivered later
-    late: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
-    stacks: str = ""  # where the thread stacks were written when the round ended with some pending
-    violations: list[Violation] = field(default_factory=list)
-    line: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "round": self.round, "seed": self.seed, "plan": self.plan.to_json(),
-                "healthy": self.healthy, "health_s": round(self.health_s, 3), "detail": self.detail,
-                "pending": self.pending, "late": [[k, list(cs)] for k, cs in self.late],
-                "violations": [v.to_json() for v in self.violations], "line": self.line}
-
-
-@dataclass
-class ModeResult:
-    mode: str
-    params: NemesisParams
-    kinds: list[str]
-    history: History
-    rounds: list[RoundOutcome] = field(default_factory=list)
-    result: CheckResult | None = None
-    skipped: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    aborted: str = ""
-    duration_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.result is not None and self.result.ok and not self.aborted
-
-    def failed_rounds(self) -> list[RoundOutcome]:
-        bad = set(self.result.rounds_failed()) if self.result is not None else set()
-        return [r for r in self.rounds if r.round in bad or not r.healthy]
-
-    def late_lines(self) -> list[str]:
-        """One line per round that ended with receipted messages not yet delivered: how
-        many, and whether each reached one of its consumers later (in a later round or
-        the final drain: the history's deliveries to the application) or never."""
-        got = {(d.sub, d.key) for d in self.history.deliveries if d.stage == "app"}
-        lines = []
-        for rnd in self.rounds:
-            if not rnd.late:
-                continue
-            never = [k for k, clients in rnd.late if not any((c, k) in got for c in clients)]
-            n = len(rnd.late)
-            if not never:
-                what = f"all {n} delivered later" if n > 1 else "delivered later"
-            else:
-                what = (f"{n - len(never)} delivered later, {len(never)} never: "
-                        f"{', '.join(never[:4])}{' ...' if len(never) > 4 else ''}")
-            stacks = f" (thread stacks then: {rnd.stacks})" if rnd.stacks else ""
-            lines.append(f"{self.mode} round {rnd.round}: {n} receipted message{'s' if n > 1 else ''} "
-                         f"still undelivered at the round's end{stacks}: {what}")
-        return lines
-
-    def to_json(self) -> dict[str, Any]:
-        p = asdict(self.params)
-        return {"mode": self.mode, "ok": self.ok, "kinds": self.kinds, "params": p,
-                "check": self.result.to_json() if self.result is not None else None,
-                "rounds": [r.to_json() for r in self.rounds], "skipped_faults": self.skipped,
-                "notes": self.notes, "aborted": self.aborted, "duration_s": round(self.duration_s, 1)}
 
 
 def replay_command(mode: str, seed: int, rounds: int, kinds: Sequence[str] | None, double: bool,

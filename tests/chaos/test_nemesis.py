@@ -29,7 +29,8 @@ from chaos.nemesis.checker import check
 from chaos.nemesis.cli import run_nemesis
 from chaos.nemesis.cluster import TmpfsMount
 from chaos.nemesis.history import Delivery, History, RoundRecord, Send, Subscriber, load_history
-from chaos.nemesis.runner import ModeResult, NemesisParams, RoundOutcome
+from chaos.nemesis.results import ModeResult, RoundOutcome
+from chaos.nemesis.runner import NemesisParams
 from chaos.nemesis.schedule import plan_round
 
 pytestmark = [pytest.mark.chaos]
