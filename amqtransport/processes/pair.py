@@ -45,6 +45,7 @@ from types import TracebackType
 
 from amqtransport.broker.ha.auth import generate_secret
 from amqtransport.broker.ha.wire import ha_request_sync
+from amqtransport.broker.store.files import replace_file, write_all
 
 from .ports import free_port
 from .spawn import kill_and_reap, private_dir, read_log, spawn_logged, terminate_and_reap
@@ -113,10 +114,9 @@ def load_ports(data_dir: str | Path) -> dict[str, dict[str, int]]:
 def save_ports(pair: BrokerPair) -> None:
     """Write the nodes' ports to ``<data_dir>/pair.json`` (read back by :func:`load_ports`)."""
     nodes = {n.name: {"port": n.port, "ha_port": n.ha_port} for n in pair.nodes}
-    data = json.dumps({"mode": pair.mode, "nodes": nodes}, indent=1, sort_keys=True) + "\n"
-    tmp = pair.data_dir / (PORTS_FILE + ".tmp")
-    tmp.write_text(data, encoding="utf-8")
-    os.replace(tmp, pair.data_dir / PORTS_FILE)
+    data = (json.dumps({"mode": pair.mode, "nodes": nodes}, indent=1, sort_keys=True) + "\n").encode("utf-8")
+    # no fsync: a lost pair.json only makes the next run pick new HA ports (load_ports)
+    replace_file(pair.data_dir, PORTS_FILE, lambda fd: write_all(fd, data), fsync=False, mode=0o666)
 
 
 class HaNodeProcess:

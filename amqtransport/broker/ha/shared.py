@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from ..store import StoreLockedError
+from ..store.files import replace_file, write_all
 from .config import HaOptions
 from .epoch import HaState
 from .lock import FileLock, is_locked, wait_for_lock
@@ -84,12 +85,12 @@ def announce(data_dir: Path, me: KnownNode) -> None:
     """Write (replace) this node's file in ``ha-nodes/``; a failure is logged, never fatal."""
     directory = data_dir / NODES_DIR
     path = directory / f"{me.name}.json"
-    tmp = directory / f".{me.name}.json.tmp"
+    data = json.dumps({"name": me.name, "client": me.client, "ha": me.ha, "http": me.http}).encode("utf-8")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"name": me.name, "client": me.client, "ha": me.ha, "http": me.http}),
-                       encoding="utf-8")
-        os.replace(tmp, path)
+        # no fsync: every start announces again, and a lost announcement only hides a node from the console
+        replace_file(directory, path.name, lambda fd: write_all(fd, data), fsync=False, mode=0o666,
+                     tmp_name=f".{me.name}.json.tmp")
     except OSError as exc:
         log.warning("node %s: cannot announce itself in %s (%s): the other node's console will not list it",
                     me.name, directory, exc)
