@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -260,17 +261,35 @@ def test_a_snapshot_of_big_records_fits_the_wire_limit() -> None:
         WireDecoder(64).feed(pack(SNAP, b"z" * 65))
 
 
-def test_a_stalled_master_counts_its_hold_from_the_stall_so_a_refusing_peer_does_not_clear_it() -> None:
+class _ManualLoop:
+    """The two things a ReplicationMaster asks of its loop outside a running loop: a
+    clock (set by the test) and timers (kept, never run)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.timers: list[tuple[float, object]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, fn: object, *args: object) -> types.SimpleNamespace:
+        self.timers.append((when, fn))
+        return types.SimpleNamespace(cancel=lambda: None)
+
+
+@pytest.mark.parametrize("first", ["check_stall", "link lost", "held before the freeze"])
+def test_a_stalled_master_counts_its_hold_from_the_stall_so_a_refusing_peer_does_not_clear_it(
+        tmp_path: Path, first: str) -> None:
     """A master whose loop stalled (SIGSTOP) longer than the link timeout holds its
     receipts; its slave may have taken over meanwhile and died since. A peer that refuses
     on every address then proves nothing: decide.py clears on refusals only within the
-    refusal window after the hold began, so the hold must count from the stall's start.
-    (A no-witness soak lost receipted messages: the master, frozen 5 s, was thawed just
-    after the new master's SIGKILL, cleared on the refusals, receipted alone at the old
-    epoch, and the restarted peer's newer epoch won.) Failed before: held_for was the
-    time since the thaw."""
-    import types
-
+    refusal window after the hold began, so the hold must count from the stall's start,
+    whether the thawed loop's stall check or its lost slave link (dropped first after a
+    thaw) made it suspect. (A no-witness soak lost receipted messages: the master, frozen
+    5 s, was thawed just after the new master's SIGKILL, cleared on the refusals, receipted
+    alone at the old epoch, and the restarted peer's newer epoch won.) Failed before:
+    held_for was the time since the thaw. Built through the constructor, on a real store,
+    with a manual clock for its loop."""
     from amqtransport.broker.ha.decide import (
         CLEAR,
         HOLD,
@@ -281,19 +300,30 @@ def test_a_stalled_master_counts_its_hold_from_the_stall_so_a_refusing_peer_does
         decide,
     )
     from amqtransport.broker.ha.replication import ReplicationMaster
+    from amqtransport.broker.store import MessageStore
 
-    now = [100.0]
-    repl = ReplicationMaster.__new__(ReplicationMaster)
-    repl.loop = types.SimpleNamespace(time=lambda: now[0])  # type: ignore[assignment]
-    repl.link_timeout = 1.0
-    repl.suspect, repl._fatal, repl.lease_until, repl._gated = None, None, None, None  # noqa: SLF001
-    repl.on_suspect = lambda _reason: None
-    repl._tick_due = 100.0 + 0.25  # noqa: SLF001 - the last tick ran at 100.0
-    now[0] = 105.3  # frozen for 5 s, then thawed
-    repl.check_stall()
-    assert repl.suspect is not None and "stalled" in repl.suspect
-    held_for = now[0] - repl.suspect_since
-    assert held_for >= 5.0
+    loop = _ManualLoop(100.0)
+    store = MessageStore(tmp_path / "store", fsync=False)
+    server = types.SimpleNamespace(store=store, loop=loop)
+    repl = ReplicationMaster(server, link_timeout=1.0, shutdown_on_slave_failure=False,  # type: ignore[arg-type]
+                             on_synced=lambda _link: None, on_lost=lambda _link, _why, _synced: None)
+    try:
+        assert loop.timers and loop.timers[-1][0] == 100.25  # the stall timer: the next tick is due then
+        if first == "held before the freeze":
+            loop.now = 100.1  # after the last tick at 100.0
+            repl.suspect_now("the slave link was lost")
+        loop.now = 105.3  # frozen for 5 s, then thawed
+        if first == "link lost":
+            repl.suspect_now("the slave link was lost")
+        repl.check_stall()
+        assert repl.suspect is not None
+        assert first != "check_stall" or "stalled" in repl.suspect
+        assert repl.suspect_since == pytest.approx(100.0)  # the last tick before the freeze
+        held_for = loop.now - repl.suspect_since
+        assert held_for >= 5.0
+    finally:
+        repl.close()
+        store.close()
     options = DecideOptions(name="a")
     refused = [PeerAnswer(("127.0.0.1", 1), None, refused=True), PeerAnswer(("127.0.0.1", 2), None, refused=True)]
     st = NodeState("master", epoch=9, role="master", held_for=held_for)
