@@ -11,6 +11,7 @@ from .escaping import escape_header, unescape_header
 from .frames import (
     BROKER_STOPPED_HEADER,
     CLIENT_COMMANDS,
+    CONNECTION_ENDED_HEADER,
     HEARTBEAT,
     IDEMPOTENCY_HEADER,
     IDEMPOTENCY_HEADER_ALIASES,
@@ -55,6 +56,7 @@ __all__ = [
     "IDEMPOTENCY_HEADER_ALIASES",
     "IN_DOUBT_HEADER",
     "BROKER_STOPPED_HEADER",
+    "CONNECTION_ENDED_HEADER",
     "CLIENT_COMMANDS",
     "SERVER_COMMANDS",
     "ALL_COMMANDS",

@@ -25,6 +25,7 @@ __all__ = [
     "IDEMPOTENCY_HEADER_ALIASES",
     "IN_DOUBT_HEADER",
     "BROKER_STOPPED_HEADER",
+    "CONNECTION_ENDED_HEADER",
 ]
 
 #: Header our client stamps on every SEND and our broker uses for duplicate
@@ -37,6 +38,10 @@ IN_DOUBT_HEADER: Final = "amq-in-doubt"
 #: On an ERROR of our broker: it stopped serving (its journal failed: fenced), which
 #: says nothing against the frames the client sent.
 BROKER_STOPPED_HEADER: Final = "amq-broker-stopped"
+#: On an ERROR of our broker: it ends this connection for a reason of the connection's
+#: own (a heart-beat timeout, an operator's close, the client-id taken over), which says
+#: nothing against the frames the client sent (a failover must not take it as a refusal).
+CONNECTION_ENDED_HEADER: Final = "amq-connection-ended"
 
 CLIENT_COMMANDS: Final = frozenset(
     {

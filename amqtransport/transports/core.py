@@ -91,7 +91,12 @@ from amqtransport.errors import (
     ReconnectExhausted,
 )
 from amqtransport.options import FailoverOptions
-from amqtransport.stomp import BROKER_STOPPED_HEADER, IN_DOUBT_HEADER, Frame
+from amqtransport.stomp import (
+    BROKER_STOPPED_HEADER,
+    CONNECTION_ENDED_HEADER,
+    IN_DOUBT_HEADER,
+    Frame,
+)
 from amqtransport.stomp.session import error_from_frame, error_text
 from amqtransport.transports.base import Receipt
 from amqtransport.transports.core_actions import (
@@ -485,12 +490,16 @@ class FailoverCore(Generic[L]):
         request, on a link not yet ended by one (``link_error_frame`` None), is noted as a
         *refusal*: the next link replays stepwise. An ERROR that says the broker failed
         (a write in doubt, a broker that stopped serving) refuses nothing: the replay, with
-        its keys, is what such a broker needs once it, or its slave, serves again."""
+        its keys, is what such a broker needs once it, or its slave, serves again. Nor does
+        one that ends the connection for a reason of its own (``amq-connection-ended``: a
+        heart-beat timeout, an operator's close): two such in a row with the same text
+        (a partitioned client's "nothing received for 2.4 s", twice) once dropped the
+        trackMessages cache as "refused again"."""
         rid = frame.get("receipt-id")
         if rid is not None and self.tracking.own_error(rid, frame):
             return True
         unmatched = rid is None or rid not in self.pending
-        failing = frame.get(IN_DOUBT_HEADER) == "true" or frame.get(BROKER_STOPPED_HEADER) == "true"
+        failing = any(frame.get(h) == "true" for h in (IN_DOUBT_HEADER, BROKER_STOPPED_HEADER, CONNECTION_ENDED_HEADER))
         if unmatched and has_link and link_error_frame is None and not failing:
             same = self.refusal is not None and _error_text(self.refusal) == _error_text(frame)
             self.refusal_streak = self.refusal_streak + 1 if same else 1

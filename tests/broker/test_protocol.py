@@ -312,6 +312,10 @@ def test_broker_sends_heartbeats_and_drops_a_silent_client(broker: EmbeddedBroke
     assert f.get("heart-beat") == "200,200"
     # we send nothing: the broker must beat to us, then drop us after 2 x 200 ms
     t0 = time.monotonic()
+    error = r.read(timeout=5)
+    assert error.command == "ERROR" and "heart-beat timeout" in (error.get("message") or "")
+    # about the connection, not a frame of ours: a failover client must not count it as a refusal
+    assert error.get("amq-connection-ended") == "true"
     assert r.closed(timeout=5)
     assert time.monotonic() - t0 < 4
     assert r.heartbeats >= 1

@@ -435,10 +435,12 @@ def test_a_waiting_caller_gives_up_at_its_deadline_or_after_a_disconnected_stret
     {"message": "could not persist message: [Errno 28] No space left on device; outcome unknown",
      "amq-in-doubt": "true"},
     {"message": "broker stopped accepting messages: journal failed", "amq-broker-stopped": "true"},
+    # a partitioned client's links, dropped by the broker's heart-beat check with the same text twice
+    {"message": "heart-beat timeout: nothing received for 2.4 s", "amq-connection-ended": "true"},
 ])
 def test_a_failing_broker_is_no_refusal_and_the_tracked_sends_are_kept(headers: dict[str, str]) -> None:
-    """An ERROR that says the broker failed (a write in doubt, a fenced broker) is not the
-    broker refusing our frames: the same one on link after link (a shared store whose disk
+    """An ERROR that says the broker failed (a write in doubt, a fenced broker) or ends the
+    connection for a reason of its own (a heart-beat timeout) is not the broker refusing our frames: the same one on link after link (a shared store whose disk
     is full fails the slave that takes over the same way) must not drop the trackMessages
     cache, which is replayed (with its keys: the broker drops a copy it already has)."""
     core = make_core(trackMessages="true")

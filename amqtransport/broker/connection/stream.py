@@ -73,6 +73,7 @@ from amqtransport.errors import RemoteProtocolError
 from amqtransport.stomp import (
     BROKER_STOPPED_HEADER,
     CLIENT_COMMANDS,
+    CONNECTION_ENDED_HEADER,
     IN_DOUBT_HEADER,
     FrameParser,
     Limits,
@@ -377,12 +378,12 @@ class StompStream:
 
     def refuse(self, reason: str) -> None:
         """The broker closes this connection (an ERROR frame naming ``reason``)."""
-        self.error_no_raise(reason)
+        self.error_no_raise(reason, ended=True)
 
     def close_by_admin(self, reason: str) -> None:
         """An operator closed this connection (the HTTP console): one ERROR frame naming
         ``reason``, then close; its subscriptions' unacked messages are redelivered."""
-        self.error_no_raise(reason)
+        self.error_no_raise(reason, ended=True)
 
     def close(self) -> None:
         """Flush what is queued, then close."""
@@ -414,12 +415,15 @@ class StompStream:
         close: bool = True,
         in_doubt: bool = False,
         stopped: bool = False,
+        ended: bool = False,
     ) -> None:
         if self.transport is None or self.closing:
             return
         flags: tuple[tuple[str, str], ...] = ((IN_DOUBT_HEADER, "true"),) if in_doubt else ()
         if stopped:
             flags += ((BROKER_STOPPED_HEADER, "true"),)
+        if ended:  # about the connection, not a frame: a failover must not take it as a refusal
+            flags += ((CONNECTION_ENDED_HEADER, "true"),)
         self.write(
             error_frame(
                 message,
@@ -433,9 +437,10 @@ class StompStream:
             self.close()
             raise ErrorSent()
 
-    def error_no_raise(self, message: str, receipt: str | None = None, *, stopped: bool = False) -> None:
+    def error_no_raise(self, message: str, receipt: str | None = None, *, stopped: bool = False,
+                       ended: bool = False) -> None:
         try:
-            self.error(message, receipt=receipt, stopped=stopped)
+            self.error(message, receipt=receipt, stopped=stopped, ended=ended)
         except ErrorSent:
             pass
 
@@ -566,7 +571,7 @@ class StompStream:
             if self._paused:
                 self.abort()  # an ERROR could never reach it: its socket is full
             else:
-                self.error_no_raise(f"heart-beat timeout: nothing received for {now - self.last_read:.1f} s")
+                self.error_no_raise(f"heart-beat timeout: nothing received for {now - self.last_read:.1f} s", ended=True)
             return
         if self.hb_send and now - self.last_write >= self.hb_send * 0.9 and not self._out:
             if self._paused:
