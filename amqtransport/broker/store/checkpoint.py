@@ -45,7 +45,10 @@ writer logs it, counts it (:attr:`Checkpointer.failures`, the store's
 at once (:meth:`~.journal.Journal.check_soon`: a directory that is gone fails the
 journal and fences the broker) and tries again only after a back-off that doubles from
 :data:`RETRY_FIRST` to :data:`RETRY_MAX` seconds -- never in a loop without a delay.
-While the journal has failed no checkpoint is started at all.
+While the journal has failed no checkpoint is started at all; nor, background or at
+close, while the store is *diverged* (an apply failed after its append: the state is
+behind the journal, and a checkpoint from it would claim records it does not hold;
+:mod:`.store`, "A failed apply").
 
 Compaction and checkpoints. Deleting a segment could make the current checkpoint
 stale (its live messages' acks may go with another deleted segment). So when the
@@ -96,6 +99,7 @@ class IndexedStore(Protocol):
     _enqs: dict[int, int]
     _refs: dict[int, set[int]]
     _transient: dict[int, Message]
+    diverged: BaseException | None
 
     def reset_state(self) -> None: ...
 
@@ -103,7 +107,8 @@ class IndexedStore(Protocol):
 
     def delete_now(self, segments: Sequence[int]) -> None: ...
 
-__all__ = ["Checkpointer", "Capture", "load", "serialize", "FILE", "CheckpointError", "RETRY_FIRST", "RETRY_MAX"]
+__all__ = ["Checkpointer", "Capture", "load", "serialize", "FILE", "CheckpointError", "DIVERGED", "RETRY_FIRST",
+           "RETRY_MAX"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +116,9 @@ log = logging.getLogger(__name__)
 RETRY_FIRST = 1.0
 #: the longest back-off between two attempts
 RETRY_MAX = 60.0
+#: what the log says of a diverged store (:mod:`.store`, "A failed apply")
+DIVERGED = ("the store's state is behind its journal after a failed apply: no checkpoint written; "
+            "the next start recovers from the journal")
 
 def capture(store: IndexedStore) -> Capture:
     """The store's state now (on the loop: see the module docstring)."""
@@ -282,9 +290,9 @@ class Checkpointer:
 
     # ---------------------------------------------------------------- writing
     def _may_start(self) -> bool:
-        """No background checkpoint while one runs, the journal has failed, or a failed
-        one's back-off lasts."""
-        return (self._thread is None and self.store.journal.failed is None
+        """No background checkpoint while one runs, the journal has failed, the store is
+        diverged, or a failed one's back-off lasts."""
+        return (self._thread is None and self.store.journal.failed is None and self.store.diverged is None
                 and time.monotonic() >= self._retry_at)
 
     def retry_due(self) -> None:
@@ -409,6 +417,9 @@ class Checkpointer:
 
     def at_close(self) -> None:
         if not self.enabled:
+            return
+        if self.store.diverged is not None:
+            log.error("store %s: closing: %s", self.store.directory, DIVERGED)
             return
         try:
             self.write_now()

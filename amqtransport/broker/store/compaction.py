@@ -89,6 +89,7 @@ class Compaction:
     _named: dict[int, set[int]]
     _compact_due: bool
     _opened: bool
+    diverged: BaseException | None  # an apply failed after its append (store.py): the counts may be short
     _read: Callable[[list[int], str], list[Message]]
     _write: Callable[..., int]
 
@@ -168,7 +169,7 @@ class Compaction:
         mostly-dead old segments (:meth:`relocate`). With periodic checkpoints the files
         go once a checkpoint that does not need them is written.
         """
-        if not self._opened:
+        if not self._opened or self.diverged is not None:  # dead by a state behind the journal: maybe not
             return []
         self.checkpoints.retry_due()  # a failed checkpoint's deletes, once its back-off is over
         if not (self._compact_due or force or relocate):

@@ -24,6 +24,17 @@ made through the public methods is (1) encoded as a record, (2) appended to the
 journal, (3) applied, and (4) announced to :class:`StoreListener` objects in that
 order.
 
+A failed apply. Records are appended before they are applied, so an apply that raises
+partway through a batch (its own write, an import from a master, a full sync's
+snapshot) leaves records on the journal whose effects the state does not hold. Such a
+state must never be taken for the journal's: a checkpoint from it would claim those
+records (recovery replays only what follows its position) and compaction would count
+their segments dead and delete them. So the failure marks the store :attr:`diverged`
+(and raises on: the caller's operation, or the replication link, fails as before);
+from then on no checkpoint is started or written at close, and compaction deletes
+nothing. It is logged at ERROR (:data:`.checkpoint.DIVERGED`); the next start recovers
+from the previous checkpoint and the journal, which hold every appended record.
+
 Recovery and checkpoints (:mod:`.checkpoint`). Recovery loads the newest checkpoint
 (the state as of a journal position) and replays only the records after that
 position; a checkpoint that is torn, from another journal, or older than what the
@@ -158,6 +169,7 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         self._groups: dict[tuple[str, ...], FanGroup] = {}  # fanout.py: the groups' references
         self._by_refs: dict[int, FanGroup] = {}  # id() of a group's references -> the group
         self._undurable: dict[tuple[str, str], list[Callback]] = {}
+        self.diverged: BaseException | None = None  # the first apply that failed after its append
         self._listeners: list[StoreListener] = []
         self._compact_due = False
         self._replay_seen: set[int] | None = None  # id hashes of live messages during a full replay
@@ -229,7 +241,8 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         self._by_refs.clear()
 
     def close(self) -> None:
-        """Flush everything to disk, write a checkpoint and stop the writer."""
+        """Flush everything to disk, write a checkpoint (none from a :attr:`diverged`
+        state) and stop the writer."""
         if self._opened and self.journal.failed is None and self.journal.flush(timeout=30):
             self.checkpoints.at_close()
         self.checkpoints.stop()
@@ -238,6 +251,13 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
 
     def flush(self, timeout: float | None = None) -> bool:
         return self.journal.flush(timeout)
+
+    def _diverge(self, exc: BaseException) -> None:
+        """An apply raised after its records were appended: the state is behind the
+        journal from now on (the module docstring, "A failed apply")."""
+        if self.diverged is None:
+            self.diverged = exc
+        log.error("store %s: %s (%s: %s)", self.directory, ckpt.DIVERGED, type(exc).__name__, exc)
 
     def add_listener(self, listener: StoreListener) -> None:
         self._listeners.append(listener)
@@ -252,11 +272,15 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         else:
             payloads = [encode(r) for r in records]
         seg, offset = self.journal.append_at(payloads, callback)
-        if self.limit and not self.full:
-            self._check_limit()
-        for rec, payload in zip(records, payloads, strict=True):
-            self.apply(rec, pack(seg, offset), payload, keep=keep)
-            offset += FRAME_HEAD + len(payload)
+        try:
+            if self.limit and not self.full:
+                self._check_limit()
+            for rec, payload in zip(records, payloads, strict=True):
+                self.apply(rec, pack(seg, offset), payload, keep=keep)
+                offset += FRAME_HEAD + len(payload)
+        except BaseException as exc:
+            self._diverge(exc)
+            raise
         if self._listeners:
             for rec, payload in zip(records, payloads, strict=True):
                 for listener in list(self._listeners):
@@ -321,16 +345,20 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
             return
         # the commonest record: _write and _apply_enq without their generality
         seg, offset = self.journal.append_at((encode_enq(message),), cb)
-        if self.limit and not self.full:
-            self._check_limit()
-        message.persistent = True
-        message.segment, message.pos = seg, pack(seg, offset)
-        self.resident[message.id] = message
-        self.count += 1
-        self._seg_live[seg] = self._seg_live.get(seg, 0) + 1
-        self._enqs[seg] = self._enqs.get(seg, 0) + 1
-        if message.key:
-            self.dedupe.add(message.destination, message.key, message.timestamp, seg)
+        try:
+            if self.limit and not self.full:
+                self._check_limit()
+            message.persistent = True
+            message.segment, message.pos = seg, pack(seg, offset)
+            self.resident[message.id] = message
+            self.count += 1
+            self._seg_live[seg] = self._seg_live.get(seg, 0) + 1
+            self._enqs[seg] = self._enqs.get(seg, 0) + 1
+            if message.key:
+                self.dedupe.add(message.destination, message.key, message.timestamp, seg)
+        except BaseException as exc:
+            self._diverge(exc)
+            raise
         if self.checkpoints.interval:
             self.checkpoints.appended()
 
@@ -438,14 +466,20 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
 
     def import_payloads(self, payloads: Sequence[bytes], callback: Callback | None = None) -> None:
         """Append records produced by another store (a replication stream) and apply them
-        (their messages are paged: nobody consumes from a replica)."""
+        (their messages are paged: nobody consumes from a replica). A record that does not
+        decode raises before anything is appended; an apply that fails leaves the store
+        :attr:`diverged`."""
         records: Sequence[Record] = [decode(p) for p in payloads]
         if any(isinstance(r, (Fan, Tx)) for r in records):  # named for this journal's segments
             records, payloads = self._fan_encode(records, payloads)
         seg, offset = self.journal.append_at(list(payloads), callback)
-        for rec, payload in zip(records, payloads, strict=True):
-            self.apply(rec, pack(seg, offset), payload)
-            offset += FRAME_HEAD + len(payload)
+        try:
+            for rec, payload in zip(records, payloads, strict=True):
+                self.apply(rec, pack(seg, offset), payload)
+                offset += FRAME_HEAD + len(payload)
+        except BaseException as exc:  # the link fails; the state is behind the journal
+            self._diverge(exc)
+            raise
         self.checkpoints.appended()
 
     def import_records(self, records: Iterable[Record], callback: Callback | None = None) -> None:
