@@ -24,22 +24,6 @@ made through the public methods is (1) encoded as a record, (2) appended to the
 journal, (3) applied, and (4) announced to :class:`StoreListener` objects in that
 order.
 
-Importing (a replica). A replica imports records in two steps, so that a slave can
-ack a batch once it is on its disk and apply it after the ack (:mod:`..ha.slave_link`):
-:meth:`append_payloads` decodes a batch (a bad record raises before anything is
-written) and appends it to the journal, unapplied; :meth:`apply_appended` folds every
-appended batch into the state, in append order; :meth:`import_payloads` is the two in
-a row. Appended-and-unapplied records are as safe as applied ones: the journal is the
-store, and recovery replays it whether or not the state before the crash had folded
-them. What must never happen is a state that misses an appended record being taken for
-the journal's: a checkpoint (the fold up to the journal's position) is only captured
-after :meth:`apply_appended` (:meth:`close` applies first: the takeover path closes the
-replica's store before the node serves it), a ``Fan`` or ``Tx`` batch (named from the
-state) applies what precedes it before it is encoded, and the caller applies before it
-lets anything else run on the loop. An apply that fails leaves the store
-:attr:`diverged`: it raises (the replication link fails), and no checkpoint is written
-from that state, so the next open rebuilds it from the journal.
-
 Recovery and checkpoints (:mod:`.checkpoint`). Recovery loads the newest checkpoint
 (the state as of a journal position) and replays only the records after that
 position; a checkpoint that is torn, from another journal, or older than what the
@@ -62,7 +46,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,9 +158,6 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         self._groups: dict[tuple[str, ...], FanGroup] = {}  # fanout.py: the groups' references
         self._by_refs: dict[int, FanGroup] = {}  # id() of a group's references -> the group
         self._undurable: dict[tuple[str, str], list[Callback]] = {}
-        # batches appended by append_payloads, not applied yet: (records, payloads, segment, offset)
-        self._unapplied: deque[tuple[Sequence[Record], Sequence[bytes], int, int]] = deque()
-        self.diverged: BaseException | None = None  # an apply_appended that failed: the state is short
         self._listeners: list[StoreListener] = []
         self._compact_due = False
         self._replay_seen: set[int] | None = None  # id hashes of live messages during a full replay
@@ -249,15 +229,8 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         self._by_refs.clear()
 
     def close(self) -> None:
-        """Apply what is appended and not applied yet, flush everything to disk, write a
-        checkpoint (none from a :attr:`diverged` state) and stop the writer."""
-        if self._unapplied:  # the checkpoint below must be the fold of every appended record
-            try:
-                self.apply_appended()
-            except Exception:  # noqa: BLE001 - diverged: the journal, not this state, is the store
-                log.exception("store %s: applying its appended records failed; closing without a checkpoint",
-                              self.directory)
-        if self._opened and self.diverged is None and self.journal.failed is None and self.journal.flush(timeout=30):
+        """Flush everything to disk, write a checkpoint and stop the writer."""
+        if self._opened and self.journal.failed is None and self.journal.flush(timeout=30):
             self.checkpoints.at_close()
         self.checkpoints.stop()
         self.journal.close()
@@ -465,45 +438,15 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
 
     def import_payloads(self, payloads: Sequence[bytes], callback: Callback | None = None) -> None:
         """Append records produced by another store (a replication stream) and apply them
-        (their messages are paged: nobody consumes from a replica): :meth:`append_payloads`
-        then :meth:`apply_appended`."""
-        self.append_payloads(payloads, callback)
-        self.apply_appended()
-
-    def append_payloads(self, payloads: Sequence[bytes], callback: Callback | None = None) -> None:
-        """The first step of an import (see the module docstring, "Importing"): decode
-        records produced by another store and append them to the journal (durable with
-        its next commit; ``callback`` then), *not* applied: :meth:`apply_appended` folds
-        them into the state. A batch with ``Fan`` or ``Tx`` records is named for this
-        journal's segments from the state, so what is appended before it is applied first."""
-        records: Sequence[Record] = [decode(p) for p in payloads]  # a bad record raises before the append
+        (their messages are paged: nobody consumes from a replica)."""
+        records: Sequence[Record] = [decode(p) for p in payloads]
         if any(isinstance(r, (Fan, Tx)) for r in records):  # named for this journal's segments
-            self.apply_appended()
             records, payloads = self._fan_encode(records, payloads)
         seg, offset = self.journal.append_at(list(payloads), callback)
-        self._unapplied.append((records, payloads, seg, offset))
-
-    def apply_appended(self) -> None:
-        """The second step of an import: fold every batch :meth:`append_payloads` appended
-        and nothing applied yet into the state, in the order they were appended. A failure
-        leaves the state short of the journal: it raises, and the store stays
-        :attr:`diverged` (no checkpoint is written from it any more)."""
-        while self._unapplied:
-            records, payloads, seg, offset = self._unapplied.popleft()
-            try:
-                for rec, payload in zip(records, payloads, strict=True):
-                    self.apply(rec, pack(seg, offset), payload)
-                    offset += FRAME_HEAD + len(payload)
-            except BaseException as exc:
-                self._unapplied.clear()
-                self.diverged = exc
-                raise
-        self.checkpoints.appended()  # (a checkpoint captures the journal's position: none applied short of it)
-
-    @property
-    def unapplied(self) -> int:
-        """Records appended by :meth:`append_payloads` and not applied yet."""
-        return sum(len(b[0]) for b in self._unapplied)
+        for rec, payload in zip(records, payloads, strict=True):
+            self.apply(rec, pack(seg, offset), payload)
+            offset += FRAME_HEAD + len(payload)
+        self.checkpoints.appended()
 
     def import_records(self, records: Iterable[Record], callback: Callback | None = None) -> None:
         """Append and apply a stream of records (e.g. a snapshot from :meth:`snapshot`);
