@@ -7,8 +7,9 @@ client) -- and owns their lifecycle. Opening the store and listening are separat
 steps (:meth:`open` then :meth:`listen`; :meth:`start` does both) so that an HA
 slave can recover or replicate into a store before it accepts clients.
 
-Fencing. When the journal fails (a full disk, an I/O error) the broker can no longer
-keep its promise, so it stops serving (:meth:`fence`): the requests that were waiting
+Fencing. When the journal fails (a full disk, an I/O error), or the store's state falls
+behind its journal (an apply that raised after its append: ``MessageStore.diverged``), the
+broker can no longer keep its promise, so it stops serving (:meth:`fence`): the requests that were waiting
 for the failed writes have had their ERROR frames (with their ``receipt-id``), every
 connection is closed, the client port stops accepting, and ``on_fenced`` is called
 (``amq broker run`` exits with code 3; an HA master hands over to its slave). Nothing
@@ -153,6 +154,7 @@ class BrokerServer:
             on_failure=self._journal_failed,
             checkpoint_interval=cfg.checkpoint_interval,
         )
+        self.store.on_diverged = self._store_diverged
         self.store.open()
         journal = self.store.journal
         journal.inline_thread = threading.get_ident()  # the end of a turn that appended commits (journal.py)
@@ -298,6 +300,16 @@ class BrokerServer:
         loop = self.loop
         if not loop.is_closed():
             loop.call_soon_threadsafe(self.fence, str(error))
+
+    def _store_diverged(self, error: BaseException) -> None:
+        """The store's state fell behind its journal (an apply failed after its append):
+        a broker serving clients fences itself (on the next loop turn, not inside the
+        failed handler) rather than serve from that state; the journal holds every
+        record, and a restart recovers them. A replica's failed import fails its
+        replication link instead (ha/slave_link.py)."""
+        if self._server is not None and not self.loop.is_closed():
+            self.loop.call_soon(self.fence, f"the store's state is behind its journal after a failed apply "
+                                            f"({type(error).__name__}: {error})")
 
     def fence(self, reason: str) -> None:
         """Stop serving for good: no more messages are accepted. See the module docstring."""

@@ -6,12 +6,17 @@ sockets; the failure is injected into ``MessageStore.apply`` (the fold every pat
 from __future__ import annotations
 
 import logging
+import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from amqtransport.broker import EmbeddedBroker
 from amqtransport.broker.dispatch.message import Message
 from amqtransport.broker.store import Enq, MessageStore, Record, Tx, encode
+from amqtransport.stomp import Frame
 
 
 def _msg(i: int, size: int = 100) -> Message:
@@ -118,3 +123,49 @@ def test_compaction_deletes_no_segment_by_a_state_behind_its_journal(
     store.close()
     assert _recovered(path) == sorted(f"m{i}" for i in range(1, 40))
     assert _logged_diverged(caplog)
+
+
+def test_a_serving_broker_whose_store_diverges_fences_and_a_restart_recovers_the_message(
+    make_broker: Callable[..., EmbeddedBroker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A SEND whose apply raises after its append: the broker does not go on serving from
+    a state that lacks it (a consumer would never get it, a later checkpoint or compaction
+    would drop it); it fences (its clients get ``amq-broker-stopped``, the port closes, an HA
+    master hands over), and a restart on the same data dir has the message."""
+    from broker_helpers import Raw
+
+    data = tmp_path / "data"
+    b = make_broker(data_dir=data)
+    c = Raw(b.port)
+    assert c.connect().command == "CONNECTED"
+    c.send(Frame.make("SEND", {"destination": "/queue/d", "receipt": "r1", "persistent": "true", "amq-idempotency-key": "k1"}, b"m1"))
+    assert c.read().command == "RECEIPT"
+    store = b.server.store
+    assert store is not None
+    added = store.dedupe.add
+
+    def failing(scope: str, key: str, accepted_at: float, segment: int = -1) -> None:
+        if key == "k2":
+            raise RuntimeError("the apply broke")
+        added(scope, key, accepted_at, segment)
+
+    monkeypatch.setattr(store.dedupe, "add", failing)  # inside the inline apply of add(), after the append
+    c.send(Frame.make("SEND", {"destination": "/queue/d", "receipt": "r2", "persistent": "true", "amq-idempotency-key": "k2"}, b"m2"))
+    err = c.read()  # not RECEIPT r2: the request failed
+    assert err.command == "ERROR" and "the apply broke" in (err.get("message") or ""), err.headers
+    deadline = time.monotonic() + 30
+    while b.server.fenced is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b.server.fenced is not None and "behind its journal" in b.server.fenced
+    assert store.diverged is not None
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", b.port), timeout=2).close()  # the port is closed
+    b.stop()
+    caplog.clear()  # the failed apply and the fence are logged at ERROR: the point here
+    again = make_broker(data_dir=data)
+    c = Raw(again.port)
+    assert c.connect().command == "CONNECTED"
+    c.send(Frame.make("SUBSCRIBE", {"destination": "/queue/d", "id": "s", "ack": "auto"}))
+    bodies = sorted(c.read().body for _ in range(2))
+    assert bodies == [b"m1", b"m2"]

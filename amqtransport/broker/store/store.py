@@ -32,7 +32,8 @@ records (recovery replays only what follows its position) and compaction would c
 their segments dead and delete them. So the failure marks the store :attr:`diverged`
 (and raises on: the caller's operation, or the replication link, fails as before);
 from then on no checkpoint is started or written at close, and compaction deletes
-nothing. It is logged at ERROR (:data:`.checkpoint.DIVERGED`); the next start recovers
+nothing, and ``on_diverged`` is called (a serving broker fences itself: it stops serving
+from a state that is not its journal's; a restart recovers). It is logged at ERROR (:data:`.checkpoint.DIVERGED`); the next start recovers
 from the previous checkpoint and the journal, which hold every appended record.
 
 Recovery and checkpoints (:mod:`.checkpoint`). Recovery loads the newest checkpoint
@@ -151,6 +152,8 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         self.full = False
         self.full_since: float | None = None  # time.monotonic() when ``full`` was set (readiness)
         self.on_space: Callable[[], None] | None = None  # called when ``full`` clears
+        #: called once, on the thread of the failed apply, when the store becomes :attr:`diverged`
+        self.on_diverged: Callable[[BaseException], None] | None = None
         self.dedupe = DedupeWindow(dedupe_max_keys, dedupe_max_age, clock)
         self.resident: dict[str, Message] = {}
         self.paged: dict[str, PageList] = {}
@@ -255,9 +258,12 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
     def _diverge(self, exc: BaseException) -> None:
         """An apply raised after its records were appended: the state is behind the
         journal from now on (the module docstring, "A failed apply")."""
-        if self.diverged is None:
+        first = self.diverged is None
+        if first:
             self.diverged = exc
         log.error("store %s: %s (%s: %s)", self.directory, ckpt.DIVERGED, type(exc).__name__, exc)
+        if first and self.on_diverged is not None:
+            self.on_diverged(exc)
 
     def add_listener(self, listener: StoreListener) -> None:
         self._listeners.append(listener)
