@@ -399,7 +399,7 @@ OWN_MEANINGS: dict[str, str] = {
     "warnAfterReconnectAttempts": "log a warning after this many passes",
     "updateURIsURL": "read more brokers from this file or URL",
     "reconnectJitter": "random fraction added to each delay",
-    "probeInterval": "TCP probes cut a back-off short, ms",
+    "probeInterval": "TCP probes cut a back-off or an unanswered CONNECT short, ms",
     "minConnectTime": "a connection that lived this long resets the delay, ms",
 }
 

@@ -248,7 +248,7 @@ def describe_failover(options: FailoverOptions, *, count: int = 5) -> str:
     if startup != limit:
         text += f" (before the first connection: {_passes(startup)})"
     if limit != 1:
-        text += (f"; a TCP probe every {options.probe_interval} ms cuts a wait short (probeInterval)"
+        text += (f"; a TCP probe every {options.probe_interval} ms cuts a wait or an unanswered CONNECT short (probeInterval)"
                  if options.probe_interval else "; no probe while waiting (probeInterval=0)")
     return text
 

@@ -16,6 +16,7 @@ layer (including the sans-IO ``stomp`` package) may import it.
     │   └── RemoteProtocolError             the peer sent something invalid
     ├── TransportError                      recoverable: failover catches this family
     │   ├── ConnectError
+    │   │   └── ConnectRefused              nothing listens there (the TCP connect was refused)
     │   ├── ReadError
     │   ├── WriteError
     │   ├── ConnectionClosed
@@ -46,6 +47,7 @@ __all__ = [
     "RemoteProtocolError",
     "TransportError",
     "ConnectError",
+    "ConnectRefused",
     "ReadError",
     "WriteError",
     "ConnectionClosed",
@@ -118,6 +120,11 @@ class TransportError(AmqTransportError):
 
 class ConnectError(TransportError):
     """Could not establish a connection (refused, unreachable, TLS handshake, timeout)."""
+
+
+class ConnectRefused(ConnectError):
+    """The TCP connect was refused: nothing listens on that port (yet). A failover
+    reconnect probes such an endpoint while a CONNECT elsewhere goes unanswered."""
 
 
 class ReadError(TransportError):

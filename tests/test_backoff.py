@@ -228,7 +228,7 @@ def test_static_delays_options() -> None:
 def test_descriptions() -> None:
     assert describe_failover(FailoverOptions()) == (
         "reconnect delays: 0 (pass 1), 10 ms, 20 ms, 40 ms, 80 ms, 160 ms, ... capped at 30000 ms; "
-        "attempts: unlimited; a TCP probe every 100 ms cuts a wait short (probeInterval)"
+        "attempts: unlimited; a TCP probe every 100 ms cuts a wait or an unanswered CONNECT short (probeInterval)"
     )
     assert describe_failover(opts(probeInterval=0)).endswith("; no probe while waiting (probeInterval=0)")
     assert "one pass" in describe_failover(FailoverOptions(max_reconnect_attempts=0))

@@ -20,7 +20,8 @@ open file: the timeout socket keeps it non-blocking already, so nothing changes
 for either.)
 
 Every ``OSError`` / ``ssl.SSLError`` / ``socket.timeout`` is mapped here, once,
-into ``ConnectError``, ``ReadError``, ``WriteError`` or ``ConnectionClosed``.
+into ``ConnectError`` (``ConnectRefused`` when the port is closed), ``ReadError``,
+``WriteError`` or ``ConnectionClosed``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ from typing import Any
 
 from amqtransport._backends.base import leaf_address
 from amqtransport.activemq_options import SocketSettings, socket_settings
-from amqtransport.errors import ConnectError, ConnectionClosed, ReadError, WriteError
+from amqtransport.errors import (
+    ConnectError,
+    ConnectionClosed,
+    ConnectRefused,
+    ReadError,
+    WriteError,
+)
 
 __all__ = ["SocketStream", "SocketBackend", "apply_socket_settings", "build_ssl_context", "DEFAULT_WRITE_TIMEOUT",
            "vm_endpoint", "vm_name"]
@@ -201,6 +208,8 @@ class SocketBackend:
             sock = socket.create_connection((host, port), timeout=timeout)
         except TimeoutError as exc:
             raise ConnectError(f"{peer}: connect timed out after {timeout:g}s") from exc
+        except ConnectionRefusedError as exc:
+            raise ConnectRefused(f"{peer}: connect failed: {exc.strerror or exc}") from exc
         except OSError as exc:
             raise ConnectError(f"{peer}: connect failed: {exc.strerror or exc}") from exc
         settings = socket_settings(getattr(leaf, "amq", ()))

@@ -18,7 +18,10 @@ caller never leaves half a frame on the stream). The driver takes a link opener
 it tells the listeners ``on_interrupted``, walks the core's connect steps, waits each
 step's delay through :class:`~amqtransport.transports.probe.ProbingWait` (the same rule
 as the thread driver, here with ``await asyncio.sleep`` and an asyncio TCP probe),
-installs the first link that completes its handshake and writes its replay at once
+runs each open beside a probe of the endpoints the core names
+(``core.connect_race``: those that refused in this reconnect) and abandons an open still
+unanswered when one of them accepts (``core.connect_abandoned``), installs the first
+link that completes its handshake and writes its replay at once
 (no await between the core's ``link_up`` and the write: nothing overtakes the replay),
 then tells the listeners ``on_resumed``. The trackMessages idle barrier is a
 ``loop.call_later`` timer.
@@ -82,7 +85,7 @@ from amqtransport.transports.core_actions import Refused, Skip, StopReplay
 from amqtransport.transports.core_view import CoreStatus
 from amqtransport.transports.endpoints import endpoints, is_priority, priority_attempts
 from amqtransport.transports.factory import failover_spec
-from amqtransport.transports.link import ConnectParams
+from amqtransport.transports.link import ConnectParams, connect_timeout_for
 from amqtransport.transports.probe import ProbingWait
 from amqtransport.transports.waiting import ReceiptWait, send_timeout
 from amqtransport.uri import LeafUri
@@ -295,15 +298,54 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
                 if probed is not None:
                     log.info("failover: %s accepts connections: connecting now", leaf_address(probed))
             endpoint = self._core.connect_to(step, probed)
-            try:
-                link = await self._open_link(endpoint, self._params, self._on_frame, self._lost)
-            except AmqTransportError as exc:
-                self._core.connect_failed(leaf_address(endpoint), exc)
+            link: AsyncLink | None = None
+            while link is None:
+                try:
+                    link, won = await self._open_racing(endpoint, self._core.connect_race(), every)
+                except AmqTransportError as exc:
+                    self._core.connect_failed(leaf_address(endpoint), exc)
+                    break
+                if won is not None:  # a probe saw a refusing endpoint accept: go there now
+                    endpoint = self._core.connect_abandoned(endpoint, won)
+            if link is None:
                 continue
             server = link.connected_frame.get("server") if link.connected_frame is not None else None
             self._core.connect_succeeded(f"{link.address} ({server or 'no server header'}, "
                                          f"dialect {link.dialect.name})")
             return link
+
+    async def _open_racing(self, leaf: LeafUri, race: list[LeafUri],
+                           every: float) -> tuple[AsyncLink | None, LeafUri | None]:
+        """Open ``leaf``; while it is unanswered, probe ``race`` (``probe.py``): the link,
+        or (None, the endpoint that accepted) when a probe won and cancelled the open.
+        The open is awaited in this task (a link's first frames are handed on in the loop
+        turn after its open: the driver must have it by then); the probe is a task that
+        cancels this one when it wins."""
+        if not race or self._probe is None:
+            return await self._open_link(leaf, self._params, self._on_frame, self._lost), None
+        me = asyncio.current_task()
+        assert me is not None
+        won: list[LeafUri] = []
+        opening = True
+
+        async def probe() -> None:
+            wait = ProbingWait(connect_timeout_for(leaf, self._params), race, probing=True, every=every,
+                               clock=asyncio.get_running_loop().time)
+            endpoint = await self._wait_probing(wait, every)
+            if endpoint is not None and opening:
+                won.append(endpoint)
+                me.cancel()
+
+        probing = asyncio.ensure_future(probe())
+        try:
+            return await self._open_link(leaf, self._params, self._on_frame, self._lost), None
+        except asyncio.CancelledError:
+            if won and me.uncancel() == 0:  # our probe's cancel, not a close()
+                return None, won[0]
+            raise
+        finally:
+            opening = False
+            probing.cancel()
 
     async def _wait_probing(self, wait: ProbingWait[LeafUri], every: float) -> LeafUri | None:
         while (step := wait.next_sleep()) is not None:

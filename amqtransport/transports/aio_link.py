@@ -38,6 +38,7 @@ from amqtransport.activemq_options import first_deadline_grace_ms, socket_settin
 from amqtransport.errors import (
     ConnectError,
     ConnectionClosed,
+    ConnectRefused,
     HeartbeatTimeout,
     ReadError,
     RemoteProtocolError,
@@ -164,6 +165,9 @@ class AsyncLink:
         except ssl.SSLError as exc:
             self._abort()
             raise ConnectError(f"{self.address}: TLS handshake failed: {exc}") from exc
+        except ConnectionRefusedError as exc:
+            self._abort()
+            raise ConnectRefused(f"{self.address}: connect failed: {exc}") from exc
         except (OSError, TimeoutError) as exc:
             self._abort()
             raise ConnectError(f"{self.address}: connect failed: {exc or 'timed out'}") from exc

@@ -15,9 +15,9 @@ its one lock); an asyncio driver calls the same methods from its loop.
 (:meth:`link_lost`), a frame received (:meth:`on_receipt`, :meth:`on_error`,
 :meth:`message_is_current`), a timer fired (:meth:`barrier` for the trackMessages idle
 timer) and the reconnect's steps (:meth:`begin_connect`, :meth:`next_connect`,
-:meth:`connect_to`, :meth:`connect_failed`, :meth:`connect_succeeded`: the connect
-policy of both drivers, ``reconnect.ConnectPolicy``; a driver only waits, probes and
-opens links). *Outputs* are the return values
+:meth:`connect_to`, :meth:`connect_race`, :meth:`connect_abandoned`,
+:meth:`connect_failed`, :meth:`connect_succeeded`: the connect policy of both drivers,
+``reconnect.ConnectPolicy``; a driver only waits, probes and opens links). *Outputs* are the return values
 (``core_actions.py``):
 :class:`Write` (these frames, on link generation G, in this order), :class:`Settle`
 (complete or fail a request), :class:`Notify` (a listener event), :class:`Close` (a link
@@ -263,6 +263,17 @@ class FailoverCore(Generic[L]):
         accept during the wait). Raises ``ConnectionClosed`` if closed meanwhile."""
         self._check_connecting()
         return step.endpoint if probed is None else self.connecting.plan.cut_short(probed)
+
+    def connect_race(self) -> list[LeafUri]:
+        """The endpoints to probe while the connect :meth:`connect_to` returned is
+        unanswered (``probe.py``; none: just wait for it)."""
+        return self.connecting.plan.race_targets()
+
+    def connect_abandoned(self, endpoint: LeafUri, probed: LeafUri) -> LeafUri:
+        """``probed`` accepted while the connect to ``endpoint`` was unanswered: that
+        attempt is abandoned (a failed attempt, logged); the endpoint to open now."""
+        self._check_connecting()
+        return self.connecting.abandon(endpoint.address, probed, probed.address)
 
     def _check_connecting(self) -> None:
         if self.state is State.CLOSED:

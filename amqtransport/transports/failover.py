@@ -17,8 +17,12 @@ the link's loss (:meth:`_lost`). When the core answers a loss with ``Reconnect``
 ``on_interrupted(error)``, walks the core's connect steps (waiting each step's delay
 through :func:`~amqtransport.transports.probe.wait_probing` with the injected
 ``sleep``), installs the first link that completes the STOMP handshake, then calls
-``on_resumed(address)``. The ``priorityBackup`` thread and the ``backup`` pool's
-thread are in ``failover_backup.py``. A ``threading.Timer``
+``on_resumed(address)``. While the core names endpoints to probe beside a connect
+(``core.connect_race``: ones that refused in this reconnect), the open runs on a
+thread of its own and the loop probes them every ``probeInterval``
+(:func:`~amqtransport.transports.probe.open_probing`); the first that accepts
+abandons the open (``core.connect_abandoned``). The ``priorityBackup`` thread and the
+``backup`` pool's thread are in ``failover_backup.py``. A ``threading.Timer``
 runs the trackMessages idle barrier. Listeners are called from these threads, wrapped:
 a raising listener is logged and cannot stop the reconnect loop. Threads are started
 and joined through one :class:`~amqtransport.transports.threads.ThreadSet`.
@@ -78,8 +82,8 @@ from amqtransport.transports.core_actions import Refused, Skip, StopReplay
 from amqtransport.transports.core_view import CoreStatus
 from amqtransport.transports.endpoints import UriParser, endpoints
 from amqtransport.transports.failover_backup import BackupLinks
-from amqtransport.transports.link import Clock, ConnectParams, StompConnection
-from amqtransport.transports.probe import Probe, wait_probing
+from amqtransport.transports.link import Clock, ConnectParams, StompConnection, connect_timeout_for
+from amqtransport.transports.probe import Probe, open_probing, wait_probing
 from amqtransport.transports.replay import TRACK_IDLE_SECONDS
 from amqtransport.transports.threads import ThreadSet
 from amqtransport.transports.waiting import ReceiptWait, send_timeout
@@ -271,17 +275,37 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
                     log.info("failover: %s accepts connections: connecting now", leaf_address(probed))
             with self._lock:
                 endpoint = self._core.connect_to(step, probed)
-            try:
-                conn = self._open(endpoint)
-            except AmqTransportError as exc:
+            conn: StompConnection | None = None
+            while conn is None:
                 with self._lock:
-                    self._core.connect_failed(leaf_address(endpoint), exc)
+                    race = self._core.connect_race()
+                try:
+                    conn, won = self._open_racing(endpoint, race)
+                except AmqTransportError as exc:
+                    with self._lock:
+                        self._core.connect_failed(leaf_address(endpoint), exc)
+                    break
+                if won is not None:  # a probe saw a refusing endpoint accept: go there now
+                    with self._lock:
+                        endpoint = self._core.connect_abandoned(endpoint, won)
+            if conn is None:
                 continue
             server = conn.connected_frame.get("server") if conn.connected_frame is not None else None
             with self._lock:
                 self._core.connect_succeeded(f"{conn.address} ({server or 'no server header'}, "
                                              f"dialect {conn.dialect.name})")
             return conn
+
+    def _open_racing(self, leaf: LeafUri, race: Sequence[LeafUri]) -> tuple[StompConnection | None, LeafUri | None]:
+        """Open ``leaf``; while it is unanswered, probe ``race``: the link, or (None, the
+        endpoint that accepted) when a probe won and the open was abandoned."""
+        if not race or self._tcp_probe is None:
+            return self._open(leaf), None
+        conn = StompConnection(leaf, backend=self._backend, params=self._params, clock=self._clock,
+                               on_frame=self._on_frame, on_lost=self._lost)
+        return open_probing(conn, race, self._tcp_probe, every=self.options.probe_interval / 1000.0,
+                            timeout=connect_timeout_for(leaf, self._params), clock=self._clock,
+                            stop=lambda: self._closed)
 
     def _install(self, conn: StompConnection, *, expect_gen: int | None = None) -> Install[Conn] | None:
         """Make ``conn`` the current link and write its replay (under the lock, so nothing

@@ -224,6 +224,9 @@ class StompConnection:
         session, forced_dialect = handshake_session(self.leaf, self._params, self.address)
         stream = self._backend.connect(self.leaf, timeout)
         self._stream = stream
+        if self._closing:  # closed from another thread while connecting (a failover abandoned it)
+            stream.close()
+            raise ConnectionClosed(f"{self.address}: closed while connecting")
         try:
             try:
                 stream.write(session.connect_bytes())
@@ -410,10 +413,10 @@ class StompConnection:
         self._report_lost(ConnectionClosed(f"{self.address}: broker ERROR: {error_from_frame(frame)}"))
 
     def close(self, *, disconnect: bool = True, wait_receipt: float = 0.0) -> None:
-        """Close locally (no ``on_lost``). Sends DISCONNECT first when asked."""
+        """Close locally (no ``on_lost``). Sends DISCONNECT first when asked. From
+        another thread while ``open()`` runs: that open fails (a ``TransportError``)."""
         if self._closing:
             return
-        stream = self._stream
         writer = self._writer
         if disconnect and writer is not None and not self._lost_reported:
             try:
@@ -422,6 +425,7 @@ class StompConnection:
             except TransportError:
                 pass
         self._closing = True
+        stream = self._stream  # read after _closing is set: an open() still connecting sees one or the other
         self._stop.set()
         if stream is not None:
             stream.close()

@@ -1,4 +1,5 @@
-"""Cut a reconnect back-off short when a broker starts accepting connections.
+"""Cut a reconnect back-off, or an unanswered CONNECT, short when a broker starts
+accepting connections.
 
 Theory of operation
 -------------------
@@ -16,21 +17,46 @@ disables the probe for the wait that follows: the back-off then runs whole, and 
 broker that accepts and refuses cannot turn the back-off into a loop of 100 ms
 reconnects.
 
-:class:`ProbingWait` is the rule, pure (the clock is injected): it says how long to
-sleep next and which endpoints to probe then. :func:`wait_probing` runs it with an
-injected blocking sleep and probe (the thread driver sleeps on an event that
-``close()`` sets); the asyncio driver runs the same rule with ``await``.
+*While a CONNECT goes unanswered.* A frozen or isolated master still accepts TCP (its
+kernel, or the proxy in front of it, does) but never answers the STOMP CONNECT, so an
+attempt there costs the whole connect timeout (``connectTimeout``). The standby that
+refused a moment before in the same pass (its port closed: it listens only once it
+has taken over) may be serving long before that. So while an attempt to endpoint E is
+pending (TCP connecting, or connected with no CONNECTED yet), the transport probes,
+every ``probeInterval`` ms, the endpoints whose last attempt in this reconnect was
+*refused* (``ConnectRefused``: a closed port; not E, not one that timed out or failed
+its handshake: a probe could not tell those apart from their last failure). The
+first that accepts TCP ends the attempt on E: its socket is closed, the attempt counts
+as E's failed attempt of the pass ("abandoned: X accepts connections"), and X is
+connected to at once; the schedule then goes on where it was. The same guard as the
+back-off's: when an attempt a probe chose (either probe) fails, no pending CONNECT is
+cut again until the next pass, so a port that accepts and then fails the handshake
+cannot loop. ``probeInterval=0`` turns both probes off.
+
+:class:`ProbingWait` is the timing rule, pure (the clock is injected): it says how
+long to sleep next and which endpoints to probe then; a pending CONNECT is a wait as
+long as its connect timeout that ends early when the attempt does. :class:`ConnectRace`
+is the rest of the second rule, pure too: which endpoints refused in this reconnect,
+which to probe beside an attempt, and the guard; the reconnect plan
+(``reconnect.ReconnectPlan``) holds one per reconnect and feeds it each attempt's
+outcome. :func:`wait_probing` runs a wait with an injected blocking sleep and probe
+(the thread driver sleeps on an event that ``close()`` sets); the asyncio driver runs
+the same rules with ``await``; each driver runs a pending CONNECT beside its probes
+and abandons it when a probe wins (``failover.py``, ``aio/failover.py``).
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
+from amqtransport.errors import ConnectionClosed
 from amqtransport.uri import LeafUri
 
-__all__ = ["DEFAULT_PROBE_INTERVAL", "Probe", "ProbingWait", "tcp_probe", "wait_probing"]
+__all__ = ["DEFAULT_PROBE_INTERVAL", "ConnectRace", "Opening", "Probe", "ProbingWait", "open_probing", "tcp_probe",
+           "wait_probing"]
 
 T = TypeVar("T")
 
@@ -78,6 +104,36 @@ class ProbingWait(Generic[T]):
         return self._endpoints
 
 
+class ConnectRace(Generic[T]):
+    """Which endpoints to probe while a CONNECT is unanswered, over one reconnect (the
+    module docstring's second rule). The plan reports every failed attempt
+    (:meth:`failed`); :meth:`targets` are the endpoints to probe beside an attempt."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self._enabled = enabled
+        #: endpoints whose last attempt in this reconnect was refused, in refusal order
+        self._refused: list[T] = []
+        self._off_in_pass: int | None = None
+
+    def failed(self, endpoint: T, pass_number: int, *, refused: bool, chosen: bool) -> None:
+        """The attempt to ``endpoint`` in pass ``pass_number`` failed; ``refused``: its
+        TCP connect was refused; ``chosen``: a probe had chosen it (no cut for the rest
+        of the pass)."""
+        self._refused = [e for e in self._refused if e != endpoint]
+        if refused:
+            self._refused.append(endpoint)
+        if chosen:
+            self._off_in_pass = pass_number
+
+    def targets(self, endpoint: T, pass_number: int) -> list[T]:
+        """The endpoints to probe while the attempt to ``endpoint`` (pass
+        ``pass_number``) is unanswered; empty: none (probing off, or after a chosen
+        attempt failed in this pass)."""
+        if not self._enabled or self._off_in_pass == pass_number:
+            return []
+        return [e for e in self._refused if e != endpoint]
+
+
 def wait_probing(
     delay: float,
     endpoints: Sequence[T],
@@ -104,6 +160,88 @@ def wait_probing(
             if probe(endpoint, every):
                 return endpoint
     return None
+
+
+class Opening(Protocol):
+    """A link :func:`open_probing` can open and abandon: ``close`` from another thread
+    makes a running ``open`` fail (or closes what it opened)."""
+
+    def open(self) -> object: ...
+
+    def close(self, *, disconnect: bool = True) -> None: ...
+
+
+LinkT = TypeVar("LinkT", bound=Opening)
+
+
+class _PendingOpen(Generic[LinkT]):
+    """``link.open()`` on a thread of its own, which may be abandoned while it runs: the
+    link is closed then (a thread still in its TCP connect closes what it gets)."""
+
+    def __init__(self, link: LinkT) -> None:
+        self.link = link
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._finished = self._abandoned = False
+        threading.Thread(target=self._run, name="amq-failover-open", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.link.open()
+        except BaseException as exc:  # noqa: BLE001 - raised by result()
+            self._error = exc
+        with self._lock:
+            self._finished = True
+            if self._abandoned:
+                self.link.close(disconnect=False)
+        self.done.set()
+
+    def abandon(self) -> bool:
+        """Close the link being opened; False when its open had finished already."""
+        with self._lock:
+            if self._finished:
+                return False
+            self._abandoned = True
+            self.link.close(disconnect=False)
+            return True
+
+    def result(self) -> LinkT:
+        """The opened link, or the open's error (waits for the open to end)."""
+        self.done.wait()
+        if self._error is not None:
+            raise self._error
+        return self.link
+
+
+def open_probing(
+    link: LinkT,
+    targets: Sequence[T],
+    probe: Callable[[T, float], bool],
+    *,
+    every: float,
+    timeout: float,
+    clock: Callable[[], float],
+    stop: Callable[[], bool] = lambda: False,
+) -> tuple[LinkT | None, T | None]:
+    """Open ``link`` (its ``open`` bounded by ``timeout`` seconds) on a thread of its own
+    and, while it is unanswered, probe ``targets`` every ``every`` seconds: ``(link,
+    None)`` once opened (or the open's error), ``(None, target)`` when ``target``
+    accepted first and the open was abandoned. ``stop()``: abandon and raise
+    ``ConnectionClosed``. The blocking driver of a pending CONNECT (the module docstring)."""
+    pending = _PendingOpen(link)
+    wait = ProbingWait(timeout, targets, probing=True, every=every, clock=clock)
+    while (pause := wait.next_sleep()) is not None and not pending.done.wait(pause):
+        if stop():
+            if not pending.abandon():
+                link.close(disconnect=False)
+            raise ConnectionClosed("connection closed while connecting")
+        for target in wait.slept(pause):
+            if not pending.done.is_set() and probe(target, every):
+                if pending.abandon():
+                    return None, target
+                break
+    return pending.result(), None
 
 
 def tcp_probe(leaf: LeafUri, timeout: float) -> bool:

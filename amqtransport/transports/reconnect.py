@@ -13,7 +13,12 @@ driver does the waiting and the connecting and reports back:
 - :meth:`ReconnectPlan.failed`: the connect failed. When that connect was the one a
   probe triggered, the next wait is not probed (it runs whole): a port that accepts
   TCP but refuses the handshake (a proxy whose upstream is dead, a broker refusing the
-  login) cannot turn the back-off into a loop of reconnects one probe apart.
+  login) cannot turn the back-off into a loop of reconnects one probe apart;
+- :meth:`ReconnectPlan.race_targets`: the endpoints to probe while the connect is
+  unanswered (those that refused in this reconnect: ``probe.ConnectRace``), and
+  :meth:`ReconnectPlan.abandoned`: one of them accepted, the pending connect was
+  abandoned (reported with :meth:`~ReconnectPlan.failed` first) and the driver
+  connects there now, one more connect asked for, out of the schedule.
 
 The plan ends (``next_step()`` returns None) when the schedule does; ``attempts``
 counts the connects it asked for.
@@ -36,8 +41,16 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from amqtransport.backoff import Attempt
-from amqtransport.errors import AuthenticationError, BrokerError, ReconnectExhausted, TransportError
+from amqtransport.errors import (
+    AuthenticationError,
+    BrokerError,
+    ConnectError,
+    ConnectRefused,
+    ReconnectExhausted,
+    TransportError,
+)
 from amqtransport.options import FailoverOptions
+from amqtransport.transports.probe import ConnectRace
 
 __all__ = ["ConnectPolicy", "ConnectStep", "ReconnectPlan"]
 
@@ -60,10 +73,13 @@ class ConnectStep(Generic[T]):
 class ReconnectPlan(Generic[T]):
     """See the module docstring."""
 
-    def __init__(self, attempts: Iterator[Attempt[T]]) -> None:
+    def __init__(self, attempts: Iterator[Attempt[T]], *, race: bool = False) -> None:
         self._attempts = attempts
         self._probe_next_wait = True
         self._cut = False
+        self._race: ConnectRace[T] = ConnectRace(enabled=race)
+        self._endpoint: T | None = None  # the one being connected to
+        self._pass = 0
         #: connects asked for so far
         self.attempts = 0
 
@@ -77,17 +93,31 @@ class ReconnectPlan(Generic[T]):
             probe, self._probe_next_wait = self._probe_next_wait, True
         self._cut = False
         self.attempts += 1
+        self._endpoint, self._pass = attempt.endpoint, attempt.pass_number
         return ConnectStep(attempt.endpoint, attempt.delay, probe, attempt.pass_number)
 
     def cut_short(self, endpoint: T) -> T:
         """A probe saw ``endpoint`` accept during the step's wait: connect there now."""
         self._cut = True
+        self._endpoint = endpoint
         return endpoint
 
-    def failed(self) -> None:
-        """The step's connect failed."""
+    def race_targets(self) -> list[T]:
+        """The endpoints to probe while the current connect is unanswered (may be none)."""
+        return [] if self._endpoint is None else self._race.targets(self._endpoint, self._pass)
+
+    def abandoned(self, probed: T) -> T:
+        """A probe saw ``probed`` accept while the current connect was unanswered; that
+        connect was abandoned (and reported :meth:`failed`): connect to ``probed`` now."""
+        self.attempts += 1
+        return self.cut_short(probed)
+
+    def failed(self, *, refused: bool = False) -> None:
+        """The current connect failed (``refused``: its TCP connect was refused)."""
         if self._cut:
             self._probe_next_wait = False
+        if self._endpoint is not None:
+            self._race.failed(self._endpoint, self._pass, refused=refused, chosen=self._cut)
 
 
 class ConnectPolicy(Generic[T]):
@@ -106,7 +136,7 @@ class ConnectPolicy(Generic[T]):
 
     def begin(self, endpoints: int, attempts: Iterator[Attempt[T]], *, startup: bool,
               last_error: BaseException | None) -> None:
-        self._plan = ReconnectPlan(attempts)
+        self._plan = ReconnectPlan(attempts, race=self.options.probe_interval > 0)
         self._startup = startup
         self._endpoints = endpoints
         self.last_error = last_error
@@ -126,7 +156,7 @@ class ConnectPolicy(Generic[T]):
         ``warnAfterReconnectAttempts`` failures)."""
         if isinstance(error, AuthenticationError) or not isinstance(error, (TransportError, BrokerError)):
             raise error
-        self.plan.failed()
+        self.plan.failed(refused=isinstance(error, ConnectRefused))
         self.last_error = error
         self.failed_attempts += 1
         every = self.options.warn_after_reconnect_attempts
@@ -135,6 +165,14 @@ class ConnectPolicy(Generic[T]):
                         address, error)
         else:
             log.debug("failover: attempt %d to %s failed: %s", self.attempts, address, error)
+
+    def abandon(self, address: str, probed: T, probed_address: str) -> T:
+        """``probed`` accepts connections while the connect to ``address`` is unanswered:
+        that attempt failed ("abandoned"), the endpoint to connect to now."""
+        log.info("failover: %s accepts connections while the CONNECT to %s is unanswered: connecting there",
+                 probed_address, address)
+        self.failed(address, ConnectError(f"{address}: abandoned: {probed_address} accepts connections"))
+        return self.plan.abandoned(probed)
 
     def succeeded(self, description: str) -> None:
         self.failed_attempts = 0

@@ -7,6 +7,7 @@ peer that goes silent after its handshake."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 from collections.abc import Callable, Coroutine, Iterator
@@ -300,3 +301,48 @@ def test_a_reconnect_tries_the_broker_it_lost_last(open_driver: Callable[..., Dr
         server.close()
         for conn in held:
             conn.close()
+
+
+def test_an_unanswered_connect_is_abandoned_when_a_broker_that_refused_comes_up(
+        open_driver: Callable[..., Driver], caplog: pytest.LogCaptureFixture) -> None:
+    """Pass 1 tries the second endpoint (port closed: refused), then the silent one (it
+    accepts TCP, never answers CONNECT; connectTimeout 30 s). A broker starts on the
+    second endpoint once the silent one holds the attempt: the client abandons the
+    silent CONNECT (its socket is closed) and connects to the second, long before the
+    30 s connect timeout."""
+    caplog.set_level(logging.INFO, logger="amqtransport.transports.failover")
+    silent = socket.create_server(("127.0.0.1", 0))  # listens and accepts, never writes
+    silent.settimeout(30)
+    silent_port = silent.getsockname()[1]
+    port = free_port()
+    d = open_driver(f"failover:(tcp://127.0.0.1:{port},tcp://127.0.0.1:{silent_port})?randomize=false"
+                    "&initialReconnectDelay=10&nested.connectTimeout=30000", start=False)
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            d.start()
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    starter = threading.Thread(target=start, name="test-start", daemon=True)
+    starter.start()
+    held, _ = silent.accept()  # pass 1 reached the silent endpoint: the second one refused
+    try:
+        held.settimeout(30)
+        with EmbeddedBroker(port=port) as b:
+            starter.join(20)
+            assert outcome == [None], "the client still sits on the silent CONNECT" if not outcome else outcome
+            assert d.connected_address == b.uri
+            received = b""
+            while chunk := held.recv(4096):  # the abandoned attempt's socket is closed (EOF)
+                received += chunk
+            assert received.startswith((b"CONNECT", b"STOMP"))
+            assert f"tcp://127.0.0.1:{port} accepts connections while the CONNECT to " \
+                   f"tcp://127.0.0.1:{silent_port} is unanswered: connecting there" in caplog.text
+            d.wait(d.request(send("/queue/shared.race", "after-race")), timeout=10)
+    finally:
+        held.close()
+        silent.close()

@@ -16,7 +16,7 @@ from amqtransport._backends.memory import MemoryBackend
 from amqtransport.options import FailoverOptions
 from amqtransport.testing.broker_process import BrokerProcess
 from amqtransport.transports.failover import FailoverTransport
-from amqtransport.transports.probe import tcp_probe, wait_probing
+from amqtransport.transports.probe import ConnectRace, open_probing, tcp_probe, wait_probing
 from amqtransport.uri import LeafUri, parse_uri
 
 pytestmark = pytest.mark.timeout(60)
@@ -155,3 +155,80 @@ def test_real_broker_starting_late_is_reached_about_one_probe_after_it_listens(t
         thread.join(15)
         assert "error" not in result, result
         assert "seconds" in result, "the client was still waiting for its back-off"
+
+
+# -- the pending CONNECT (ConnectRace, open_probing) ------------------------------------------
+
+
+def test_a_pending_connect_probes_only_the_endpoints_that_refused_in_this_reconnect() -> None:
+    race: ConnectRace[str] = ConnectRace(enabled=True)
+    assert race.targets("b", 1) == []
+    race.failed("a", 1, refused=True, chosen=False)
+    race.failed("c", 1, refused=False, chosen=False)  # timed out or failed its handshake: not probed
+    race.failed("d", 1, refused=True, chosen=False)
+    assert race.targets("b", 1) == ["a", "d"]
+    assert race.targets("a", 1) == ["d"]  # never the endpoint being connected to
+    race.failed("a", 2, refused=False, chosen=False)  # its last attempt no longer refused
+    assert race.targets("b", 2) == ["d"]
+    race.failed("a", 2, refused=True, chosen=False)
+    assert race.targets("b", 2) == ["d", "a"]
+    off: ConnectRace[str] = ConnectRace(enabled=False)  # probeInterval=0
+    off.failed("a", 1, refused=True, chosen=False)
+    assert off.targets("b", 1) == []
+
+
+def test_after_a_probe_chosen_attempt_fails_no_pending_connect_is_cut_until_the_next_pass() -> None:
+    race: ConnectRace[str] = ConnectRace(enabled=True)
+    race.failed("a", 1, refused=True, chosen=False)
+    race.failed("x", 1, refused=False, chosen=True)  # the attempt a probe chose failed its handshake
+    assert race.targets("b", 1) == []
+    assert race.targets("b", 2) == ["a"]
+
+
+class FakeLink:
+    """An open() that blocks until close() (a silent CONNECT), or returns at once."""
+
+    def __init__(self, answers: bool = False) -> None:
+        self.answers = answers
+        self.closed = threading.Event()
+        self.open_ended = threading.Event()
+
+    def open(self) -> object:
+        try:
+            if not self.answers and self.closed.wait(30):
+                raise amqtransport.errors.ConnectionClosed("closed while connecting")
+            return "CONNECTED"
+        finally:
+            self.open_ended.set()
+
+    def close(self, *, disconnect: bool = True) -> None:
+        self.closed.set()
+
+
+def test_open_probing_abandons_a_silent_open_for_the_first_target_that_accepts() -> None:
+    link = FakeLink()
+    probes: list[str] = []
+
+    def probe(target: str, _timeout: float) -> bool:
+        probes.append(target)
+        return target == "b" and len(probes) >= 5  # b listens from the third round
+
+    opened, won = open_probing(link, ["a", "b"], probe, every=0.01, timeout=30, clock=time.monotonic)
+    assert (opened, won) == (None, "b")
+    assert probes[:4] == ["a", "b", "a", "b"]
+    assert link.closed.is_set() and link.open_ended.wait(10)
+
+
+def test_open_probing_returns_the_link_that_opened_and_its_error_otherwise() -> None:
+    link = FakeLink(answers=True)
+    assert open_probing(link, ["a"], lambda _t, _s: False, every=0.01, timeout=30, clock=time.monotonic) == (link, None)
+    assert not link.closed.is_set()
+    failing = FakeLink()
+    failing.close()  # its open fails at once
+    with pytest.raises(amqtransport.errors.ConnectionClosed):
+        open_probing(failing, ["a"], lambda _t, _s: False, every=0.01, timeout=30, clock=time.monotonic)
+    stopped = FakeLink()
+    with pytest.raises(amqtransport.errors.ConnectionClosed, match="closed while connecting"):
+        open_probing(stopped, ["a"], lambda _t, _s: False, every=0.01, timeout=30, clock=time.monotonic,
+                     stop=lambda: True)
+    assert stopped.closed.is_set()
