@@ -16,7 +16,7 @@ layer (including the sans-IO ``stomp`` package) may import it.
     │   └── RemoteProtocolError             the peer sent something invalid
     ├── TransportError                      recoverable: failover catches this family
     │   ├── ConnectError
-    │   │   └── ConnectRefused              nothing listens there (the TCP connect was refused)
+    │   │   └── ConnectRefused              nothing serves there (refused, or closed with no answer)
     │   ├── ReadError
     │   ├── WriteError
     │   ├── ConnectionClosed
@@ -123,8 +123,10 @@ class ConnectError(TransportError):
 
 
 class ConnectRefused(ConnectError):
-    """The TCP connect was refused: nothing listens on that port (yet). A failover
-    reconnect probes such an endpoint while a CONNECT elsewhere goes unanswered."""
+    """Nothing serves there (yet): the TCP connect was refused, or the connection was
+    closed or reset before any byte of an answer to CONNECT (a proxy in front of a
+    refusing broker). A failover reconnect probes such an endpoint while a CONNECT
+    elsewhere goes unanswered."""
 
 
 class ReadError(TransportError):

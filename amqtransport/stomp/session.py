@@ -42,6 +42,7 @@ from amqtransport.errors import (
     AuthenticationError,
     BrokerError,
     ConnectError,
+    ConnectRefused,
     LocalProtocolError,
     RemoteProtocolError,
 )
@@ -177,6 +178,7 @@ class ClientSession:
         #: the parser fed so far; after CONNECTED it speaks the negotiated version
         self.parser = FrameParser("1.2")
         self.result: Negotiated | None = None
+        self._answered = False  # a byte came from the broker
 
     def connect_bytes(self) -> bytes:
         """The CONNECT frame on the wire (CONNECT headers are never escaped)."""
@@ -188,7 +190,8 @@ class ClientSession:
         if self.result is not None:
             raise LocalProtocolError("the handshake is over: feed the link's reader instead")
         if data == b"":
-            raise ConnectError(f"{self.context}connection closed during the STOMP handshake")
+            raise self.closed()
+        self._answered = True
         try:
             self.parser.feed(data)
             while True:
@@ -199,6 +202,17 @@ class ClientSession:
                     return self.receive(event)
         except RemoteProtocolError as exc:
             raise ConnectError(f"{self.context}bad handshake: {exc}") from exc
+
+    def closed(self, reset: str | None = None) -> ConnectError:
+        """The error for a connection the broker closed (``reset``: why it was reset, else
+        an end of stream) during the handshake. Before any byte of an answer it is a
+        refusal, :class:`ConnectRefused`: nothing serves there (a proxy accepts the TCP
+        connect first and closes it when its upstream refuses)."""
+        how = f"connection reset ({reset})" if reset else "connection closed"
+        if not self._answered:
+            return ConnectRefused(f"{self.context}{how} during the STOMP handshake, before any answer to CONNECT "
+                                  "(nothing serves there)")
+        return ConnectError(f"{self.context}{how} during the STOMP handshake")
 
     def receive(self, frame: Frame) -> Negotiated:
         """The broker's answer to CONNECT: the terms, or its error raised."""

@@ -53,6 +53,7 @@ from amqtransport.transports.link import (
     handshake_session,
     link_terms,
 )
+from amqtransport.transports.probe import settle_time
 from amqtransport.uri import LeafUri
 
 __all__ = ["AsyncLink", "FrameHandler", "LostHandler", "async_tcp_probe", "open_stream_link"]
@@ -299,10 +300,11 @@ class AsyncLink:
             return
         handshake = self._handshake
         if handshake is not None:
-            if not handshake.done():  # open() raises it
+            if not handshake.done():  # open() raises it (before any answer: ConnectRefused)
+                session = self._session
                 handshake.set_exception(
-                    ConnectionClosed(f"{self.address}: connection closed during the STOMP handshake") if exc is None
-                    else ConnectionError(str(exc) or type(exc).__name__))
+                    ConnectionClosed(f"{self.address}: connection closed during the STOMP handshake") if session is None
+                    else session.closed(None if exc is None else str(exc) or type(exc).__name__))
             elif self._early_end is None:  # CONNECTED is in: reported once open() returned
                 self._early_end = (exc,)
             return
@@ -393,11 +395,19 @@ async def open_stream_link(leaf: LeafUri, params: ConnectParams, on_frame: Frame
 
 
 async def async_tcp_probe(leaf: LeafUri, timeout: float) -> bool:
-    """True when a bare TCP connect to ``leaf`` succeeds within ``timeout`` (nothing is written)."""
+    """True when a bare TCP connect to ``leaf`` succeeds within ``timeout`` and the peer
+    does not close it at once (``probe.tcp_probe``'s rule; nothing is written)."""
     try:
         async with asyncio.timeout(max(timeout, 0.05)):
-            _, writer = await asyncio.open_connection(leaf.host, leaf.port)
+            reader, writer = await asyncio.open_connection(leaf.host, leaf.port)
     except (OSError, TimeoutError):
         return False
-    writer.close()
-    return True
+    try:
+        async with asyncio.timeout(settle_time(timeout)):
+            return await reader.read(1) != b""
+    except TimeoutError:
+        return True
+    except OSError:
+        return False
+    finally:
+        writer.close()

@@ -267,6 +267,8 @@ class StompConnection:
                 raise ConnectError(f"{self.address}: no CONNECTED within the connect timeout")
             try:
                 data = stream.read(65536, remaining)
+            except ReadError as exc:  # reset by the peer: before any answer, a refusal
+                raise session.closed(str(exc)) from exc
             except TransportError as exc:
                 raise ConnectError(f"{self.address}: handshake failed: {exc}") from exc
             if data is None:

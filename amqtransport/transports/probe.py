@@ -11,8 +11,10 @@ each endpoint every ``probeInterval`` ms (100 by default, ``probeInterval=0`` tu
 it off): the first endpoint that accepts ends the wait and is tried at once. The
 client reconnects about one probe after the takeover.
 
-A probe proves that a port accepts, not that the STOMP handshake will succeed (a
-broker that refuses our login accepts TCP). So a probe-cut attempt that fails
+A probe proves that a port accepts (and does not close the connection within
+:data:`PROBE_SETTLE`: a proxy accepts first and closes once its upstream refused),
+not that the STOMP handshake will succeed (a broker that refuses our login accepts
+TCP). So a probe-cut attempt that fails
 disables the probe for the wait that follows: the back-off then runs whole, and a
 broker that accepts and refuses cannot turn the back-off into a loop of 100 ms
 reconnects.
@@ -24,8 +26,10 @@ refused a moment before in the same pass (its port closed: it listens only once 
 has taken over) may be serving long before that. So while an attempt to endpoint E is
 pending (TCP connecting, or connected with no CONNECTED yet), the transport probes,
 every ``probeInterval`` ms, the endpoints whose last attempt in this reconnect was
-*refused* (``ConnectRefused``: a closed port; not E, not one that timed out or failed
-its handshake: a probe could not tell those apart from their last failure). The
+*refused* (``ConnectRefused``: a closed port, or a connection closed or reset before
+any byte of an answer, which is how a proxy in front of a refusing broker refuses;
+not E, not one that timed out or failed its handshake: a probe could not tell those
+apart from their last failure). The
 first that accepts TCP ends the attempt on E: its socket is closed, the attempt counts
 as E's failed attempt of the pass ("abandoned: X accepts connections"), and X is
 connected to at once; the schedule then goes on where it was. The same guard as the
@@ -47,6 +51,7 @@ and abandons it when a probe wins (``failover.py``, ``aio/failover.py``).
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -55,13 +60,17 @@ from typing import Generic, Protocol, TypeVar
 from amqtransport.errors import ConnectionClosed
 from amqtransport.uri import LeafUri
 
-__all__ = ["DEFAULT_PROBE_INTERVAL", "ConnectRace", "Opening", "Probe", "ProbingWait", "open_probing", "tcp_probe",
-           "wait_probing"]
+__all__ = ["DEFAULT_PROBE_INTERVAL", "PROBE_SETTLE", "ConnectRace", "Opening", "Probe", "ProbingWait", "open_probing", "settle_time",
+           "tcp_probe", "wait_probing"]
 
 T = TypeVar("T")
 
 #: seconds between two probes of the endpoints (the URI's ``probeInterval``, ms)
 DEFAULT_PROBE_INTERVAL = 0.1
+
+#: seconds (at most) a probe's connection must stay open: a proxy in front of a broker
+#: that refuses accepts the probe and closes it (at once, once its own connect failed)
+PROBE_SETTLE = 0.05
 
 #: ``probe(endpoint, timeout)``: True when a TCP connect to it succeeds in time
 Probe = Callable[[LeafUri, float], bool]
@@ -244,13 +253,21 @@ def open_probing(
     return pending.result(), None
 
 
+def settle_time(timeout: float) -> float:
+    """How long a probe's connection must stay open to count (see :func:`tcp_probe`)."""
+    return min(PROBE_SETTLE, max(timeout, 0.0) / 2)
+
+
 def tcp_probe(leaf: LeafUri, timeout: float) -> bool:
-    """True when a bare TCP connect to ``leaf`` succeeds within ``timeout`` (vm:// and
-    ssl:// leaves are probed on their TCP port; nothing is written)."""
+    """True when a bare TCP connect to ``leaf`` succeeds within ``timeout`` and the peer
+    does not close it within :func:`settle_time` (a proxy accepts first and closes when
+    its upstream refuses: that is no broker). vm:// and ssl:// leaves are probed on
+    their TCP port; nothing is written."""
     if leaf.scheme == "vm":
         return False
     try:
-        with socket.create_connection((leaf.host, leaf.port), timeout=max(timeout, 0.05)):
-            return True
+        with socket.create_connection((leaf.host, leaf.port), timeout=max(timeout, 0.05)) as sock:
+            readable, _, _ = select.select([sock], [], [], settle_time(timeout))
+            return not readable or sock.recv(1, socket.MSG_PEEK) != b""
     except OSError:
         return False

@@ -303,9 +303,54 @@ def test_a_reconnect_tries_the_broker_it_lost_last(open_driver: Callable[..., Dr
             conn.close()
 
 
+class Relay:
+    """A proxy as the chaos one is: it accepts the client first, then connects to its
+    upstream; when that is refused it closes the client's connection (EOF or reset, no
+    answer), else it relays both ways."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._serve, name="test-relay", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), name="test-relay-pump", daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            sock.close()
+
+    def close(self) -> None:
+        self.server.close()
+        for sock in self.sockets:
+            sock.close()
+
+
+@pytest.mark.parametrize("front", ["closed-port", "proxy"])
 def test_an_unanswered_connect_is_abandoned_when_a_broker_that_refused_comes_up(
-        open_driver: Callable[..., Driver], caplog: pytest.LogCaptureFixture) -> None:
-    """Pass 1 tries the second endpoint (port closed: refused), then the silent one (it
+        open_driver: Callable[..., Driver], caplog: pytest.LogCaptureFixture, front: str) -> None:
+    """Pass 1 tries the second endpoint, which refuses (its port closed, or a proxy in
+    front of it that closes the connection with no answer), then the silent one (it
     accepts TCP, never answers CONNECT; connectTimeout 30 s). A broker starts on the
     second endpoint once the silent one holds the attempt: the client abandons the
     silent CONNECT (its socket is closed) and connects to the second, long before the
@@ -315,7 +360,9 @@ def test_an_unanswered_connect_is_abandoned_when_a_broker_that_refused_comes_up(
     silent.settimeout(30)
     silent_port = silent.getsockname()[1]
     port = free_port()
-    d = open_driver(f"failover:(tcp://127.0.0.1:{port},tcp://127.0.0.1:{silent_port})?randomize=false"
+    relay = Relay(port) if front == "proxy" else None
+    second = f"tcp://127.0.0.1:{relay.port if relay is not None else port}"
+    d = open_driver(f"failover:({second},tcp://127.0.0.1:{silent_port})?randomize=false"
                     "&initialReconnectDelay=10&nested.connectTimeout=30000", start=False)
     outcome: list[BaseException | None] = []
 
@@ -332,17 +379,19 @@ def test_an_unanswered_connect_is_abandoned_when_a_broker_that_refused_comes_up(
     held, _ = silent.accept()  # pass 1 reached the silent endpoint: the second one refused
     try:
         held.settimeout(30)
-        with EmbeddedBroker(port=port) as b:
+        with EmbeddedBroker(port=port):
             starter.join(20)
             assert outcome == [None], "the client still sits on the silent CONNECT" if not outcome else outcome
-            assert d.connected_address == b.uri
+            assert d.connected_address == second
             received = b""
             while chunk := held.recv(4096):  # the abandoned attempt's socket is closed (EOF)
                 received += chunk
             assert received.startswith((b"CONNECT", b"STOMP"))
-            assert f"tcp://127.0.0.1:{port} accepts connections while the CONNECT to " \
+            assert f"{second} accepts connections while the CONNECT to " \
                    f"tcp://127.0.0.1:{silent_port} is unanswered: connecting there" in caplog.text
             d.wait(d.request(send("/queue/shared.race", "after-race")), timeout=10)
     finally:
         held.close()
         silent.close()
+        if relay is not None:
+            relay.close()

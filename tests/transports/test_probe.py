@@ -5,6 +5,7 @@ starts listening, long before its back-off ends (real broker process)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -14,7 +15,9 @@ import pytest
 import amqtransport
 from amqtransport._backends.memory import MemoryBackend
 from amqtransport.options import FailoverOptions
+from amqtransport.stomp.session import ClientSession
 from amqtransport.testing.broker_process import BrokerProcess
+from amqtransport.transports.aio_link import async_tcp_probe
 from amqtransport.transports.failover import FailoverTransport
 from amqtransport.transports.probe import ConnectRace, open_probing, tcp_probe, wait_probing
 from amqtransport.uri import LeafUri, parse_uri
@@ -232,3 +235,42 @@ def test_open_probing_returns_the_link_that_opened_and_its_error_otherwise() -> 
         open_probing(stopped, ["a"], lambda _t, _s: False, every=0.01, timeout=30, clock=time.monotonic,
                      stop=lambda: True)
     assert stopped.closed.is_set()
+
+
+def test_a_connection_closed_before_any_answer_is_a_refusal_and_one_after_bytes_is_not() -> None:
+    """What a proxy does when its upstream refuses (accept, then close with no answer)
+    counts as a refusal (ConnectRefused), an end of stream or a reset alike; a broker
+    that answered something and then closed failed its handshake (not raced)."""
+    for reset in (None, "Connection reset by peer"):
+        session = ClientSession(context="tcp://p:1: ")
+        assert type(session.closed(reset)) is amqtransport.errors.ConnectRefused
+        with pytest.raises(amqtransport.errors.ConnectRefused, match="before any answer to CONNECT"):
+            session.feed(b"")
+        session.feed(b"CONNECTED\n")  # part of an answer
+        assert type(session.closed(reset)) is amqtransport.errors.ConnectError
+        with pytest.raises(amqtransport.errors.ConnectError, match="during the STOMP handshake"):
+            session.feed(b"")
+
+
+def test_tcp_probe_does_not_count_a_port_that_accepts_and_closes_at_once() -> None:
+    """A proxy whose upstream refuses accepts the probe and closes it: no broker there."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def close_each() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=close_each, name="test-close-each", daemon=True).start()
+    try:
+        assert not tcp_probe(LeafUri("tcp", "127.0.0.1", port), 1.0)
+        assert not asyncio.run(async_tcp_probe(LeafUri("tcp", "127.0.0.1", port), 1.0))
+    finally:
+        server.close()
+    with socket.create_server(("127.0.0.1", 0)) as listening:  # accepts and keeps it open
+        leaf = LeafUri("tcp", "127.0.0.1", listening.getsockname()[1])
+        assert tcp_probe(leaf, 1.0) and asyncio.run(async_tcp_probe(leaf, 1.0))
