@@ -96,7 +96,9 @@ class NemesisParams:
     #: the pair (``--witness`` on both nodes); the partition kinds join the default set
     witness: bool = False
     link_timeout_s: float = 1.0  # the pair's --link-timeout: a freeze longer than about 4x this is a takeover
-    heartbeat_ms: int = 1000
+    #: the clients' heart-beats (both ways): a silent master is noticed after 2 intervals, 1.5 s,
+    #: about when the witness lets the standby take over (the lease, 1.5 x link_timeout_s)
+    heartbeat_ms: int = 750
     warmup_s: float = 2.0
     health_timeout_s: float = 60.0
     round_drain_s: float = 20.0

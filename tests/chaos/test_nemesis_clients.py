@@ -1,6 +1,7 @@
 """The nemesis pair's clients: the URI they connect with (runner.pair_uri) gives every
-leaf a connectTimeout of one link timeout, and the harness's ClientSettings leaves that
-URI option in force (no keyword overrides it)."""
+leaf a connectTimeout of one link timeout, the harness's ClientSettings leaves that
+URI option in force (no keyword overrides it), and their heart-beats find a silent
+master within the witness's lease."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 import pytest
 
 import amqtransport
+from amqtransport.broker.config import BrokerConfig
 from amqtransport.options import FailoverOptions
+from amqtransport.stomp import negotiate_heartbeat
 from amqtransport.transports.link import ConnectParams, connect_timeout_for
 from amqtransport.uri import CompositeUri, parse_uri
 from chaos.harness.clients import ClientSettings
@@ -52,3 +55,15 @@ def test_client_settings_without_a_connect_timeout_leave_the_uris_in_force(monke
     assert [connect_timeout_for(leaf, params) for leaf in node.leaves()] == [1.0, 1.0]
     ClientSettings(uri=uri).connect()  # the scenarios' explicit 2 s still wins
     assert seen["connect_timeout"] == 2.0
+
+
+def test_the_pair_clients_notice_a_silent_master_within_its_lease() -> None:
+    """A frozen master is noticed by the clients' read deadline (2 heart-beat intervals,
+    negotiated with the broker's defaults) no later than the witness lets the standby
+    take over (the lease, 1.5 x the link timeout), so their reconnect pass runs while
+    the standby comes up (and cuts the frozen node's silent CONNECT when it does)."""
+    params = NemesisParams()
+    cfg = BrokerConfig()
+    broker_offer = (cfg.heartbeat_send_min_ms, cfg.heartbeat_receive_min_ms)
+    _, expect_ms = negotiate_heartbeat((params.heartbeat_ms, params.heartbeat_ms), broker_offer)
+    assert 2 * expect_ms <= 1.5 * params.link_timeout_s * 1000
