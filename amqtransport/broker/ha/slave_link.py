@@ -293,7 +293,6 @@ class SlaveLink:
                 finish("lost")
 
             transport.set_protocol(_LiveProtocol(on_data, on_lost))
-            tick = self.link_timeout / 4
             tending = _Tending(store, writer, self.link_timeout, loop.time())
             try:
                 while not ended.done():
@@ -316,7 +315,7 @@ class SlaveLink:
                     if poke.done():
                         poke = loop.create_future()
                     watched = cast("set[asyncio.Future[object]]", {ended, poke, stop_wait})
-                    await asyncio.wait(watched, timeout=min(tick, last_data + self.link_timeout - now),
+                    await asyncio.wait(watched, timeout=min(tending.tick, last_data + self.link_timeout - now),
                                        return_when=asyncio.FIRST_COMPLETED)
             finally:
                 finish("ended")  # what the connection does from now on is the caller's: no log
