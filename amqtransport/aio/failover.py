@@ -34,8 +34,8 @@ thread driver. Listeners may be plain or ``async`` callables.
 ``priorityBackup`` runs as a task that probes the priority endpoints while connected
 elsewhere, and ``backup`` as a task that fills the pre-connected pool, with the same
 rules as the thread driver (the core's ``priority_wanted``/``backup_room``,
-``endpoints.priority_attempts``). ``vm://`` leaves start the in-process broker, as in
-the thread driver.
+``endpoints.priority_attempts``); both tasks are in ``failover_backup.py``. ``vm://``
+leaves start the in-process broker, as in the thread driver.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from amqtransport._backends.base import leaf_address
+from amqtransport.aio.failover_backup import AsyncBackupLinks
 from amqtransport.backoff import Attempt, failed_last, failover_schedule
 from amqtransport.errors import (
     AmqTransportError,
     AuthenticationError,
-    BrokerError,
     ConnectionClosed,
     ReconnectExhausted,
     SendTimeout,
@@ -83,7 +83,7 @@ from amqtransport.transports.core import (
 )
 from amqtransport.transports.core_actions import Refused, Skip, StopReplay
 from amqtransport.transports.core_view import CoreStatus
-from amqtransport.transports.endpoints import endpoints, is_priority, priority_attempts
+from amqtransport.transports.endpoints import endpoints
 from amqtransport.transports.factory import failover_spec
 from amqtransport.transports.link import ConnectParams, connect_timeout_for
 from amqtransport.transports.probe import ProbingWait
@@ -103,7 +103,7 @@ ScheduleFn = Callable[..., Iterator[Attempt[LeafUri]]]
 Listener = object
 
 
-class AsyncFailoverTransport(CoreStatus[AsyncLink]):
+class AsyncFailoverTransport(CoreStatus[AsyncLink], AsyncBackupLinks):
     """``failover:(u1,u2,...)?options`` on an event loop (see the module docstring)."""
 
     def __init__(
@@ -412,56 +412,6 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink]):
             self._notify("on_resumed", link.address)
             if self._core.resumed():
                 self._after_connect()
-                return
-
-    # -- priorityBackup and the backup pool (the rules: core, endpoints.py) -------------------
-
-    def _after_connect(self) -> None:
-        if self.options.priority_backup and not self._is_priority(self._core.link) and not self._probing:
-            self._probing = True
-            self._spawn(self._priority_probe(), "amq-aio-failover-priority")
-        if self.options.backup:
-            self._spawn(self._fill_backups(), "amq-aio-failover-backup")
-
-    def _is_priority(self, link: AsyncLink | None) -> bool:
-        return link is not None and is_priority(link.address, self.leaves, self.options)
-
-    async def _priority_probe(self) -> None:
-        gen = self._core.generation
-        try:
-            for attempt in priority_attempts(self.leaves, self.options, self._schedule, self._rng):
-                if not self._core.priority_wanted(gen, self._is_priority(self._core.link)):
-                    return
-                if attempt.delay > 0:
-                    await self._sleep(attempt.delay)
-                if not self._core.priority_wanted(gen, self._is_priority(self._core.link)):
-                    return
-                try:
-                    link = await self._open_link(attempt.endpoint, self._params, self._on_frame, self._lost)
-                except (TransportError, BrokerError) as exc:
-                    log.debug("failover: priority endpoint %s still down: %s", attempt.endpoint.host, exc)
-                    continue
-                if self._install(link, expect_gen=gen) is not None:
-                    log.info("failover: back on priority endpoint %s", link.address)
-                    self._notify("on_resumed", link.address)
-                    return
-        finally:
-            self._probing = False
-
-    async def _fill_backups(self) -> None:
-        for leaf in self.leaves:
-            if not self._core.backup_room(self.options.backup_pool_size):
-                return
-            current = self._core.link
-            taken = {b.address for b in self._core.backups} | ({current.address} if current is not None else set())
-            if leaf_address(leaf) in taken:
-                continue
-            try:
-                link = await self._open_link(leaf, self._params, self._on_frame, self._lost)
-            except (TransportError, BrokerError):
-                continue
-            if not self._core.add_backup(link):
-                link.close()
                 return
 
     def _fail(self, error: AmqTransportError) -> None:
