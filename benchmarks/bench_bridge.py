@@ -154,6 +154,7 @@ def recovery(work: Path, *, gap: float, exponential: bool, probe_ms: int = 100) 
                 return got[0] - t_up
         finally:
             h2.kill()
+            h2.close()  # and its temporary log directory
 
 
 def main() -> None:

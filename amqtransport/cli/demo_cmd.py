@@ -63,7 +63,7 @@ class RestartedNode:
     def __init__(self, workdir: Path) -> None:
         from amqtransport.processes.broker import BrokerProcess
 
-        self.proc = BrokerProcess(workdir / "node", port=0)
+        self.proc = BrokerProcess(workdir / "node", port=0, log_dir=workdir / "node-log")
         self.proc.start()
         self.uri = _failover([f"tcp://127.0.0.1:{self.proc.port}"])
         self.description = (
