@@ -26,6 +26,10 @@ The whole API:
     CPU model, cores, load average, OS, Python, Java (when present), ActiveMQ version.
 ``print_table(rows, columns=None, *, title=None) -> None``
     Rows are dicts; columns default to the keys of the first row; floats are formatted.
+``work_dir(prefix) -> Path``
+    A new temporary directory (``tempfile.mkdtemp(prefix=prefix)``) for the run's data
+    and logs, removed when the script exits (``atexit``: also after an exception, not
+    after a SIGKILL); ``AMQ_KEEP_LOGS=1`` keeps it and prints where.
 ``write_result(name, rows, *, headline=None, notes="") -> Path``
     Writes ``benchmarks/results/NAME.json`` (``$AMQ_BENCH_RESULTS/NAME.json`` if set):
     ``{"name", "finished_at", "quick", "machine", "rows", "headline", "notes"}``.
@@ -35,6 +39,7 @@ The whole API:
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -43,6 +48,8 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -62,6 +69,7 @@ __all__ = [
     "ratio",
     "scale",
     "timed",
+    "work_dir",
     "write_result",
 ]
 
@@ -254,3 +262,18 @@ def write_result(
     tmp.replace(path)
     print(f"\nresult written to {path}")
     return path
+
+
+def work_dir(prefix: str) -> Path:
+    """A new temporary directory, removed at exit unless ``AMQ_KEEP_LOGS=1`` (then kept
+    and named on stderr)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(_drop_work_dir, path)
+    return path
+
+
+def _drop_work_dir(path: Path) -> None:
+    if os.environ.get("AMQ_KEEP_LOGS") == "1":
+        print(f"kept {path} (AMQ_KEEP_LOGS=1)", file=sys.stderr)
+    else:
+        shutil.rmtree(path, ignore_errors=True)

@@ -7,17 +7,15 @@ Old client: AMQ_BASE=/tmp/base BENCH_DIR=/tmp/base/benchmarks (see ab_write_path
 import os
 import statistics
 import sys
-import tempfile
 
 if os.environ.get("AMQ_BASE"):  # measure the old client: bypass the editable-install finder
     sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
     sys.path.insert(0, os.environ["AMQ_BASE"])
 import time  # noqa: E402
-from pathlib import Path
 
 sys.path.insert(0, os.environ.get("BENCH_DIR", os.path.dirname(os.path.abspath(__file__))))
 import bench_client as bc  # noqa: E402
-from _common import compare  # noqa: E402
+from _common import compare, work_dir  # noqa: E402
 
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
 
@@ -25,7 +23,7 @@ rounds = 3
 import amqtransport.transports.link as _s  # noqa: E402
 
 print("client code:", _s.__file__, "load before:", os.getloadavg(), flush=True)
-tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))
+tmp = work_dir("bench-client-")
 with BrokerProcess(tmp / "data", log_dir=tmp / "logs") as broker:
     fo = f"failover:({broker.uri})"
     bc.producer_rate(broker.uri, 200)

@@ -29,7 +29,6 @@ import os
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, print_table, quick, ratio, scale, write_result  # noqa: E402
+from _common import machine, print_table, quick, ratio, scale, work_dir, write_result  # noqa: E402
 
 from amqtransport.stomp import Frame, FrameParser, serialize  # noqa: E402
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
@@ -176,7 +175,7 @@ def main() -> None:
     n_sync = scale(500, 100)
     rounds = int(os.environ.get("AMQ_BENCH_ROUNDS", "5")) if not quick() else 1
     window = 100
-    work = Path(tempfile.mkdtemp(prefix="bench-broker-"))
+    work = work_dir("bench-broker-")
     baseline_dir = os.environ.get("AMQ_BENCH_BASELINE")
     ours_env = None
     if baseline_dir:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -38,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import compare, machine, print_table, quick, scale, write_result  # noqa: E402
+from _common import compare, machine, print_table, quick, scale, work_dir, write_result  # noqa: E402
 from bench_client_latency import stomppy_client  # noqa: E402
 
 import amqtransport  # noqa: E402
@@ -87,7 +86,7 @@ def first_receipted_send_after(kill: Any, uri: str, **connect_kwargs: Any) -> fl
 def main() -> None:
     rounds = 3 if quick() else 7
     rows: list[dict[str, Any]] = []
-    tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))
+    tmp = work_dir("bench-client-")
     n_pipe = scale(10000, 500)
     n_loop = scale(1000, 100)
     with BrokerProcess(tmp / "data", log_dir=tmp / "logs") as broker:

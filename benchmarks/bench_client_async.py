@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import compare, print_table, quick, scale  # noqa: E402
+from _common import compare, print_table, quick, scale, work_dir  # noqa: E402
 from bench_client import BODY, producer_rate  # noqa: E402
 
 import amqtransport.aio as aio  # noqa: E402
@@ -69,7 +68,7 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else (3 if quick() else 5)
     n = scale(10000, 1000)
     rows: list[dict[str, Any]] = []
-    tmp = Path(tempfile.mkdtemp(prefix="bench-client-async-"))
+    tmp = work_dir("bench-client-async-")
     with BrokerProcess(tmp / "data", log_dir=tmp / "logs") as broker:
         plain, fo = broker.uri, f"failover:({broker.uri})"
         producer_rate(plain, 200)

@@ -51,7 +51,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -61,7 +60,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_table, quick, scale, write_result  # noqa: E402
+from _common import print_table, quick, scale, work_dir, write_result  # noqa: E402
 from bench_broker import BODY, RawClient  # noqa: E402
 
 import amqtransport  # noqa: E402
@@ -314,7 +313,7 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else scale(2000, 200)
     rounds = 1 if quick() else int(os.environ.get("AMQ_BENCH_ROUNDS", "5"))
     wanted = os.environ.get("AMQ_BENCH_SERVERS", "echo,broker,broker-fsync").split(",")
-    work = Path(tempfile.mkdtemp(prefix="bench-client-latency-"))
+    work = work_dir("bench-client-latency-")
     clients = contenders()
     stops: list[Callable[[], object]] = []
     servers: dict[str, tuple[int, bool]] = {}  # name -> (port, persistent sends)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections import deque
@@ -28,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import compare, print_table, quick, scale  # noqa: E402
+from _common import compare, print_table, quick, scale, work_dir  # noqa: E402
 from bench_client import BODY, producer_rate, stomppy_receipt_loop_rate  # noqa: E402
 
 from amqtransport.aio.failover import AsyncFailoverTransport  # noqa: E402
@@ -86,7 +85,7 @@ def main() -> None:
     n_pipe = scale(10000, 500)
     n_loop = scale(1000, 100)
     rows: list[dict[str, Any]] = []
-    tmp = Path(tempfile.mkdtemp(prefix="bench-client-pipe-"))
+    tmp = work_dir("bench-client-pipe-")
     with BrokerProcess(tmp / "data", log_dir=tmp / "logs") as broker:
         plain, fo = broker.uri, f"failover:({broker.uri})"
         producer_rate(plain, 200)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, print_table, quick, ratio, write_result  # noqa: E402
+from _common import machine, print_table, quick, ratio, work_dir, write_result  # noqa: E402
 from bench_broker import RawClient, activemq_node, pipelined_frames  # noqa: E402
 
 from amqtransport.stomp import Frame, FrameParser, serialize  # noqa: E402
@@ -193,7 +193,7 @@ def main() -> None:
         contenders.append(("ours pair", ours_pair))
         if any(name == "ActiveMQ" for name, _ in contenders):
             contenders.append(("ActiveMQ pair", activemq_pair))
-    base = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
+    base = work_dir("bench-fanout-")
     runs: dict[tuple[int, str], list[dict[str, float]]] = {}
     for r in range(rounds):
         for subs in subs_list:

@@ -44,7 +44,6 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -52,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_table, quick, scale, write_result  # noqa: E402
+from _common import print_table, quick, scale, work_dir, write_result  # noqa: E402
 from bench_broker import BODY, RawClient, start_activemq  # noqa: E402
 from bench_client_latency import (  # noqa: E402
     aio_client,
@@ -154,7 +153,7 @@ def stage_row(stage: str, series: dict[str, float]) -> dict[str, object] | None:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else scale(1000, 200)
     rounds = 1 if quick() else int(os.environ.get("AMQ_BENCH_ROUNDS", "2"))
-    work = Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    work = work_dir("bench-latency-")
     stops: list[Callable[[], object]] = []
     targets: dict[str, int] = {}
     metrics: dict[str, list[tuple[str, int]]] = {}  # target -> (node, http port) whose stages are read

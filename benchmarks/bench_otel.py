@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import compare, print_table, quick, scale  # noqa: E402
+from _common import compare, print_table, quick, scale, work_dir  # noqa: E402
 from bench_client import producer_rate  # noqa: E402
 
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
@@ -101,7 +100,7 @@ def sampled_providers(ratio: float) -> dict[str, Any]:
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else (3 if quick() else 7)
     n = scale(10000, 1000)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-otel-"))
+    tmp = work_dir("bench-otel-")
     rows: list[dict[str, Any]] = []
     with BrokerProcess(tmp / "data", log_dir=tmp / "logs") as broker:
         uri = f"failover:({broker.uri})"

@@ -26,14 +26,13 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, print_table, quick, ratio, scale, write_result  # noqa: E402
+from _common import machine, print_table, quick, ratio, scale, work_dir, write_result  # noqa: E402
 from bench_broker import RawClient, activemq_node  # noqa: E402
 
 from amqtransport.processes.broker import BrokerProcess  # noqa: E402
@@ -105,7 +104,7 @@ def main() -> None:
     rounds = int(os.environ.get("AMQ_BENCH_ROUNDS", "3")) if not quick() else 1
     rng = random.Random(20261126)
     priorities = [rng.randrange(10) for _ in range(n)]
-    work = Path(tempfile.mkdtemp(prefix="bench-priority-"))
+    work = work_dir("bench-priority-")
     ours = BrokerProcess(work / "ours", log_dir=work)
     ours.start()
     contenders: list[tuple[str, int, int]] = [("ours", ours.port, ours.pid)]

@@ -18,7 +18,6 @@ Run: .venv/bin/python benchmarks/bench_rabbitmq.py      (AMQ_BENCH_QUICK=1 for a
 from __future__ import annotations
 
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import compare, machine, print_table, quick, scale, write_result  # noqa: E402
+from _common import compare, machine, print_table, quick, scale, work_dir, write_result  # noqa: E402
 from bench_client import producer_rate, send_loop_rate, stomppy_receipt_loop_rate  # noqa: E402
 
 from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
@@ -42,7 +41,7 @@ def main() -> None:
     n_pipe, n_loop = scale(10000, 500), scale(1000, 100)
     rows: list[dict[str, Any]] = []
     spread: list[dict[str, Any]] = []
-    tmp = Path(tempfile.mkdtemp(prefix="bench-rabbitmq-"))
+    tmp = work_dir("bench-rabbitmq-")
     node = RabbitMQNode(tmp, "bench")
     node.start()
     try:

@@ -51,7 +51,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -60,7 +59,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, print_table, quick, ratio, scale, write_result  # noqa: E402
+from _common import machine, print_table, quick, ratio, scale, work_dir, write_result  # noqa: E402
 from bench_broker import RawClient, activemq_node, pipelined_frames  # noqa: E402
 
 from amqtransport.stomp import Frame, FrameParser, serialize  # noqa: E402
@@ -211,7 +210,7 @@ class Work:
     """The run's scratch directory and our broker's config file."""
 
     def __init__(self, extra: dict[str, str]) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+        self.dir = work_dir("bench-scale-")
         self.config = self.dir / "broker.toml"
         lines = [f"{k} = {v}" for k, v in extra.items()]
         self.config.write_text("\n".join(lines) + "\n")

@@ -34,14 +34,13 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, print_table, quick, ratio, write_result  # noqa: E402
+from _common import machine, print_table, quick, ratio, work_dir, write_result  # noqa: E402
 from bench_broker import RawClient, activemq_node  # noqa: E402
 from bench_priority import baseline_env, cpu_seconds  # noqa: E402
 
@@ -115,7 +114,7 @@ def main() -> None:
     n = int(args[0]) if args else (5000 if short else 100_000)
     rounds = 1 if short else int(os.environ.get("AMQ_BENCH_ROUNDS", "3"))
     matches = n // EVERY
-    work = Path(tempfile.mkdtemp(prefix="bench-selector-"))
+    work = work_dir("bench-selector-")
     ours = BrokerProcess(work / "ours", log_dir=work)
     ours.start()
     contenders: list[tuple[str, int, int]] = [("ours", ours.port, ours.pid)]

@@ -14,13 +14,12 @@ broker's backlog does not grow across rounds.
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import compare, print_table, quick, scale, write_result  # noqa: E402
+from _common import compare, print_table, quick, scale, work_dir, write_result  # noqa: E402
 
 WINDOW = 200
 
@@ -44,7 +43,7 @@ def main() -> None:
 
     rows = scale(50_000, 5_000)
     rounds = 1 if quick() else 3
-    workdir = Path(tempfile.mkdtemp(prefix="amq-bench-spark-"))
+    workdir = work_dir("amq-bench-spark-")
     with BrokerProcess(workdir / "broker", port=0) as broker:
         uri = f"failover:({broker.uri})?randomize=false"
         spark = local_session(master="local[2]", app="amq-bench-spark")

@@ -25,13 +25,12 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_table, quick, scale, write_result  # noqa: E402
+from _common import print_table, quick, scale, work_dir, write_result  # noqa: E402
 from bench_spark import drain_count  # noqa: E402
 
 WINDOW = 200
@@ -81,7 +80,7 @@ def main() -> None:
         raise SystemExit(f"bench_spark_cluster: {reason}")
     rows = scale(100_000, 10_000)
     rounds = 1 if quick() else 3
-    workdir = Path(tempfile.mkdtemp(prefix="amq-bench-spark-cluster-"))
+    workdir = work_dir("amq-bench-spark-cluster-")
     configs: list[tuple[str | None, int | None]] = [
         ("local[2]", None), (None, 2), ("local[2]", None), (None, 1), (None, 4)]
     results: dict[str, list[dict[str, float]]] = {}

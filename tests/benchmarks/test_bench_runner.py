@@ -128,3 +128,33 @@ def test_common_helpers(bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         c.write_result("../escape", [])
     path = c.write_result("nan", [{"x": math.nan}])
     assert json.loads(path.read_text())["rows"] == [{"x": "nan"}]
+
+
+@pytest.mark.parametrize(("keep", "raises"), [("0", False), ("0", True), ("1", False)])
+def test_a_work_dir_goes_when_the_benchmark_exits_unless_amq_keep_logs(
+    tmp_path: Path, keep: str, raises: bool
+) -> None:
+    import os
+    import shutil
+    import subprocess
+
+    where = tmp_path / "where"
+    body = script(tmp_path, "work", f"""
+        from _common import work_dir
+        work = work_dir("bench-test-work-")
+        (work / "broker.log").write_text("a log")
+        open({str(where)!r}, "w").write(str(work))
+        if {raises!r}:
+            raise RuntimeError("the benchmark failed")
+    """)
+    env = {**os.environ, "AMQ_KEEP_LOGS": keep}
+    done = subprocess.run([sys.executable, str(body)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == (1 if raises else 0), done.stderr
+    work = Path(where.read_text())
+    try:
+        assert work.name.startswith("bench-test-work-")
+        assert work.exists() == (keep == "1"), done.stderr
+        if keep == "1":
+            assert f"kept {work}" in done.stderr
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
