@@ -111,10 +111,14 @@ def disarm(journal: Path, *, fsync: bool = True) -> None:
     try:
         dst = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
+            at = 0
             while chunk := os.read(src, _COPY_CHUNK):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(dst, view):]
+                if chunk.count(0) != len(chunk):  # a preallocated segment's unwritten zeros: a hole
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.pwrite(dst, view, at + len(chunk) - len(view)):]
+                at += len(chunk)
+            os.ftruncate(dst, at)
             if fsync:
                 os.fdatasync(dst)
         finally:

@@ -18,6 +18,15 @@ raises :class:`CheckpointError` saying which; recovery then replays the whole jo
 But a checkpoint that *proves loss* (:func:`proven_loss`: a segment it knew is gone and
 compaction did not delete it, or one is shorter than what it covered as durable) raises
 :class:`CheckpointProvesLoss`, and recovery refuses to start (:mod:`.checkpoint`).
+
+Sizes are *written* sizes (:mod:`.segments`, preallocated segments). The checkpoint's
+own segment was the head when it was taken, so it may be preallocated: its file is
+longer than its data, and data lost from it (what a power loss takes from a
+preallocated file reads back as zeros, not as a shorter file) is found by the frame
+before ``P``: when it does not check out and only zeros follow from before ``P``, the
+segment was cut short (:func:`_cut_short`). An older segment was cut to its written
+size when the writer rolled past it; one a crash left with its zero tail does not
+match its recorded size, and the checkpoint is not used (the whole journal is replayed).
 """
 
 from __future__ import annotations
@@ -310,10 +319,30 @@ def proven_loss(cap: Capture, directory: Path, segments: Sequence[int], deleted:
     for seg, size in sorted({**cap.sizes, cap.segment: cap.offset}.items()):
         if seg not in existing:
             continue
-        actual = (directory / f"seg-{seg:010d}.log").stat().st_size
+        path = directory / f"seg-{seg:010d}.log"
+        actual = path.stat().st_size
+        if actual >= size and seg == cap.segment and cap.last_frame is not None:
+            actual = _cut_short(path, cap.last_frame[0], size) or actual
         if actual < size:
             return f"segment {seg} has {actual} bytes, the checkpoint covers {size} of it as durable: it was cut short"
     return None
+
+
+def _cut_short(path: Path, frame: int, size: int) -> int | None:
+    """Where the written data of ``path`` (preallocated: only zeros after it) ends, when
+    that is before ``size`` and the frame at offset ``frame`` (the one that ends at
+    ``size``) does not check out; None when the data is there (see the module docstring)."""
+    with open(path, "rb") as fh:
+        fh.seek(frame)
+        head = fh.read(_FRAME.size)
+        if len(head) == _FRAME.size:
+            length, crc = _FRAME.unpack(head)
+            if frame + _FRAME.size + length == size and zlib.crc32(fh.read(length)) == crc:
+                return None  # the frame before P is whole
+        fh.seek(0)
+        data = fh.read()
+    end = len(data.rstrip(b"\0"))  # after the last non-zero byte: zeros after it were never written
+    return end if end < size else None
 
 
 def load(directory: Path, segments: Sequence[int], deleted: Chain | None = None) -> Capture:

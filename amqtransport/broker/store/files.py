@@ -11,15 +11,27 @@ chain's record; a pair node's HA state and the witness's leases, :mod:`..ha.epoc
 directory entry made or removed (a new segment, a deleted one) is durable only once the
 directory is fsynced (:func:`fsync_dir`). With ``fsync=False`` (tests, a store that
 promises nothing) the same steps run without the syncs.
+
+A journal segment is preallocated (:func:`preallocate`, see :mod:`.segments`) with the
+``fallocate`` system call itself, not ``posix_fallocate``: where the file system does
+not support it (a FUSE file system: the power-loss nemesis's), the C library's
+``posix_fallocate`` would write a zero byte into every block, and the caller would
+rather grow the file as it is written.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["fsync_dir", "replace_file", "write_all"]
+__all__ = ["fsync_dir", "preallocate", "pwrite_all", "replace_file", "write_all"]
+
+log = logging.getLogger(__name__)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -35,6 +47,49 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+_fallocate: Callable[[int, int, int, int], int] | None = None
+_fallocate_looked = False
+
+
+def _fallocate_call() -> Callable[[int, int, int, int], int] | None:
+    global _fallocate, _fallocate_looked
+    if not _fallocate_looked:
+        _fallocate_looked = True
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            fn = libc.fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+            _fallocate = fn
+        except (OSError, AttributeError):  # no libc fallocate (not Linux): never preallocate
+            _fallocate = None
+    return _fallocate
+
+
+def preallocate(fd: int, size: int) -> bool:
+    """Allocate the file's blocks up to ``size`` bytes (its size becomes ``size``; the new
+    bytes read as zeros): ``fallocate(fd, 0, 0, size)``. False, changing nothing the
+    caller relies on, when it cannot (ENOSPC: a full disk; EOPNOTSUPP: a file system
+    without it; no such call): the caller then grows the file as it writes, and should
+    set the file's size back (a failed ``fallocate`` may have allocated part of it)."""
+    fn = _fallocate_call()
+    if fn is None:
+        return False
+    if fn(fd, 0, 0, size) == 0:
+        return True
+    err = ctypes.get_errno()
+    level = logging.DEBUG if err in (errno.EOPNOTSUPP, errno.ENOSYS) else logging.WARNING
+    log.log(level, "cannot preallocate %d bytes (%s): the file grows as it is written", size, os.strerror(err))
+    return False
 
 
 def replace_file(directory: Path, name: str, write: Callable[[int], object], *,

@@ -156,6 +156,10 @@ class Journal(JournalOpening, SegmentReads, JournalWriter):
     ) -> None:
         self.directory = Path(directory)
         self.segment_size = segment_size
+        #: create each head segment at ``segment_size`` (segments.py: an fdatasync that does
+        #: not change the file's size); False: grow it as it is written (the format before)
+        self.preallocate = True
+        self._preallocated = False  # the head segment is (writer thread)
         self.max_record = max_record  # recovery's limit, so append's too (tests use a small one)
         self.fsync = fsync
         self._notify = notify or run_completions
@@ -469,6 +473,8 @@ class Journal(JournalOpening, SegmentReads, JournalWriter):
                 self._closing = True
                 self._cond.notify_all()
             self._thread.join(timeout=30)
+            if not self._thread.is_alive() and self._preallocated and self._failed is None:
+                self._cut_head()
             self._thread = None
         if self._fd is not None:
             os.close(self._fd)
@@ -479,6 +485,19 @@ class Journal(JournalOpening, SegmentReads, JournalWriter):
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def _cut_head(self) -> None:
+        """A closed journal's head is cut to its written size (segments.py: a store at rest
+        has no preallocated tail, as before; a crash can leave one, which recovery cuts)."""
+        fd = self._fd
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, self._fd_off)
+            if self.fsync:
+                os.fdatasync(fd)
+        except OSError as exc:  # the data is durable already: a zero tail left is still a valid segment
+            log.warning("journal %s: cannot cut the head segment to its written size: %s", self.directory, exc)
 
     # ------------------------------------------------------------------ positions and reads
     @property

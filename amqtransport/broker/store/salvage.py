@@ -8,6 +8,8 @@ that does not decode). What lies *after* it decides what it was:
 
 * nothing intact until the end of the **last** segment: a *torn tail*, the write a crash
   interrupted (never fsynced, so never receipted). Recovery cuts it off, as before.
+  (In a preallocated segment, :mod:`.segments`, the torn bytes have zeros after them:
+  the same rule, since no intact frame follows; the cut takes the zeros too.)
 * an intact frame further on (:func:`next_frame`), or a bad frame in a segment that is
   not the last (the writer fsyncs a segment before it opens the next, so a finished
   segment has no torn tail): *damage* -- bits changed on the disk. Recovery never
@@ -21,6 +23,11 @@ payload leaves its length intact: exactly one record is lost), then every later
 offset whose frame has a possible length, a matching CRC and a payload that decodes,
 giving up after :data:`SEARCH_BUDGET` bytes of checksumming (then the rest of the
 segment counts as damaged).
+
+A segment whose data ends at a zero tail (preallocated, :mod:`.segments`) ends cleanly
+there (:class:`ZeroTail`). Recovery cuts the zero tail off too, as it cuts a torn tail,
+since it always starts a fresh head segment (preallocated itself): the old one is
+never written again, and its file size is then its written size once more.
 
 Offline (:func:`verify` and :func:`repair`, ``amq broker verify|repair DATA_DIR``, with
 no broker running): ``verify`` reports every segment's records and damage and whether
@@ -50,10 +57,10 @@ from .chain import Chain, read_chain, write_chain
 from .checkpoint_file import CheckpointError, CheckpointProvesLoss, load
 from .files import fsync_dir
 from .records import Ack, Enq, Fan, Keys, Move, Record, RecordError, Sub, Tx, Unsub, decode
-from .segments import FRAME, MAGIC, MAX_RECORD, Scan, segment_id
+from .segments import FRAME, MAGIC, MAX_RECORD, Scan, first_nonzero, segment_id
 
 __all__ = [
-    "SEARCH_BUDGET", "Damage", "TornTail", "SegmentReport", "JournalReport", "describe", "next_frame", "scan_with_damage",
+    "SEARCH_BUDGET", "Damage", "TornTail", "ZeroTail", "SegmentReport", "JournalReport", "describe", "next_frame", "scan_with_damage",
     "recover_segment", "verify", "repair", "quarantine_journal",
 ]
 
@@ -89,6 +96,14 @@ class TornTail:
     problem: str
 
 
+@dataclass(frozen=True)
+class ZeroTail:
+    """A segment's written data ends at ``offset``: zeros (preallocated, never written) follow."""
+
+    segment: int
+    offset: int
+
+
 def _intact(view: memoryview, pos: int, max_record: int) -> bool:
     if len(view) - pos < FRAME.size:
         return False
@@ -117,7 +132,10 @@ def next_frame(view: memoryview, pos: int, max_record: int = MAX_RECORD, budget:
     at = pos + 1
     while at + FRAME.size <= end and spent <= budget:
         length, _crc = FRAME.unpack_from(view, at)
-        if 0 < length <= max_record and at + FRAME.size + length <= end:
+        if length == 0:  # no frame starts here: skip a run of zeros (a preallocated tail) at C speed
+            at = max(at + 1, first_nonzero(view, at) - 3)  # a frame's length has a non-zero byte
+            continue
+        if length <= max_record and at + FRAME.size + length <= end:
             spent += length
             if _intact(view, at, max_record):
                 return at
@@ -163,15 +181,18 @@ def describe(view: memoryview, pos: int, end: int) -> str:
 
 def scan_with_damage(
     view: memoryview, seg: int, start: int, max_record: int, *, last: bool
-) -> Iterator[tuple[int, memoryview, Record] | Damage | TornTail]:
+) -> Iterator[tuple[int, memoryview, Record] | Damage | TornTail | ZeroTail]:
     """Every intact frame of a segment from ``start`` as ``(offset, payload, record)``,
     every damaged region as a :class:`Damage`, and last a :class:`TornTail` when the
-    ``last`` segment ends with one (recovery truncates it)."""
+    ``last`` segment ends with one (recovery truncates it), or a :class:`ZeroTail` when
+    the segment's data ends before its preallocated end."""
     pos = start
     while True:
         scan = Scan(view, pos, max_record)
         yield from scan
         if scan.problem is None:
+            if scan.zero_tail and scan.end < len(view):
+                yield ZeroTail(seg, scan.end)
             return
         nxt = next_frame(view, scan.end, max_record)
         if nxt is None and last:
@@ -193,7 +214,7 @@ def recover_segment(
     one; it was never fsynced, so never receipted). ``payload`` is valid until the next item."""
     data = path.read_bytes()
     view = memoryview(data)
-    torn: TornTail | None = None
+    torn: TornTail | ZeroTail | None = None
     if len(view) < len(MAGIC) or bytes(view[: len(MAGIC)]) != MAGIC:
         problem = "short segment header" if len(view) < len(MAGIC) else "bad segment magic"
         if last and len(view) < len(MAGIC):
@@ -204,14 +225,18 @@ def recover_segment(
         for item in scan_with_damage(view, seg_id, min(first, len(view)), max_record, last=last):
             if isinstance(item, tuple):
                 yield seg_id, *item
-            elif isinstance(item, TornTail):
+            elif isinstance(item, TornTail | ZeroTail):
                 torn = item
             else:
                 on_damage(item)
     del view
-    if torn is not None:  # never fsynced, so never receipted: cut it off
+    if isinstance(torn, ZeroTail):  # never written: this segment is done (a fresh head is made)
+        log.debug("journal %s: cutting the %d unwritten bytes after offset %d", path.name,
+                  len(data) - torn.offset, torn.offset)
+    elif torn is not None:  # never fsynced, so never receipted: cut it off
         log.warning("journal %s: %s; truncating %d bytes (a torn tail)", path.name, torn.problem,
                     len(data) - torn.offset)
+    if torn is not None:
         with open(path, "r+b") as fh:
             if torn.offset < len(MAGIC):
                 fh.truncate(0)
@@ -231,6 +256,7 @@ class SegmentReport:
     damage: list[Damage] = field(default_factory=list)
     torn_tail: tuple[int, str] | None = None  # (offset, problem) of a last segment's torn tail
     header: str | None = None  # a bad segment header (magic)
+    unwritten: int = 0  # bytes preallocated after the written data (a zero tail; not in ``size``)
 
 
 @dataclass
@@ -278,6 +304,8 @@ class JournalReport:
                 note = f"; DAMAGED ({len(s.damage)} regions)"
             elif s.torn_tail:
                 note = f"; a torn tail at offset {s.torn_tail[0]} ({s.torn_tail[1]}): cut off at the next start"
+            if s.unwritten:
+                note += f"; {s.unwritten} bytes preallocated after them"
             out.append(f"  seg-{s.segment:010d}.log: {s.size} bytes, {s.records} records{note}")
             out.extend(f"    {d}" for d in s.damage)
         if self.missing:
@@ -320,6 +348,8 @@ def verify(journal: Path, max_record: int = MAX_RECORD) -> JournalReport:
                 sr.damage.append(item)
             elif isinstance(item, TornTail):
                 sr.torn_tail = (item.offset, item.problem)
+            elif isinstance(item, ZeroTail):
+                sr.size, sr.unwritten = item.offset, len(data) - item.offset
             else:
                 sr.records += 1
         del view

@@ -8,6 +8,31 @@ transaction's record has a u32 length and no frame or CRC of its own (its positi
 carries the ``INNER`` flag, see :mod:`.pages`). :func:`scan_segment` and :class:`Scan`
 walk a segment's frames and stop at the first bad one (what recovery truncates).
 
+Preallocated segments (issue 27). The writer creates a head segment at its full
+``segment_size`` (``fallocate``, :func:`~.files.preallocate`) and writes each batch at
+its offset (``pwrite``, no ``O_APPEND``): an append then never changes the file's
+size, and its ``fdatasync`` need not commit the inode through the filesystem's
+journal (on ext4 here: 112-131 us rather than 132-202 us per 300-byte record). So a
+segment's written data ends at the first *zero frame head* (``u32 length 0 | u32 crc
+0``) that only zeros follow (:func:`zeros_from`): the clean end, with the file's size
+past it. The rules:
+
+* :class:`Scan` stops there without a problem, :attr:`Scan.end` at the zero head: the
+  segment's *written size* (its data size everywhere: recovery's sizes, the
+  checkpoint's, ``amq broker verify``). A short remainder of zeros (fewer than a frame
+  head's 8 bytes) is the same clean end.
+* A zero frame head with any non-zero byte after it is a bad frame like any other (no
+  record has length 0; note ``crc32(b"") == 0``, so the CRC alone would pass it): the
+  damage / torn-tail rules of :mod:`.salvage` decide, unchanged.
+* A segment written by earlier versions (or when preallocation failed: a full disk,
+  a file system without ``fallocate``, where the writer grows the file as before) ends
+  at its file's end: the same scan reads it unchanged.
+* A segment that stops being the head is cut to its written size: by the writer when
+  it rolls to the next (before the roll's ``fdatasync``), and by recovery (which always
+  starts a fresh head, so the old one is never written again: its preallocation is
+  of no more use, and the new head gets its own). A crash can still leave a finished
+  segment with a zero tail; every reader accepts it.
+
 Reading back (:class:`SegmentReads`, the part of :class:`~.journal.Journal` that reads
 while its writer thread appends): paged messages (:meth:`SegmentReads.read`) and a
 replica's full sync (:meth:`SegmentReads.read_span`) read records at their positions
@@ -33,7 +58,7 @@ from .records import Record, RecordError, decode
 
 __all__ = [
     "FRAME", "FRAME_HEAD", "MAGIC", "MAX_RECORD", "JournalError", "StoreLockedError", "Scan", "SegmentReads",
-    "scan_segment", "segment_id", "segment_name",
+    "first_nonzero", "scan_segment", "segment_id", "segment_name", "zeros_from",
 ]
 
 MAGIC = b"AMQJSEG1"
@@ -72,6 +97,29 @@ def segment_id(path: Path) -> int | None:
         return None
 
 
+_ZEROS = bytes(1 << 20)
+
+
+def first_nonzero(view: bytes | memoryview, pos: int) -> int:
+    """The offset of the first non-zero byte of ``view`` at or after ``pos`` (its length
+    when there is none), at C speed: a preallocated tail is megabytes of zeros."""
+    view = memoryview(view)
+    end, step = len(view), 4096
+    while pos < end:
+        chunk = view[pos : pos + step].tobytes()
+        if chunk != _ZEROS[: len(chunk)]:
+            return pos + len(chunk) - len(chunk.lstrip(b"\0"))
+        pos += step
+        step = min(step * 2, len(_ZEROS))
+    return end
+
+
+def zeros_from(view: bytes | memoryview, pos: int) -> bool:
+    """Whether every byte of ``view`` from ``pos`` on is zero (an unwritten, preallocated
+    tail; true when ``pos`` is at or past the end)."""
+    return first_nonzero(view, pos) >= len(view)
+
+
 def scan_segment(
     data: bytes | memoryview, max_record: int = MAX_RECORD
 ) -> tuple[list[tuple[Record, int]], int, str | None]:
@@ -79,7 +127,8 @@ def scan_segment(
 
     Returns ``(records_with_sizes, good_end, problem)``: every intact record with its
     framed size, the offset just after the last intact one, and a description of what
-    stopped the scan (``None`` when the data ended cleanly at a frame boundary).
+    stopped the scan (``None`` when the data ended cleanly at a frame boundary: the
+    file's end or a zero tail, see the module docstring).
     """
     view = memoryview(data)
     if len(view) < len(MAGIC):
@@ -96,21 +145,32 @@ def scan_segment(
 class Scan:
     """Iterate ``(offset, payload, record)`` over the frames of ``view`` from ``pos``;
     afterwards ``end`` is the offset after the last intact frame and ``problem`` what
-    stopped the scan (None: the data ended at a frame boundary)."""
+    stopped the scan (None: the data ended at a frame boundary: the end of ``view``, or
+    a zero tail from ``end`` on, which ``zero_tail`` then says)."""
 
     def __init__(self, view: memoryview, pos: int, max_record: int) -> None:
         self.view = view
         self.end = pos
         self.max_record = max_record
         self.problem: str | None = None
+        self.zero_tail = False
 
     def __iter__(self) -> Iterator[tuple[int, memoryview, Record]]:
         view, pos, end, unpack, crc32 = self.view, self.end, len(self.view), FRAME.unpack_from, zlib.crc32
         while pos < end:
             if end - pos < FRAME.size:
+                if zeros_from(view, pos):  # the preallocated tail (module docstring)
+                    self.zero_tail = True
+                    return
                 self.problem = f"torn frame header at offset {pos}"
                 return
             length, crc = unpack(view, pos)
+            if length == 0:  # no record is empty; crc32(b"") == 0 would pass it
+                if crc == 0 and zeros_from(view, pos):
+                    self.zero_tail = True  # the clean end of a preallocated segment
+                    return
+                self.problem = f"empty frame at offset {pos} with data after it"
+                return
             if length > self.max_record:
                 self.problem = f"impossible record length {length} at offset {pos}"
                 return

@@ -31,6 +31,8 @@ from pathlib import Path
 
 from ..ops.stats import RECEIPT_PATH, Histogram
 from .files import fsync_dir as _fsync_dir
+from .files import preallocate
+from .files import pwrite_all as _pwrite_all
 from .files import write_all as _write_all
 from .guard import CHECK_INTERVAL, StorageGuard
 from .segments import MAGIC, JournalError
@@ -51,6 +53,9 @@ class JournalWriter:
 
     directory: Path
     fsync: bool
+    segment_size: int
+    preallocate: bool
+    _preallocated: bool
     _cond: threading.Condition
     _queue: list[bytes | tuple[str, object]]
     _callbacks: list[Callback]
@@ -97,11 +102,17 @@ class JournalWriter:
         raise NotImplementedError  # Journal.record_created
 
     def _open_head_sync(self, seg_id: int) -> None:
+        """Create the head segment ``seg_id``, preallocated to ``segment_size`` (see
+        :mod:`.segments`; where that fails, a full disk or a file system without
+        ``fallocate``, it grows as it is written), durable with its directory entry."""
         if self._fd is not None:
             os.close(self._fd)
         path = self.path_of(seg_id)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # written at offsets: no O_APPEND
         _write_all(fd, MAGIC)
+        self._preallocated = self.preallocate and preallocate(fd, self.segment_size)
+        if self.preallocate and not self._preallocated:
+            os.ftruncate(fd, len(MAGIC))  # (a failed fallocate may have allocated part): grow as before
         if self.fsync:
             os.fdatasync(fd)
             _fsync_dir(self.directory)
@@ -316,6 +327,8 @@ class JournalWriter:
             if action == "roll":
                 self._flush_chunk(chunk)
                 chunk = []
+                if self._fd is not None and self._preallocated:  # done: cut to its written size (segments.py)
+                    os.ftruncate(self._fd, self._fd_off)
                 if self.fsync and self._fd is not None:
                     os.fdatasync(self._fd)
                 assert isinstance(arg, int)
@@ -337,7 +350,7 @@ class JournalWriter:
         if not chunk or self._fd is None:
             return
         data = b"".join(chunk)
-        _write_all(self._fd, data)
+        _pwrite_all(self._fd, data, self._fd_off)
         self.bytes_written += len(data)
         self._fd_off += len(data)
         self._mark_written()
