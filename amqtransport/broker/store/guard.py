@@ -19,8 +19,8 @@ changed since, or None:
 * the lock file's path names another file (replaced: another broker could lock it);
 * the directory is no longer writable (a read-only remount, a permission change).
 
-The journal's writer thread (:mod:`.journal`) runs the cheap part (:meth:`quick`: one
-``fstat`` of the head segment and one ``stat`` of the directory) after every group
+The journal's writer thread (:mod:`.journal`) runs the cheap part (:meth:`quick`: whether
+the head segment's name is gone, and one ``stat`` of the directory) after every group
 commit's fsync and *before* the batch's completions run, so no receipt goes out for a
 record appended into a file that no longer exists; and the whole check whenever it has
 been idle for :data:`CHECK_INTERVAL` seconds, so an idle broker notices within about a
@@ -28,6 +28,13 @@ second too. A problem is a journal failure like ``ENOSPC``: the batch's senders 
 their ERROR, appends are refused, and the broker fences (``server.py``; an HA master
 hands over to its in-sync slave). A background storage task that fails (a checkpoint
 that cannot be written) asks for a check at once (:meth:`.journal.Journal.check_soon`).
+
+The head segment's name is read from ``/proc/self/fd`` (:func:`unlinked`: the kernel
+marks an open file whose name was removed ``(deleted)``), not with ``fstat``: since Linux
+6.13 a ``stat`` that reads a file's change time makes its next write take a fine-grained
+timestamp, which dirties the inode, and the next ``fdatasync`` then writes it (measured
+here, issue 27: 125-136 us instead of 86-90 us for a 308-byte record in a preallocated
+segment). Where there is no ``/proc``, ``fstat``'s ``st_nlink`` says it.
 """
 
 from __future__ import annotations
@@ -35,10 +42,24 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["CHECK_INTERVAL", "StorageGuard"]
+__all__ = ["CHECK_INTERVAL", "StorageGuard", "unlinked"]
 
 #: seconds an idle journal writer waits between two whole checks
 CHECK_INTERVAL = 0.5
+
+
+def unlinked(fd: int) -> bool:
+    """Whether the open file ``fd`` has lost the name it was opened by (deleted, or
+    replaced by a rename), without reading its attributes (see the module docstring)."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self/fd"):
+            raise OSError(f"descriptor {fd} is not open") from None
+        return os.fstat(fd).st_nlink == 0  # no /proc
+    except OSError:
+        return os.fstat(fd).st_nlink == 0
+    return target.endswith(" (deleted)")
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
@@ -59,10 +80,10 @@ class StorageGuard:
         directory is still the one we opened."""
         if head_fd is not None:
             try:
-                if os.fstat(head_fd).st_nlink == 0:
+                if unlinked(head_fd):
                     return f"{head_name} was deleted (it has no name left in {self.directory})"
             except OSError as exc:
-                return f"cannot fstat {head_name}: {exc}"
+                return f"cannot check {head_name}: {exc}"
         return self._directory()
 
     def problem(self, head_fd: int | None, head_name: str = "the open segment") -> str | None:
