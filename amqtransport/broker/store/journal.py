@@ -8,8 +8,10 @@ highest is the *head*, the only one written). A segment starts with the 8-byte m
 
     u32 length | u32 crc32(payload) | payload (length bytes; see records.py)
 
-The format, scanning a segment and reading records back at their positions are
-:mod:`.segments` (:class:`~.segments.SegmentReads`, which :class:`Journal` inherits);
+A new head segment is preallocated to ``segment_size`` and written at its offsets (an
+append's ``fdatasync`` then does not change the file's size); its data ends at a zero
+frame head with only zeros after it. The format, that rule, scanning a segment and
+reading records back at their positions are :mod:`.segments` (:class:`~.segments.SegmentReads`, which :class:`Journal` inherits);
 this module writes.
 
 Writing (group commit). :meth:`Journal.append` runs on the caller's thread (the
@@ -65,8 +67,9 @@ it opened (and every :data:`~.guard.CHECK_INTERVAL` seconds, idle or not, the wh
 check: the lock file too, and that the directory is writable); a problem fails the
 journal exactly as a failed write does: no receipt for a record in a deleted file.
 
-Size. :attr:`Journal.size` is the bytes of all segments (head included) as appended,
-minus the segments handed to :meth:`delete_segments`: what ``store_limit`` measures.
+Size. :attr:`Journal.size` is the bytes of all segments (head included) as appended
+(their written sizes, not the head's preallocated file size), minus the segments handed
+to :meth:`delete_segments`: what ``store_limit`` measures.
 
 Replication hooks. :meth:`Journal.add_batch_hook` registers ``fn(payloads)`` that
 the writer calls after each local fsync with the batch's record payloads; when it

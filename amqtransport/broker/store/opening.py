@@ -9,7 +9,8 @@ docstring, *Recovery*). :meth:`~JournalOpening.lock` takes the data directory's
 record of the segments created and deleted (:mod:`.chain`) and refuses a journal that
 lost one. :meth:`~JournalOpening.recover_from` fsyncs every segment (what a killed
 predecessor left in the page cache), then reads them in id order through
-:func:`~.salvage.recover_segment` (a torn tail cut, damage skipped and reported) and
+:func:`~.salvage.recover_segment` (a torn tail cut, damage skipped and reported, a
+preallocated zero tail cut: every segment's file size is then its written size) and
 sets the sizes and the new head's id: after every id ever used, so a new segment never
 takes the name of one compaction deleted.
 """
