@@ -162,6 +162,11 @@ class BrokerConfig(BaseModel):
     # witness (a master that loses its slave holds receipts until its peer answers)
     witness: str | None = None
 
+    # an HA node that is not master but knows a live master relays clients to it
+    # (broker/ha/relay.py, docs/ha.md): the same as `relay_clients` in the [ha] table or
+    # --relay-clients. Off: a slave refuses connections (ActiveMQ's behaviour)
+    relay_clients: bool = False
+
     @field_validator("witness")
     @classmethod
     def _witness(cls, value: str | None) -> str | None:

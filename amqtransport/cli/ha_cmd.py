@@ -66,6 +66,11 @@ def ha_options(fn: F) -> F:
                           "the master holds receipts until the peer answers; config key witness in [ha]]. "
                           "Shared store: mastership is its lease instead of the lock file, so a frozen master "
                           "is replaced (needs the cluster secret too)."),
+        click.option("--relay-clients", is_flag=True, default=None,
+                     help="A node that is not master but knows a live master (a slave with its replication link "
+                          "up, a shared-store standby that sees the master) binds its client port anyway and "
+                          "relays each client to the master: clients cut from the master but not from this node "
+                          "are served [default: off, a slave refuses connections; config key relay_clients]."),
         click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False),
                      help="Replicated (or with --witness): file holding the pair's shared secret (both nodes, "
                           "same content); "
@@ -109,6 +114,8 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
     kwargs = {("mode" if k == "ha" else k): v for k, v in ha.items()}
     if kwargs.get("witness") is None and cfg.witness is not None:  # the [broker] key (the [ha] one fills kwargs)
         kwargs["witness"] = cfg.witness
+    if kwargs.get("relay_clients") is None and cfg.relay_clients:  # the [broker] key, as witness
+        kwargs["relay_clients"] = True
     try:
         kwargs["master_password"] = replication_passcode(kwargs.pop("master_password", None),
                                                          kwargs.pop("master_password_file", None),
@@ -164,6 +171,9 @@ def replication_passcode(value: object, path: object, *, user: object) -> str | 
 @click.option("--takeover-check", default=None, help="HOST:PORT both nodes must reach to take over.")
 @click.option("--witness", default=None, metavar="HOST:PORT",
               help="Both nodes use this witness (amq broker witness) [default: none].")
+@click.option("--relay-clients", is_flag=True,
+              help="Both nodes relay clients to the live master while they are not master (amq broker run "
+                   "--relay-clients) [default: off].")
 @click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Replicated (or with --witness): the pair's shared secret [default: DATA_DIR/cluster.secret, "
                    "generated once].")
@@ -190,6 +200,7 @@ def pair(
     master_password_file: str | None,
     takeover_check: str | None,
     witness: str | None,
+    relay_clients: bool,
     cluster_password_file: str | None,
     http_port: int | None,
     slave_http_port: int | None,
@@ -263,6 +274,7 @@ def pair(
     bp = BrokerPair(
         mode, Path(data_dir).resolve(), port=port, slave_port=slave_port, master_user=master_user,
         master_password=password, takeover_check=takeover_check, witness=witness, extra_args=extra,
+        relay_clients=relay_clients,
         cluster_password_file=cluster_password_file, ha_ports=ha_ports,
         master_args=[*(["--http", f"127.0.0.1:{http_port}"] if http_port else []),
                      *(["--ws", f"127.0.0.1:{ws_port}"] if ws_port else [])],

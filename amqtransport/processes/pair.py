@@ -313,6 +313,7 @@ class BrokerPair:
         master_connector: str | None = None,
         takeover_check: str | None = None,
         witness: str | None = None,
+        relay_clients: bool = False,
         lock_interval: float | None = None,
         link_timeout: float | None = None,
         extra_args: Sequence[str] = (),
@@ -347,6 +348,8 @@ class BrokerPair:
             common += ["--takeover-check", takeover_check]
         if witness:
             common += ["--witness", witness]
+        if relay_clients:
+            common += ["--relay-clients"]
         if not fsync:
             cfg = self.data_dir / "broker.toml"
             cfg.write_text("fsync = false\n")

@@ -22,7 +22,8 @@ Keys (snake_case, ActiveMQ camelCase accepted as aliases): ``mode``, ``master_co
 ``shutdown_on_slave_failure`` (``shutdownOnSlaveFailure``),
 ``shutdown_on_master_failure`` (``shutdownOnMasterFailure``), ``allow_failback``
 (``allowFailback``), ``lock_interval`` (seconds), ``takeover_check``, ``witness``
-(``HOST:PORT`` of an ``amq broker witness``: see :mod:`.witness`), ``ha_port``,
+(``HOST:PORT`` of an ``amq broker witness``: see :mod:`.witness`), ``relay_clients``
+(a slave relays clients to its live master: :mod:`.relay`), ``ha_port``,
 ``link_timeout`` (seconds), ``cluster_password`` (``clusterPassword``) or
 ``cluster_password_file`` (``clusterPasswordFile``): the pair's shared secret, required
 in replicated mode and with a witness (see :mod:`.auth`), and the HA port's bounds ``ha_max_connections``
@@ -67,6 +68,7 @@ class HaConfig(BaseModel):
     lock_interval: float | None = Field(None, gt=0)
     takeover_check: str | None = None
     witness: str | None = None
+    relay_clients: bool | None = None
     ha_port: int | None = Field(None, ge=0, le=65535)
     link_timeout: float | None = Field(None, gt=0)
     cluster_password: str | None = Field(
@@ -84,7 +86,7 @@ _VALID = (
     "mode, master_connector (masterConnectorURI), master_user (userName), master_password (password), "
     "wait_for_slave (waitForSlave), shutdown_on_slave_failure (shutdownOnSlaveFailure), "
     "shutdown_on_master_failure (shutdownOnMasterFailure), allow_failback (allowFailback), "
-    "lock_interval, takeover_check, witness, ha_port, link_timeout, cluster_password (clusterPassword), "
+    "lock_interval, takeover_check, witness, relay_clients, ha_port, link_timeout, cluster_password (clusterPassword), "
     "cluster_password_file (clusterPasswordFile), ha_max_connections, ha_idle_timeout, ha_max_frame"
 )
 
@@ -133,6 +135,7 @@ class HaOptions:
     lock_interval: float = 0.1
     takeover_check: str | None = None
     witness: str | None = None  # HOST:PORT of the pair's witness (witness.py); None: the CP default
+    relay_clients: bool = False  # not master but knowing a live master: relay clients to it (relay.py)
     ha_port: int = 0
     link_timeout: float = 2.0
     cluster_password: str | None = None

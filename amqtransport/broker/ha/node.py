@@ -49,6 +49,11 @@ A master's term -- the broker, the receipt gate, the lost slave, the split brain
 
 A slave's side -- joining a master, and what it does when that link breaks -- is
 :func:`~.slave.serve_slave`.
+
+With ``--relay-clients`` a node that is not master but knows a live master (a
+replicated slave while its link is up; a shared-store standby while it sees the
+master answer) binds its client port too and relays each client to the master
+(:mod:`.relay`): a client cut from the master, not from its slave, is served through it.
 """
 
 from __future__ import annotations
@@ -92,9 +97,10 @@ from .decide import (
 from .epoch import HaState
 from .master import MasterRole
 from .port import HaPortProtocol, HaRequests
+from .relay import ClientRelay, MasterWatch
 from .replication import ReplicationMaster
 from .sealed import LeasedStoreRole
-from .shared import SharedStoreRole
+from .shared import SharedStoreRole, sight_master
 from .slave import SlaveLink, serve_slave
 from .wire import (
     REPLICA_HEADER,
@@ -191,6 +197,17 @@ class HaNode:
         self.rules = DecideOptions.of(self.name, options)  # what decide.py reads of the options
         self.requests = HaRequests(self)  # the answer to every HA request (port.py)
         self.master = MasterRole(self)  # a term as master (master.py)
+        #: --relay-clients: the client port of a node that is not master relays to it (relay.py)
+        self.relay: ClientRelay | None = None
+        self.master_watch: MasterWatch | None = None  # a shared-store standby's look at its master
+        if options.relay_clients:
+            self.relay = ClientRelay(self.name, self.host, self.port, options.port_limits, self.requests,
+                                     connect_timeout=max(0.25, min(1.0, options.link_timeout)))
+            if options.mode == "shared-store":
+                self.master_watch = MasterWatch(
+                    self.relay, lambda: sight_master(self.data_dir, self.name, self.own_addresses(),
+                                                     min(1.0, options.link_timeout / 2)),
+                    every=max(0.1, options.link_timeout / 4), stale=options.link_timeout)
 
     # ------------------------------------------------------------------ entry
     async def run(self) -> int:
@@ -277,7 +294,45 @@ class HaNode:
             self.waiting_reason = reason
             self.set_role("waiting", reason)
 
+    # ------------------------------------------------------------------ --relay-clients
+    async def relay_clients_to(self, master: str, upstream: tuple[str, int]) -> None:
+        """A replicated slave whose link to ``master`` is up relays clients to its client
+        address ``upstream`` (with --relay-clients; else nothing)."""
+        if self.relay is not None:
+            await self.relay.relay_to(master, upstream)
+
+    def stop_relaying(self, why: str) -> None:
+        """The knowledge of a live master is gone: close the relay (the client port is
+        free at once unless a bind is under way: :meth:`ClientRelay.settled`)."""
+        if self.relay is not None:
+            self.relay.stop(why)
+
+    def watch_master(self) -> None:
+        """A shared-store standby: relay while it sees a live master (with --relay-clients)."""
+        if self.master_watch is not None:
+            self.master_watch.watch()
+
+    async def unwatch_master(self, why: str) -> None:
+        """A shared-store standby that takes the store (or stops): relay no more."""
+        if self.master_watch is not None:
+            await self.master_watch.unwatch(why)
+
+    def relaying(self) -> tuple[str, int] | None:
+        """(the master's client address the node relays to, connections relayed now), or None."""
+        relay = self.relay
+        if relay is None or not relay.active:
+            return None
+        return relay.where(), relay.relayed
+
+    def own_addresses(self) -> set[str]:
+        return {f"{self.host}:{self.port}", f"{self.host}:{self.ha_port}"}
+
     async def _teardown(self) -> None:
+        if self.master_watch is not None:
+            await self.master_watch.unwatch("the node stops")
+        if self.relay is not None:
+            self.relay.stop("the node stops")
+            await self.relay.settled()
         await self.master.stop()
         self.close_slave_store()
         if self._ha_server is not None:

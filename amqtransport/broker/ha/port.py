@@ -186,6 +186,11 @@ class NodeReadout(Protocol):
         """Every address the node knows for its peer."""
         ...
 
+    def relaying(self) -> tuple[str, int] | None:
+        """--relay-clients: (the master's client address it relays to, connections relayed
+        now) while the node relays (:mod:`.relay`), else None."""
+        ...
+
 
 class PortHost(NodeReadout, Protocol):
     """What answering HA requests reads and changes on the node (:class:`.node.HaNode`)."""
@@ -240,6 +245,9 @@ def status_headers(node: NodeReadout) -> dict[str, str]:
         left = node.lease_left()
         if left is not None:
             st["amq-ha-lease"] = f"{left:.1f}"
+    relay = node.relaying()
+    if relay is not None:
+        st["amq-ha-relay"], st["amq-ha-relayed"] = relay[0], str(relay[1])
     if node.role == "master" and node.server is not None and node.server.store is not None:
         # messages, sent, queues, topics, connections, memory-*, uptime (no queue names)
         st.update(node.server.status_stats(names=False))

@@ -172,6 +172,7 @@ class LeasedStoreRole:
             node.state = HaState.load(node.data_dir)
             if node.role != "slave":
                 node.set_role("slave", f"waiting for the witness {node.witness.where} to grant the store")
+            node.watch_master()  # --relay-clients: relay to the master while it is seen (relay.py)
             asked = node.loop.time()
             dirs = store_dirs(node.data_dir)
             own = max(node.state.epoch, dirs[-1][0] if dirs else 0)  # the state file may lag a seal (a crash)
@@ -187,6 +188,7 @@ class LeasedStoreRole:
                 continue
             logged = ""
             node.lease_until = asked + node.witness.lease * (1 - LEASE_MARGIN)
+            await node.unwatch_master(f"the witness granted this node the store at epoch {answer.epoch}")
             outcome = await self._term(answer.epoch)
             node.lease_until = 0.0
             if outcome == "stop":

@@ -25,6 +25,10 @@ the nodes distinct ``--name`` s (one file per name). A *takeover* is counted
 held while it waited; taking a free lock at start, or getting it back by a failback
 request of its own, is not one.
 
+With ``--relay-clients`` a standby relays clients to the master while it sees it
+(:func:`sight_master`: the other announced node's HA port says master; :mod:`.relay`):
+the role loop watches while it waits for the lock and stops watching before it takes it.
+
 :class:`SharedStoreRole` reads and changes the node only through :class:`SharedHost`.
 """
 
@@ -47,11 +51,13 @@ from .config import HaOptions
 from .epoch import HaState
 from .lock import FileLock, is_locked, wait_for_lock
 from .master import MasterRole
+from .relay import Sighting, upstream_of
+from .wire import probe
 
 if TYPE_CHECKING:
     from ..http import HttpServer
 
-__all__ = ["KnownNode", "SharedHost", "SharedStoreRole", "announce", "known_nodes", "store_dirs"]
+__all__ = ["KnownNode", "SharedHost", "SharedStoreRole", "announce", "known_nodes", "sight_master", "store_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +119,28 @@ def known_nodes(data_dir: Path, *, exclude: str = "") -> list[KnownNode]:
     return out
 
 
+async def sight_master(data_dir: Path, name: str, own: set[str], timeout: float) -> Sighting:
+    """A standby's look for its master: (name, client address) of the first other node
+    announced in ``ha-nodes/`` whose HA port answers, under its announced name, that it is
+    master; else why not (a str: a node answered and none is master) or None (nobody answered)."""
+    answered = ""
+    for other in known_nodes(data_dir, exclude=name):
+        if other.ha in own or other.client in own:
+            continue
+        host, _sep, port = other.ha.rpartition(":")
+        if not port.isdigit():
+            continue
+        info = await probe(host.strip("[]"), int(port), timeout)
+        if info is None or info.get("amq-ha-name") != other.name:
+            continue
+        if info.get("amq-ha-role") == "master":
+            upstream = upstream_of(info.get("amq-ha-client") or other.client, host.strip("[]"))
+            if upstream is not None:
+                return other.name, upstream
+        answered = answered or f"node {other.name} answers as {info.get('amq-ha-role')}, not master"
+    return answered or None
+
+
 class SharedHost(Protocol):
     """What the shared-store role loop reads and changes on the node (:class:`.node.HaNode`)."""
 
@@ -142,6 +170,12 @@ class SharedHost(Protocol):
 
     @property
     def master(self) -> MasterRole: ...
+
+    def watch_master(self) -> None:
+        """Relay clients to the master while it is seen (--relay-clients; else nothing)."""
+
+    async def unwatch_master(self, why: str) -> None:
+        """Relay no more; the client port is free when this returns."""
 
 
 class SharedStoreRole:
@@ -184,7 +218,9 @@ class SharedStoreRole:
                         return request.read_text().strip() in ("", node.name)
                     return True
 
+                node.watch_master()
                 got = await wait_for_lock(lock, node.opts.lock_interval, stop=node.stop_event, may_take=may_take)
+                await node.unwatch_master("this node took the store lock" if got else "the node stops")
                 if not got:
                     return
                 if store_dirs(node.data_dir):

@@ -19,6 +19,10 @@ reach it: the clients' gateway, a load balancer, a third host) answers a TCP con
 and, with ``--witness``, the witness grants it mastership (:mod:`.witness`: only once the
 master's lease ran out, and never when the master last said it receipted alone).
 
+With ``--relay-clients`` the slave relays clients to the master's client address (its
+handshake's ``amq-ha-client``) while the link is up, and stops as the link ends, before
+anything is decided (:mod:`.relay`).
+
 What the node does after a loss is decided by :func:`.decide.decide` (phase
 ``link-lost``). :func:`serve_slave` reads and changes the node only through :class:`SlaveHost`.
 """
@@ -40,6 +44,7 @@ from ..store.salvage import quarantine_journal
 from .auth import RequestVerifier, new_challenge
 from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY, PeerAnswer
 from .host import RoleHost
+from .relay import upstream_of
 from .slave_link import SlaveLink
 from .wire import (
     HANDOVER_HEADER,
@@ -116,6 +121,12 @@ class SlaveHost(RoleHost, Protocol):
     def close_slave_store(self) -> None:
         """Close the replica's store, if open."""
 
+    async def relay_clients_to(self, master: str, upstream: tuple[str, int]) -> None:
+        """Relay clients to the master's client address (--relay-clients; else nothing)."""
+
+    def stop_relaying(self, why: str) -> None:
+        """Relay no more: close the client port and every relayed connection."""
+
 
 async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
     """Replicate from the master at ``addr``; returns the next action."""
@@ -180,7 +191,15 @@ async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:
 
     link = node.slave_link = SlaveLink(store, reader, writer, link_timeout=node.opts.link_timeout,
                                        on_synced=synced, check_handover=check_handover)
-    outcome = await link.run(node.stop_event)
+    master_name = info.get("amq-ha-name", "?")
+    upstream = upstream_of(info.get("amq-ha-client", ""), addr[0])
+    outcome = "ended"
+    try:
+        if upstream is not None:
+            await node.relay_clients_to(master_name, upstream)
+        outcome = await link.run(node.stop_event)
+    finally:
+        node.stop_relaying(f"the replication link to master {master_name} ended ({outcome})")
     if store.journal.failed is not None:
         outcome = "failed"
     if outcome == "failed":

@@ -131,6 +131,9 @@ class HaNodeView:
         if node.role == "master":
             why = "master, but its broker is not open yet"
         base.update(serving=False, ready=False, ready_reason=why)
+        relay = node.relaying()
+        if node.opts.relay_clients:
+            base["relayed_connections"] = relay[1] if relay is not None else 0
         store = node.slave_store
         if store is not None:
             base["journal"] = journal_stats(store)
@@ -140,6 +143,9 @@ class HaNodeView:
                 for m in store.live.values():
                     counts[m.destination] = counts.get(m.destination, 0) + 1
                 base["replica"] = tuple(sorted(counts.items()))
+        if relay is not None:
+            relaying = f"relaying clients to the master at {relay[0]}"
+            base["detail"] = f"{base['detail']}; {relaying}" if base.get("detail") else relaying
         return NodeStats(**base)  # type: ignore[arg-type]
 
     def admin(self) -> BrokerAdmin | None:

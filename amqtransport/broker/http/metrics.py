@@ -129,6 +129,10 @@ def render_metrics(stats: NodeStats) -> str:
             out.one("amq_ha_witness_lease_seconds", "gauge",
                     "A master's witness lease left, by its own count (0: run out; receipting alone then waits).",
                     witness.lease_seconds)
+    if stats.relayed_connections is not None:
+        out.one("amq_ha_relayed_connections", "gauge",
+                "A node with --relay-clients that is not master: client connections it relays to its live master "
+                "now.", stats.relayed_connections)
     repl = stats.replication
     if repl is not None:
         out.family("amq_replication_peer_state", "gauge",
