@@ -35,6 +35,11 @@ for every scenario) built on :class:`~chaos.harness.cluster.EmbeddedPairCluster`
   more name in :class:`~chaos.nemesis.netns.Netns`'s list), so ``partition-witness``
   and ``isolate-node`` cut its links with the kernel too. A shared store with a witness
   is elected by its lease instead of its lock file (amqtransport/broker/ha/sealed.py).
+* **Relaying slaves**: both nodes run with ``--relay-clients`` (with a witness or
+  without: it is orthogonal), so a client cut from a live master -- a client partition,
+  one direction of it, a cut or half-open client proxy -- is relayed by the slave, whose
+  proxy its failover URI lists too (:meth:`~chaos.harness.cluster.Stage.uri`: one leaf
+  per node); the probes count a relayed answer as the master's (:mod:`chaos.nemesis.probe`).
 * **LazyFS** (``lazyfs=True``, root with ``/dev/fuse``, fusepy and libfuse2): node
   ``a``'s data directory (replicated) or the shared store is a
   :mod:`chaos.nemesis.lazyfs` mount over a backing directory (on the tmpfs when there is
@@ -187,7 +192,8 @@ class NemesisCluster:
         workdir.mkdir(parents=True, exist_ok=True)
         cfg = workdir / "broker.toml"
         cfg.write_text(_toml({**BROKER_CONFIG, **dict(broker_config or {})}))
-        options: dict[str, Any] = {"extra_args": ["--config", str(cfg)], "link_timeout": link_timeout}
+        options: dict[str, Any] = {"extra_args": ["--config", str(cfg)], "link_timeout": link_timeout,
+                                   "relay_clients": True}
         if self.net_reason is None:
             netns.sweep_stale()
             self.net_reason = netns.unavailable_reason()

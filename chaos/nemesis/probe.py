@@ -6,7 +6,10 @@ One thread per node (so a frozen node, whose kernel still accepts the TCP connec
 but never answers, cannot delay the other node's probes). Each tick it connects
 *directly* to the node's client port (not through the proxies: a client-link fault
 must not hide a serving node), sends ``CONNECT`` and waits up to ``timeout`` for the
-first frame: ``CONNECTED`` means the node answers clients. A probe's interval runs
+first frame: ``CONNECTED`` means the node answers clients -- unless its ``session``
+header names another node (a broker's session ids start with its ``--name``): a slave
+run with ``--relay-clients`` passes the CONNECT on to its master, so that answer is
+the master's, and the master's own probe counts it. A probe's interval runs
 from just before the connect to the arrival of the answer (the close comes after).
 
 Results are folded into runs of consecutive identical answers
@@ -29,9 +32,11 @@ __all__ = ["probe_once", "Prober"]
 CONNECT = b"CONNECT\naccept-version:1.2\nhost:nemesis-probe\nheart-beat:0,0\n\n\x00"
 
 
-def probe_once(host: str, port: int, timeout: float, clock: Callable[[], float] = time.monotonic) -> tuple[bool, float]:
-    """(True when a STOMP CONNECT on ``host:port`` is answered with CONNECTED in time,
-    ``clock()`` when the answer -- or the refusal, EOF or timeout -- came)."""
+def probe_once(host: str, port: int, timeout: float, clock: Callable[[], float] = time.monotonic, *,
+               node: str | None = None) -> tuple[bool, float]:
+    """(True when a STOMP CONNECT on ``host:port`` is answered with CONNECTED in time --
+    by the broker named ``node``, when given: a CONNECTED whose session id names another
+    one was relayed --, ``clock()`` when the answer -- or the refusal, EOF or timeout -- came)."""
     deadline = time.monotonic() + timeout
     sock: socket.socket | None = None
     try:
@@ -47,12 +52,26 @@ def probe_once(host: str, port: int, timeout: float, clock: Callable[[], float] 
             if not chunk:
                 break
             data += chunk
-        return data.lstrip(b"\r\n").startswith(b"CONNECTED"), clock()
+        return _connected_by(data, node), clock()
     except OSError:
         return False, clock()
     finally:
         if sock is not None:
             sock.close()
+
+
+def _connected_by(data: bytes, node: str | None) -> bool:
+    """``data`` is a CONNECTED frame, from the broker named ``node`` (if given)."""
+    head = data.lstrip(b"\r\n").split(b"\x00", 1)[0]
+    if not head.startswith(b"CONNECTED"):
+        return False
+    if node is None:
+        return True
+    for line in head.split(b"\n\n", 1)[0].split(b"\n")[1:]:
+        key, _sep, value = line.rstrip(b"\r").partition(b":")
+        if key == b"session":
+            return value.startswith(node.encode() + b"-")
+    return True
 
 
 class Prober:
@@ -86,7 +105,7 @@ class Prober:
         next_at = self.clock()
         while not self._stop.is_set():
             t0 = self.clock()
-            answered, t1 = probe_once(host, port, self.timeout, self.clock)
+            answered, t1 = probe_once(host, port, self.timeout, self.clock, node=name)
             self.answered[name] = answered
             if run is not None and answered == state:
                 run[2], run[3], run[4] = t0, t1, run[4] + 1
