@@ -118,6 +118,11 @@ class ClientRelay:
                       *upstream)
             return
         changed = (master, upstream) != (self.master, self.upstream) or self._server is None
+        if changed and self.active and self.connections:  # another master: what went to the old one goes
+            log.warning("node %s: the master is now %s at %s:%d, no longer %s: closing %d relayed connections",
+                        self.name, master, *upstream, self.master, len(self.connections))
+            for conn in list(self.connections):
+                conn.abort()
         self._wanted = True
         self.master, self.upstream = master, upstream
         if self._server is None:
