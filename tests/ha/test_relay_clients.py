@@ -12,6 +12,8 @@ partition and witness tests.)
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -146,3 +148,54 @@ def test_relay_clients_option_and_config_key(tmp_path: Path) -> None:
     assert table["relay_clients"] is True
     assert options_from_kwargs(table).relay_clients is True
     assert HaOptions().relay_clients is False
+
+
+class _NoRequests:
+    """No HA request reaches it in this test."""
+
+    def __init__(self) -> None:
+        from amqtransport.broker.ha.port import RefusalLog
+
+        self.refused = RefusalLog(logging.getLogger("test"))
+
+    def handle(self, transport: asyncio.Transport, frame: object, peer: str) -> None:
+        raise AssertionError("no HA request expected")
+
+
+def test_a_master_port_that_does_not_accept_closes_the_client_before_any_answer() -> None:
+    """The relay's upstream connect is refused: the client's connection ends with no byte
+    written, which the failover client counts as a refusal (ConnectRefused)."""
+    from amqtransport.broker.ha.config import HaPortLimits
+    from amqtransport.broker.ha.relay import ClientRelay
+    from amqtransport.errors import ConnectRefused
+    from amqtransport.testing.ports import free_port
+
+    async def scenario() -> None:
+        port, dead = free_port(), free_port()
+        relay = ClientRelay("b", "127.0.0.1", port, HaPortLimits(), _NoRequests(), connect_timeout=2.0)
+        await relay.relay_to("a", ("127.0.0.1", dead))
+        try:
+            assert relay.active
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"CONNECT\naccept-version:1.2\nhost:x\n\n\x00")
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+            assert relay.refused_total == 1 and relay.relayed == 0
+            # and the failover client's handshake takes that for a refusal
+            err = await asyncio.to_thread(_client_error, port)
+            assert isinstance(err, ConnectRefused), err
+        finally:
+            relay.stop("test over")
+        assert not relay.active
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)
+
+    asyncio.run(scenario())
+
+
+def _client_error(port: int) -> BaseException | None:
+    try:
+        amqtransport.connect(f"tcp://127.0.0.1:{port}").close()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return exc
+    return None
