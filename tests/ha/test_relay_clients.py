@@ -16,6 +16,7 @@ import asyncio
 import logging
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,13 +27,17 @@ import amqtransport
 from amqtransport.broker.ha.config import HaOptions, load_ha_table, options_from_kwargs
 from amqtransport.broker.ha.wire import ha_request_sync
 from amqtransport.testing.broker_pair import BrokerPair, HaNodeProcess
+from amqtransport.testing.ports import free_port
 
 pytestmark = pytest.mark.timeout(150)
 
 
 @pytest.fixture(scope="module")
 def relay_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPair]:
-    with BrokerPair("replicated", tmp_path_factory.mktemp("relay"), relay_clients=True, lock_interval=0.05) as bp:
+    http = f"127.0.0.1:{free_port()}"
+    with BrokerPair("replicated", tmp_path_factory.mktemp("relay"), relay_clients=True, lock_interval=0.05,
+                    slave_args=["--http", http]) as bp:
+        bp.b_http = http  # type: ignore[attr-defined]
         yield bp
 
 
@@ -80,6 +85,8 @@ def test_slave_relays_clients_to_its_master(relay_pair: BrokerPair) -> None:
             raw_send(sock, "/queue/relay.test", f"relayed-{i}", receipt=f"r{i}", idempotency_key=f"relay-{i}")
         assert _receipts(sock, ids, 20) == ids
         wait_for(lambda: slave.status().get("amq-ha-relayed") == "1", 10, "the relayed-connections count")
+        metrics = urllib.request.urlopen(f"http://{bp.b_http}/metrics", timeout=10).read().decode()  # type: ignore[attr-defined]
+        assert "\namq_ha_relayed_connections 1\n" in metrics, metrics
     finally:
         sock.close()
     with amqtransport.connect(f"tcp://127.0.0.1:{master.port}") as c:
@@ -168,7 +175,6 @@ def test_a_master_port_that_does_not_accept_closes_the_client_before_any_answer(
     from amqtransport.broker.ha.config import HaPortLimits
     from amqtransport.broker.ha.relay import ClientRelay
     from amqtransport.errors import ConnectRefused
-    from amqtransport.testing.ports import free_port
 
     async def scenario() -> None:
         port, dead = free_port(), free_port()
