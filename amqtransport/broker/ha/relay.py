@@ -89,6 +89,7 @@ class ClientRelay:
         self._server: asyncio.Server | None = None
         self._binding: asyncio.Future[None] | None = None
         self._wanted = False
+        self._bind_error = ""
 
     @property
     def active(self) -> bool:
@@ -137,11 +138,14 @@ class ClientRelay:
         try:
             server = await loop.create_server(lambda: _ClientSide(self), self.host, self.port, reuse_address=True)
         except OSError as exc:
-            log.error("node %s: cannot relay clients: binding the client port %s:%d failed: %s", self.name,
-                      self.host, self.port, exc)
+            if str(exc) != self._bind_error:  # a standby tries again at every look: said once per error
+                self._bind_error = str(exc)
+                log.error("node %s: cannot relay clients: binding the client port %s:%d failed: %s", self.name,
+                          self.host, self.port, exc)
             return
         finally:
             self._binding = None
+        self._bind_error = ""
         if not self._wanted:  # stopped while binding: what was bound goes at once
             server.close()
             return
