@@ -403,7 +403,11 @@ class HaNode:
             action, join = await self._decide_role()
         if action == "master":
             # decide() read state.synced after its last await: from there to the epoch
-            # raise in MasterRole.serve nothing awaits, so no stand-by request slips between
+            # raise in MasterRole.serve nothing awaits, so no stand-by request slips between.
+            # A replica store left open by a slave link that ended in a re-link (the master
+            # answered, then was gone before the next decision) holds the journal's lock:
+            # the term would fail to open it at every retry, forever
+            self.close_slave_store()
             await self.master.serve()
             if self.stopping:
                 raise _Stop()
