@@ -71,6 +71,7 @@ from amqtransport.transports.aio_link import (
 from amqtransport.transports.base import Receipt, request_error, with_receipt
 from amqtransport.transports.core import (
     STEPWISE_WAIT,
+    UNEXPECTED_PAUSE,
     Action,
     ArmIdleTimer,
     Close,
@@ -404,6 +405,12 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink], AsyncBackupLinks):
             except (ReconnectExhausted, AuthenticationError) as exc:
                 self._fail(exc)
                 return
+            except Exception:  # a bug: log it, and never let it end the reconnecting for good
+                log.exception("failover: reconnecting failed unexpectedly; trying again in %.2fs", UNEXPECTED_PAUSE)
+                await asyncio.sleep(UNEXPECTED_PAUSE)
+                if self._core.closed:
+                    return
+                continue
             install = self._install(link)
             if install is None:
                 continue

@@ -128,7 +128,7 @@ from amqtransport.transports.replay import (
 )
 from amqtransport.uri import LeafUri
 
-__all__ = ["GIVE_UP_REFUSALS", "STEPWISE_WAIT", "Action", "ArmIdleTimer", "Close", "FailoverCore", "Install",
+__all__ = ["GIVE_UP_REFUSALS", "STEPWISE_WAIT", "UNEXPECTED_PAUSE", "Action", "ArmIdleTimer", "Close", "FailoverCore", "Install",
            "Notify", "Reconnect", "Settle", "State", "Write"]
 
 log = logging.getLogger("amqtransport.transports.failover")
@@ -140,6 +140,9 @@ GIVE_UP_REFUSALS = 3
 #: after a refusal, how long a request replayed on its own may go unanswered before
 #: the rest is written anyway
 STEPWISE_WAIT = 10.0
+#: a reconnect that raised something no driver expects (a bug) is logged and tried again
+#: after this pause: the supervisor never ends for it (a client would wait for ever)
+UNEXPECTED_PAUSE = 0.5
 
 
 def _error_text(frame: Frame | None) -> str:

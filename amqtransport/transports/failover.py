@@ -68,6 +68,7 @@ from amqtransport.stomp import Frame
 from amqtransport.transports.base import Link, Receipt, Transport, with_receipt
 from amqtransport.transports.core import (
     STEPWISE_WAIT,
+    UNEXPECTED_PAUSE,
     Action,
     ArmIdleTimer,
     Close,
@@ -423,6 +424,12 @@ class FailoverTransport(CoreStatus[StompConnection], BackupLinks, Transport):
             except (ReconnectExhausted, AuthenticationError) as exc:
                 self._fail(exc)
                 return
+            except Exception:  # a bug: log it, and never let it end the reconnecting for good
+                log.exception("failover: reconnecting failed unexpectedly; trying again in %.2fs", UNEXPECTED_PAUSE)
+                self._sleep(UNEXPECTED_PAUSE)
+                if self._closed:
+                    return
+                continue
             install = self._install(conn)
             if install is None:
                 continue

@@ -402,6 +402,8 @@ class StompConnection:
         reader = self._reader
         if reader is None or reader is threading.current_thread():
             return reader is None
+        if not reader.is_alive():  # ended; or made by open() and not started yet (it ends as it starts: closed)
+            return reader.ident is not None
         reader.join(timeout)
         return not reader.is_alive()
 
@@ -431,9 +433,7 @@ class StompConnection:
         self._stop.set()
         if stream is not None:
             stream.close()
-        reader = self._reader
-        if reader is not None and reader is not threading.current_thread():
-            reader.join(timeout=5)
+        self.wait_reader(5.0)  # (a close from another thread may land as open() starts the reader)
 
 
 class DirectTransport(Transport):

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import amqtransport
+from amqtransport._backends.base import leaf_address
 from amqtransport._backends.memory import MemoryBackend
 from amqtransport.options import FailoverOptions
 from amqtransport.stomp.session import ClientSession
@@ -274,3 +275,127 @@ def test_tcp_probe_does_not_count_a_port_that_accepts_and_closes_at_once() -> No
     with socket.create_server(("127.0.0.1", 0)) as listening:  # accepts and keeps it open
         leaf = LeafUri("tcp", "127.0.0.1", listening.getsockname()[1])
         assert tcp_probe(leaf, 1.0) and asyncio.run(async_tcp_probe(leaf, 1.0))
+
+
+# -- an open abandoned from another thread at any moment (nemesis seed 2728, shared store) ------------------------------
+
+
+def test_a_link_closed_while_its_open_starts_the_reader_thread_closes_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failover's probe abandons a pending open from the supervisor thread while the
+    open's thread runs: the close may land after the open made its reader thread and
+    before it started it. That close raised (``cannot join thread before it is started``)
+    and killed the supervisor: the client never reconnected. The close is landed there on
+    purpose (a ``Thread.start`` that closes the link first, from a third thread)."""
+    from amqtransport._backends.sockets import SocketBackend
+    from amqtransport.broker import EmbeddedBroker
+    from amqtransport.transports.link import ConnectParams, StompConnection
+
+    with EmbeddedBroker(port=0) as broker:
+        leaf = parse_uri(broker.uri)
+        assert isinstance(leaf, LeafUri)
+        link = StompConnection(leaf, backend=SocketBackend(), params=ConnectParams())
+        errors: list[BaseException] = []
+        real_start = threading.Thread.start
+
+        def start(thread: threading.Thread) -> None:
+            if thread.name.startswith("amq-reader"):
+                def close() -> None:
+                    try:
+                        link.close(disconnect=False)
+                    except BaseException as exc:  # noqa: BLE001 - what the test looks for
+                        errors.append(exc)
+                closer = threading.Thread(target=close)
+                real_start(closer)
+                closer.join(10)
+            real_start(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", start)
+        try:
+            link.open()
+        except amqtransport.errors.AmqTransportError:
+            pass  # an open that sees the close fails: fine; a close that raises is not
+        monkeypatch.undo()
+        assert errors == []
+        assert not link.alive
+        assert link.wait_reader(5.0), "the reader started after the close must end"
+
+
+def test_the_thread_supervisor_survives_an_unexpected_error_while_reconnecting() -> None:
+    """A bug that raises inside a reconnect (anything but the transport's own errors) must
+    not end the reconnecting for good (the supervisor thread died with it, and every
+    request after waited for a link that never came): it is logged and the reconnect goes on."""
+    from amqtransport._backends.sockets import SocketBackend
+    from amqtransport.broker import EmbeddedBroker
+    from amqtransport.stomp import Frame
+
+    calls: list[str] = []
+
+    class FlakyBackend(SocketBackend):
+        def connect(self, leaf: LeafUri, timeout: float):  # type: ignore[no-untyped-def]  # noqa: ANN202
+            calls.append(leaf_address(leaf))
+            if len(calls) == 2:  # the first attempt of the reconnect
+                raise RuntimeError("a bug in the reconnect path")
+            return super().connect(leaf, timeout)
+
+    first = EmbeddedBroker(port=0).start()
+    port = first.port
+    leaves = list(parse_uri(f"failover:(tcp://127.0.0.1:{port})").leaves())
+    opts = FailoverOptions.model_validate({"initialReconnectDelay": 10, "maxReconnectDelay": 50,
+                                           "timeout": 20000})
+    transport = FailoverTransport(leaves, opts, backend=FlakyBackend())
+    transport.start()
+    second = None
+    try:
+        first.stop()
+        second = EmbeddedBroker(port=port).start()
+        receipt = transport.request(Frame.make("SEND", {"destination": "/queue/supervisor"}, b"x"))
+        assert receipt is not None
+        transport.wait(receipt, timeout=15)
+        assert len(calls) >= 3 and transport.connected_address == f"tcp://127.0.0.1:{port}"
+    finally:
+        transport.close()
+        if second is not None:
+            second.stop()
+
+
+def test_the_asyncio_supervisor_survives_an_unexpected_error_while_reconnecting() -> None:
+    """The same rule in the asyncio driver: its supervisor task must not end for a bug."""
+    from amqtransport.aio.failover import AsyncFailoverTransport
+    from amqtransport.broker import EmbeddedBroker
+    from amqtransport.stomp import Frame
+    from amqtransport.transports.aio_link import open_stream_link
+
+    calls: list[LeafUri] = []
+
+    async def flaky_open(leaf: LeafUri, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]  # noqa: ANN202
+        calls.append(leaf)
+        if len(calls) == 2:  # the first attempt of the reconnect
+            raise RuntimeError("a bug in the reconnect path")
+        return await open_stream_link(leaf, *args, **kwargs)  # type: ignore[arg-type]
+
+    first = EmbeddedBroker(port=0).start()
+    port = first.port
+    second: EmbeddedBroker | None = None
+
+    async def scenario() -> None:
+        nonlocal second
+        leaves = list(parse_uri(f"failover:(tcp://127.0.0.1:{port})").leaves())
+        opts = FailoverOptions.model_validate({"initialReconnectDelay": 10, "maxReconnectDelay": 50,
+                                               "timeout": 20000})
+        transport = AsyncFailoverTransport(leaves, opts, open_link=flaky_open)
+        await transport.start()
+        try:
+            await asyncio.to_thread(first.stop)
+            second = await asyncio.to_thread(EmbeddedBroker(port=port).start)
+            receipt = await transport.request(Frame.make("SEND", {"destination": "/queue/supervisor"}, b"x"))
+            assert receipt is not None
+            await transport.wait(receipt, timeout=15)
+            assert len(calls) >= 3
+        finally:
+            await transport.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        if second is not None:
+            second.stop()
