@@ -162,10 +162,10 @@ class BrokerConfig(BaseModel):
     # witness (a master that loses its slave holds receipts until its peer answers)
     witness: str | None = None
 
-    # an HA node that is not master but knows a live master relays clients to it
-    # (broker/ha/relay.py, docs/ha.md): the same as `relay_clients` in the [ha] table or
-    # --relay-clients. Off: a slave refuses connections (ActiveMQ's behaviour)
-    relay_clients: bool = False
+    # an HA node that is not master but knows a live master relays clients to it on this
+    # port (broker/ha/relay.py, docs/ha.md; 0: a free one): the same as `relay_port` in the
+    # [ha] table or --relay-port. Unset: no relay (the client port is the master's alone)
+    relay_port: int | None = Field(default=None, ge=0, le=65535)
 
     @field_validator("witness")
     @classmethod

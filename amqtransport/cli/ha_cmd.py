@@ -66,11 +66,12 @@ def ha_options(fn: F) -> F:
                           "the master holds receipts until the peer answers; config key witness in [ha]]. "
                           "Shared store: mastership is its lease instead of the lock file, so a frozen master "
                           "is replaced (needs the cluster secret too)."),
-        click.option("--relay-clients", is_flag=True, default=None,
+        click.option("--relay-port", type=int, default=None, metavar="PORT",
                      help="A node that is not master but knows a live master (a slave with its replication link "
-                          "up, a shared-store standby that sees the master) binds its client port anyway and "
-                          "relays each client to the master: clients cut from the master but not from this node "
-                          "are served [default: off, a slave refuses connections; config key relay_clients]."),
+                          "up, a shared-store standby that sees the master) binds this port and relays each client "
+                          "to the master's client port; clients list the relay ports after the client ports in "
+                          "their failover URI, as a last resort (0: a free port, printed in the log) [default: no "
+                          "relay; config key relay_port]."),
         click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False),
                      help="Replicated (or with --witness): file holding the pair's shared secret (both nodes, "
                           "same content); "
@@ -114,8 +115,8 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
     kwargs = {("mode" if k == "ha" else k): v for k, v in ha.items()}
     if kwargs.get("witness") is None and cfg.witness is not None:  # the [broker] key (the [ha] one fills kwargs)
         kwargs["witness"] = cfg.witness
-    if kwargs.get("relay_clients") is None and cfg.relay_clients:  # the [broker] key, as witness
-        kwargs["relay_clients"] = True
+    if kwargs.get("relay_port") is None and cfg.relay_port is not None:  # the [broker] key, as witness
+        kwargs["relay_port"] = cfg.relay_port
     try:
         kwargs["master_password"] = replication_passcode(kwargs.pop("master_password", None),
                                                          kwargs.pop("master_password_file", None),
@@ -124,6 +125,8 @@ def run_ha(cfg: object, users: Mapping[str, str] | None, ha: Mapping[str, Any]) 
             raise ConfigError("--ha needs a fixed --port (clients list both nodes' ports)")
         options = options_from_kwargs(kwargs)
         options.validate()
+        if options.relay_port and options.relay_port == cfg.port:
+            raise ConfigError(f"--relay-port must differ from the client port --port, both are {cfg.port}")
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
@@ -171,9 +174,10 @@ def replication_passcode(value: object, path: object, *, user: object) -> str | 
 @click.option("--takeover-check", default=None, help="HOST:PORT both nodes must reach to take over.")
 @click.option("--witness", default=None, metavar="HOST:PORT",
               help="Both nodes use this witness (amq broker witness) [default: none].")
-@click.option("--relay-clients", is_flag=True,
-              help="Both nodes relay clients to the live master while they are not master (amq broker run "
-                   "--relay-clients) [default: off].")
+@click.option("--relay-port", type=int, default=None,
+              help="Relay port of node a: while not master it relays clients to the master there (amq broker run "
+                   "--relay-port; the printed uri lists it after the client ports) [default: no relay].")
+@click.option("--slave-relay-port", type=int, default=None, help="Relay port of node b [default: as --relay-port].")
 @click.option("--cluster-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Replicated (or with --witness): the pair's shared secret [default: DATA_DIR/cluster.secret, "
                    "generated once].")
@@ -200,7 +204,8 @@ def pair(
     master_password_file: str | None,
     takeover_check: str | None,
     witness: str | None,
-    relay_clients: bool,
+    relay_port: int | None,
+    slave_relay_port: int | None,
     cluster_password_file: str | None,
     http_port: int | None,
     slave_http_port: int | None,
@@ -243,7 +248,8 @@ def pair(
     ws = {"a": ws_port, "b": slave_ws_port}
     for what, value in (("--http-port", http_port), ("--slave-http-port", slave_http_port),
                         ("--ws-port", ws_port), ("--slave-ws-port", slave_ws_port),
-                        ("--ha-port", ha_port), ("--slave-ha-port", slave_ha_port)):
+                        ("--ha-port", ha_port), ("--slave-ha-port", slave_ha_port),
+                        ("--relay-port", relay_port), ("--slave-relay-port", slave_relay_port)):
         if value is not None and not 0 < value < 65536:
             click.echo(f"error: {what} must be a port number (1-65535), got {value}", err=True)
             sys.exit(2)
@@ -254,6 +260,17 @@ def pair(
         click.echo(f"error: the client and HA ports must differ, got {port}, {slave_port}, {ha_port}, "
                    f"{slave_ha_port}", err=True)
         sys.exit(2)
+    if (relay_port is None) != (slave_relay_port is None):
+        click.echo("error: --relay-port and --slave-relay-port go together", err=True)
+        sys.exit(2)
+    relay_ports: tuple[int, ...] = ()
+    if relay_port is not None and slave_relay_port is not None:
+        relay_ports = (relay_port, slave_relay_port)
+        taken = {port, slave_port, *((ha_port, slave_ha_port) if ha_port is not None else ())}
+        if len({relay_port, slave_relay_port}) < 2 or taken & set(relay_ports):
+            click.echo(f"error: the relay ports must differ from each other and from the client and HA ports, got "
+                       f"{relay_port}, {slave_relay_port}", err=True)
+            sys.exit(2)
     from amqtransport.errors import ConfigError
 
     try:
@@ -274,7 +291,7 @@ def pair(
     bp = BrokerPair(
         mode, Path(data_dir).resolve(), port=port, slave_port=slave_port, master_user=master_user,
         master_password=password, takeover_check=takeover_check, witness=witness, extra_args=extra,
-        relay_clients=relay_clients,
+        relay_ports=relay_ports,
         cluster_password_file=cluster_password_file, ha_ports=ha_ports,
         master_args=[*(["--http", f"127.0.0.1:{http_port}"] if http_port else []),
                      *(["--ws", f"127.0.0.1:{ws_port}"] if ws_port else [])],
@@ -316,8 +333,9 @@ def pair(
         for node in bp.nodes:
             console = f" console http://127.0.0.1:{http[node.name]}/" if http[node.name] else ""
             websocket = f" websocket ws://127.0.0.1:{ws[node.name]}/ws" if ws[node.name] else ""
+            relay_at = f" relay-port {node.relay_uri}" if node.relay_port is not None else ""
             say(f"node {node.name}: role {node.role} pid {node.pid} client {node.uri} "
-                f"ha-port tcp://{node.host}:{node.ha_port}{console}{websocket} data {node.data_dir} "
+                f"ha-port tcp://{node.host}:{node.ha_port}{relay_at}{console}{websocket} data {node.data_dir} "
                 f"log {node.log_path}")
         say("Ctrl-C stops both nodes.")
         alive = {n.name: True for n in bp.nodes}

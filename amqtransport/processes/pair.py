@@ -131,11 +131,14 @@ class HaNodeProcess:
         args: Sequence[str],
         log_dir: Path,
         host: str = "127.0.0.1",
+        relay_port: int | None = None,
     ) -> None:
         self.name = name
         self.data_dir = data_dir
         self.port = port
         self.ha_port = ha_port
+        #: --relay-port: where this node relays clients to the master while it is not master
+        self.relay_port = relay_port
         self.args = list(args)
         self.host = host
         self.log_dir = log_dir
@@ -159,6 +162,12 @@ class HaNodeProcess:
         return f"tcp://{self.host}:{self.port}"
 
     @property
+    def relay_uri(self) -> str:
+        """``tcp://HOST:RELAY_PORT`` (the node runs with ``--relay-port``)."""
+        assert self.relay_port is not None, f"node {self.name} has no relay port"
+        return f"tcp://{self.host}:{self.relay_port}"
+
+    @property
     def pid(self) -> int:
         assert self.proc is not None, f"node {self.name} not started"
         return self.proc.pid
@@ -172,6 +181,7 @@ class HaNodeProcess:
             sys.executable, "-m", "amqtransport", "broker", "run",
             "--port", str(self.port), "--ha-port", str(self.ha_port),
             "--host", self.host, "--name", self.name, "--data-dir", str(self.data_dir),
+            *(["--relay-port", str(self.relay_port)] if self.relay_port is not None else []),
             *self.args,
         ]
 
@@ -313,7 +323,8 @@ class BrokerPair:
         master_connector: str | None = None,
         takeover_check: str | None = None,
         witness: str | None = None,
-        relay_clients: bool = False,
+        relay: bool = False,
+        relay_ports: Sequence[int] = (),
         lock_interval: float | None = None,
         link_timeout: float | None = None,
         extra_args: Sequence[str] = (),
@@ -348,8 +359,6 @@ class BrokerPair:
             common += ["--takeover-check", takeover_check]
         if witness:
             common += ["--witness", witness]
-        if relay_clients:
-            common += ["--relay-clients"]
         if not fsync:
             cfg = self.data_dir / "broker.toml"
             cfg.write_text("fsync = false\n")
@@ -365,6 +374,17 @@ class BrokerPair:
             ha_ports = [free_port(), free_port()]
             while len({*ports, *ha_ports}) < 4:
                 ha_ports = [free_port(), free_port()]
+        relays: list[int | None] = [None, None]
+        if relay_ports:
+            if len(relay_ports) != 2 or len({*ports, *ha_ports, *relay_ports}) < 6:
+                raise ValueError(f"relay_ports must be two ports distinct from the client and HA ports "
+                                 f"{[*ports, *ha_ports]}, got {relay_ports}")
+            relays = list(relay_ports)
+        elif relay:
+            picked = [free_port(), free_port()]
+            while len({*ports, *ha_ports, *picked}) < 6:
+                picked = [free_port(), free_port()]
+            relays = list(picked)
         if mode == "shared-store":
             dirs = [self.data_dir / "store", self.data_dir / "store"]
         else:
@@ -383,8 +403,8 @@ class BrokerPair:
         if mode == "replicated":
             args_b += ["--master-connector", master_connector or f"tcp://127.0.0.1:{ha_ports[0]}"]
         logs = self.data_dir / "logs"
-        self.a = HaNodeProcess("a", dirs[0], ports[0], ha_ports[0], args_a, logs)
-        self.b = HaNodeProcess("b", dirs[1], ports[1], ha_ports[1], args_b, logs)
+        self.a = HaNodeProcess("a", dirs[0], ports[0], ha_ports[0], args_a, logs, relay_port=relays[0])
+        self.b = HaNodeProcess("b", dirs[1], ports[1], ha_ports[1], args_b, logs, relay_port=relays[1])
         self.nodes = (self.a, self.b)
 
     def _private_file(self, name: str, content: str) -> Path:
@@ -413,7 +433,10 @@ class BrokerPair:
     # ------------------------------------------------------------------ properties
     @property
     def uri(self) -> str:
-        return f"failover:({self.a.uri},{self.b.uri})?randomize=false"
+        """The clients' failover URI: both client ports, then (nodes with ``--relay-port``)
+        both relay ports, as a last resort (docs/ha.md, "Relaying clients through the slave")."""
+        relays = [n.relay_uri for n in self.nodes if n.relay_port is not None]
+        return f"failover:({','.join([self.a.uri, self.b.uri, *relays])})?randomize=false"
 
     @property
     def master(self) -> HaNodeProcess | None:

@@ -1,13 +1,15 @@
-"""``--relay-clients``: a node that is not master but knows a live master relays clients to it.
+"""``--relay-port``: a node that is not master but knows a live master relays clients to
+it on a port of its own; its client port stays the master's alone.
 
 Real pairs on real sockets. A replicated slave relays while its replication link is up:
-a client connected to the slave's client port is served by the master (CONNECTED,
-receipts for persistent sends, a consumer on the master gets the messages); an HA
-status request on that port is the slave's own to answer. SIGKILL of the master closes
-the relayed connection, and the slave, once it took over, serves on the same port
-directly. A shared-store standby relays while it sees the master. (Without the option
-a slave's client port refuses: ``never_master`` in ``ha_helpers`` asserts it in the
-partition and witness tests.)
+its client port refuses (ActiveMQ's behaviour) while a client on its relay port is
+served by the master (CONNECTED, receipts for persistent sends, a consumer on the master
+gets the messages); an HA status request on the relay port is the slave's own to answer.
+A failover client whose URI lists the client ports first and the relay ports after them
+connects to the master directly whenever it can -- even when it tries the slave first --
+and through the slave's relay only when the master's client port is out of its reach;
+SIGKILL of the master closes the relayed connection, and once the slave took over the
+client is served by it directly. A shared-store standby relays while it sees the master.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ha_helpers import raw_connect, raw_send, read_frames, wait_for
+from ha_helpers import raw_connect, raw_send, read_frames, refuses, wait_for
 
 import amqtransport
 from amqtransport.broker.ha.config import HaOptions, load_ha_table, options_from_kwargs
@@ -35,7 +37,7 @@ pytestmark = pytest.mark.timeout(150)
 @pytest.fixture(scope="module")
 def relay_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPair]:
     http = f"127.0.0.1:{free_port()}"
-    with BrokerPair("replicated", tmp_path_factory.mktemp("relay"), relay_clients=True, lock_interval=0.05,
+    with BrokerPair("replicated", tmp_path_factory.mktemp("relay"), relay=True, lock_interval=0.05,
                     slave_args=["--http", http]) as bp:
         bp.b_http = http  # type: ignore[attr-defined]
         yield bp
@@ -43,6 +45,14 @@ def relay_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPair]
 
 def _relaying(node: HaNodeProcess) -> bool:
     return bool(node.status(timeout=1.0).get("amq-ha-relay"))
+
+
+def _relayed(node: HaNodeProcess) -> str | None:
+    return node.status(timeout=3.0).get("amq-ha-relayed")
+
+
+def _failover(*leaves: str) -> str:
+    return f"failover:({','.join(leaves)})?randomize=false&initialReconnectDelay=20&maxReconnectDelay=200"
 
 
 def _receipts(sock: socket.socket, ids: set[str], timeout: float) -> set[str]:
@@ -68,23 +78,28 @@ def _receipts(sock: socket.socket, ids: set[str], timeout: float) -> set[str]:
     return got
 
 
-def test_slave_relays_clients_to_its_master(relay_pair: BrokerPair) -> None:
+def test_slave_relays_on_its_relay_port_while_its_client_port_refuses(relay_pair: BrokerPair) -> None:
     bp = relay_pair
     master = bp.wait_master()
     slave = bp.wait_in_sync()
+    assert slave.relay_port is not None
     wait_for(lambda: _relaying(slave), 20, "the slave's status to say it relays")
-    assert slave.status()["amq-ha-relay"] == f"127.0.0.1:{master.port}"
-    # an HA request on the slave's client port is the slave's to answer, not relayed
-    st = dict(ha_request_sync("127.0.0.1", slave.port, 3.0).headers)
+    st = slave.status()
+    assert (st["amq-ha-relay"], st["amq-ha-relay-port"]) == (f"127.0.0.1:{master.port}",
+                                                             f"127.0.0.1:{slave.relay_port}"), st
+    assert refuses(slave.port), "the slave's client port accepts: it must be the master's alone"
+    assert refuses(master.relay_port or 0), "the master binds its relay port: a master never relays"
+    # an HA request on the slave's relay port is the slave's to answer, not relayed
+    st = dict(ha_request_sync("127.0.0.1", slave.relay_port, 3.0).headers)
     assert (st.get("amq-ha-role"), st.get("amq-ha-name")) == ("slave", slave.name), st
 
-    sock = raw_connect(slave.port)  # CONNECTED comes from the master, through the slave
+    sock = raw_connect(slave.relay_port)  # CONNECTED comes from the master, through the slave
     try:
         ids = {f"r{i}" for i in range(5)}
         for i in range(5):
             raw_send(sock, "/queue/relay.test", f"relayed-{i}", receipt=f"r{i}", idempotency_key=f"relay-{i}")
         assert _receipts(sock, ids, 20) == ids
-        wait_for(lambda: slave.status().get("amq-ha-relayed") == "1", 10, "the relayed-connections count")
+        wait_for(lambda: _relayed(slave) == "1", 10, "the relayed-connections count")
         metrics = urllib.request.urlopen(f"http://{bp.b_http}/metrics", timeout=10).read().decode()  # type: ignore[attr-defined]
         assert "\namq_ha_relayed_connections 1\n" in metrics, metrics
     finally:
@@ -98,41 +113,70 @@ def test_slave_relays_clients_to_its_master(relay_pair: BrokerPair) -> None:
             if m is not None:
                 bodies.add(m.text)
     assert bodies == {f"relayed-{i}" for i in range(5)}
-    assert "relaying clients to master a at 127.0.0.1:" in slave.log_text()
+    assert (f"node b: relaying clients on 127.0.0.1:{slave.relay_port} to master a at 127.0.0.1:{master.port}"
+            in slave.log_text())
 
 
-def test_master_killed_the_relayed_connection_closes_and_the_slave_serves(relay_pair: BrokerPair) -> None:
+def test_a_client_trying_the_slave_first_reaches_the_master_directly(relay_pair: BrokerPair) -> None:
+    """The slave's client port first in the URI: the client is NOT relayed when it can
+    reach the master's client port (on a slave relaying on its client port, it was)."""
     bp = relay_pair
     master = bp.wait_master()
     slave = bp.wait_in_sync()
     wait_for(lambda: _relaying(slave), 20, "the slave's status to say it relays")
-    sock = raw_connect(slave.port)
-    try:
-        raw_send(sock, "/queue/relay.kill", "before", receipt="b0", idempotency_key="kill-0")
-        assert _receipts(sock, {"b0"}, 20) == {"b0"}
-        master.kill()
-        _frames, closed = read_frames(sock, time.monotonic() + 30)
-        assert closed, "the relayed connection stayed open after the master was killed"
-    finally:
-        sock.close()
-    assert bp.wait_master(60) is slave
+    wait_for(lambda: _relayed(slave) == "0", 20, "no connection relayed before the test")
+    uri = _failover(slave.uri, master.uri, slave.relay_uri, master.relay_uri)
+    with amqtransport.connect(uri) as c:
+        c.send("/queue/relay.direct", "direct")  # a receipted send: the session is up
+        assert c.connected_uri == master.uri
+        assert _relayed(slave) == "0", "the client went through the slave's relay"
+
+
+def test_the_relay_serves_a_client_cut_from_the_master_until_the_master_dies(relay_pair: BrokerPair) -> None:
+    """The master's client port out of the client's reach (a dead address in its place):
+    the client falls through to the slave's relay; SIGKILL of the master closes the
+    relayed connection and the client is served by the slave, now master, directly."""
+    bp = relay_pair
+    master = bp.wait_master()
+    slave = bp.wait_in_sync()
+    assert master.relay_port is not None and slave.relay_port is not None
+    wait_for(lambda: _relaying(slave), 20, "the slave's status to say it relays")
+    cut = f"tcp://127.0.0.1:{free_port()}"  # what the client has instead of the master's client port
+    leaves = {master.name: cut, slave.name: slave.uri}
+    uri = _failover(leaves["a"], leaves["b"], bp.a.relay_uri, bp.b.relay_uri)
+    with amqtransport.connect(uri) as c:
+        c.send("/queue/relay.kill", "before")
+        assert c.connected_uri == slave.relay_uri
+        assert _relayed(slave) == "1"
+        sock = raw_connect(slave.relay_port)
+        try:
+            raw_send(sock, "/queue/relay.kill", "raw", receipt="b0", idempotency_key="kill-0")
+            assert _receipts(sock, {"b0"}, 20) == {"b0"}
+            master.kill()
+            _frames, closed = read_frames(sock, time.monotonic() + 30)
+            assert closed, "the relayed connection stayed open after the master was killed"
+        finally:
+            sock.close()
+        assert bp.wait_master(60) is slave
+        c.send("/queue/relay.kill", "after")  # the failover client reconnects: to the new master itself
+        assert c.connected_uri == slave.uri
     assert "stopped relaying clients to master a" in slave.log_text()
     st = dict(ha_request_sync("127.0.0.1", slave.port, 3.0).headers)
     assert (st.get("amq-ha-role"), st.get("amq-ha-relay")) == ("master", None), st
-    direct = raw_connect(slave.port)  # served by the new master itself
-    try:
-        raw_send(direct, "/queue/relay.kill", "after", receipt="a0", idempotency_key="kill-1")
-        assert _receipts(direct, {"a0"}, 20) == {"a0"}
-    finally:
-        direct.close()
+    assert refuses(slave.relay_port), "the new master still binds its relay port"
+    with amqtransport.connect(f"tcp://127.0.0.1:{slave.port}") as c:
+        sub = c.subscribe("/queue/relay.kill")
+        got = {m.text for m in (sub.receive(timeout=20) for _ in range(3)) if m is not None}
+    assert got == {"before", "raw", "after"}
 
 
 def test_shared_store_standby_relays_while_it_sees_the_master(tmp_path: Path) -> None:
-    with BrokerPair("shared-store", tmp_path, relay_clients=True, lock_interval=0.05) as bp:
+    with BrokerPair("shared-store", tmp_path, relay=True, lock_interval=0.05) as bp:
         master = bp.wait_master()
         standby = bp.other(master)
         wait_for(lambda: _relaying(standby), 20, "the standby's status to say it relays")
-        sock = raw_connect(standby.port)
+        assert refuses(standby.port) and standby.relay_port is not None
+        sock = raw_connect(standby.relay_port)
         try:
             raw_send(sock, "/queue/relay.shared", "via-standby", receipt="s0", idempotency_key="shared-0")
             assert _receipts(sock, {"s0"}, 20) == {"s0"}
@@ -148,13 +192,21 @@ def test_shared_store_standby_relays_while_it_sees_the_master(tmp_path: Path) ->
         assert "stopped relaying clients to master a" in standby.log_text()
 
 
-def test_relay_clients_option_and_config_key(tmp_path: Path) -> None:
+def test_relay_port_option_and_config_key(tmp_path: Path) -> None:
+    from amqtransport.errors import ConfigError
+
     cfg = tmp_path / "node.toml"
-    cfg.write_text('[ha]\nmode = "shared-store"\nrelay_clients = true\n')
+    cfg.write_text('[ha]\nmode = "shared-store"\nrelay_port = 61700\n')
     table = load_ha_table(cfg)
-    assert table["relay_clients"] is True
-    assert options_from_kwargs(table).relay_clients is True
-    assert HaOptions().relay_clients is False
+    assert table["relay_port"] == 61700
+    assert options_from_kwargs(table).relay_port == 61700
+    assert HaOptions().relay_port is None
+    cfg.write_text('[ha]\nrelay_port = 70000\n')
+    with pytest.raises(ConfigError, match="relay_port"):
+        load_ha_table(cfg)
+    cfg.write_text('[ha]\nrelay_clients = true\n')  # the option it replaced is gone
+    with pytest.raises(ConfigError, match="relay_clients"):
+        load_ha_table(cfg)
 
 
 class _NoRequests:
@@ -177,11 +229,12 @@ def test_a_master_port_that_does_not_accept_closes_the_client_before_any_answer(
     from amqtransport.errors import ConnectRefused
 
     async def scenario() -> None:
-        port, dead = free_port(), free_port()
-        relay = ClientRelay("b", "127.0.0.1", port, HaPortLimits(), _NoRequests(), connect_timeout=2.0)
+        dead = free_port()
+        relay = ClientRelay("b", "127.0.0.1", 0, HaPortLimits(), _NoRequests(), connect_timeout=2.0)
         await relay.relay_to("a", ("127.0.0.1", dead))
+        port = relay.port  # port 0: a free one, kept from now on and named in the relay's address
         try:
-            assert relay.active
+            assert relay.active and port != 0 and relay.address == f"127.0.0.1:{port}"
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"CONNECT\naccept-version:1.2\nhost:x\n\n\x00")
             assert await asyncio.wait_for(reader.read(), 10) == b""

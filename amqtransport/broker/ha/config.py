@@ -22,8 +22,8 @@ Keys (snake_case, ActiveMQ camelCase accepted as aliases): ``mode``, ``master_co
 ``shutdown_on_slave_failure`` (``shutdownOnSlaveFailure``),
 ``shutdown_on_master_failure`` (``shutdownOnMasterFailure``), ``allow_failback``
 (``allowFailback``), ``lock_interval`` (seconds), ``takeover_check``, ``witness``
-(``HOST:PORT`` of an ``amq broker witness``: see :mod:`.witness`), ``relay_clients``
-(a slave relays clients to its live master: :mod:`.relay`), ``ha_port``,
+(``HOST:PORT`` of an ``amq broker witness``: see :mod:`.witness`), ``relay_port``
+(a node that is not master relays clients to its live master on this port: :mod:`.relay`), ``ha_port``,
 ``link_timeout`` (seconds), ``cluster_password`` (``clusterPassword``) or
 ``cluster_password_file`` (``clusterPasswordFile``): the pair's shared secret, required
 in replicated mode and with a witness (see :mod:`.auth`), and the HA port's bounds ``ha_max_connections``
@@ -68,7 +68,7 @@ class HaConfig(BaseModel):
     lock_interval: float | None = Field(None, gt=0)
     takeover_check: str | None = None
     witness: str | None = None
-    relay_clients: bool | None = None
+    relay_port: int | None = Field(None, ge=0, le=65535)
     ha_port: int | None = Field(None, ge=0, le=65535)
     link_timeout: float | None = Field(None, gt=0)
     cluster_password: str | None = Field(
@@ -86,7 +86,7 @@ _VALID = (
     "mode, master_connector (masterConnectorURI), master_user (userName), master_password (password), "
     "wait_for_slave (waitForSlave), shutdown_on_slave_failure (shutdownOnSlaveFailure), "
     "shutdown_on_master_failure (shutdownOnMasterFailure), allow_failback (allowFailback), "
-    "lock_interval, takeover_check, witness, relay_clients, ha_port, link_timeout, cluster_password (clusterPassword), "
+    "lock_interval, takeover_check, witness, relay_port, ha_port, link_timeout, cluster_password (clusterPassword), "
     "cluster_password_file (clusterPasswordFile), ha_max_connections, ha_idle_timeout, ha_max_frame"
 )
 
@@ -135,7 +135,7 @@ class HaOptions:
     lock_interval: float = 0.1
     takeover_check: str | None = None
     witness: str | None = None  # HOST:PORT of the pair's witness (witness.py); None: the CP default
-    relay_clients: bool = False  # not master but knowing a live master: relay clients to it (relay.py)
+    relay_port: int | None = None  # not master but knowing a live master: relay clients to it here (relay.py)
     ha_port: int = 0
     link_timeout: float = 2.0
     cluster_password: str | None = None
@@ -169,6 +169,11 @@ class HaOptions:
             raise ConfigError("--master-user and --master-password go together", path="master_user")
         if self.mode == "replicated" or self.witness:  # the witness knows a pair by its secret
             load_secret(self.cluster_password, self.cluster_password_file)
+        if self.relay_port is not None and not 0 <= self.relay_port <= 65535:
+            raise ConfigError(f"--relay-port must be a port number (0: a free one), got {self.relay_port}",
+                              path="relay_port")
+        if self.relay_port and self.relay_port == self.ha_port:
+            raise ConfigError(f"--relay-port and --ha-port must differ, both are {self.relay_port}", path="relay_port")
         if not 1 <= self.ha_max_connections <= 10_000:
             raise ConfigError(f"ha_max_connections must be between 1 and 10000, got {self.ha_max_connections}",
                               path="ha_max_connections")

@@ -50,10 +50,11 @@ A master's term -- the broker, the receipt gate, the lost slave, the split brain
 A slave's side -- joining a master, and what it does when that link breaks -- is
 :func:`~.slave.serve_slave`.
 
-With ``--relay-clients`` a node that is not master but knows a live master (a
+With ``--relay-port`` a node that is not master but knows a live master (a
 replicated slave while its link is up; a shared-store standby while it sees the
-master answer) binds its client port too and relays each client to the master
-(:mod:`.relay`): a client cut from the master, not from its slave, is served through it.
+master answer) binds that port -- never its client port -- and relays each client to
+the master (:mod:`.relay`): a client cut from the master, not from its slave, that
+lists the relay ports after the client ports in its failover URI is served through it.
 """
 
 from __future__ import annotations
@@ -197,12 +198,13 @@ class HaNode:
         self.rules = DecideOptions.of(self.name, options)  # what decide.py reads of the options
         self.requests = HaRequests(self)  # the answer to every HA request (port.py)
         self.master = MasterRole(self)  # a term as master (master.py)
-        #: --relay-clients: the client port of a node that is not master relays to it (relay.py)
+        #: --relay-port: the port on which a node that is not master relays to it (relay.py)
         self.relay: ClientRelay | None = None
         self.master_watch: MasterWatch | None = None  # a shared-store standby's look at its master
-        if options.relay_clients:
-            self.relay = ClientRelay(self.name, self.host, self.port, options.port_limits, self.requests,
-                                     connect_timeout=max(0.25, min(1.0, options.link_timeout)))
+        if options.relay_port is not None:
+            self.relay = ClientRelay(self.name, self.host, options.relay_port, options.port_limits, self.requests,
+                                     connect_timeout=max(0.25, min(1.0, options.link_timeout)),
+                                     client_port=self.port)
             if options.mode == "shared-store":
                 self.master_watch = MasterWatch(
                     self.relay, lambda: sight_master(self.data_dir, self.name, self.own_addresses(),
@@ -294,21 +296,21 @@ class HaNode:
             self.waiting_reason = reason
             self.set_role("waiting", reason)
 
-    # ------------------------------------------------------------------ --relay-clients
+    # ------------------------------------------------------------------ --relay-port
     async def relay_clients_to(self, master: str, upstream: tuple[str, int]) -> None:
         """A replicated slave whose link to ``master`` is up relays clients to its client
-        address ``upstream`` (with --relay-clients; else nothing)."""
+        address ``upstream`` (with --relay-port; else nothing)."""
         if self.relay is not None:
             await self.relay.relay_to(master, upstream)
 
     def stop_relaying(self, why: str) -> None:
-        """The knowledge of a live master is gone: close the relay (the client port is
-        free at once unless a bind is under way: :meth:`ClientRelay.settled`)."""
+        """The knowledge of a live master is gone: close the relay (its port is closed
+        at once unless a bind is under way: :meth:`ClientRelay.settled`)."""
         if self.relay is not None:
             self.relay.stop(why)
 
     def watch_master(self) -> None:
-        """A shared-store standby: relay while it sees a live master (with --relay-clients)."""
+        """A shared-store standby: relay while it sees a live master (with --relay-port)."""
         if self.master_watch is not None:
             self.master_watch.watch()
 
@@ -317,15 +319,19 @@ class HaNode:
         if self.master_watch is not None:
             await self.master_watch.unwatch(why)
 
-    def relaying(self) -> tuple[str, int] | None:
-        """(the master's client address the node relays to, connections relayed now), or None."""
+    def relaying(self) -> tuple[str, int, str] | None:
+        """(the master's client address the node relays to, connections relayed now, the
+        relay's own address), or None."""
         relay = self.relay
         if relay is None or not relay.active:
             return None
-        return relay.where(), relay.relayed
+        return relay.where(), relay.relayed, relay.address
 
     def own_addresses(self) -> set[str]:
-        return {f"{self.host}:{self.port}", f"{self.host}:{self.ha_port}"}
+        own = {f"{self.host}:{self.port}", f"{self.host}:{self.ha_port}"}
+        if self.relay is not None:
+            own.add(self.relay.address)
+        return own
 
     async def _teardown(self) -> None:
         if self.master_watch is not None:

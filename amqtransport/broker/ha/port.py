@@ -186,9 +186,9 @@ class NodeReadout(Protocol):
         """Every address the node knows for its peer."""
         ...
 
-    def relaying(self) -> tuple[str, int] | None:
-        """--relay-clients: (the master's client address it relays to, connections relayed
-        now) while the node relays (:mod:`.relay`), else None."""
+    def relaying(self) -> tuple[str, int, str] | None:
+        """--relay-port: (the master's client address it relays to, connections relayed
+        now, the relay's own ``HOST:PORT``) while the node relays (:mod:`.relay`), else None."""
         ...
 
 
@@ -247,7 +247,7 @@ def status_headers(node: NodeReadout) -> dict[str, str]:
             st["amq-ha-lease"] = f"{left:.1f}"
     relay = node.relaying()
     if relay is not None:
-        st["amq-ha-relay"], st["amq-ha-relayed"] = relay[0], str(relay[1])
+        st["amq-ha-relay"], st["amq-ha-relayed"], st["amq-ha-relay-port"] = relay[0], str(relay[1]), relay[2]
     if node.role == "master" and node.server is not None and node.server.store is not None:
         # messages, sent, queues, topics, connections, memory-*, uptime (no queue names)
         st.update(node.server.status_stats(names=False))

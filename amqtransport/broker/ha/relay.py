@@ -1,16 +1,27 @@
-"""A slave (or shared-store standby) that relays clients to its live master (``--relay-clients``).
+"""A slave (or shared-store standby) that relays clients to its live master (``--relay-port``).
 
 Theory of operation
 -------------------
-Without the option a node binds its client port only while it is master: a client cut
-from the master (a partition between the clients and the master only, a half-open
+A node binds its client port only while it is master (ActiveMQ's behaviour): a client
+cut from the master (a partition between the clients and the master only, a half-open
 connection, a proxy in front of the master that died) has nowhere to go until the cut
 heals, although the master is alive, holds its witness lease and still reaches its
-slave. With ``--relay-clients`` a node that is *not* master but has positive, current
-knowledge of a live master binds its client port and relays each client connection,
-byte for byte, to the master's client port: one more hop, and the client is served
-by the master as if it had reached it directly (the receipts are the master's; the
-slave adds nothing to the safety argument, which stays with epochs and the witness lease).
+slave. With ``--relay-port PORT`` a node that is *not* master but has positive, current
+knowledge of a live master binds that port -- a port of its own, never the client
+port -- and relays each client connection, byte for byte, to the master's client port:
+one more hop, and the client is served by the master as if it had reached it directly
+(the receipts are the master's; the slave adds nothing to the safety argument, which
+stays with epochs and the witness lease).
+
+Because the relay has a port of its own, the client's failover URI decides when it is
+used: the URI lists every node's client port first and the relay ports after them
+(``failover:(tcp://a:C1,tcp://b:C2,tcp://a:R1,tcp://b:R2)?randomize=false``), so a
+client that reaches the master connects to it directly, and only a client cut from it
+falls through to a slave's relay, as a last resort. The slave is then on the path of
+those clients alone (a slave's kill or freeze does not touch the others). Port 0 binds
+a free port, kept for the node's life once bound; the log line that says the node
+relays names it (``node b: relaying clients on HOST:PORT to master a at HOST:PORT``),
+and so do the status headers (``amq-ha-relay-port``).
 
 The knowledge, and what ends it (:class:`ClientRelay` never decides it: its owner does):
 
@@ -27,16 +38,16 @@ The knowledge, and what ends it (:class:`ClientRelay` never decides it: its owne
 Two slaves never relay to each other (each relays only with a live link to a master,
 and a master never relays), and a node never relays to its own address. When the relay
 stops -- the link is lost, the node takes over, the node stops -- its listening socket
-is closed at once (the new master binds the port) and every relayed connection is cut:
+is closed at once (a client trying it is refused and goes on to its next address) and every relayed connection is cut:
 the clients' failover reconnects and the new master, whoever it is, serves them directly.
 A bind that is still under way when the relay stops closes what it bound;
-:meth:`ClientRelay.settled` waits for it, so a node taking over finds the port free.
+:meth:`ClientRelay.settled` waits for it, so a stopped node leaves no port bound.
 
 One connection (:class:`_ClientSide`): the relay reads the client's first frame (within
 ``ha_idle_timeout``, at most ``ha_max_frame`` bytes: the HA port's bounds), keeping
 the raw bytes. An HA request (a status probe, a replication or stand-by request) is
 answered by *this* node, as its HA port would answer it (:class:`.port.HaRequests`):
-a peer or an operator probing this node's client port learns that it is a slave,
+a peer or an operator probing this node's relay port learns that it is a slave,
 never the master's status under this node's address. Anything else opens a
 connection to the master's client port and forwards the bytes read so far, then
 everything in both directions, with back-pressure (a full socket buffer on one side
@@ -69,15 +80,17 @@ FLUSH_SECONDS = 1.0  # a relayed side closing with bytes buffered for a peer tha
 
 
 class ClientRelay:
-    """The client port of a node that relays to its master (see the module docstring).
+    """The relay port of a node that relays to its master (see the module docstring).
     :meth:`relay_to` binds it (once) and points it at a master; :meth:`stop` closes it
-    and every relayed connection."""
+    and every relayed connection. ``port`` 0 binds a free port, kept from then on;
+    ``client_port`` is the node's own client port (never relayed to)."""
 
     def __init__(self, name: str, host: str, port: int, limits: HaPortLimits, requests: RequestHandler,
-                 connect_timeout: float) -> None:
+                 connect_timeout: float, *, client_port: int | None = None) -> None:
         self.name = name
         self.host = host
         self.port = port
+        self.client_port = client_port
         self.limits = limits
         self.requests = requests
         self.connect_timeout = connect_timeout
@@ -110,11 +123,16 @@ class ClientRelay:
         """``HOST:PORT`` of the master the relay points at ("" none)."""
         return f"{self.upstream[0]}:{self.upstream[1]}" if self.active and self.upstream is not None else ""
 
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` the relay listens on (its port is 0 until a port-0 relay is bound)."""
+        return f"{self.host}:{self.port}"
+
     async def relay_to(self, master: str, upstream: tuple[str, int]) -> None:
         """Relay clients to ``master`` at ``upstream`` (its client address) from now on;
-        binds the client port if it is not bound. A bind that fails is logged (the
+        binds the relay port if it is not bound. A bind that fails is logged (the
         relay stays off; the next call tries again)."""
-        if upstream == (self.host, self.port) or master == self.name:
+        if upstream in ((self.host, self.port), (self.host, self.client_port)) or master == self.name:
             log.error("node %s: not relaying clients to %s at %s:%d: that is this node", self.name, master,
                       *upstream)
             return
@@ -131,7 +149,8 @@ class ClientRelay:
                 self._binding = asyncio.ensure_future(self._bind())
             await asyncio.shield(self._binding)
         if changed and self.active:
-            log.warning("node %s: relaying clients to master %s at %s:%d", self.name, master, *upstream)
+            log.warning("node %s: relaying clients on %s to master %s at %s:%d", self.name, self.address, master,
+                        *upstream)
 
     async def _bind(self) -> None:
         loop = asyncio.get_running_loop()
@@ -140,7 +159,7 @@ class ClientRelay:
         except OSError as exc:
             if str(exc) != self._bind_error:  # a standby tries again at every look: said once per error
                 self._bind_error = str(exc)
-                log.error("node %s: cannot relay clients: binding the client port %s:%d failed: %s", self.name,
+                log.error("node %s: cannot relay clients: binding the relay port %s:%d failed: %s", self.name,
                           self.host, self.port, exc)
             return
         finally:
@@ -150,9 +169,11 @@ class ClientRelay:
             server.close()
             return
         self._server = server
+        if self.port == 0:  # a free port: kept for the node's life (the clients' URI may list it)
+            self.port = server.sockets[0].getsockname()[1]
 
     def stop(self, why: str) -> None:
-        """Stop relaying: close the client port and cut every relayed connection now."""
+        """Stop relaying: close the relay port and cut every relayed connection now."""
         was = self.active
         master = self.master
         self._wanted = False
@@ -208,7 +229,7 @@ class MasterWatch:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def unwatch(self, why: str) -> None:
-        """Stop watching and relaying; the client port is free when this returns."""
+        """Stop watching and relaying; the relay port is closed when this returns."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

@@ -172,7 +172,7 @@ class LeasedStoreRole:
             node.state = HaState.load(node.data_dir)
             if node.role != "slave":
                 node.set_role("slave", f"waiting for the witness {node.witness.where} to grant the store")
-            node.watch_master()  # --relay-clients: relay to the master while it is seen (relay.py)
+            node.watch_master()  # --relay-port: relay to the master while it is seen (relay.py)
             asked = node.loop.time()
             dirs = store_dirs(node.data_dir)
             own = max(node.state.epoch, dirs[-1][0] if dirs else 0)  # the state file may lag a seal (a crash)

@@ -25,7 +25,7 @@ the nodes distinct ``--name`` s (one file per name). A *takeover* is counted
 held while it waited; taking a free lock at start, or getting it back by a failback
 request of its own, is not one.
 
-With ``--relay-clients`` a standby relays clients to the master while it sees it
+With ``--relay-port`` a standby relays clients to the master while it sees it
 (:func:`sight_master`: the other announced node's HA port says master; :mod:`.relay`):
 the role loop watches while it waits for the lock and stops watching before it takes it.
 
@@ -172,10 +172,10 @@ class SharedHost(Protocol):
     def master(self) -> MasterRole: ...
 
     def watch_master(self) -> None:
-        """Relay clients to the master while it is seen (--relay-clients; else nothing)."""
+        """Relay clients to the master while it is seen (--relay-port; else nothing)."""
 
     async def unwatch_master(self, why: str) -> None:
-        """Relay no more; the client port is free when this returns."""
+        """Relay no more; the relay port is closed when this returns."""
 
 
 class SharedStoreRole:

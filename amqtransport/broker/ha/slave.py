@@ -19,7 +19,7 @@ reach it: the clients' gateway, a load balancer, a third host) answers a TCP con
 and, with ``--witness``, the witness grants it mastership (:mod:`.witness`: only once the
 master's lease ran out, and never when the master last said it receipted alone).
 
-With ``--relay-clients`` the slave relays clients to the master's client address (its
+With ``--relay-port`` the slave relays clients to the master's client address (its
 handshake's ``amq-ha-client``) while the link is up, and stops as the link ends, before
 anything is decided (:mod:`.relay`).
 
@@ -122,10 +122,10 @@ class SlaveHost(RoleHost, Protocol):
         """Close the replica's store, if open."""
 
     async def relay_clients_to(self, master: str, upstream: tuple[str, int]) -> None:
-        """Relay clients to the master's client address (--relay-clients; else nothing)."""
+        """Relay clients to the master's client address (--relay-port; else nothing)."""
 
     def stop_relaying(self, why: str) -> None:
-        """Relay no more: close the client port and every relayed connection."""
+        """Relay no more: close the relay port and every relayed connection."""
 
 
 async def serve_slave(node: SlaveHost, addr: tuple[str, int]) -> str:

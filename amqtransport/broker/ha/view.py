@@ -132,7 +132,7 @@ class HaNodeView:
             why = "master, but its broker is not open yet"
         base.update(serving=False, ready=False, ready_reason=why)
         relay = node.relaying()
-        if node.opts.relay_clients:
+        if node.opts.relay_port is not None:
             base["relayed_connections"] = relay[1] if relay is not None else 0
         store = node.slave_store
         if store is not None:
@@ -144,7 +144,7 @@ class HaNodeView:
                     counts[m.destination] = counts.get(m.destination, 0) + 1
                 base["replica"] = tuple(sorted(counts.items()))
         if relay is not None:
-            relaying = f"relaying clients to the master at {relay[0]}"
+            relaying = f"relaying clients on {relay[2]} to the master at {relay[0]}"
             base["detail"] = f"{base['detail']}; {relaying}" if base.get("detail") else relaying
         return NodeStats(**base)  # type: ignore[arg-type]
 

@@ -131,7 +131,7 @@ def render_metrics(stats: NodeStats) -> str:
                     witness.lease_seconds)
     if stats.relayed_connections is not None:
         out.one("amq_ha_relayed_connections", "gauge",
-                "A node with --relay-clients that is not master: client connections it relays to its live master "
+                "A node with --relay-port that is not master: client connections it relays to its live master "
                 "now.", stats.relayed_connections)
     repl = stats.replication
     if repl is not None:

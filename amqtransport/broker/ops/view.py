@@ -185,7 +185,7 @@ class NodeStats:
     otel_exported: int | None = None  # server spans exported to otel_endpoint (None: off)
     otel_dropped: int | None = None  # and dropped (queue full, POST failed)
     detail: str = ""  # e.g. why a node waits
-    #: an HA node with --relay-clients: client connections it relays to its master now (None: no option)
+    #: an HA node with --relay-port: client connections it relays to its master now (None: no option)
     relayed_connections: int | None = None
     #: (stage, help, histogram) of this process's receipt path (stats.RECEIPT_PATH), taken with the rest
     receipt_path: tuple[tuple[str, str, HistogramSnapshot], ...] = field(default_factory=RECEIPT_PATH.snapshot)
