@@ -21,8 +21,11 @@ the whole run:
 A :class:`Stage` puts a Toxiproxy proxy in front of every node, created through the
 PyPI ``toxiproxy-python`` client against our :class:`chaos.proxy.server.ToxiproxyServer`
 exactly as a user would drive it, and builds the clients' ``failover:`` URI whose
-leaves are the proxies' listen addresses. Faults act on the *master's* proxy (or its
-process).
+leaves are the proxies' listen addresses. A cluster whose nodes relay clients to their
+master on a port of their own (``relay_upstreams``: our pair run with ``--relay-port``)
+gets one more proxy per relay port, listed *after* the client proxies, so a client
+reaches the master directly when it can and a slave's relay only as a last resort.
+Faults act on the *master's* client proxy (or its process).
 """
 
 from __future__ import annotations
@@ -178,6 +181,10 @@ class EmbeddedPairCluster:
     def upstreams(self) -> list[str]:
         return [f"{n.host}:{n.port}" for n in self.pair.nodes]
 
+    def relay_upstreams(self) -> list[str]:
+        """``host:port`` of every node's relay port (nodes run with ``--relay-port``)."""
+        return [f"{n.host}:{n.relay_port}" for n in self.pair.nodes if n.relay_port is not None]
+
     def master_index(self, timeout: float = 30.0) -> int:
         master = self.pair.wait_master(timeout=timeout)
         return list(self.pair.nodes).index(master)
@@ -322,7 +329,7 @@ def start_bridge(spoke_uri: str, stage: Stage, destinations: list[str]) -> Any:
     from bridge.agent import BridgeAgent
     from bridge.config import config_from_mapping
 
-    leaves = ",".join(f"tcp://{p.listen}" for p in stage.proxies)
+    leaves = ",".join(f"tcp://{p.listen}" for p in stage.leaves)
     config = config_from_mapping({
         "local_uri": spoke_uri,
         "status_listen": "",
@@ -371,6 +378,12 @@ class Stage:
                 self.toxi.create(upstream=upstream, name=f"{prefix}-{name}", listen=f"127.0.0.1:{free_port()}")
                 for name, upstream in zip(cluster.names, cluster.upstreams(), strict=True)
             ]
+            relays = getattr(cluster, "relay_upstreams", None)
+            #: in front of the nodes' relay ports (after the client proxies in the URI); no fault acts on them
+            self.relay_proxies: list[Proxy] = [
+                self.toxi.create(upstream=upstream, name=f"{prefix}-{name}-relay", listen=f"127.0.0.1:{free_port()}")
+                for name, upstream in zip(cluster.names, relays() if relays is not None else [], strict=False)
+            ]
             attach = getattr(cluster, "attach", None)
             if attach is not None:  # e.g. a bridge whose remote side goes through the proxies
                 attach(self)
@@ -384,12 +397,18 @@ class Stage:
         APIConsumer.host, APIConsumer.port = "127.0.0.1", self.server.port
 
     def uri(self, *, timeout_ms: int = -1, max_reconnect_delay_ms: int = 500) -> str:
-        """The clients' failover URI over the proxies (first node first, no shuffling)."""
-        leaves = ",".join(f"tcp://{p.listen}" for p in self.proxies)
+        """The clients' failover URI over the proxies (first node first, no shuffling;
+        the relay proxies after the client proxies)."""
+        leaves = ",".join(f"tcp://{p.listen}" for p in self.leaves)
         return (
             f"failover:({leaves})?randomize=false&initialReconnectDelay=20"
             f"&maxReconnectDelay={max_reconnect_delay_ms}&timeout={timeout_ms}"
         )
+
+    @property
+    def leaves(self) -> list[Proxy]:
+        """Every proxy a client lists, in its URI's order: the client proxies, then the relay proxies."""
+        return [*self.proxies, *self.relay_proxies]
 
     def master_proxy(self, timeout: float = 30.0) -> Proxy:
         self._point_client()
@@ -432,7 +451,7 @@ class Stage:
     def close(self) -> None:
         try:
             self._point_client()
-            for proxy in self.proxies:
+            for proxy in self.leaves:
                 proxy.destroy()
         except Exception:  # the server goes away next anyway
             log.debug("destroying proxies failed", exc_info=True)

@@ -35,11 +35,16 @@ for every scenario) built on :class:`~chaos.harness.cluster.EmbeddedPairCluster`
   more name in :class:`~chaos.nemesis.netns.Netns`'s list), so ``partition-witness``
   and ``isolate-node`` cut its links with the kernel too. A shared store with a witness
   is elected by its lease instead of its lock file (amqtransport/broker/ha/sealed.py).
-* **Relaying slaves**: both nodes run with ``--relay-clients`` (with a witness or
-  without: it is orthogonal), so a client cut from a live master -- a client partition,
-  one direction of it, a cut or half-open client proxy -- is relayed by the slave, whose
-  proxy its failover URI lists too (:meth:`~chaos.harness.cluster.Stage.uri`: one leaf
-  per node); the probes count a relayed answer as the master's (:mod:`chaos.nemesis.probe`).
+* **Relaying slaves**: both nodes run with ``--relay-port`` (with a witness or
+  without: it is orthogonal), and the stage puts a proxy in front of each relay port,
+  listed in the clients' failover URI *after* the client proxies
+  (:meth:`~chaos.harness.cluster.Stage.uri`: ``client-a, client-b, relay-a, relay-b``):
+  a client reaches the master directly while it can, and a client cut from a live
+  master -- a client partition, one direction of it, a cut or half-open client proxy
+  (those faults act on the master's client proxy only; a kernel cut between a node and
+  the clients covers both its ports) -- falls through to the slave's relay. The probes
+  look at the client ports, which a slave never binds; a relayed answer would anyway
+  count as the master's (:mod:`chaos.nemesis.probe`).
 * **LazyFS** (``lazyfs=True``, root with ``/dev/fuse``, fusepy and libfuse2): node
   ``a``'s data directory (replicated) or the shared store is a
   :mod:`chaos.nemesis.lazyfs` mount over a backing directory (on the tmpfs when there is
@@ -193,7 +198,7 @@ class NemesisCluster:
         cfg = workdir / "broker.toml"
         cfg.write_text(_toml({**BROKER_CONFIG, **dict(broker_config or {})}))
         options: dict[str, Any] = {"extra_args": ["--config", str(cfg)], "link_timeout": link_timeout,
-                                   "relay_clients": True}
+                                   "relay": True}
         if self.net_reason is None:
             netns.sweep_stale()
             self.net_reason = netns.unavailable_reason()
@@ -250,7 +255,8 @@ class NemesisCluster:
             names.append(WITNESS)
             ports[WITNESS] = self.witness.port
         try:
-            self.net = Netns(names, ports, {n.name: n.ha_port for n in pair.nodes}).start()
+            self.net = Netns(names, ports, {n.name: n.ha_port for n in pair.nodes},
+                             relay_ports={n.name: n.relay_port for n in pair.nodes if n.relay_port is not None}).start()
         except (OSError, netns.NetnsError) as exc:
             self.net_reason = str(exc)
             return
@@ -320,6 +326,10 @@ class NemesisCluster:
     def upstreams(self) -> list[str]:
         assert self.hub is not None
         return self.hub.upstreams()
+
+    def relay_upstreams(self) -> list[str]:
+        assert self.hub is not None
+        return self.hub.relay_upstreams()
 
     def master_index(self, timeout: float = 30.0) -> int:
         assert self.hub is not None

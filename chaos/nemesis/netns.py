@@ -19,7 +19,8 @@ one; *isolating* a node cuts it from every other endpoint both ways). :func:`nft
 turns the set of active cuts into one nftables script per namespace: a cut is placed in
 ``src``'s ``output`` chain when ``src`` has a namespace of ours, else in ``dst``'s
 ``input`` chain, so this process's own namespace never gets a rule. A cut between a
-node and ``clients`` covers only the node's *client port* (``tcp dport``/``sport``): the
+node and ``clients`` covers only the node's *client port* (``tcp dport``/``sport``), and
+its relay port if it has one (``--relay-port``: a client reaches the node there too): the
 nemesis's own look at the nodes (the HA status on the HA port) keeps working through a
 client partition, which is what a client partition is. Between two nodes everything is
 cut, or (service ``ha``) only the connections to either node's HA port: the
@@ -67,6 +68,7 @@ class Endpoint:
     ns: str | None  # None: this process's own namespace
     client_port: int | None = None  # the port a cut to/from ``clients`` covers
     ha_port: int | None = None  # the port an "ha" cut between two nodes covers
+    relay_port: int | None = None  # --relay-port: a cut to/from ``clients`` covers it too
 
     @property
     def ours(self) -> bool:
@@ -74,12 +76,14 @@ class Endpoint:
 
 
 def plan_endpoints(tag: str, subnet: str, nodes: Sequence[str], ports: Mapping[str, int],
-                   ha_ports: Mapping[str, int] | None = None) -> dict[str, Endpoint]:
+                   ha_ports: Mapping[str, int] | None = None,
+                   relay_ports: Mapping[str, int] | None = None) -> dict[str, Endpoint]:
     """``clients`` at ``subnet.1`` (our namespace), then each node in its own namespace
     ``<tag>-<name>`` at ``subnet.2``, ``.3``... (a witness: one more name in ``nodes``)."""
     out = {CLIENTS: Endpoint(CLIENTS, f"{subnet}.1", None)}
     for i, name in enumerate(nodes, start=2):
-        out[name] = Endpoint(name, f"{subnet}.{i}", f"{tag}-{name}", ports.get(name), (ha_ports or {}).get(name))
+        out[name] = Endpoint(name, f"{subnet}.{i}", f"{tag}-{name}", ports.get(name), (ha_ports or {}).get(name),
+                             (relay_ports or {}).get(name))
     return out
 
 
@@ -111,15 +115,21 @@ def _rules(src: Endpoint, dst: Endpoint, service: str, action: str) -> tuple[str
         if service != "all":
             raise ValueError(f"a cut between {src.name} and {dst.name} covers the client port; service {service!r}")
         if src.ns is not None:
-            return src.ns, [f"add rule inet {TABLE} output ip daddr {dst.ip} tcp sport {_port(src, 'client')} {verdict}"]
+            return src.ns, [f"add rule inet {TABLE} output ip daddr {dst.ip} tcp sport {_client_ports(src)} {verdict}"]
     if dst.ns is not None and src.ns is None:
-        return dst.ns, [f"add rule inet {TABLE} input ip saddr {src.ip} tcp dport {_port(dst, 'client')} {verdict}"]
+        return dst.ns, [f"add rule inet {TABLE} input ip saddr {src.ip} tcp dport {_client_ports(dst)} {verdict}"]
     assert src.ns is not None
     out = f"add rule inet {TABLE} output ip daddr {dst.ip}"
     if service == "all":
         return src.ns, [f"{out} {verdict}"]
     # "ha": src's connections to dst's HA port, and src's answers on its own HA port
     return src.ns, [f"{out} tcp dport {_port(dst, 'ha')} {verdict}", f"{out} tcp sport {_port(src, 'ha')} {verdict}"]
+
+
+def _client_ports(e: Endpoint) -> str:
+    """The ports a cut between ``e`` and the clients covers: its client port, and its relay port if any."""
+    port = _port(e, "client")
+    return str(port) if e.relay_port is None else f"{{ {port}, {e.relay_port} }}"
 
 
 def _port(e: Endpoint, which: str) -> int:
@@ -215,11 +225,11 @@ class Netns:
     """The namespaces, veths and nft tables of one run (see the module docstring)."""
 
     def __init__(self, nodes: Sequence[str], ports: Mapping[str, int], ha_ports: Mapping[str, int] | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, relay_ports: Mapping[str, int] | None = None) -> None:
         rng = rng or random.Random()
         self.tag = f"{NS_PREFIX}{os.getpid()}x{rng.randrange(16**4):04x}"
         self.subnet = self._subnet(rng)
-        self.endpoints = plan_endpoints(self.tag, self.subnet, nodes, ports, ha_ports)
+        self.endpoints = plan_endpoints(self.tag, self.subnet, nodes, ports, ha_ports, relay_ports)
         self.switch = f"{self.tag}-sw"
         self.cuts: dict[Cut, str] = {}  # active cut -> action
         self.refs: dict[Cut, int] = {}  # active cut -> how many faults hold it

@@ -7,9 +7,10 @@ but never answers, cannot delay the other node's probes). Each tick it connects
 *directly* to the node's client port (not through the proxies: a client-link fault
 must not hide a serving node), sends ``CONNECT`` and waits up to ``timeout`` for the
 first frame: ``CONNECTED`` means the node answers clients -- unless its ``session``
-header names another node (a broker's session ids start with its ``--name``): a slave
-run with ``--relay-clients`` passes the CONNECT on to its master, so that answer is
-the master's, and the master's own probe counts it. A probe's interval runs
+header names another node (a broker's session ids start with its ``--name``): that
+answer was relayed to the master, and the master's own probe counts it. (A slave run
+with ``--relay-port`` relays on that port only, never on the client port probed here;
+the check keeps any relayed answer, wherever it came from, out of the two-masters rule.) A probe's interval runs
 from just before the connect to the arrival of the answer (the close comes after).
 
 Results are folded into runs of consecutive identical answers

@@ -94,6 +94,20 @@ def test_a_client_cut_covers_the_client_port_and_never_touches_our_namespace() -
     assert None not in scripts
 
 
+def test_a_client_cut_covers_the_relay_port_too() -> None:
+    """A node run with --relay-port: a client partition cuts the clients from both of its ports."""
+    ep = plan_endpoints("t", "10.9.9", ["a", "b"], {"a": 6001, "b": 6002}, {"a": 7001, "b": 7002},
+                        {"a": 8001, "b": 8002})
+    scripts = nft_script(dict.fromkeys(partition(CLIENTS, "a"), "drop"), ep)
+    assert scripts["t-a"].splitlines()[2:] == [
+        f"add rule inet {TABLE} output ip daddr 10.9.9.1 tcp sport {{ 6001, 8001 }} drop",
+        f"add rule inet {TABLE} input ip saddr 10.9.9.1 tcp dport {{ 6001, 8001 }} drop",
+    ]
+    # between the nodes nothing changes: the HA ports, or everything
+    assert nft_script(dict.fromkeys(partition("a", "b", "ha"), "drop"), ep) == \
+        nft_script(dict.fromkeys(partition("a", "b", "ha"), "drop"), EP)
+
+
 def test_a_replication_cut_covers_the_ha_ports_and_reject_resets() -> None:
     scripts = nft_script(dict.fromkeys(partition("a", "b", "ha"), "reject"), EP)
     assert scripts["t-a"].splitlines()[2:] == [

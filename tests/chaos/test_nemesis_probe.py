@@ -1,7 +1,8 @@
 """The nemesis's client-port probe (chaos/nemesis/probe.py) counts a CONNECTED as the
-probed node's only when the session id names that node: a slave run with
-``--relay-clients`` passes the probe's CONNECT on to its master, and that answer is the
-master's (else the checker's two-masters rule would see two nodes serving)."""
+probed node's only when the session id names that node: a relaying node passes a
+CONNECT on to its master, and that answer is the master's (else the checker's
+two-masters rule would see two nodes serving). With ``--relay-port`` a slave relays on
+a port of its own, not on the client port the probe looks at; the check stays."""
 
 from __future__ import annotations
 
