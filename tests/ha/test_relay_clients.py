@@ -258,3 +258,18 @@ def _client_error(port: int) -> BaseException | None:
     except Exception as exc:  # noqa: BLE001 - the test inspects it
         return exc
     return None
+
+
+def test_relay_port_bad_values_are_refused_naming_the_option(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from amqtransport.cli.main import cli
+
+    run = CliRunner().invoke(cli, ["broker", "run", "--ha", "replicated", "--port", "6100", "--relay-port", "6100",
+                                   "--cluster-password", "x" * 20, "--data-dir", str(tmp_path / "d")])
+    assert run.exit_code == 2 and "--relay-port must differ from the client port" in run.output, run.output
+    for args, says in ((["--relay-port", "6200"], "--relay-port and --slave-relay-port go together"),
+                       (["--relay-port", "6200", "--slave-relay-port", "6200"], "the relay ports must differ"),
+                       (["--relay-port", "70000", "--slave-relay-port", "6201"], "--relay-port must be a port number")):
+        pair = CliRunner().invoke(cli, ["broker", "pair", "--data-dir", str(tmp_path / "p"), *args])
+        assert pair.exit_code == 2 and says in pair.output, (args, pair.output)
