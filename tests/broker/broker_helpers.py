@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import stomp
@@ -28,6 +29,19 @@ class MessageSink:
 
     def deliver(self, sub: object, message: Any, delivery_count: int) -> None:
         self.got.append(message)
+
+
+def tear_last_record(seg: Path, n: int) -> None:
+    """What a crash does to the last record of segment ``seg``: its last ``n`` bytes never
+    landed. A killed broker's head is preallocated (zeros after the written data,
+    ``store/segments.py``): the bytes become zeros; a segment that grew as written is cut."""
+    raw = seg.read_bytes()
+    end = len(raw.rstrip(b"\0"))  # the written data
+    with open(seg, "r+b") as fh:
+        fh.seek(end - n)
+        fh.write(bytes(n))
+        if end == len(raw):
+            fh.truncate(end - n)
 
 
 def drain(port: int, queue: str) -> list[int]:

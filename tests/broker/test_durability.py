@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from broker_helpers import StompPy
+from broker_helpers import StompPy, tear_last_record
 
 from amqtransport.testing.broker_process import BrokerProcess
 
@@ -73,13 +73,7 @@ def test_torn_tail_recovery(tmp_path: Path) -> None:
         p.close()
         bp.kill()
         seg = sorted((data / "journal").glob("seg-*.log"), key=lambda f: f.stat().st_size)[-1]
-        raw = seg.read_bytes()
-        end = len(raw.rstrip(b"\0"))  # the written data (a preallocated head has zeros after it)
-        with open(seg, "r+b") as fh:  # the last record is now cut in the middle: its last bytes never landed
-            fh.seek(end - 15)
-            fh.write(bytes(15))
-            if end == len(raw):
-                fh.truncate(end - 15)  # (a segment that grows as written ends there)
+        tear_last_record(seg, 15)  # the last record is now cut in the middle
         bp.start()
         assert drain(bp.port, "/queue/torn", expect=9, ack=False) == [
             f"m{i}" * 20 for i in range(9)

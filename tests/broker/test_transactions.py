@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from broker_helpers import Raw, StompPy
+from broker_helpers import Raw, StompPy, tear_last_record
 
 from amqtransport.broker import BrokerConfig, EmbeddedBroker
 from amqtransport.broker.dispatch.core import BrokerCore
@@ -68,7 +68,7 @@ def test_a_torn_commit_record_takes_all_of_the_transaction_or_none(tmp_path: Pat
         bp.kill()
         # a crash while the commit's bytes were reaching the disk: its tail is torn
         seg = max((data / "journal").glob("seg-*.log"))
-        seg.write_bytes(seg.read_bytes()[:-10])
+        tear_last_record(seg, 10)  # the crash tore the record's tail
         bp.start()
         in_queue = queue_bodies(bp.port, "/queue/q", 0)
         copies = subscribe_durable(bp.port)
