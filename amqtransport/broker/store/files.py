@@ -14,7 +14,7 @@ promises nothing) the same steps run without the syncs.
 
 A journal segment is preallocated (:func:`preallocate`, see :mod:`.segments`) with the
 ``fallocate`` system call itself, not ``posix_fallocate``: where the file system does
-not support it (a FUSE file system without ``fallocate``), the C library's
+not support it (a FUSE file system: the power-loss nemesis's), the C library's
 ``posix_fallocate`` would write a zero byte into every block, and the caller would
 rather grow the file as it is written.
 """
