@@ -99,7 +99,7 @@ class _Dirty:
 
 
 class Overlay:
-    """The unsynced writes and allocations of every file (pure: no I/O; the FUSE layer reads and
+    """The unsynced writes of every file (pure: no I/O; the FUSE layer reads and
     writes the backing files around it)."""
 
     def __init__(self) -> None:
