@@ -29,12 +29,12 @@ of the directory ``BACKING``:
   or allocated and not fsynced is gone. ``drop tear`` first writes a prefix (a random
   length, from the seeded ``--seed``) of the newest unsynced write to the backing file:
   a torn write.
-* **Full disk**: a write or an allocation is refused with ENOSPC when the backing
-  filesystem could not take the bytes it adds to its file's size plus those every
-  unsynced write and allocation adds to its file (so ``disk-full`` works on a node
-  whose data is here). Rewriting bytes within a file's size takes no new space, as on
-  ext4 or tmpfs: a preallocated journal head is written on into while the disk is full
-  (the holes of a sparse file are not counted: a simplification).
+* **Full disk**: a write is refused with ENOSPC when the backing filesystem could not
+  take it plus every unsynced byte and every byte unsynced allocations add to their
+  files (so ``disk-full`` works on a node whose data is here); an allocation likewise,
+  for the bytes it adds. (A write into an allocation still counts: a conservative
+  simplification, so a full disk stops a preallocated head here sooner than on ext4 or
+  tmpfs.)
 
 Control: one command per line on stdin, one answer per line on stdout. ``freeze``
 takes the lock every operation takes and keeps it (every filesystem call waits),
@@ -86,8 +86,7 @@ class PowerLoss:
 class _Dirty:
     writes: list[tuple[int, int, bytes]] = field(default_factory=list)  # (seq, offset, data), in order
     allocs: list[tuple[int, int]] = field(default_factory=list)  # unsynced fallocate ranges (offset, length)
-    grown: int = 0  # bytes the writes and allocations add past the backing file's size: the space they take
-    allocated: int = 0  # the part of ``grown`` the allocations added
+    grown: int = 0  # bytes those ranges added past the backing file's size (the space they hold)
 
     @property
     def end(self) -> int:
@@ -112,23 +111,15 @@ class Overlay:
 
     @property
     def reserved(self) -> int:
-        """The backing space the unsynced changes would take: what they add to their
-        files' sizes (a full disk's rule; see the module docstring)."""
-        return sum(f.grown for f in self.files.values())
+        """The backing space the unsynced changes would take: every pending byte plus what
+        unsynced allocations add past the files' sizes (a full disk's rule)."""
+        return self.pending + sum(f.grown for f in self.files.values())
 
-    def growth(self, ino: int, end: int, base_size: int) -> int:
-        """The bytes a change reaching ``end`` would add to the file (backing size ``base_size``)."""
-        return max(0, end - self.size(ino, base_size))
-
-    def write(self, ino: int, offset: int, data: bytes, base_size: int = 0) -> None:
-        """An unsynced write to the file whose backing size is ``base_size``."""
+    def write(self, ino: int, offset: int, data: bytes) -> None:
         if offset < 0:
             raise ValueError(f"negative offset {offset}")
         self.seq += 1
-        grow = self.growth(ino, offset + len(data), base_size)
-        f = self.files.setdefault(ino, _Dirty())
-        f.writes.append((self.seq, offset, bytes(data)))
-        f.grown += grow
+        self.files.setdefault(ino, _Dirty()).writes.append((self.seq, offset, bytes(data)))
 
     def allocate(self, ino: int, offset: int, length: int, base_size: int) -> int:
         """``fallocate(fd, 0, offset, length)`` of the file whose backing size is
@@ -137,11 +128,10 @@ class Overlay:
         file by (the space it takes)."""
         if offset < 0 or length <= 0:
             raise ValueError(f"bad allocation: offset {offset}, length {length}")
-        grow = self.growth(ino, offset + length, base_size)
+        grow = max(0, offset + length - self.size(ino, base_size))
         f = self.files.setdefault(ino, _Dirty())
         f.allocs.append((offset, length))
         f.grown += grow
-        f.allocated += grow
         return grow
 
     def size(self, ino: int, base_size: int) -> int:
@@ -168,15 +158,26 @@ class Overlay:
         f.writes = [(s, off, d[:max(0, length - off)]) for s, off, d in f.writes if off < length]
         # the backing file is ``length`` long now: no allocation reaches past it
         f.allocs = [(off, min(n, length - off)) for off, n in f.allocs if off < length]
-        f.grown = f.allocated = 0
+        f.grown = 0
         if not f.writes and not f.allocs:
             del self.files[ino]
 
-    def take(self, ino: int) -> tuple[list[tuple[int, int]], list[tuple[int, bytes]]]:
-        """What to make durable, forgotten here (fsync): the allocations (offset, length),
-        to apply first (the writes may lie inside them), and the writes, in order."""
+    def take(self, ino: int) -> list[tuple[int, bytes]]:
+        """The writes to make durable, in order, forgotten here (fsync). Any unsynced
+        allocation must be made durable first: :meth:`take_allocs`."""
         f = self.files.pop(ino, None)
-        return ([], []) if f is None else (f.allocs, [(off, d) for _, off, d in f.writes])
+        return [] if f is None else [(off, d) for _, off, d in f.writes]
+
+    def take_allocs(self, ino: int) -> list[tuple[int, int]]:
+        """The allocations (offset, length) to make durable, forgotten here (fsync: before
+        :meth:`take`, whose writes may lie inside them)."""
+        f = self.files.get(ino)
+        if f is None:
+            return []
+        allocs, f.allocs, f.grown = f.allocs, [], 0
+        if not f.writes:
+            del self.files[ino]
+        return allocs
 
     def forget(self, ino: int) -> None:
         self.files.pop(ino, None)
@@ -185,7 +186,7 @@ class Overlay:
         """Forget everything; with ``tear``, (inode, offset, prefix) of the newest write
         that reaches the disk torn (a prefix shorter than the write)."""
         loss = PowerLoss(files=len(self.files), bytes=self.pending,
-                         allocated=sum(f.allocated for f in self.files.values()))
+                         allocated=sum(f.grown for f in self.files.values()))
         torn: tuple[int, int, bytes] | None = None
         if tear is not None:
             newest = max(((s, ino, off, d) for ino, f in self.files.items() for s, off, d in f.writes),
@@ -360,9 +361,8 @@ class LazyOps(_operations_base()):  # type: ignore[misc]
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         def do() -> int:
-            st = os.fstat(fh)
-            self._room(self.overlay.growth(st.st_ino, offset + len(data), st.st_size))
-            self.overlay.write(st.st_ino, offset, data, st.st_size)
+            self._room(len(data))
+            self.overlay.write(self.fh_ino.get(fh) or os.fstat(fh).st_ino, offset, data)
             return len(data)
         return self._guard(do)  # type: ignore[no-any-return]
 
@@ -382,7 +382,7 @@ class LazyOps(_operations_base()):  # type: ignore[misc]
             if offset < 0 or length <= 0:
                 raise OSError(errno.EINVAL, f"fallocate of {length} bytes at offset {offset}")
             st = os.fstat(fh)
-            self._room(self.overlay.growth(st.st_ino, offset + length, st.st_size))
+            self._room(max(0, offset + length - self.overlay.size(st.st_ino, st.st_size)))
             self.overlay.allocate(st.st_ino, offset, length, st.st_size)
         self._guard(do)
 
@@ -396,10 +396,9 @@ class LazyOps(_operations_base()):  # type: ignore[misc]
 
     def _sync(self, fh: int) -> None:
         ino = self.fh_ino.get(fh) or os.fstat(fh).st_ino
-        allocs, writes = self.overlay.take(ino)
-        for off, n in allocs:  # the size first: the writes may lie inside it
+        for off, n in self.overlay.take_allocs(ino):  # the size first: the writes may lie inside it
             os.posix_fallocate(fh, off, n)
-        for off, data in writes:
+        for off, data in self.overlay.take(ino):
             os.pwrite(fh, data, off)
 
     def fsync(self, path: str, datasync: int, fh: int) -> None:

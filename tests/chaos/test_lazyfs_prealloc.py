@@ -25,7 +25,6 @@ import pytest
 
 from amqtransport.client import connect
 from amqtransport.errors import AmqTransportError
-from amqtransport.processes.disk import TmpfsUnavailable, fill, tmpfs
 from amqtransport.testing.broker_process import BrokerProcess
 from chaos.nemesis import lazyfs
 from chaos.nemesis.lazyfs import LazyFs
@@ -86,36 +85,6 @@ def test_an_allocation_is_unsynced_like_a_write_until_the_file_is_synced(tmp_pat
         assert data[4:1000] == bytes(996) and data[1004:] == bytes(69632 - 1004)
     finally:
         fs.stop()
-
-
-@needs_fuse
-@pytest.mark.timeout(120)
-def test_a_full_disk_lets_a_preallocated_file_be_written_within_its_size(tmp_path: Path) -> None:
-    """As on ext4 or tmpfs (docs/chaos.md, ``disk-full``: the master writes on into its
-    preallocated head): rewriting within a file's size takes no new space. Before, every
-    unsynced byte counted, so a full disk refused these writes too."""
-    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
-    backing.mkdir()
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(tmpfs(backing, 1 << 20))
-        except TmpfsUnavailable as exc:
-            pytest.skip(f"tmpfs: {exc}")
-        fs = LazyFs(backing, mnt).start()
-        stack.callback(fs.stop)  # first: the mount on the tmpfs
-        fd = os.open(mnt / "head", os.O_RDWR | os.O_CREAT, 0o644)
-        stack.callback(os.close, fd)
-        assert _fallocate(fd, 0, 0, 256 * 1024) == 0
-        os.fdatasync(fd)
-        fill(backing)  # the disk is full
-        os.pwrite(fd, b"r" * 4096, 8192)  # within the preallocation
-        assert _fallocate(fd, 0, 0, 128 * 1024) == 0  # within its size: nothing to add
-        with pytest.raises(OSError) as grow:
-            os.pwrite(fd, b"g" * 65536, 256 * 1024)  # past its end: space it does not have
-        assert grow.value.errno == errno.ENOSPC
-        assert _fallocate(fd, 0, 0, 512 * 1024) == errno.ENOSPC
-        os.fdatasync(fd)
-        assert (backing / "head").read_bytes()[8192:8192 + 4096] == b"r" * 4096
 
 
 def _good_end(raw: bytes) -> int:

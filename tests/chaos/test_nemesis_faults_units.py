@@ -245,7 +245,7 @@ def test_fsync_hands_over_the_writes_in_order_and_only_that_files() -> None:
     o.write(1, 0, b"aaaa")
     o.write(2, 0, b"bbbb")
     o.write(1, 2, b"XY")
-    assert o.take(1) == ([], [(0, b"aaaa"), (2, b"XY")])
+    assert o.take(1) == [(0, b"aaaa"), (2, b"XY")]
     loss, _ = o.power_loss()
     assert loss.bytes == 4  # file 2's write, never fsynced
 
@@ -275,33 +275,15 @@ def test_an_allocation_grows_the_file_with_zeros_unsynced_until_fsync() -> None:
     assert o.allocate(1, 0, 100, base_size=0) == 96  # the bytes it adds past the file's size
     assert o.size(1, 0) == 100 and o.read(1, 0, 8, b"", 0) == b"head" + bytes(4)
     assert o.allocate(1, 50, 10, base_size=0) == 0  # inside the file: nothing more
-    assert o.reserved == 100  # the space the unsynced changes take: what they add to the file
-    assert o.take(1) == ([(0, 100), (50, 10)], [(0, b"head")])  # fsync: the allocations first
-    assert o.reserved == 0 and o.files == {}
+    assert o.reserved == 4 + 96
+    assert o.take_allocs(1) == [(0, 100), (50, 10)]  # fsync: the allocation first, then the writes
+    assert o.reserved == 4 and o.take(1) == [(0, b"head")] and o.files == {}
     o.allocate(2, 0, 4096, base_size=10)
     loss, torn = o.power_loss(random.Random(1))
     assert (loss.files, loss.bytes, loss.allocated, torn) == (1, 0, 4086, None)  # an allocation is never torn
     assert "4086 bytes of unsynced allocation" in loss.describe()
     with pytest.raises(ValueError, match="bad allocation"):
         o.allocate(3, 0, 0, base_size=0)
-
-
-def test_only_what_a_change_adds_to_its_file_takes_space() -> None:
-    """A full disk's rule: rewriting within a file's size (a preallocated head) takes no
-    new space; growing it does, once per byte."""
-    o = Overlay()
-    o.write(1, 0, b"x" * 100, base_size=1000)  # inside the durable size
-    assert o.reserved == 0 and o.growth(1, 1000, 1000) == 0
-    o.write(1, 990, b"y" * 20, base_size=1000)
-    assert o.reserved == 10 and o.growth(1, 1020, 1000) == 10
-    o.write(1, 1000, b"z" * 10, base_size=1000)  # over its own unsynced growth
-    assert o.reserved == 10
-    o.write(2, 0, b"new", base_size=0)
-    assert o.reserved == 13
-    o.truncate(1, 5000)  # the backing file is that long now
-    assert o.reserved == 3
-    loss, _ = o.power_loss()
-    assert (loss.bytes, loss.allocated) == (133, 0)
 
 
 def test_truncate_clips_an_unsynced_allocation() -> None:
