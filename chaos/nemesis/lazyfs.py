@@ -14,27 +14,11 @@ of the directory ``BACKING``:
 * **Metadata** (create, mkdir, rename, unlink, truncate, chmod) goes to ``BACKING`` at
   once: durable as soon as it returns (a simplification: a journaling filesystem
   orders metadata, LazyFS does the same by default). Truncating clips the overlay.
-* **Allocation** (``fallocate(2)``, mode 0 only: what the journal's preallocated
-  segments use) is kept in the file's overlay like a write, not passed on: the file's
-  size becomes at least ``offset + length``, the new bytes read as zeros, nothing
-  written changes. Like the size change a write past the end makes, it is durable only
-  once the file is fsynced/fdatasynced (its allocations reach the backing file first,
-  with ``posix_fallocate``, then its writes), and a power loss forgets it whole (the
-  file is back at its durable size; an allocation is never torn: it writes no data).
-  Other modes (``KEEP_SIZE``, ``PUNCH_HOLE``, ``ZERO_RANGE``...) are refused with
-  EOPNOTSUPP, as by a file system without them. fusepy 3.0.1 stops its ``struct
-  fuse_operations`` before libfuse 2.9's ``fallocate``: :func:`_fuse_with_fallocate`
-  completes it.
 * **Power loss** (the ``drop`` command): every overlay is forgotten -- what was written
-  or allocated and not fsynced is gone. ``drop tear`` first writes a prefix (a random
-  length, from the seeded ``--seed``) of the newest unsynced write to the backing file:
-  a torn write.
+  and not fsynced is gone. ``drop tear`` first writes a prefix (a random length, from the
+  seeded ``--seed``) of the newest unsynced write to the backing file: a torn write.
 * **Full disk**: a write is refused with ENOSPC when the backing filesystem could not
-  take it plus every unsynced byte and every byte unsynced allocations add to their
-  files (so ``disk-full`` works on a node whose data is here); an allocation likewise,
-  for the bytes it adds. (A write into an allocation still counts: a conservative
-  simplification, so a full disk stops a preallocated head here sooner than on ext4 or
-  tmpfs.)
+  take it plus every unsynced byte (so ``disk-full`` works on a node whose data is here).
 
 Control: one command per line on stdin, one answer per line on stdout. ``freeze``
 takes the lock every operation takes and keeps it (every filesystem call waits),
@@ -52,7 +36,6 @@ request's caller by its thread id, hence the list of the node's threads. ``mount
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import random
@@ -74,27 +57,19 @@ class PowerLoss:
     files: int = 0
     bytes: int = 0
     torn: tuple[int, int, int] | None = None  # (inode, offset, bytes of the torn write kept)
-    allocated: int = 0  # bytes unsynced fallocates had added past the files' durable sizes
 
     def describe(self) -> str:
-        alloc = f"; {self.allocated} bytes of unsynced allocation" if self.allocated else ""
         torn = f"; torn write: {self.torn[2]} bytes kept at offset {self.torn[1]}" if self.torn else ""
-        return f"lost {self.bytes} unsynced bytes in {self.files} file(s){alloc}{torn}"
+        return f"lost {self.bytes} unsynced bytes in {self.files} file(s){torn}"
 
 
 @dataclass
 class _Dirty:
     writes: list[tuple[int, int, bytes]] = field(default_factory=list)  # (seq, offset, data), in order
-    allocs: list[tuple[int, int]] = field(default_factory=list)  # unsynced fallocate ranges (offset, length)
-    grown: int = 0  # bytes those ranges added past the backing file's size (the space they hold)
 
     @property
     def end(self) -> int:
         return max((off + len(d) for _, off, d in self.writes), default=0)
-
-    @property
-    def alloc_end(self) -> int:
-        return max((off + n for off, n in self.allocs), default=0)
 
 
 class Overlay:
@@ -109,34 +84,15 @@ class Overlay:
     def pending(self) -> int:
         return sum(len(d) for f in self.files.values() for _, _, d in f.writes)
 
-    @property
-    def reserved(self) -> int:
-        """The backing space the unsynced changes would take: every pending byte plus what
-        unsynced allocations add past the files' sizes (a full disk's rule)."""
-        return self.pending + sum(f.grown for f in self.files.values())
-
     def write(self, ino: int, offset: int, data: bytes) -> None:
         if offset < 0:
             raise ValueError(f"negative offset {offset}")
         self.seq += 1
         self.files.setdefault(ino, _Dirty()).writes.append((self.seq, offset, bytes(data)))
 
-    def allocate(self, ino: int, offset: int, length: int, base_size: int) -> int:
-        """``fallocate(fd, 0, offset, length)`` of the file whose backing size is
-        ``base_size``: its size becomes at least ``offset + length``, the new bytes read as
-        zeros, nothing written is changed; unsynced like a write. The bytes it grows the
-        file by (the space it takes)."""
-        if offset < 0 or length <= 0:
-            raise ValueError(f"bad allocation: offset {offset}, length {length}")
-        grow = max(0, offset + length - self.size(ino, base_size))
-        f = self.files.setdefault(ino, _Dirty())
-        f.allocs.append((offset, length))
-        f.grown += grow
-        return grow
-
     def size(self, ino: int, base_size: int) -> int:
         f = self.files.get(ino)
-        return base_size if f is None else max(base_size, f.end, f.alloc_end)
+        return base_size if f is None else max(base_size, f.end)
 
     def read(self, ino: int, offset: int, size: int, base: bytes, base_size: int) -> bytes:
         """``size`` bytes at ``offset`` of the file whose backing bytes there are ``base``."""
@@ -156,28 +112,13 @@ class Overlay:
         if f is None:
             return
         f.writes = [(s, off, d[:max(0, length - off)]) for s, off, d in f.writes if off < length]
-        # the backing file is ``length`` long now: no allocation reaches past it
-        f.allocs = [(off, min(n, length - off)) for off, n in f.allocs if off < length]
-        f.grown = 0
-        if not f.writes and not f.allocs:
+        if not f.writes:
             del self.files[ino]
 
     def take(self, ino: int) -> list[tuple[int, bytes]]:
-        """The writes to make durable, in order, forgotten here (fsync). Any unsynced
-        allocation must be made durable first: :meth:`take_allocs`."""
+        """The writes to make durable, in order, forgotten here (fsync)."""
         f = self.files.pop(ino, None)
         return [] if f is None else [(off, d) for _, off, d in f.writes]
-
-    def take_allocs(self, ino: int) -> list[tuple[int, int]]:
-        """The allocations (offset, length) to make durable, forgotten here (fsync: before
-        :meth:`take`, whose writes may lie inside them)."""
-        f = self.files.get(ino)
-        if f is None:
-            return []
-        allocs, f.allocs, f.grown = f.allocs, [], 0
-        if not f.writes:
-            del self.files[ino]
-        return allocs
 
     def forget(self, ino: int) -> None:
         self.files.pop(ino, None)
@@ -185,8 +126,7 @@ class Overlay:
     def power_loss(self, tear: random.Random | None = None) -> tuple[PowerLoss, tuple[int, int, bytes] | None]:
         """Forget everything; with ``tear``, (inode, offset, prefix) of the newest write
         that reaches the disk torn (a prefix shorter than the write)."""
-        loss = PowerLoss(files=len(self.files), bytes=self.pending,
-                         allocated=sum(f.grown for f in self.files.values()))
+        loss = PowerLoss(files=len(self.files), bytes=self.pending)
         torn: tuple[int, int, bytes] | None = None
         if tear is not None:
             newest = max(((s, ino, off, d) for ino, f in self.files.items() for s, off, d in f.writes),
@@ -207,47 +147,6 @@ def _fuse_module() -> Any:
     import fuse  # fusepy: ctypes over libfuse.so.2
 
     return fuse
-
-
-def _fuse_with_fallocate(fuse: Any) -> tuple[type, type]:
-    """fusepy 3.0.1's ``fuse_operations`` ends at ``ioctl``; libfuse 2.9's struct goes on
-    with ``poll``, ``write_buf``, ``read_buf``, ``flock`` and ``fallocate`` (2.9.1; Debian
-    has 2.9.9), and libfuse answers a missing operation with ENOSYS (the kernel then
-    returns EOPNOTSUPP for every later ``fallocate`` of the mount). So: the full struct
-    (the four between left NULL) and a ``FUSE`` that passes ``fallocate`` on like
-    fusepy's other calls (``Operations.fallocate(path, mode, offset, length, fh)``)."""
-    fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int, fuse.c_off_t, fuse.c_off_t,
-                          ctypes.POINTER(fuse.fuse_file_info))
-    names = [f[0] for f in fuse.fuse_operations._fields_]
-    if "fallocate" in names:  # a fusepy that has it already
-        return fuse.fuse_operations, fuse.FUSE
-    if names[-1] != "ioctl":
-        raise OSError(f"fusepy's fuse_operations ends at {names[-1]!r}, not 'ioctl': cannot add fallocate")
-
-    class Operations29(ctypes.Structure):
-        _fields_ = [*fuse.fuse_operations._fields_, ("poll", ctypes.c_void_p), ("write_buf", ctypes.c_void_p),
-                    ("read_buf", ctypes.c_void_p), ("flock", ctypes.c_void_p), ("fallocate", fn)]
-
-    class Fuse29(fuse.FUSE):  # type: ignore[misc]
-        def fallocate(self, path: bytes, mode: int, offset: int, length: int, fip: Any) -> int:
-            fh = fip.contents if self.raw_fi else fip.contents.fh
-            return self.operations("fallocate", path.decode(self.encoding), mode, offset, length, fh)  # type: ignore[no-any-return]
-
-    return Operations29, Fuse29
-
-
-def _mount(ops: Any, mount: str, **options: Any) -> None:
-    """``fuse.FUSE(ops, mount, **options)`` with ``fallocate`` (:func:`_fuse_with_fallocate`):
-    fusepy's ``FUSE`` reads the module's ``fuse_operations`` when it mounts, so it is the
-    full struct for that call (this process's one mount)."""
-    fuse = _fuse_module()
-    struct, cls = _fuse_with_fallocate(fuse)
-    saved = fuse.fuse_operations
-    fuse.fuse_operations = struct
-    try:
-        cls(ops, mount, **options)
-    finally:
-        fuse.fuse_operations = saved
 
 
 def _operations_base() -> type:
@@ -361,30 +260,12 @@ class LazyOps(_operations_base()):  # type: ignore[misc]
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         def do() -> int:
-            self._room(len(data))
+            st = os.statvfs(self.root)
+            if st.f_bavail * st.f_frsize < self.overlay.pending + len(data):
+                raise OSError(errno.ENOSPC, "no space left on the backing filesystem")
             self.overlay.write(self.fh_ino.get(fh) or os.fstat(fh).st_ino, offset, data)
             return len(data)
         return self._guard(do)  # type: ignore[no-any-return]
-
-    def _room(self, more: int) -> None:
-        st = os.statvfs(self.root)
-        if st.f_bavail * st.f_frsize < self.overlay.reserved + more:
-            raise OSError(errno.ENOSPC, "no space left on the backing filesystem")
-
-    def fallocate(self, path: str, mode: int, offset: int, length: int, fh: int) -> None:
-        """Mode 0 only (the file grows to ``offset + length`` with zeros, unsynced until an
-        fsync/fdatasync of the file, like a write); any other mode (KEEP_SIZE, PUNCH_HOLE,
-        ZERO_RANGE...) is refused with EOPNOTSUPP (never ENOSYS: the kernel would then stop
-        asking for any mode)."""
-        def do() -> None:
-            if mode != 0:
-                raise OSError(errno.EOPNOTSUPP, f"fallocate mode {mode:#x} is not modelled (only mode 0)")
-            if offset < 0 or length <= 0:
-                raise OSError(errno.EINVAL, f"fallocate of {length} bytes at offset {offset}")
-            st = os.fstat(fh)
-            self._room(max(0, offset + length - self.overlay.size(st.st_ino, st.st_size)))
-            self.overlay.allocate(st.st_ino, offset, length, st.st_size)
-        self._guard(do)
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> None:
         def do() -> None:
@@ -396,8 +277,6 @@ class LazyOps(_operations_base()):  # type: ignore[misc]
 
     def _sync(self, fh: int) -> None:
         ino = self.fh_ino.get(fh) or os.fstat(fh).st_ino
-        for off, n in self.overlay.take_allocs(ino):  # the size first: the writes may lie inside it
-            os.posix_fallocate(fh, off, n)
         for off, data in self.overlay.take(ino):
             os.pwrite(fh, data, off)
 
@@ -481,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("mount")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
+    fuse = _fuse_module()
     ops = LazyOps(a.backing, a.seed)
     threading.Thread(target=_control, args=(ops,), daemon=True, name="lazyfs-control").start()
 
@@ -491,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         print("mounted" if os.path.ismount(a.mount) else "error not mounted after 30 s", flush=True)
 
     threading.Thread(target=announce, daemon=True).start()
-    _mount(ops, a.mount, foreground=True, nothreads=False, direct_io=True, attr_timeout=0, entry_timeout=0,
+    fuse.FUSE(ops, a.mount, foreground=True, nothreads=False, direct_io=True, attr_timeout=0, entry_timeout=0,
               negative_timeout=0, fsname="amq-lazyfs")
     return 0
 

@@ -269,53 +269,6 @@ def test_truncate_clips_unsynced_writes() -> None:
     assert o.files == {}
 
 
-def test_an_allocation_grows_the_file_with_zeros_unsynced_until_fsync() -> None:
-    o = Overlay()
-    o.write(1, 0, b"head")
-    assert o.allocate(1, 0, 100, base_size=0) == 96  # the bytes it adds past the file's size
-    assert o.size(1, 0) == 100 and o.read(1, 0, 8, b"", 0) == b"head" + bytes(4)
-    assert o.allocate(1, 50, 10, base_size=0) == 0  # inside the file: nothing more
-    assert o.reserved == 4 + 96
-    assert o.take_allocs(1) == [(0, 100), (50, 10)]  # fsync: the allocation first, then the writes
-    assert o.reserved == 4 and o.take(1) == [(0, b"head")] and o.files == {}
-    o.allocate(2, 0, 4096, base_size=10)
-    loss, torn = o.power_loss(random.Random(1))
-    assert (loss.files, loss.bytes, loss.allocated, torn) == (1, 0, 4086, None)  # an allocation is never torn
-    assert "4086 bytes of unsynced allocation" in loss.describe()
-    with pytest.raises(ValueError, match="bad allocation"):
-        o.allocate(3, 0, 0, base_size=0)
-
-
-def test_truncate_clips_an_unsynced_allocation() -> None:
-    o = Overlay()
-    o.allocate(1, 0, 1000, base_size=0)
-    o.truncate(1, 300)
-    assert o.size(1, 300) == 300 and o.reserved == 0
-    o.truncate(1, 0)
-    assert o.files == {}
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=64),
-       st.lists(st.tuples(st.booleans(), st.integers(0, 80), st.binary(min_size=1, max_size=20)), max_size=8),
-       st.integers(0, 100), st.integers(0, 100))
-def test_the_overlay_reads_as_a_file_written_and_allocated_in_place(
-        base: bytes, ops: list[tuple[bool, int, bytes]], off: int, n: int) -> None:
-    o = Overlay()
-    model = bytearray(base)
-    for allocate, at, data in ops:
-        if len(model) < at + len(data):
-            grow = at + len(data) - len(model)
-            model.extend(b"\0" * grow)
-        if allocate:  # fallocate(fd, 0, at, len(data)): zeros past the end, nothing written changes
-            o.allocate(9, at, len(data), len(base))
-        else:
-            o.write(9, at, data)
-            model[at:at + len(data)] = data
-    assert o.size(9, len(base)) == len(model)
-    assert o.read(9, off, n, base[off:off + n], len(base)) == bytes(model[off:off + n])
-
-
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=64), st.lists(st.tuples(st.integers(0, 80), st.binary(min_size=1, max_size=20)), max_size=8),
        st.integers(0, 100), st.integers(0, 100))
