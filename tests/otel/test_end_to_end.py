@@ -142,7 +142,10 @@ def test_one_trace_from_producer_through_failover_and_bridge_to_consumer(
                 pass
 
         def chains_exported() -> bool:
-            return len(receiver.named(f"forward {QUEUE}")) >= 2 and len(receiver.named("replication wait")) >= 3
+            # a span is exported when it ends, a parent after its children and in another batch:
+            # wait for every broker's send span too (spoke and hub, A and B), not only the children
+            return (len(receiver.named(f"forward {QUEUE}")) >= 2 and len(receiver.named("replication wait")) >= 3
+                    and len(receiver.named(f"send {QUEUE}")) >= 4)
         wait_for(chains_exported, 30, what="the brokers' and the bridge's spans")
         check_chain(telemetry, receiver, "A-sync", replayed=True, spoke_slave=False)
         check_chain(telemetry, receiver, "B-asyncio", replayed=False, spoke_slave=True)
