@@ -23,6 +23,7 @@ from amqtransport.broker.store import (
 )
 from amqtransport.broker.store import journal as journal_module
 from amqtransport.broker.store import writer as writer_module
+from amqtransport.broker.store.pages import pack
 
 
 def ack(i: int) -> bytes:
@@ -381,3 +382,35 @@ def test_the_writers_hand_offs_are_measured_and_counted_against_it(
         got += len(delivered) - before
     assert got == every - 1  # the loop's, but one probe of the writer
     j.close()
+
+
+def test_a_read_on_the_loop_of_what_its_own_turn_appended_wakes_the_writer(
+        tmp_path: Path, no_idle_rounds: None) -> None:
+    """A turn on the ``inline_thread`` appends (the sleeping writer is left asleep: the turn
+    commits at its end) and then reads the record back in the same turn (a selective
+    consumer's scan over paged messages, the new one among them): the read must wake the
+    writer, not wait for its idle round (every CHECK_INTERVAL; 0.5 s in a broker, which
+    stalled the loop for seconds after a shared-store takeover) or fail after 30 s."""
+    j = started(tmp_path)
+    out: list[object] = []
+
+    def turn() -> None:
+        j.inline_thread = threading.get_ident()
+        j.on_queued = lambda: None
+        j.deliver_here = run_completions
+        assert j.flush(30)
+        time.sleep(0.2)  # the writer asleep again (flush's wake-up taken), as between two turns
+        seg, off = j.append_at([ack(1)], lambda err: None)
+        out.append(j.candidates([pack(seg, off, 0)], [b"x1"]))
+        out.append(j.read([pack(seg, off, 0)]))
+        j.commit_turn(4)  # the end of the turn: nothing left to commit here
+
+    t = threading.Thread(target=turn, daemon=True)
+    t.start()
+    t.join(10)
+    try:
+        assert not t.is_alive(), "the read waited for the sleeping writer"
+        assert out == [[0], [ack(1)]]
+        assert j.flush(30) and j.durable_records == 1  # the writer took the turn's record
+    finally:
+        j.close()

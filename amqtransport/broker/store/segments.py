@@ -37,7 +37,9 @@ Reading back (:class:`SegmentReads`, the part of :class:`~.journal.Journal` that
 while its writer thread appends): paged messages (:meth:`SegmentReads.read`) and a
 replica's full sync (:meth:`SegmentReads.read_span`) read records at their positions
 with ``pread`` on a few cached descriptors, CRC-checked; a position the writer has not
-written yet waits for it (briefly) under the journal's condition.
+written yet waits for it (briefly) under the journal's condition, waking the writer if it
+sleeps (the broker's loop reads back, in a selective scan, what its own turn appended
+and left for the turn's end: without the wake-up it waited for the writer's idle round).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import threading
 import zlib
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from amqtransport.errors import ServerError
@@ -205,6 +207,7 @@ class SegmentReads:
     _sizes: dict[int, int]
     _thread: threading.Thread | None
     _failed: BaseException | None
+    _wake_writer_locked: Callable[[], None]  # JournalWriter's
 
     def path_of(self, seg_id: int) -> Path:
         return self.directory / segment_name(seg_id)
@@ -364,6 +367,9 @@ class SegmentReads:
             if (seg, end) <= self._written:
                 return
             self._read_waiting = True
+            # the position may be in what this very thread queued and left for the end of
+            # its turn (the broker loop's inline commit, journal.py): the writer must take it
+            self._wake_writer_locked()
             try:
                 ok = self._cond.wait_for(
                     lambda: (seg, end) <= self._written or seg < self._written[0] or self._failed is not None, 30.0

@@ -193,10 +193,7 @@ class JournalWriter:
         with self._cond:
             if (self._busy or not self._queue or self._closing or self._failed is not None or self._check_due
                     or len(self._payloads) > max_records):
-                if self._queue and self._waiting:
-                    if not self._woken_at:
-                        self._woken_at = time.perf_counter()  # RECEIPT_PATH.journal_wakeup, wake_writer
-                    self._cond.notify_all()  # the writer's, then (the appends may not have woken it)
+                self._wake_writer_locked()  # the writer's, then (the appends may not have woken it)
                 return None
             self._woken_at = 0.0  # the writer, if woken, finds nothing to do
             items, callbacks, payloads, target, target_bytes = self._take()
@@ -209,6 +206,17 @@ class JournalWriter:
         self._done(target, target_bytes)
         self._report_failure(error)
         return []
+
+    def _wake_writer_locked(self) -> None:
+        """Under ``_cond``: wake the writer thread if it sleeps while records are queued
+        (an append on the loop's ``inline_thread`` leaves it asleep for ``commit_turn``):
+        ``commit_here`` handing a batch over, and a read of a position not written yet
+        (:meth:`~.segments.SegmentReads._wait_written`), which would otherwise wait for the
+        writer's idle round."""
+        if self._queue and self._waiting:
+            if not self._woken_at:
+                self._woken_at = time.perf_counter()  # RECEIPT_PATH.journal_wakeup, wake_writer
+            self._cond.notify_all()
 
     def _timed_handback(self, cb: Callback, err: BaseException | None) -> tuple[Callback, BaseException | None]:
         """``cb``, noting when it runs how long the hand-back took (:attr:`handback_writer`)."""
