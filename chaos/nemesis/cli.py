@@ -187,7 +187,7 @@ def run_nemesis(mode: str, params: NemesisParams, *, report_dir: Path | None, ec
         echo(format_summary(results))
         echo(format_availability(results))
     for r in results:
-        for line in r.late_lines():
+        for line in [*r.late_lines(), *r.withdrawn_lines()]:
             echo(line)
         for note in r.notes:
             echo(f"{r.mode}: {note}")

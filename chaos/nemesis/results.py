@@ -88,6 +88,22 @@ class ModeResult:
                          f"still undelivered at the round's end{stacks}: {what}")
         return lines
 
+    def withdrawn_lines(self) -> list[str]:
+        """One line per round whose quick look (the last minute of history) flagged a rule
+        that the final check of the complete history does not hold against that round (a
+        bound moved by a fault or an outage outside the minute, a message that came later):
+        so that a ``SUSPECT`` progress line is not read as the verdict."""
+        if self.result is None:
+            return []
+        confirmed = {(v.round, v.rule) for v in self.result.violations}
+        lines = []
+        for rnd in self.rounds:
+            gone = sorted({v.rule for v in rnd.violations} - {r for n, r in confirmed if n == rnd.round})
+            if gone:
+                lines.append(f"{self.mode} round {rnd.round}: suspected {', '.join(gone)} in the round's quick look; "
+                             f"the final check of the whole history does not confirm it")
+        return lines
+
     def to_json(self) -> dict[str, Any]:
         p = asdict(self.params)
         return {"mode": self.mode, "ok": self.ok, "kinds": self.kinds, "params": p,

@@ -409,8 +409,8 @@ class ModeRun:
         txs = self.history.txs[txs0:]
         replay = replay_command(self.mode, plan.seed, 1, self.params.kinds, self.params.double_faults,
                                 self.params.witness)
-        verdict = "OK" if new == 0 else (
-            "VIOLATIONS: " + ", ".join(f"{v.rule}: {v.summary}" for v in out.violations[:3])
+        verdict = "OK" if new == 0 else (  # the final check confirms or withdraws it (ModeResult.withdrawn_lines)
+            "SUSPECT (the final check decides): " + ", ".join(f"{v.rule}: {v.summary}" for v in out.violations[:3])
             + f" -- replay: {replay}")
         restart = f", restarted {','.join(restarted)}" if restarted else ""
         out.line = (

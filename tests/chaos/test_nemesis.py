@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from amqtransport.cli.main import cli
 from amqtransport.processes.disk import TmpfsUnavailable
 from chaos.nemesis import netns
-from chaos.nemesis.checker import check
+from chaos.nemesis.checker import Violation, check
 from chaos.nemesis.cli import run_nemesis
 from chaos.nemesis.cluster import TmpfsMount
 from chaos.nemesis.history import Delivery, History, RoundRecord, Send, Subscriber, load_history
@@ -319,7 +319,8 @@ class _LateRun:
         self.result = ModeResult(mode, params, ["kill-master", "latency"], h)
         self.result.rounds = [
             RoundOutcome(mode, 1, params.seed, plan_round(params.seed, mode, None, round_no=1), healthy=True,
-                         pending=2, late=[("k1", ("c", "d")), ("k2", ("c", "d"))], stacks="/tmp/threads.txt"),
+                         pending=2, late=[("k1", ("c", "d")), ("k2", ("c", "d"))], stacks="/tmp/threads.txt",
+                         violations=[Violation("scheduled-late", 9.0, 1, "k1 due by 5.0, not delivered (so far)")]),
             RoundOutcome(mode, 2, 777, plan_round(777, mode, None, round_no=2), healthy=True,
                          pending=1, late=[("k3", ("c", "d"))]),
         ]
@@ -341,6 +342,10 @@ def test_the_summary_says_which_late_messages_came_later_and_which_never(tmp_pat
     assert "replicated round 2: 1 receipted message still undelivered at the round's end: 0 delivered later, " \
            "1 never: k3" in text, text
     assert "not delivered" not in text
+    # the round's quick look suspected k1 late; the final check (k1 has no delay) does not
+    assert "replicated round 1: suspected scheduled-late in the round's quick look; the final check of the whole " \
+           "history does not confirm it" in text, text
+    assert "round 2: suspected" not in text
     data = json.loads((tmp_path / "r" / "report.json").read_text())
     assert data["results"]["replicated"]["rounds"][0]["late"] == [["k1", ["c", "d"]], ["k2", ["c", "d"]]]
 
