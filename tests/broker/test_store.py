@@ -493,40 +493,6 @@ def test_window_keeps_the_newest_keys_whatever_the_arrival_order(
         model = {k: model[k] for k in kept}
 
 
-def test_relocation_frees_a_chain_of_dead_segments_held_back_by_half_live_ones(tmp_path: Path) -> None:
-    """The shared-store growth of the 200-round nemesis (docs/chaos.md): messages nobody
-    consumes yet (half of their segments: more than the tenth relocation takes), and a
-    consumer acking the rest with a lag, so each later segment's acks refer to the one
-    before: no segment after the first is ever deleted, however much is dead behind it.
-    Once the dead segments held back reach HOLD_BACK x the live bytes, the live messages
-    are relocated and the chain goes."""
-    s = open_store(tmp_path, segment_size=4096)
-    for i in range(40):  # the first segments: half kept (a backlog nobody takes yet), half consumed
-        s.add(msg(i, dest="/queue/keep" if i % 2 else "/queue/a", body=b"x" * 100))
-    s.ack([f"m{i}" for i in range(0, 40, 2)])
-    for i in range(40, 640):  # then traffic acked 5 messages behind: acks in the next segment
-        s.add(msg(i, body=b"x" * 100))
-        if i >= 45:
-            s.ack([f"m{i - 5}"])
-    s.flush()
-    s.compact(force=True)
-    s.flush()
-    first = s.journal.segments[0]
-    assert s.live["m1"].segment == first
-    assert len(s.journal.segments) > 15  # held back: the old rule keeps them all
-    s.compact(relocate=100)
-    s.flush()
-    s.compact(force=True)
-    s.flush()
-    assert s.relocated == 20  # the 20 kept messages, re-written into the head
-    assert first not in s.journal.segments and len(s.journal.segments) <= 4, s.journal.segments
-    s.close()
-    s2 = open_store(tmp_path)
-    assert [m.id for m in s2.messages_by_destination()["/queue/keep"]] == [f"m{i}" for i in range(1, 40, 2)]
-    assert sorted(m.id for m in s2.messages_by_destination()["/queue/a"]) == sorted(f"m{i}" for i in range(635, 640))
-    s2.close()
-
-
 @pytest.mark.parametrize("where", ["master", "replica"])
 def test_compaction_never_resurrects_an_acked_message_that_was_relocated(tmp_path: Path, where: str) -> None:
     """A relocated Enq supersedes the copy in the old segment T; the segment holding the

@@ -47,9 +47,6 @@ __all__ = ["Compaction", "KEYS_PER_RECORD", "SegmentDeletes"]
 log = logging.getLogger(__name__)
 
 KEYS_PER_RECORD = 5000
-#: relocate every segment that still holds live messages once the dead segments kept
-#: behind them (by acks that refer back) are this many times the bytes of those messages
-HOLD_BACK = 4
 
 
 class SegmentDeletes(Protocol):
@@ -91,7 +88,6 @@ class Compaction:
     _refs: dict[int, set[int]]
     _named: dict[int, set[int]]
     _compact_due: bool
-    _holdback_next: int  # journal size at which _holding_back looks again (0: at once)
     _opened: bool
     diverged: BaseException | None  # an apply failed after its append (store.py): the counts may be short
     _read: Callable[[list[int], str], list[Message]]
@@ -136,25 +132,19 @@ class Compaction:
         A segment whose live messages are at most a tenth of those written into it
         (e.g. one poison message among thousands consumed) would otherwise stay
         forever -- and with it every later segment holding acks for its messages.
-        So would segments with more of them (a backlog nobody takes yet, spread over
-        the small segments a shared store starts at each takeover) with every dead
-        segment behind them: those go too once what they hold back is :data:`HOLD_BACK`
-        times their live bytes (:meth:`_holding_back`), so the journal stays within a
-        few times its live data. Their ``Enq`` records are written again into the head
-        segment (same id, same content, marked as relocated), which leaves the old
-        segment dead for :meth:`compact`.
+        Their ``Enq`` records are written again into the head segment (same id, same
+        content, marked as relocated), which leaves the old segment dead for :meth:`compact`.
         """
         if budget <= 0:
             return 0
         head = self.journal.head
-        holding = self._holding_back(head)
         chosen: set[int] = set()
         total = 0
         for seg in self.journal.segments:
             if seg == head or seg == head - 1:
                 continue
             n = self._seg_live.get(seg, 0)
-            if not n or (n * 10 > self._enqs.get(seg, 0) and seg not in holding) or total + n > budget:
+            if not n or n * 10 > self._enqs.get(seg, 0) or total + n > budget:
                 continue
             chosen.add(seg)
             total += n
@@ -171,46 +161,6 @@ class Compaction:
         self.relocated += len(moved)
         log.info("store %s: relocated %d long-lived messages out of old segments", self.directory, len(moved))
         return len(moved)
-
-    def _holding_back(self, head: int) -> set[int]:
-        """The segments with live messages, when the dead segments that cannot be deleted
-        (acks in them refer back to live ones) are at least :data:`HOLD_BACK` times the
-        live messages' bytes (estimated: a segment's bytes x its live share); else none.
-        Evaluated once the journal grew by a segment since the last time."""
-        if self.journal.size < self._holdback_next:
-            return set()
-        self._holdback_next = self.journal.size + self.journal.segment_size
-        pending = self.checkpoints.pending_deletes
-        candidates = [s for s in self.journal.segments if s != head and s not in pending]
-        keys_bytes = self._keys_bytes(candidates)
-        dead = self._dead(candidates, set(self.journal.segments), pending, keys_bytes)
-        sizes = self.journal.segment_sizes()
-        live: set[int] = set()
-        live_bytes = kept = 0
-        for seg in candidates:
-            n = self._seg_live.get(seg, 0)
-            if n:
-                if seg != head - 1:
-                    live.add(seg)
-                    live_bytes += sizes.get(seg, 0) * n // max(self._enqs.get(seg, 0), n)
-            elif seg not in dead and keys_bytes.get(seg, 0) * 2 <= self.journal.segment_size:
-                kept += sizes.get(seg, 0)
-        return live if live and kept >= HOLD_BACK * max(live_bytes, 1) else set()
-
-    def _dead(self, candidates: Sequence[int], existing: set[int], pending: Collection[int],
-              keys_bytes: dict[int, int]) -> set[int]:
-        """Of ``candidates`` (in order), those compaction may delete: no live message, not
-        mostly keys still in the window, and every segment it refers to goes too."""
-        dead: set[int] = set()
-        for seg in candidates:
-            if seg in self._seg_live:
-                continue
-            if keys_bytes.get(seg, 0) * 2 > self.journal.segment_size:
-                continue  # mostly keys still in the window: they keep it (see _keys_bytes)
-            refs = self._refs.get(seg, ())
-            if all(r in dead or r in pending or r not in existing for r in refs):
-                dead.add(seg)
-        return dead
 
     def compact(self, force: bool = False, relocate: int = 0) -> list[int]:
         """Delete segments that hold nothing still needed; returns their ids.
@@ -231,7 +181,16 @@ class Compaction:
         pending = self.checkpoints.pending_deletes
         candidates = [s for s in self.journal.segments if s != head and s not in pending]
         existing = set(self.journal.segments)
-        dead = self._dead(candidates, existing, pending, self._keys_bytes(candidates))
+        keys_bytes = self._keys_bytes(candidates)
+        dead: set[int] = set()
+        for seg in candidates:
+            if seg in self._seg_live:
+                continue
+            if keys_bytes.get(seg, 0) * 2 > self.journal.segment_size:
+                continue  # mostly keys still in the window: they keep it (see _keys_bytes)
+            refs = self._refs.get(seg, ())
+            if all(r in dead or r in pending or r not in existing for r in refs):
+                dead.add(seg)
         if not dead:
             return []
         carry: list[Record] = []

@@ -175,7 +175,6 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         self.diverged: BaseException | None = None  # the first apply that failed after its append
         self._listeners: list[StoreListener] = []
         self._compact_due = False
-        self._holdback_next = 0
         self._replay_seen: set[int] | None = None  # id hashes of live messages during a full replay
         # non-persistent messages queued among paged ones (page_out), by their key in the list
         self._transient: dict[int, Message] = {}
