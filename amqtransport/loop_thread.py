@@ -24,6 +24,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from .tasks import cancel_and_wait
+
 __all__ = ["LoopThread"]
 
 log = logging.getLogger(__name__)
@@ -143,8 +145,5 @@ class LoopThread:
 def _cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:
     """Cancel and await every pending task (what ``asyncio.run`` does on the way out)."""
     tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    if not tasks:
-        return
-    for task in tasks:
-        task.cancel()
-    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    if tasks:
+        loop.run_until_complete(cancel_and_wait(*tasks))

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, int]] = [
     ("amqtransport.selector", 2),  # JMS message selectors: ActiveMQ's grammar and evaluation (broker)
     ("amqtransport.loop_thread", 3),  # an asyncio service on a daemon thread (embedded broker, chaos proxy)
     ("amqtransport._loop_thread", 3),  # its old name, an alias kept for code written before the rename
+    ("amqtransport.tasks", 3),  # ending asyncio tasks for sure (a cancel that 3.11's wait_for swallowed)
     ("amqtransport.broker", 3),  # the root: config, the server that wires the parts, the embedded broker
     ("amqtransport.broker.dispatch", 3),  # where an accepted message goes (no I/O of its own; see PARTS)
     ("amqtransport.broker.connection", 3),  # one client connection: stream, flow control, frame handlers

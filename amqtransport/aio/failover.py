@@ -61,6 +61,7 @@ from amqtransport.errors import (
 )
 from amqtransport.options import FailoverOptions
 from amqtransport.stomp import Frame
+from amqtransport.tasks import cancel_and_wait
 from amqtransport.transports.aio_link import (
     AsyncLink,
     FrameHandler,
@@ -267,10 +268,7 @@ class AsyncFailoverTransport(CoreStatus[AsyncLink], AsyncBackupLinks):
             self._idle = None
         self._run(actions)
         current = asyncio.current_task()
-        tasks = [t for t in self._tasks if t is not current and not t.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*(t for t in self._tasks if t is not current and not t.done()))
 
     # -- connecting ---------------------------------------------------------------------
 

@@ -273,3 +273,52 @@ def test_relay_port_bad_values_are_refused_naming_the_option(tmp_path: Path) -> 
                        (["--relay-port", "70000", "--slave-relay-port", "6201"], "--relay-port must be a port number")):
         pair = CliRunner().invoke(cli, ["broker", "pair", "--data-dir", str(tmp_path / "p"), *args])
         assert pair.exit_code == 2 and says in pair.output, (args, pair.output)
+
+
+def test_unwatch_ends_a_watch_whose_cancel_was_swallowed_by_wait_for() -> None:
+    """A shared-store standby that takes the store lock stops watching for a master
+    (``MasterWatch.unwatch``) before it opens the store. Its look may be inside 3.11's
+    ``asyncio.wait_for`` when the cancel comes, in the very turn the probe's connection is
+    refused (the master just died): ``wait_for`` then raises the OSError instead of the
+    CancelledError, the look says "nobody answered" and the watch loops on. unwatch used
+    to cancel once and wait for the task forever, the lock held, the node a slave (the
+    nemesis, seed 678: no master for 60 s). It now returns and the relay is stopped."""
+    from amqtransport.broker.ha.config import HaPortLimits
+    from amqtransport.broker.ha.relay import ClientRelay, MasterWatch, Sighting
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        relay = ClientRelay("b", "127.0.0.1", 0, HaPortLimits(), _NoRequests(), connect_timeout=2.0)
+        refused: list[asyncio.Future[None]] = []
+        looks = 0
+
+        async def look() -> Sighting:
+            nonlocal looks
+            looks += 1
+            connecting: asyncio.Future[None] = loop.create_future()
+            refused.append(connecting)
+            try:  # the probe (wire.probe): a connect within a timeout
+                await asyncio.wait_for(connecting, 60.0)
+            except (OSError, TimeoutError):
+                return None  # nobody answered
+            return None
+
+        watch = MasterWatch(relay, look, every=0.01, stale=1.0)
+        watch.watch()
+        while not refused:
+            await asyncio.sleep(0)
+        # the connect is refused in the turn the standby, having the lock, stops watching
+        refused[-1].set_exception(ConnectionRefusedError(111, "Connection refused"))
+        unwatch = loop.create_task(watch.unwatch("this node took the store lock"))
+        done, _ = await asyncio.wait([unwatch], timeout=2.0)
+        assert unwatch in done, "unwatch waits for a watch that goes on looking"
+        await unwatch
+        seen = looks
+        for connecting in refused:  # whatever the watch could still be waiting for
+            if not connecting.done():
+                connecting.set_exception(ConnectionRefusedError(111, "Connection refused"))
+        await asyncio.sleep(0.1)
+        assert looks == seen, "the watch still looks for a master after unwatch returned"
+        assert not relay.active
+
+    asyncio.run(scenario())

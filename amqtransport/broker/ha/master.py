@@ -58,6 +58,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
+from ...tasks import cancel_and_wait
 from ..server import BrokerServer
 from ..store.chain import SegmentsLost
 from .decide import (
@@ -444,9 +445,7 @@ class MasterRole:
                     await self._check_peer_not_master()
         finally:
             if keeper is not None:
-                keeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await keeper
+                await cancel_and_wait(keeper)
             await self.stop()
         if not node.stopping:
             node.set_role("fenced", "left the master role")

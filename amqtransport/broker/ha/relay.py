@@ -66,6 +66,7 @@ from collections.abc import Awaitable, Callable
 
 from amqtransport.stomp import Limits
 from amqtransport.stomp.session import ServerSession
+from amqtransport.tasks import cancel_and_wait
 
 from .config import HaPortLimits
 from .port import ROLE_REQUESTS, RequestHandler, answer_error
@@ -232,9 +233,7 @@ class MasterWatch:
         """Stop watching and relaying; the relay port is closed when this returns."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task)  # one cancel may be swallowed by the look's wait_for (tasks.py)
         self.relay.stop(why)
         await self.relay.settled()
 

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from ...tasks import cancel_and_wait
 from ..config import BrokerConfig
 from ..store import StoreLockedError
 from ..store.chain import SegmentsLost
@@ -205,9 +206,7 @@ class LeasedStoreRole:
         try:
             return await self._serve(epoch)
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            await cancel_and_wait(keeper)
 
     async def _serve(self, epoch: int) -> str:
         node = self.node
