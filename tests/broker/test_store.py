@@ -493,6 +493,40 @@ def test_window_keeps_the_newest_keys_whatever_the_arrival_order(
         model = {k: model[k] for k in kept}
 
 
+def test_relocation_frees_a_chain_of_dead_segments_held_back_by_half_live_ones(tmp_path: Path) -> None:
+    """The shared-store growth of the 200-round nemesis (docs/chaos.md): messages nobody
+    consumes yet (half of their segments: more than the tenth relocation takes), and a
+    consumer acking the rest with a lag, so each later segment's acks refer to the one
+    before: no segment after the first is ever deleted, however much is dead behind it.
+    Once the dead segments held back reach HOLD_BACK x the live bytes, the live messages
+    are relocated and the chain goes."""
+    s = open_store(tmp_path, segment_size=4096)
+    for i in range(40):  # the first segments: half kept (a backlog nobody takes yet), half consumed
+        s.add(msg(i, dest="/queue/keep" if i % 2 else "/queue/a", body=b"x" * 100))
+    s.ack([f"m{i}" for i in range(0, 40, 2)])
+    for i in range(40, 640):  # then traffic acked 5 messages behind: acks in the next segment
+        s.add(msg(i, body=b"x" * 100))
+        if i >= 45:
+            s.ack([f"m{i - 5}"])
+    s.flush()
+    s.compact(force=True)
+    s.flush()
+    first = s.journal.segments[0]
+    assert s.live["m1"].segment == first
+    assert len(s.journal.segments) > 15  # held back: the old rule keeps them all
+    s.compact(relocate=100)
+    s.flush()
+    s.compact(force=True)
+    s.flush()
+    assert s.relocated == 20  # the 20 kept messages, re-written into the head
+    assert first not in s.journal.segments and len(s.journal.segments) <= 4, s.journal.segments
+    s.close()
+    s2 = open_store(tmp_path)
+    assert [m.id for m in s2.messages_by_destination()["/queue/keep"]] == [f"m{i}" for i in range(1, 40, 2)]
+    assert sorted(m.id for m in s2.messages_by_destination()["/queue/a"]) == sorted(f"m{i}" for i in range(635, 640))
+    s2.close()
+
+
 @pytest.mark.parametrize("where", ["master", "replica"])
 def test_compaction_never_resurrects_an_acked_message_that_was_relocated(tmp_path: Path, where: str) -> None:
     """A relocated Enq supersedes the copy in the old segment T; the segment holding the
@@ -592,4 +626,43 @@ def test_a_window_of_keys_bigger_than_a_segment_is_not_rewritten_on_every_pass(t
     s.close()
     s2 = open_store(tmp_path, dedupe_max_keys=100_000)  # and the keys survive a restart
     assert all(s2.is_duplicate("/queue/a", f"producer-{i}") for i in (0, 1500, 2999))
+    s2.close()
+
+
+def test_carried_keys_sit_in_a_segment_of_their_own_that_keeps_no_later_segment(tmp_path: Path) -> None:
+    """The second keeper of the shared store's growth (docs/chaos.md): compaction carried the
+    keys still in the window of the segments it deleted into the head, among the traffic
+    that came next; that segment was then mostly keys, kept until they left the window
+    (600 s in the nemesis), and the acks of its messages in the next segment refer back to
+    it, and so on: no segment after it went, 24 kept in a 40-round run. Carried keys now
+    get a segment of their own (no message in it, so no ack refers to it), kept while
+    they are most of it; the traffic's dead segments go."""
+    s = open_store(tmp_path, segment_size=16 * 1024, dedupe_max_keys=100_000)
+    i = 0
+
+    def traffic(n: int) -> None:  # keyed sends, each acked 5 messages later (acks in the next segment)
+        nonlocal i
+        for _ in range(n):
+            s.add(msg(i, key=f"producer-{i}"))
+            if i >= 5:
+                s.ack([f"m{i - 5}"])
+            i += 1
+        s.flush()
+
+    for _ in range(24):
+        traffic(250)
+        s.compact(force=True)
+        s.flush()
+    # what is left: the segments of carried keys, and the newest few of the traffic
+    with_messages = [seg for seg in s.journal.segments if s._enqs.get(seg)]
+    assert len(with_messages) <= 3, (with_messages, s.journal.segments)
+    sizes = s.journal.segment_sizes()
+    keys_bytes = sum(len("/queue/a") + len(f"producer-{k}") + 12 for k in range(i))  # a Keys record's
+    assert sum(sizes.values()) < keys_bytes + 3 * 16 * 1024, (sizes, keys_bytes)
+    assert all(s.is_duplicate("/queue/a", f"producer-{k}") for k in (0, 1500, i - 1))
+    live = sorted(s.live)
+    s.close()
+    s2 = open_store(tmp_path, dedupe_max_keys=100_000)  # and the keys and the live messages survive a restart
+    assert all(s2.is_duplicate("/queue/a", f"producer-{k}") for k in (0, 1500, i - 1))
+    assert sorted(s2.live) == live
     s2.close()

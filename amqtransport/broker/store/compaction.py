@@ -17,6 +17,23 @@ keys still inside the window) is re-appended to the head segment first; the
 journal deletes the files only after that batch is durable -- and, when the store
 writes checkpoints, only after a checkpoint that no longer needs them.
 
+Carried keys. The keys still in the window of the segments compaction deletes are
+re-written in a segment of their own (``Journal.append_at(alone=True)``): no message
+is in it, so no ack refers to it, and keeping it until most of its keys left the
+window (:meth:`Compaction._kept_for_keys`) holds back nothing else. Carried into the head
+among the traffic, as before, they made that segment mostly keys, kept for the whole
+window (600 s in the nemesis), and the acks of its messages kept every segment after it.
+
+Relocation. The refs rule chains: a segment with live messages keeps the next one (its
+acks refer back), which keeps the one after, and so on, so one backlog nobody consumes
+would keep every later segment, however dead (a shared store grew 0.37 MiB a nemesis
+round until its disk was full). :meth:`Compaction.relocate` re-writes live messages into
+the head so their old segments die: those of a segment at most a tenth live (a poison
+message among thousands consumed), and those of every segment with live messages once
+the dead segments kept behind them reach :data:`HOLD_BACK` times their bytes -- so the
+journal stays within a few times its live data, and the rewriting costs at most a
+:data:`HOLD_BACK`-th of the bytes it frees.
+
 Store limit (ActiveMQ's ``storeUsage``). With ``store_limit`` > 0 the store sets
 :attr:`MessageStore.full` once the journal's segments reach that many bytes; the
 connection handler then holds persistent SENDs (producer flow control) or refuses them
@@ -40,13 +57,16 @@ from ..dispatch.message import Message
 from .dedupe import DedupeWindow
 from .journal import Journal
 from .pages import PageList, segment_of
-from .records import Enq, Keys, Record, Sub
+from .records import Enq, Keys, Sub
 
 __all__ = ["Compaction", "KEYS_PER_RECORD", "SegmentDeletes"]
 
 log = logging.getLogger(__name__)
 
 KEYS_PER_RECORD = 5000
+#: relocate every segment that still holds live messages once the dead segments kept
+#: behind them (by acks that refer back) are this many times the bytes of those messages
+HOLD_BACK = 4
 
 
 class SegmentDeletes(Protocol):
@@ -88,6 +108,7 @@ class Compaction:
     _refs: dict[int, set[int]]
     _named: dict[int, set[int]]
     _compact_due: bool
+    _holdback_next: int  # journal size at which _holding_back looks again (0: at once)
     _opened: bool
     diverged: BaseException | None  # an apply failed after its append (store.py): the counts may be short
     _read: Callable[[list[int], str], list[Message]]
@@ -132,19 +153,25 @@ class Compaction:
         A segment whose live messages are at most a tenth of those written into it
         (e.g. one poison message among thousands consumed) would otherwise stay
         forever -- and with it every later segment holding acks for its messages.
-        Their ``Enq`` records are written again into the head segment (same id, same
-        content, marked as relocated), which leaves the old segment dead for :meth:`compact`.
+        So would segments with more of them (a backlog nobody takes yet, spread over
+        the small segments a shared store starts at each takeover) with every dead
+        segment behind them: those go too once what they hold back is :data:`HOLD_BACK`
+        times their live bytes (:meth:`_holding_back`), so the journal stays within a
+        few times its live data. Their ``Enq`` records are written again into the head
+        segment (same id, same content, marked as relocated), which leaves the old
+        segment dead for :meth:`compact`.
         """
         if budget <= 0:
             return 0
         head = self.journal.head
+        holding = self._holding_back(head)
         chosen: set[int] = set()
         total = 0
         for seg in self.journal.segments:
             if seg == head or seg == head - 1:
                 continue
             n = self._seg_live.get(seg, 0)
-            if not n or n * 10 > self._enqs.get(seg, 0) or total + n > budget:
+            if not n or (n * 10 > self._enqs.get(seg, 0) and seg not in holding) or total + n > budget:
                 continue
             chosen.add(seg)
             total += n
@@ -161,6 +188,46 @@ class Compaction:
         self.relocated += len(moved)
         log.info("store %s: relocated %d long-lived messages out of old segments", self.directory, len(moved))
         return len(moved)
+
+    def _holding_back(self, head: int) -> set[int]:
+        """The segments with live messages, when the dead segments that cannot be deleted
+        (acks in them refer back to live ones) are at least :data:`HOLD_BACK` times the
+        live messages' bytes (estimated: a segment's bytes x its live share); else none.
+        Evaluated once the journal grew by a segment since the last time."""
+        if self.journal.size < self._holdback_next:
+            return set()
+        self._holdback_next = self.journal.size + self.journal.segment_size
+        pending = self.checkpoints.pending_deletes
+        candidates = [s for s in self.journal.segments if s != head and s not in pending]
+        keys_bytes = self._keys_bytes(candidates)
+        sizes = self.journal.segment_sizes()
+        dead = self._dead(candidates, set(self.journal.segments), pending, keys_bytes, sizes)
+        live: set[int] = set()
+        live_bytes = kept = 0
+        for seg in candidates:
+            n = self._seg_live.get(seg, 0)
+            if n:
+                if seg != head - 1:
+                    live.add(seg)
+                    live_bytes += sizes.get(seg, 0) * n // max(self._enqs.get(seg, 0), n)
+            elif seg not in dead and not self._kept_for_keys(seg, keys_bytes, sizes):
+                kept += sizes.get(seg, 0)
+        return live if live and kept >= HOLD_BACK * max(live_bytes, 1) else set()
+
+    def _dead(self, candidates: Sequence[int], existing: set[int], pending: Collection[int],
+              keys_bytes: dict[int, int], sizes: dict[int, int]) -> set[int]:
+        """Of ``candidates`` (in order), those compaction may delete: no live message, not
+        carried keys still mostly in the window, and every segment it refers to goes too."""
+        dead: set[int] = set()
+        for seg in candidates:
+            if seg in self._seg_live:
+                continue
+            if self._kept_for_keys(seg, keys_bytes, sizes):
+                continue
+            refs = self._refs.get(seg, ())
+            if all(r in dead or r in pending or r not in existing for r in refs):
+                dead.add(seg)
+        return dead
 
     def compact(self, force: bool = False, relocate: int = 0) -> list[int]:
         """Delete segments that hold nothing still needed; returns their ids.
@@ -181,25 +248,16 @@ class Compaction:
         pending = self.checkpoints.pending_deletes
         candidates = [s for s in self.journal.segments if s != head and s not in pending]
         existing = set(self.journal.segments)
-        keys_bytes = self._keys_bytes(candidates)
-        dead: set[int] = set()
-        for seg in candidates:
-            if seg in self._seg_live:
-                continue
-            if keys_bytes.get(seg, 0) * 2 > self.journal.segment_size:
-                continue  # mostly keys still in the window: they keep it (see _keys_bytes)
-            refs = self._refs.get(seg, ())
-            if all(r in dead or r in pending or r not in existing for r in refs):
-                dead.add(seg)
+        dead = self._dead(candidates, existing, pending, self._keys_bytes(candidates), self.journal.segment_sizes())
         if not dead:
             return []
-        carry: list[Record] = []
         keys = self.dedupe.in_segments(dead)
-        for i in range(0, len(keys), KEYS_PER_RECORD):
-            carry.append(Keys(tuple(keys[i : i + KEYS_PER_RECORD])))
-        carry.extend(sub for q, sub in self.subs.items() if self._sub_seg.get(q) in dead)
-        if carry:
-            self._write(carry, None)
+        carried = [Keys(tuple(keys[i : i + KEYS_PER_RECORD])) for i in range(0, len(keys), KEYS_PER_RECORD)]
+        if carried:  # a segment of their own: no message there, so no ack ever refers to it
+            self._write(carried, None, alone=True)
+        subs = [sub for q, sub in self.subs.items() if self._sub_seg.get(q) in dead]
+        if subs:
+            self._write(subs, None)
         for seg in dead:
             self._refs.pop(seg, None)
             self._seg_live.pop(seg, None)
@@ -210,22 +268,27 @@ class Compaction:
         ordered = sorted(dead)
         self.checkpoints.delete_segments(ordered)
         log.debug(
-            "store %s: compaction deletes segments %s (carried %d records)",
+            "store %s: compaction deletes segments %s (carried %d keys records, %d subscriptions)",
             self.directory,
             ordered,
-            len(carry),
+            len(carried),
+            len(subs),
         )
         return ordered
 
     def _keys_bytes(self, segments: Collection[int]) -> dict[int, int]:
         """About how many bytes the idempotency keys still in the window that ``segments``
-        carry would take when re-written. A segment whose keys would fill more than half a
-        segment is kept until they leave the window: deleting it re-writes them into the
-        head, which rolls over into a segment of nothing but those keys, dead at the next
-        pass -- a window bigger than a segment was re-written on every pass, megabytes a
-        second with no traffic at all, faster than checkpoints let the dead files go (a
-        64 MiB data disk filled in 17 s)."""
+        carry would take when re-written (at least what a ``Keys`` record of them takes)."""
         return self.dedupe.bytes_in_segments(segments)
+
+    def _kept_for_keys(self, seg: int, keys_bytes: dict[int, int], sizes: dict[int, int]) -> bool:
+        """A segment of carried keys (no ``Enq`` in it) whose keys still in the window are
+        more than half its bytes stays: carrying them again would re-write most of it,
+        and a fresh one would be carried again at once -- the whole window re-written
+        on every pass, megabytes a second with no traffic at all (a 64 MiB data disk
+        filled in 17 s). Kept, it holds back no other segment (nothing refers to it);
+        once half its keys have left the window the rest is carried, at most half of it."""
+        return not self._enqs.get(seg) and keys_bytes.get(seg, 0) * 2 > sizes.get(seg, 0)
 
     def hold_deletes(self) -> None:
         """Delete no segment until :meth:`release_deletes` (a reader of old positions:

@@ -217,6 +217,7 @@ class Journal(JournalOpening, SegmentReads, JournalWriter):
         self._head = 0
         self._head_size = 0
         self._head_records = 0
+        self._roll_next = False  # the head holds a batch appended alone: the next append rolls
         self.segments: list[int] = []  # existing segment ids, ascending (head last)
         self._sizes: dict[int, int] = {}  # segment id -> bytes (as appended; loop thread)
         self.size = 0  # bytes of every segment on disk, head included (store_limit)
@@ -309,11 +310,18 @@ class Journal(JournalOpening, SegmentReads, JournalWriter):
     def segment_for(self, size: int) -> int:
         """The segment a batch of ``size`` bytes (frames included) appended now goes into."""
         with self._lock:
-            return self._head + 1 if self._head_records and self._head_size + size > self.segment_size else self._head
+            return self._head + 1 if self._rolls(size) else self._head
 
-    def append_at(self, payloads: Sequence[bytes], callback: Callback | None = None) -> tuple[int, int]:
+    def _rolls(self, size: int, alone: bool = False) -> bool:
+        """Whether a batch of ``size`` bytes appended now starts a new segment (under _lock)."""
+        return bool(self._head_records) and (alone or self._roll_next or self._head_size + size > self.segment_size)
+
+    def append_at(self, payloads: Sequence[bytes], callback: Callback | None = None, *,
+                  alone: bool = False) -> tuple[int, int]:
         """:meth:`append`, returning ``(segment, offset of the first frame)``: the payloads
-        are framed one after the other from there, all in that segment."""
+        are framed one after the other from there, all in that segment. ``alone``: in a
+        segment of their own (the head rolls before them, unless empty, and after them):
+        compaction's carried keys (compaction.py, "Carried keys")."""
         for p in payloads:
             if len(p) > self.max_record:
                 raise RecordTooLarge(
@@ -330,7 +338,7 @@ class Journal(JournalOpening, SegmentReads, JournalWriter):
                 raise JournalError(f"journal failed earlier: {self._failed}")
             if not self._queue:
                 self._queued_at = time.perf_counter()  # a new batch starts (RECEIPT_PATH.journal_queue)
-            if self._head_records and self._head_size + size > self.segment_size:
+            if self._rolls(size, alone):
                 self._head += 1
                 self._head_size = len(MAGIC)
                 self._head_records = 0
@@ -353,6 +361,7 @@ class Journal(JournalOpening, SegmentReads, JournalWriter):
             self._sizes[self._head] += size
             self.size += size
             self._head_records += len(payloads)
+            self._roll_next = alone
             self._appended += len(payloads)
             if callback is not None:
                 self._callbacks.append(callback)

@@ -175,6 +175,7 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         self.diverged: BaseException | None = None  # the first apply that failed after its append
         self._listeners: list[StoreListener] = []
         self._compact_due = False
+        self._holdback_next = 0
         self._replay_seen: set[int] | None = None  # id hashes of live messages during a full replay
         # non-persistent messages queued among paged ones (page_out), by their key in the list
         self._transient: dict[int, Message] = {}
@@ -272,12 +273,13 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         if listener in self._listeners:
             self._listeners.remove(listener)
 
-    def _write(self, records: Sequence[Record], callback: Callback | None, *, keep: bool = True) -> int:
+    def _write(self, records: Sequence[Record], callback: Callback | None, *, keep: bool = True,
+               alone: bool = False) -> int:
         if any(isinstance(r, (Fan, Tx)) for r in records):  # references named for their segment
             records, payloads = self._fan_encode(records)
         else:
             payloads = [encode(r) for r in records]
-        seg, offset = self.journal.append_at(payloads, callback)
+        seg, offset = self.journal.append_at(payloads, callback, alone=alone)
         try:
             if self.limit and not self.full:
                 self._check_limit()
@@ -478,7 +480,9 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         records: Sequence[Record] = [decode(p) for p in payloads]
         if any(isinstance(r, (Fan, Tx)) for r in records):  # named for this journal's segments
             records, payloads = self._fan_encode(records, payloads)
-        seg, offset = self.journal.append_at(list(payloads), callback)
+        # the master's carried keys: in a segment of their own here too (compaction.py)
+        alone = bool(records) and all(isinstance(r, Keys) for r in records)
+        seg, offset = self.journal.append_at(list(payloads), callback, alone=alone)
         try:
             for rec, payload in zip(records, payloads, strict=True):
                 self.apply(rec, pack(seg, offset), payload)
