@@ -398,3 +398,25 @@ def test_disarm_copies_a_preallocated_head_whole_and_its_zeros_as_holes(tmp_path
     assert head.read_bytes() == before
     assert after.st_blocks * 512 < size // 4  # the zeros are holes
     j.close()
+
+
+def test_a_batch_appended_alone_gets_a_segment_of_its_own(tmp_path: Path) -> None:
+    """``append_at(alone=True)`` (compaction's carried keys): the head rolls before the
+    batch when it holds records, and after it; an empty head takes it as it is. Recovery
+    reads every record back, in order, from the segments they were put in."""
+    j = Journal(tmp_path / "j", segment_size=SEG)
+    j.start()
+    try:
+        start = j.head
+        empty, _ = j.append_at([rec(0)], alone=True)  # the new head is empty: no roll
+        first, _ = j.append_at([rec(1)])  # after a batch alone: a roll
+        alone, _ = j.append_at([rec(2), rec(3)], alone=True)
+        after, _ = j.append_at([rec(4)])
+        assert (empty, first, alone, after) == (start, start + 1, start + 2, start + 3)
+        assert j.flush(timeout=30)
+    finally:
+        j.close()
+    j2 = Journal(tmp_path / "j", segment_size=SEG)
+    got = [(seg, encode(r)) for seg, r in j2.recover()]
+    assert got == [(empty, rec(0)), (first, rec(1)), (alone, rec(2)), (alone, rec(3)), (after, rec(4))]
+    j2.close()
