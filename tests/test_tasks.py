@@ -54,7 +54,7 @@ def test_done_and_failed_tasks_are_fine_and_their_errors_retrieved() -> None:
 def test_cancelling_the_caller_cancels_the_caller() -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        stubborn_for = 3  # cancels it swallows
+        stubborn_for = 10**9  # cancels it swallows: all, until the test lets it go
 
         async def stubborn() -> None:
             nonlocal stubborn_for
@@ -68,7 +68,6 @@ def test_cancelling_the_caller_cancels_the_caller() -> None:
 
         task = loop.create_task(stubborn())
         await asyncio.sleep(0)
-        stubborn_for = 10**9
         waiter = loop.create_task(cancel_and_wait(task, every=0.01))
         await asyncio.sleep(0.05)
         waiter.cancel()
