@@ -75,6 +75,11 @@ __all__ = ["ToxicSpec", "Proxy", "ProxyConnection", "DIAL_TIMEOUT"]
 log = logging.getLogger(__name__)
 
 DIAL_TIMEOUT = 10.0
+# The accept queue asked for; the kernel caps it at net.core.somaxconn, which is what Go's
+# net.Listen (Toxiproxy's) uses. 128 overflowed in a reconnect storm on a busy machine: the
+# kernel then drops a client's last handshake ACK, and that client, which believes it is
+# connected, is never accepted nor closed.
+LISTEN_BACKLOG = 65535
 READ_SIZE = 65536
 QUEUE_CHUNKS = 64
 
@@ -484,7 +489,7 @@ class Proxy:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(sockaddr)
-            sock.listen(128)
+            sock.listen(LISTEN_BACKLOG)
         except OSError as exc:
             sock.close()
             reason = os.strerror(exc.errno) if exc.errno else str(exc)

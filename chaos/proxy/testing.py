@@ -30,7 +30,7 @@ class UpstreamServer:
 
     def __init__(self, handler: ConnHandler) -> None:
         self.handler = handler
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
         self.listener.settimeout(0.2)
         self.port: int = self.listener.getsockname()[1]
         self.address = f"127.0.0.1:{self.port}"
