@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import shutil
+import threading
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,7 @@ from test_store import msg, open_store
 from amqtransport.broker.store import files
 from amqtransport.broker.store.chain import read_chain
 from amqtransport.broker.store.checkpoint_file import CheckpointProvesLoss, load
-from amqtransport.broker.store.journal import Journal
+from amqtransport.broker.store.journal import Journal, JournalError
 from amqtransport.broker.store.pages import pack
 from amqtransport.broker.store.records import Ack, encode
 from amqtransport.broker.store.salvage import Damage, TornTail, ZeroTail, scan_with_damage, verify
@@ -420,3 +421,54 @@ def test_a_batch_appended_alone_gets_a_segment_of_its_own(tmp_path: Path) -> Non
     got = [(seg, encode(r)) for seg, r in j2.recover()]
     assert got == [(empty, rec(0)), (first, rec(1)), (alone, rec(2)), (alone, rec(3)), (after, rec(4))]
     j2.close()
+
+
+def test_a_read_of_positions_some_not_written_yet_waits_for_the_last_one(tmp_path: Path) -> None:
+    """``read`` reads a run of positions with one ``pread``: it must wait until the *last*
+    of them is written, not only the first. Before, a position queued but not written yet
+    read the preallocated zeros as a frame of length 0 (``crc32(b"") == 0``), and came back
+    as an empty payload: a replica's full sync then failed on it (``IndexError`` in the
+    master's sync pump, the link stalled for good: a thawed master resyncing from its
+    successor held every receipt of the pair)."""
+    j = Journal(tmp_path / "j", segment_size=SEG)
+    j.start()
+    release = threading.Event()
+    hooked = threading.Event()
+
+    def stall(payloads: list[bytes]) -> None:  # the writer stops after writing batch B
+        if payloads == [rec(2)]:
+            hooked.set()
+            assert release.wait(30)
+
+    try:
+        a = j.append_at([rec(1)])
+        assert j.flush(timeout=30)
+        j.add_batch_hook(stall)  # type: ignore[arg-type]
+        j.append([rec(2)])
+        assert hooked.wait(30)
+        c = j.append_at([rec(3)])  # queued: the writer is stuck in B's hook
+        threading.Timer(0.3, release.set).start()
+        assert j.read([pack(*a), pack(*c)]) == [rec(1), rec(3)]
+    finally:
+        release.set()
+        j.close()
+
+
+def test_a_zero_frame_head_is_no_record(tmp_path: Path) -> None:
+    """A record whose bytes were zeroed on disk (a lost write) reads as an error, not as an
+    empty record: no record has length 0, though ``crc32(b"") == 0`` would pass it."""
+    j = Journal(tmp_path / "j", segment_size=SEG)
+    j.start()
+    try:
+        at = j.append_at([rec(1)])
+        j.append([rec(2)])
+        assert j.flush(timeout=30)
+        fd = os.open(j.path_of(at[0]), os.O_WRONLY)
+        try:
+            os.pwrite(fd, bytes(FRAME.size + len(rec(1))), at[1])
+        finally:
+            os.close(fd)
+        with pytest.raises(JournalError, match="no record"):
+            j.read([pack(*at)])
+    finally:
+        j.close()

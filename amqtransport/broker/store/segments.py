@@ -36,7 +36,10 @@ past it. The rules:
 Reading back (:class:`SegmentReads`, the part of :class:`~.journal.Journal` that reads
 while its writer thread appends): paged messages (:meth:`SegmentReads.read`) and a
 replica's full sync (:meth:`SegmentReads.read_span`) read records at their positions
-with ``pread`` on a few cached descriptors, CRC-checked; a position the writer has not
+with ``pread`` on a few cached descriptors, CRC-checked (a zero frame head is no record:
+never an empty payload); a run of positions read with one ``pread`` waits until its *last*
+position is written (reading on from the first one's read the preallocated zeros: a
+replica's full sync failed on the empty payload); a position the writer has not
 written yet waits for it (briefly) under the journal's condition, waking the writer if it
 sleeps (the broker's loop reads back, in a selective scan, what its own turn appended
 and left for the turn's end: without the wake-up it waited for the writer's idle round).
@@ -228,6 +231,7 @@ class SegmentReads:
                     break
                 j += 1
             last = unpack(positions[j - 1])[1]
+            self._wait_written(seg, last + 8)  # the whole run, not only its first record
             window = self._pread(seg, off, last - off + 65536)
             for p in positions[i:j]:
                 out.append(self._payload_at(window, off, p))
@@ -286,6 +290,8 @@ class SegmentReads:
                 window, rel = self._pread(seg, off, 65536), 0
             length, crc = FRAME.unpack_from(window, rel)
             start = rel + FRAME.size
+            if length == 0:  # zeros (never written, or lost): crc32(b"") == 0 would pass them
+                raise JournalError(f"journal {self.directory}: no record at segment {seg} offset {off}")
         if length > self.max_record:
             raise JournalError(f"journal {self.directory}: no record at segment {seg} offset {off}")
         if start + length > len(window):
