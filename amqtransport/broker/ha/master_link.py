@@ -173,6 +173,9 @@ class MasterLink(asyncio.Protocol):
                 self._schedule_pump(0.0 if payloads else 0.002)
         except (JournalError, RecordError, OSError) as exc:
             self.abort(f"full sync failed reading the journal: {exc}")
+        except Exception as exc:  # a bug: this is a loop callback, nobody else would see it
+            log.exception("replication: slave %s: full sync step failed", self.slave)
+            self.abort(f"full sync failed: {exc!r}")  # the slave reconnects: a new sync
 
     def _go_live(self) -> None:
         assert self._snapshot is not None and self._tail is not None, "the sync has started"
