@@ -527,6 +527,48 @@ def test_relocation_frees_a_chain_of_dead_segments_held_back_by_half_live_ones(t
     s2.close()
 
 
+def _held_back_chain(s: MessageStore, start: int, n: int) -> None:
+    """``n`` messages from ``m<start>``: the first 40 half kept (a backlog nobody takes),
+    the rest acked 5 behind, so each segment's acks refer to the one before."""
+    for i in range(start, start + 40):
+        s.add(msg(i, dest="/queue/keep" if i % 2 else "/queue/a", body=b"x" * 100))
+    s.ack([f"m{i}" for i in range(start, start + 40, 2)])
+    for i in range(start + 40, start + n):
+        s.add(msg(i, body=b"x" * 100))
+        if i >= start + 45:
+            s.ack([f"m{i - 5}"])
+    s.flush()
+
+
+def test_after_a_big_free_relocation_looks_again_after_a_segment_of_growth(tmp_path: Path) -> None:
+    """When relocation looks again is counted in bytes appended since the last look, not
+    in the journal's size: after a relocation freed most of the journal, the size stayed
+    below the mark set at the old peak, and a second held-back chain, half the first,
+    was never looked at (the journal's bound was its previous peak, not HOLD_BACK x live)."""
+    s = open_store(tmp_path, segment_size=4096)
+    _held_back_chain(s, 0, 640)
+    s.compact(relocate=100)
+    s.flush()
+    s.compact(force=True)
+    s.flush()
+    assert s.relocated == 20 and len(s.journal.segments) <= 4, s.journal.segments
+    _held_back_chain(s, 1000, 320)  # half the first chain: below the old peak
+    s.compact(force=True)
+    s.flush()
+    assert len(s.journal.segments) > 8  # held back again
+    s.compact(relocate=100)
+    s.flush()
+    s.compact(force=True)
+    s.flush()
+    assert s.relocated >= 40, s.relocated  # the new backlog (and what the first relocation wrote)
+    assert len(s.journal.segments) <= 4, s.journal.segments
+    s.close()
+    s2 = open_store(tmp_path)
+    kept = [m.id for m in s2.messages_by_destination()["/queue/keep"]]
+    assert sorted(kept) == sorted([f"m{i}" for i in range(1, 40, 2)] + [f"m{i}" for i in range(1001, 1040, 2)])
+    s2.close()
+
+
 @pytest.mark.parametrize("where", ["master", "replica"])
 def test_compaction_never_resurrects_an_acked_message_that_was_relocated(tmp_path: Path, where: str) -> None:
     """A relocated Enq supersedes the copy in the old segment T; the segment holding the

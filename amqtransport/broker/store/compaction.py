@@ -108,7 +108,7 @@ class Compaction:
     _refs: dict[int, set[int]]
     _named: dict[int, set[int]]
     _compact_due: bool
-    _holdback_next: int  # journal size at which _holding_back looks again (0: at once)
+    _holdback_next: int  # journal.appended_bytes at which _holding_back looks again (0: at once)
     _opened: bool
     diverged: BaseException | None  # an apply failed after its append (store.py): the counts may be short
     _read: Callable[[list[int], str], list[Message]]
@@ -193,10 +193,13 @@ class Compaction:
         """The segments with live messages, when the dead segments that cannot be deleted
         (acks in them refer back to live ones) are at least :data:`HOLD_BACK` times the
         live messages' bytes (estimated: a segment's bytes x its live share); else none.
-        Evaluated once the journal grew by a segment since the last time."""
-        if self.journal.size < self._holdback_next:
+        Evaluated once a segment's worth was appended since the last time (counted in
+        bytes appended, not in the journal's size: after a big free the size stays below
+        a mark set at its old peak, and the next look waited until it was back there)."""
+        appended = self.journal.appended_bytes
+        if appended < self._holdback_next:
             return set()
-        self._holdback_next = self.journal.size + self.journal.segment_size
+        self._holdback_next = appended + self.journal.segment_size
         pending = self.checkpoints.pending_deletes
         candidates = [s for s in self.journal.segments if s != head and s not in pending]
         keys_bytes = self._keys_bytes(candidates)
