@@ -676,7 +676,7 @@ def test_carried_keys_sit_in_a_segment_of_their_own_that_keeps_no_later_segment(
     keys still in the window of the segments it deleted into the head, among the traffic
     that came next; that segment was then mostly keys, kept until they left the window
     (600 s in the nemesis), and the acks of its messages in the next segment refer back to
-    it, and so on: no segment after it went, 24 kept in a 40-round run. Carried keys now
+    it, and so on: no segment after it went, 24 kept at round 43 of an 80-round run. Carried keys now
     get a segment of their own (no message in it, so no ack refers to it), kept while
     they are most of it; the traffic's dead segments go."""
     s = open_store(tmp_path, segment_size=16 * 1024, dedupe_max_keys=100_000)
