@@ -8,6 +8,7 @@ phases ``master`` and ``link-lost``), over a run of renewals and takeover reques
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 from pathlib import Path
@@ -30,8 +31,9 @@ from amqtransport.broker.ha.lease import (
     takeover,
     takeover_epoch,
 )
+from amqtransport.broker.ha.node import HaNode
 from amqtransport.broker.ha.slave import link_lost_probe_timeout
-from amqtransport.broker.ha.witness import _seconds, lease_seconds
+from amqtransport.broker.ha.witness import WitnessAnswer, _seconds, lease_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = pair_key(b"the-cluster-secret-of-a-pair")
@@ -351,3 +353,72 @@ def test_the_lease_left_a_witness_says_parses_to_a_duration_or_nothing(text: str
     assert got is None or 0 <= got < float("inf")
     if text is not None and re.fullmatch(r"\d{1,6}(\.\d{1,3})?", text):
         assert got == float(text)
+
+
+class _RacingNode:
+    """What ``HaNode._probe_beside_the_witness`` uses of its node: the witness's answer."""
+
+    def __init__(self, answer: WitnessAnswer, after: float) -> None:
+        self.answer, self.after = answer, after
+        self.granted_epoch = 0
+        self.name = "b"
+
+    async def _takeover_answer(self) -> WitnessAnswer:
+        await asyncio.sleep(self.after)
+        return self.answer
+
+
+def _race(node: _RacingNode, answers: tuple[PeerAnswer, ...], probe_s: float) -> tuple[Peers, float, bool]:
+    """Run the race; the peers it returns, how long it took, whether the probe was cut."""
+    cut = []
+
+    async def ask() -> list[PeerAnswer]:
+        try:
+            await asyncio.sleep(probe_s)
+        except asyncio.CancelledError:
+            cut.append(True)
+            raise
+        return list(answers)
+
+    async def run() -> tuple[Peers, float]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        peers = await HaNode._probe_beside_the_witness(node, ask, Peers())  # type: ignore[arg-type]
+        return peers, loop.time() - started
+
+    peers, took = asyncio.run(run())
+    return peers, took, bool(cut)
+
+
+SLAVE_STATE = NodeState("link-lost", epoch=1, synced=True, last_role="slave", role="slave")
+SLAVE_OPTS = DecideOptions("b", master_connector="tcp://10.0.0.1:1", witness=WITNESS)
+
+
+def test_a_grant_while_the_probe_of_a_silent_master_is_unanswered_ends_the_probe() -> None:
+    """link-lost with a witness: the probe and the witness run side by side. A frozen
+    master's probe (its kernel accepts, nothing answers) would run its whole timeout; the
+    grant, which comes once that master's lease ran out, ends it: the takeover does not
+    wait for it (before: the probe, then the witness; 0.5 s more per takeover)."""
+    node = _RacingNode(WitnessAnswer(True, "the lease of master a ran out", epoch=2), after=0.05)
+    peers, took, cut = _race(node, (PeerAnswer(MASTER_ADDR, error="timed out"),), probe_s=30.0)
+    assert cut and took < 10
+    assert peers.witness is True and peers.answers == () and node.granted_epoch == 2
+    assert decide(SLAVE_STATE, SLAVE_OPTS, peers).action == "master"
+
+
+def test_a_master_that_answers_the_probe_wins_over_the_witness() -> None:
+    """A live master found by the probe: re-link, whatever the witness says meanwhile."""
+    master = (PeerAnswer(MASTER_ADDR, info={"amq-ha-role": "master", "amq-ha-name": "a", "amq-ha-epoch": "1"}),)
+    node = _RacingNode(WitnessAnswer(False, "the master a holds the lease for 1.0 s more"), after=30.0)
+    peers, took, _cut = _race(node, master, probe_s=0.01)
+    assert took < 10 and peers.answers == master and peers.witness is None
+    assert decide(SLAVE_STATE, SLAVE_OPTS, peers).action == "relink"
+
+
+@pytest.mark.parametrize("granted", [True, False])
+def test_a_probe_nobody_answered_then_waits_for_the_witness(granted: bool) -> None:
+    """A dead master's ports refuse at once: the witness's answer decides, as before."""
+    node = _RacingNode(WitnessAnswer(granted, "said", epoch=2 if granted else 0), after=0.05)
+    peers, _took, cut = _race(node, (PeerAnswer(MASTER_ADDR, refused=True),), probe_s=0.0)
+    assert not cut and peers.witness is granted and node.granted_epoch == (2 if granted else 0)
+    assert decide(SLAVE_STATE, SLAVE_OPTS, peers).action == ("master" if granted else "isolated")
