@@ -38,8 +38,8 @@ while its writer thread appends): paged messages (:meth:`SegmentReads.read`) and
 replica's full sync (:meth:`SegmentReads.read_span`) read records at their positions
 with ``pread`` on a few cached descriptors, CRC-checked (a zero frame head is no record:
 never an empty payload); a run of positions read with one ``pread`` waits until its *last*
-position is written (reading on from the first one's read the preallocated zeros: a
-replica's full sync failed on the empty payload); a position the writer has not
+position is written (waiting for its first only, it read the preallocated zeros past what
+was written, and a replica's full sync failed on the empty payload); a position the writer has not
 written yet waits for it (briefly) under the journal's condition, waking the writer if it
 sleeps (the broker's loop reads back, in a selective scan, what its own turn appended
 and left for the turn's end: without the wake-up it waited for the writer's idle round).
