@@ -51,7 +51,7 @@ and abandons it when a probe wins (``failover.py``, ``aio/failover.py``).
 
 from __future__ import annotations
 
-import select
+import selectors
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -266,8 +266,10 @@ def tcp_probe(leaf: LeafUri, timeout: float) -> bool:
     if leaf.scheme == "vm":
         return False
     try:
-        with socket.create_connection((leaf.host, leaf.port), timeout=max(timeout, 0.05)) as sock:
-            readable, _, _ = select.select([sock], [], [], settle_time(timeout))
+        with socket.create_connection((leaf.host, leaf.port), timeout=max(timeout, 0.05)) as sock, \
+                selectors.DefaultSelector() as waiting:  # not select.select(): fds >= 1024 (ValueError)
+            waiting.register(sock, selectors.EVENT_READ)
+            readable = waiting.select(settle_time(timeout))
             return not readable or sock.recv(1, socket.MSG_PEEK) != b""
     except OSError:
         return False

@@ -6,6 +6,7 @@ starts listening, long before its back-off ends (real broker process)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -77,6 +78,23 @@ def test_tcp_probe_sees_a_listening_port_and_not_a_closed_one() -> None:
         assert tcp_probe(LeafUri("tcp", "127.0.0.1", port), 0.5)
     assert not tcp_probe(LeafUri("tcp", "127.0.0.1", port), 0.5)
     assert not tcp_probe(LeafUri("vm", "", 0, name="x"), 0.5)
+
+
+def test_tcp_probe_works_in_a_process_with_more_than_1024_descriptors() -> None:
+    """The probe's settle wait used ``select.select()``, which raises ValueError
+    ("filedescriptor out of range in select()", not an OSError) for a socket numbered
+    1024 or more: in a client process with that many files or sockets open, every probe
+    failed (seen when a test left ~20,000 descriptors open)."""
+    spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            assert server.fileno() >= 1024
+            port = server.getsockname()[1]
+            assert tcp_probe(LeafUri("tcp", "127.0.0.1", port), 0.5)
+        assert not tcp_probe(LeafUri("tcp", "127.0.0.1", port), 0.5)
+    finally:
+        for fd in spare:
+            os.close(fd)
 
 
 def _transport(backend: MemoryBackend, t: FakeTime, probe: object, **options: object) -> FailoverTransport:
