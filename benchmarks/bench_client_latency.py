@@ -244,8 +244,8 @@ while True:
 """
 
 
-def start_echo() -> tuple[int, Callable[[], None]]:
-    """The echo server (see the module docstring): its port and how to stop it."""
+def start_echo() -> tuple[int, Callable[[], None], int]:
+    """The echo server (see the module docstring): its port, how to stop it, its pid."""
     proc = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     port = int(proc.stdout.readline())
@@ -254,7 +254,7 @@ def start_echo() -> tuple[int, Callable[[], None]]:
         proc.kill()
         proc.wait(10)
 
-    return port, stop
+    return port, stop, proc.pid
 
 
 def keyed_window_one(port: int, dest: str, n: int, *, persistent: bool = True,
@@ -321,7 +321,7 @@ def main() -> None:
     cpu: dict[tuple[str, str], Cpu] = {}
     try:
         if "echo" in wanted:
-            echo, stop_echo = start_echo()
+            echo, stop_echo, _pid = start_echo()
             stops.append(stop_echo)
             servers["echo"] = (echo, False)
         if "broker" in wanted or "broker-fsync" in wanted:
