@@ -213,7 +213,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal, get_args
+from typing import Final, Literal, TypeGuard, get_args
 
 from .config import HaOptions, parse_address
 
@@ -227,6 +227,7 @@ __all__ = [
     "Peers",
     "Phase",
     "decide",
+    "says_master",
     "standby",
     "ACTIONS",
     "PHASES",
@@ -343,6 +344,16 @@ class PeerAnswer:
     standby: str | None = None
     standby_reason: str = ""
 
+    @property
+    def says_master(self) -> bool:
+        """The peer answered at this address, as master (:func:`says_master`)."""
+        return says_master(self.info)
+
+
+def says_master(info: Mapping[str, str] | None) -> TypeGuard[Mapping[str, str]]:
+    """Status headers (``info``; None: no answer) of a node that is master."""
+    return info is not None and info.get("amq-ha-role") == "master"
+
 
 @dataclass(frozen=True)
 class Peers:
@@ -444,7 +455,7 @@ def _start(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
     infos = [a for a in peers.answers if a.info is not None]
     for a in infos:
         assert a.info is not None
-        if a.info.get("amq-ha-role") == "master":
+        if a.says_master:
             # join through the master connector when it names this master, else its HA port
             where = a.address
             if not (options.master_connector and parse_address(options.master_connector) == a.address):
@@ -497,7 +508,7 @@ def _link_lost(state: NodeState, options: DecideOptions, peers: Peers) -> Decisi
         if peers.answers is None:
             return Decision(ASK, "probing the master's addresses")
         for a in peers.answers:
-            if a.info is not None and a.info.get("amq-ha-role") == "master":
+            if says_master(a.info):
                 return Decision(RELINK, f"replication link lost but the master answers on "
                                         f"{a.address[0]}:{a.address[1]}: not taking over; re-linking",
                                 address=a.address, info=a.info)
@@ -513,7 +524,7 @@ def _link_lost(state: NodeState, options: DecideOptions, peers: Peers) -> Decisi
             return Decision(CONFIRM, f"master lost: probing its addresses again in {options.confirm_delay:g} s "
                                      "before taking over (a live master may refuse for a moment)")
         for a in peers.again:
-            if a.info is not None and a.info.get("amq-ha-role") == "master":
+            if says_master(a.info):
                 return Decision(RELINK, f"replication link lost but the master answers again on "
                                         f"{a.address[0]}:{a.address[1]}: not taking over; re-linking",
                                 address=a.address, info=a.info)
@@ -541,7 +552,7 @@ def _master(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
             continue
         theirs, who = _epoch(info), info.get("amq-ha-name", "?")
         where = f"{answer.address[0]}:{answer.address[1]}"
-        if info.get("amq-ha-role") == "master":
+        if says_master(info):
             if theirs > epoch or (theirs == epoch and who < name):
                 return Decision(STEP_DOWN, f"peer {who} at {where} is master at epoch {theirs} (ours {epoch})",
                                 info=info)

@@ -508,7 +508,7 @@ class HaNode:
                 self.granted_epoch = answer.epoch
                 return replace(peers, answers=(), witness=True, witness_reason=answer.reason)
             answers = tuple(await probing)
-            if any(a.info is not None and a.info.get("amq-ha-role") == "master" for a in answers):
+            if any(a.says_master for a in answers):
                 return replace(peers, answers=answers)  # re-link (decide.py), whatever the witness says
             answer = await asking
             self.granted_epoch = answer.epoch if answer.granted else 0

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..store import StoreLockedError
 from ..store.files import replace_file, write_all
 from .config import HaOptions
+from .decide import says_master
 from .epoch import HaState
 from .lock import FileLock, is_locked, wait_for_lock
 from .master import MasterRole
@@ -133,7 +134,7 @@ async def sight_master(data_dir: Path, name: str, own: set[str], timeout: float)
         info = await probe(host.strip("[]"), int(port), timeout)
         if info is None or info.get("amq-ha-name") != other.name:
             continue
-        if info.get("amq-ha-role") == "master":
+        if says_master(info):
             upstream = upstream_of(info.get("amq-ha-client") or other.client, host.strip("[]"))
             if upstream is not None:
                 return other.name, upstream

@@ -42,7 +42,7 @@ from ..config import BrokerConfig
 from ..store import Callback, MessageStore, run_completions
 from ..store.salvage import quarantine_journal
 from .auth import RequestVerifier, new_challenge
-from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY, PeerAnswer
+from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY
 from .host import RoleHost
 from .relay import upstream_of
 from .slave_link import SlaveLink
@@ -240,7 +240,7 @@ async def _after_master_loss(node: SlaveHost, addr: tuple[str, int], where: str)
     timeout = link_lost_probe_timeout(node.opts.link_timeout, witness=bool(node.opts.witness))
     while not node.stopping:
         d = await node.decide_observing(lambda: node.decision_state(LINK_LOST), lambda: ask_peer(
-            candidates, None, timeout, until=_is_master
+            candidates, None, timeout, until=lambda a: a.says_master
         ))
         if d.action == RETRY:
             log.warning("replication link to %s lost: %s", where, d.reason)
@@ -282,6 +282,3 @@ def link_lost_probe_timeout(link_timeout: float, *, witness: bool) -> float:
     timeout = min(1.0, link_timeout)
     return timeout / 2 if witness else timeout
 
-
-def _is_master(answer: PeerAnswer) -> bool:
-    return answer.info is not None and answer.info.get("amq-ha-role") == "master"
