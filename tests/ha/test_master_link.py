@@ -21,7 +21,6 @@ from amqtransport.broker.store.sync import SnapshotReader
 
 class _Transport:
     def __init__(self) -> None:
-        self.written: list[bytes] = []
         self.aborted = False
 
     def get_extra_info(self, name: str) -> Any:
@@ -34,7 +33,7 @@ class _Transport:
         pass
 
     def write(self, data: bytes) -> None:
-        self.written.append(data)
+        pass
 
     def abort(self) -> None:
         self.aborted = True
