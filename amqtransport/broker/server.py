@@ -42,12 +42,17 @@ from .dispatch.core import BrokerCore
 from .store import Callback, JournalError, MessageStore, run_completions
 from .tracing import SendTracer
 
-__all__ = ["BrokerServer", "STOP_DEADLINE", "stop_on_signals"]
+__all__ = ["BrokerServer", "CLIENT_BACKLOG", "STOP_DEADLINE", "stop_on_signals"]
 
 log = logging.getLogger(__name__)
 
 #: seconds a broker process may take to stop after SIGTERM before it exits anyway
 STOP_DEADLINE = 6.0
+#: the kernel's queue of connections not accepted yet on a port clients connect to (the
+#: client port, the WebSocket port, a node's relay port): clients that all reconnect at once
+#: (a takeover) wait there while the loop is busy, instead of having their SYNs dropped and
+#: retried a second later (asyncio's default queue is 100; the kernel caps it at somaxconn)
+CLIENT_BACKLOG = 512
 #: a loop turn that appended at most this many records with the journal's writer idle
 #: fsyncs them on the loop itself (``Journal.commit_turn``): a lone receipted send skips
 #: the writer thread's two hand-offs; more (pipelined producers) go to the writer, whose
@@ -190,7 +195,7 @@ class BrokerServer:
             host,
             port,
             reuse_address=True,
-            backlog=512,
+            backlog=CLIENT_BACKLOG,
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
@@ -207,7 +212,7 @@ class BrokerServer:
             self._ws_server = await self.loop.create_server(
                 lambda: WebSocketProtocol(lambda: BrokerConnection(ctx), allowed_origins=cfg.ws_allowed_origins,
                                           handshake_timeout=cfg.connect_timeout_ms / 1000.0),
-                host, port, reuse_address=True, backlog=512,
+                host, port, reuse_address=True, backlog=CLIENT_BACKLOG,
             )
         except BaseException:
             self._close_listeners()

@@ -15,6 +15,7 @@ client is served by it directly. A shared-store standby relays while it sees the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -248,6 +249,56 @@ def test_a_master_port_that_does_not_accept_closes_the_client_before_any_answer(
         assert not relay.active
         with pytest.raises(OSError):
             await asyncio.open_connection("127.0.0.1", port)
+
+    asyncio.run(scenario())
+
+
+def test_a_burst_of_clients_waits_in_the_relay_ports_accept_queue_while_the_node_is_busy() -> None:
+    """Clients cut from the master all fall through to the relay at once. 300 connects
+    made while the node's loop is busy (blocked here for 1.5 s) all complete in the
+    kernel's accept queue, and the relay answers every one once the loop runs again (its
+    upstream refuses here: each is closed). With asyncio's default queue of 100 the kernel
+    dropped the SYNs beyond it: those clients waited for their SYN's retransmission, a
+    second later (here: the 0.5 s connect timeout)."""
+    import threading
+
+    from amqtransport.broker.ha.config import HaPortLimits
+    from amqtransport.broker.ha.relay import ClientRelay
+
+    async def scenario() -> None:
+        relay = ClientRelay("b", "127.0.0.1", 0, HaPortLimits(max_connections=1000), _NoRequests(),
+                            connect_timeout=2.0)
+        await relay.relay_to("a", ("127.0.0.1", free_port()))
+        socks: list[socket.socket] = []
+        go = threading.Event()
+        failed: list[BaseException] = []
+
+        def connect_all() -> None:
+            go.wait(5)
+            try:
+                for _ in range(300):  # each within half the SYN retransmission timer, or not at all
+                    socks.append(socket.create_connection(("127.0.0.1", relay.port), timeout=0.5))
+            except OSError as exc:
+                failed.append(exc)
+
+        clients = threading.Thread(target=connect_all, daemon=True)
+        clients.start()
+        try:
+            go.set()
+            time.sleep(1.5)  # the node's loop is busy: nothing is accepted meanwhile
+            await asyncio.to_thread(clients.join, 10)
+            assert not failed, f"connect {len(socks) + 1} of 300 failed: {failed[0]!r}"
+            for sock in socks:
+                sock.sendall(b"CONNECT\naccept-version:1.2\nhost:x\n\n\x00")
+            for sock in socks:
+                sock.settimeout(10)
+                with contextlib.suppress(ConnectionResetError):
+                    assert await asyncio.to_thread(sock.recv, 16) == b""
+            assert relay.refused_total == 300
+        finally:
+            relay.stop("test over")
+            for sock in socks:
+                sock.close()
 
     asyncio.run(scenario())
 

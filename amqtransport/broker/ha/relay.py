@@ -68,6 +68,7 @@ from amqtransport.stomp import Limits
 from amqtransport.stomp.session import ServerSession
 from amqtransport.tasks import cancel_and_wait
 
+from ..server import CLIENT_BACKLOG
 from .config import HaPortLimits
 from .port import ROLE_REQUESTS, RequestHandler, answer_error
 from .wire import STATUS_HEADER
@@ -156,7 +157,8 @@ class ClientRelay:
     async def _bind(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            server = await loop.create_server(lambda: _ClientSide(self), self.host, self.port, reuse_address=True)
+            server = await loop.create_server(lambda: _ClientSide(self), self.host, self.port, reuse_address=True,
+                                              backlog=CLIENT_BACKLOG)
         except OSError as exc:
             if str(exc) != self._bind_error:  # a standby tries again at every look: said once per error
                 self._bind_error = str(exc)
