@@ -68,7 +68,7 @@ def proxy(host: str, port: int, verbose: bool) -> None:
 @click.option("--no-disk", is_flag=True, help="Nemesis: no tmpfs data directories (no disk-full fault).")
 @click.option("--link-timeout", default=1.0, show_default=True, type=click.FloatRange(0.05, 600),
               help="Nemesis: the pair's replication --link-timeout (s); a frozen master is taken over "
-                   "after about 4x this.")
+                   "after about 4x this (with --witness, once its lease ran out: up to 1.5x this).")
 @click.option("--dedupe-window", default=100_000, show_default=True, type=click.IntRange(0),
               help="Nemesis: the pair's dedupe_window_size (keys); a small one (e.g. 3000, about 20 s of the "
                    "workload) lets trackMessages replays outlive it.")
