@@ -40,6 +40,7 @@ The whole API:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -64,6 +65,7 @@ __all__ = [
     "compare",
     "machine",
     "measure",
+    "pin",
     "print_table",
     "quick",
     "ratio",
@@ -76,6 +78,13 @@ __all__ = [
 T = TypeVar("T")
 
 RESULTS_DIR = Path(os.environ.get("AMQ_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Run every thread of process ``pid`` on ``cpus`` only (threads it starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
 
 
 def quick() -> bool:

@@ -51,7 +51,6 @@ measured in one 1,000-send window could be hit by a burst the others missed). Th
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import statistics
@@ -63,7 +62,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_table, quick, scale, work_dir, write_result  # noqa: E402
+from _common import pin, print_table, quick, scale, work_dir, write_result  # noqa: E402
 from bench_broker import BODY, RawClient, start_activemq  # noqa: E402
 from bench_client_latency import (  # noqa: E402
     aio_client,
@@ -84,13 +83,6 @@ from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
 CHUNK = max(1, int(os.environ.get("AMQ_BENCH_CHUNK", "50")))
 #: the CPUs this benchmark may use ("replicated, own cores" pins a node to each of the first two)
 CPUS = sorted(os.sched_getaffinity(0))
-
-
-def pin(pid: int, cpus: set[int]) -> None:
-    """Run every thread of process ``pid`` on ``cpus`` only (threads it starts later inherit it)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(tid), cpus)
 
 
 class DiskProbe:
