@@ -266,8 +266,7 @@ def test_a_burst_of_clients_waits_in_the_relay_ports_accept_queue_while_the_node
     from amqtransport.broker.ha.relay import ClientRelay
 
     async def scenario() -> None:
-        relay = ClientRelay("b", "127.0.0.1", 0, HaPortLimits(max_connections=1000), _NoRequests(),
-                            connect_timeout=2.0)
+        relay = ClientRelay("b", "127.0.0.1", 0, HaPortLimits(), _NoRequests(), connect_timeout=2.0)
         await relay.relay_to("a", ("127.0.0.1", free_port()))
         socks: list[socket.socket] = []
         go = threading.Event()
