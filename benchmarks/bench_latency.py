@@ -17,12 +17,12 @@ the p50 and p99 of the round trips and the messages per second; the targets are
 * ``replicated``: ``amq broker pair``'s two nodes (a RECEIPT means on both disks);
 * ``shared-store``: a shared-store pair's master (one disk, the lock beside it);
 * ``replicated, own cores``: another replicated pair, its master's threads pinned to one
-  CPU and its slave's to another, as on two hosts. Unpinned, a record the master writes
-  to the slave wakes it with a *sync* wake-up (loopback TCP), which the scheduler answers
-  by queueing the slave on the master's core while the other core idles: the master's
-  parse and its own fsync then wait for the slave's turn on the CPU (the master's
-  ``read`` stage doubles; BENCHMARKS.md). Two hosts never share a core; this row is
-  what the design costs without that one-machine artefact (the ``replicated`` row keeps it);
+  CPU and its slave's to another, as on two hosts. Unpinned, the slave woken by a record
+  the master writes to it (loopback TCP) is often queued on the master's own core, and
+  the two then wait for each other's turn on it, while the master's loop and writer
+  thread pass the GIL across both cores (BENCHMARKS.md, "A pair on one machine shares its
+  two cores"). Two hosts never share a core; this row is what the design costs without
+  that one-machine artefact (the ``replicated`` row keeps it);
 * ``ActiveMQ``: Debian's 5.17 with its defaults (KahaDB, journal syncs on).
 
 Within each round the targets take turns, ``AMQ_BENCH_CHUNK`` (default 50) sends or
