@@ -344,11 +344,6 @@ class PeerAnswer:
     standby: str | None = None
     standby_reason: str = ""
 
-    @property
-    def says_master(self) -> bool:
-        """The peer answered at this address, as master (:func:`says_master`)."""
-        return says_master(self.info)
-
 
 def says_master(info: Mapping[str, str] | None) -> TypeGuard[Mapping[str, str]]:
     """Status headers (``info``; None: no answer) of a node that is master."""
@@ -455,7 +450,7 @@ def _start(state: NodeState, options: DecideOptions, peers: Peers) -> Decision:
     infos = [a for a in peers.answers if a.info is not None]
     for a in infos:
         assert a.info is not None
-        if a.says_master:
+        if says_master(a.info):
             # join through the master connector when it names this master, else its HA port
             where = a.address
             if not (options.master_connector and parse_address(options.master_connector) == a.address):

@@ -95,6 +95,7 @@ from .decide import (
     Peers,
     Phase,
     decide,
+    says_master,
 )
 from .epoch import HaState
 from .master import MasterRole
@@ -500,15 +501,14 @@ class HaNode:
         asking = asyncio.ensure_future(self._takeover_answer())
         try:
             await asyncio.wait((probing, asking), return_when=asyncio.FIRST_COMPLETED)
-            if asking.done() and asking.result().granted and not probing.done():
-                await cancel_and_wait(probing)
+            if asking.done() and asking.result().granted and not probing.done():  # (finally: the probe ends)
                 answer = asking.result()
                 log.info("node %s: the witness granted mastership while the master's addresses were still "
                          "unanswered: not waiting for them", self.name)
                 self.granted_epoch = answer.epoch
                 return replace(peers, answers=(), witness=True, witness_reason=answer.reason)
             answers = tuple(await probing)
-            if any(a.says_master for a in answers):
+            if any(says_master(a.info) for a in answers):
                 return replace(peers, answers=answers)  # re-link (decide.py), whatever the witness says
             answer = await asking
             self.granted_epoch = answer.epoch if answer.granted else 0

@@ -42,7 +42,7 @@ from ..config import BrokerConfig
 from ..store import Callback, MessageStore, run_completions
 from ..store.salvage import quarantine_journal
 from .auth import RequestVerifier, new_challenge
-from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY
+from .decide import COLD_BACKUP, ISOLATED, LINK_LOST, RELINK, RETRY, says_master
 from .host import RoleHost
 from .relay import upstream_of
 from .slave_link import SlaveLink
@@ -240,7 +240,7 @@ async def _after_master_loss(node: SlaveHost, addr: tuple[str, int], where: str)
     timeout = link_lost_probe_timeout(node.opts.link_timeout, witness=bool(node.opts.witness))
     while not node.stopping:
         d = await node.decide_observing(lambda: node.decision_state(LINK_LOST), lambda: ask_peer(
-            candidates, None, timeout, until=lambda a: a.says_master
+            candidates, None, timeout, until=lambda a: says_master(a.info)
         ))
         if d.action == RETRY:
             log.warning("replication link to %s lost: %s", where, d.reason)
