@@ -12,6 +12,12 @@ master sends such an overlap, and a gap, to a real SlaveLink over a loopback soc
 from __future__ import annotations
 
 import asyncio
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -283,5 +289,82 @@ def test_the_live_stream_applies_each_record_once_and_a_gap_drops_the_link(tmp_p
     store.open()
     try:
         assert sorted(m.id for m in store.iter_messages()) == ["m1", "m3"]  # m2 acked once, m6 after the gap
+    finally:
+        store.close()
+
+
+#: a slave's link in a process of its own, whose store blocks in the apply of message
+#: ``m1`` (after saying so), so that the test can kill it there
+_SLAVE_THAT_STOPS_IN_THE_APPLY = """
+import asyncio, sys, time
+from amqtransport.broker.ha.slave_link import SlaveLink
+from amqtransport.broker.store import MessageStore, run_completions
+from amqtransport.broker.store import writer as writer_module
+
+writer_module.CHECK_INTERVAL = 300.0  # the writer idle: a lone record is fsynced on the link's loop
+
+def apply_of(fold):
+    def apply(rec, pos, payload=None, **kw):
+        if getattr(getattr(rec, "message", None), "id", "") == "m1":
+            print("applying m1", flush=True)
+            time.sleep(600)
+        fold(rec, pos, payload, **kw)
+    return apply
+
+async def main():
+    loop = asyncio.get_running_loop()
+    # completions on the loop, as a node's replica store has them (slave.fresh_replica_store)
+    store = MessageStore(sys.argv[1], notify=lambda items: loop.call_soon_threadsafe(run_completions, items))
+    store.open()
+    store.apply = apply_of(store.apply)
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(sys.argv[2]))
+    await SlaveLink(store, reader, writer, link_timeout=60.0, on_synced=lambda: None).run(asyncio.Event())
+
+asyncio.run(main())
+"""
+
+
+def test_the_slave_acks_a_record_before_it_applies_it_and_a_kill_in_between_loses_nothing(tmp_path: Path) -> None:
+    """issue 27: the slave's ACK of a batch goes as soon as the batch is fsynced, before
+    it is applied to the store's state. A slave process stopped in the apply of ``m1``
+    (observable: it says so) has already acked it, and once SIGKILLed there its journal
+    still recovers ``m1`` (the journal, not the state, is the store). Before the change
+    the apply came before the fsync and the ACK: no ACK of ``m1`` ever came."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(60)
+    proc = subprocess.Popen([sys.executable, "-c", _SLAVE_THAT_STOPS_IN_THE_APPLY, str(tmp_path / "replica"),
+                             str(server.getsockname()[1])], stdout=subprocess.PIPE, text=True)
+    try:
+        conn, _ = server.accept()
+        conn.settimeout(60)
+        decoder = WireDecoder()
+        highest = -1
+
+        def wait_ack(seq: int) -> None:
+            nonlocal highest
+            while highest < seq:
+                data = conn.recv(1 << 16)
+                assert data, f"the slave closed the link before it acked {seq}"
+                highest = max([highest, *(unpack_seq(p) for k, p in decoder.feed(data) if k == ACK)])
+
+        conn.sendall(pack(SYNC_END, pack_seq(0)))
+        wait_ack(0)
+        conn.sendall(b"".join(record_frames(RECORDS, 1, [encode(Enq(_msg(1)))])))
+        wait_ack(1)  # before the change: a timeout (the slave sat in the apply, not yet fsynced)
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready and proc.stdout.readline().strip() == "applying m1"
+        os.kill(proc.pid, signal.SIGKILL)  # after the ACK, in the apply
+        proc.wait(30)
+        conn.close()
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        server.close()
+    store = MessageStore(tmp_path / "replica")
+    store.open()
+    try:
+        assert sorted(m.id for m in store.iter_messages()) == ["m1"]
     finally:
         store.close()

@@ -39,7 +39,9 @@ readers are done. Nothing can slip between the snapshot and the stream: the snap
 and ``base`` are taken in one loop step, and the tail is the journal itself. The slave
 wipes its store, imports the snapshot (its messages paged: a replica holds positions,
 not bodies), fsyncs, marks itself synced at the master's epoch and acks ``base``; then
-it appends every streamed batch to its own journal and acks once it is fsynced.
+it appends every streamed batch to its own journal and acks once it is fsynced, before
+it applies the batch to its in-memory state (:mod:`.slave_link`: the ACK means "on the
+slave's disk", and the journal, not the state, is what a takeover or a restart serves).
 
 The receipt gate. Receipts are sent from the journal's completion callbacks, which
 the journal hands to its ``notify`` function after each local fsync -- all of them: a

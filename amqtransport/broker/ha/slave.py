@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 A slave connects (:func:`serve_slave`), wipes its store, and runs the
 replication link's slave side (:class:`SlaveLink`: import the snapshot, ack,
-then apply and ack every record). It starts no client connector. Its store counts as
+then append, ack and apply every record). It starts no client connector. Its store counts as
 a complete copy (``synced`` in ``ha-state.json``) from the end of the full sync until
 it leaves with a goodbye or agrees to stand by; the takeover decision reads that flag
 after its last await and raises the epoch with nothing awaited in between. When the

@@ -20,7 +20,8 @@ sans-IO :class:`~.wire.WireDecoder`:
     ack of a lone record is written as soon as its completion has run); a read that brought at most
     :data:`INLINE_COMMIT_RECORDS` records is fsynced on the link's loop itself when the
     journal's writer thread is idle (``Journal.commit_here``: no thread hand-off between
-    the read, the fsync and the ack), a bigger one by the writer thread. Once the
+    the read, the fsync and the ack), a bigger one by the writer thread. The batch is
+    applied to the store's state (index, queues) *after* that: see "Ack, then apply". Once the
     ``SYNC_END`` is applied and nothing is left buffered, the stream is *live*: the
     socket's protocol (:class:`_LiveProtocol`) hands each read to the link as it arrives,
     so no task is woken for it (the full sync's reads are awaited: their back-pressure
@@ -33,6 +34,27 @@ sans-IO :class:`~.wire.WireDecoder`:
     replication ``CONNECT`` (:func:`.slave.handover_refusal`). A verified one ends the link
     (``"handover"``): the node takes over at once (decide.py, "Handovers"); any other is
     a broken link (``"lost"``).
+
+Ack, then apply (issue 27). A read's records are imported in two steps
+(:meth:`~..store.MessageStore.append_payloads`, then
+:meth:`~..store.MessageStore.apply_appended`; the store's docstring, "Importing"): decoded
+and appended, fsynced and acked, and only then folded into the state, at the end of the
+same read's handling, so the apply is off the ACK's path (when the writer thread fsyncs
+a bigger read, the apply runs while it does). The rules:
+
+* the ACK still means "fsynced on this slave's disk": it is written from the fsync's
+  completion, never before;
+* a crash after the ACK and before the apply loses nothing: the records are in the
+  journal, which recovery replays whatever the state held (no checkpoint is captured
+  between the two steps: :meth:`~..store.MessageStore.close` applies first);
+* the slave never serves before every appended record is applied: the apply ends each
+  read's handling, whatever ends it (an outcome, an error), before anything else runs on
+  the loop, the snapshot is applied before the store is marked synced, and the takeover
+  path closes the replica's store, which applies what is left before its checkpoint;
+* the applies are in the order of the appends (one queue, folded first to last; a
+  ``Fan`` or ``Tx`` batch, named from the state, applies what precedes it first);
+* an apply failure is fatal to the link, as before: it raises out of :meth:`SlaveLink.run`,
+  and the store is marked diverged (it writes no checkpoint from that state).
 
 The slave pings every quarter of ``--link-timeout`` and treats a link silent for
 ``--link-timeout`` as lost, like a broken or closed one, or a malformed frame. When
@@ -197,18 +219,34 @@ class SlaveLink:
                     log.error("slave journal failed during the full sync: %s", err)
                     writer.transport.abort()
                     return
+                try:
+                    store.apply_appended()  # the snapshot is applied before the store counts as a copy
+                except Exception as exc:  # noqa: BLE001 - the store diverged: handle() raises it
+                    log.error("slave store failed to apply the full sync: %s; dropping the link", exc)
+                    writer.transport.abort()
+                    return
                 self.on_synced()
                 self.synced = True
                 durable_up_to(base)(None)
 
             return done
 
-        applied: int | None = None  # the last record applied (numbered from SYNC_END's base)
+        applied: int | None = None  # the last record taken (numbered from SYNC_END's base; applied by handle's end)
         store.journal.wake_on_append = False  # each read ends in commit_here, which wakes the writer if need be
 
         def handle(data: bytes) -> str | None:
-            """One read of the stream: apply what it brought, fsync and ack it; an outcome
-            (``"handover"``, ``"lost"``) ends the link."""
+            """One read of the stream: append what it brought, fsync and ack it, then apply
+            it; an outcome (``"handover"``, ``"lost"``) ends the link."""
+            try:
+                return append_and_ack(data)
+            finally:
+                # the apply, off the ACK's path, before anything else runs on the loop (a
+                # takeover, compaction, a checkpoint); a failure raises: the link fails
+                store.apply_appended()
+                if store.diverged is not None:
+                    raise RuntimeError(f"the replica's state is short of its journal: {store.diverged!r}")
+
+        def append_and_ack(data: bytes) -> str | None:
             nonlocal applied
             got = time.perf_counter()
             for kind, payload in decoder.feed(data):
@@ -226,10 +264,10 @@ class SlaveLink:
                         if not payloads:
                             continue
                         applied = first + len(payloads) - 1
-                    store.import_payloads(payloads, durable_up_to(first + len(payloads) - 1))
+                    store.append_payloads(payloads, durable_up_to(first + len(payloads) - 1))
                 elif kind == SNAP:
                     _first, payloads = unpack_records(payload)
-                    store.import_payloads(payloads)
+                    store.append_payloads(payloads)
                 elif kind == SYNC_END:
                     applied = unpack_seq(payload)
                     store.journal.on_durable(sync_done(applied))

@@ -36,6 +36,21 @@ nothing, and ``on_diverged`` is called (a serving broker fences itself: it stops
 from a state that is not its journal's; a restart recovers). It is logged at ERROR (:data:`.checkpoint.DIVERGED`); the next start recovers
 from the previous checkpoint and the journal, which hold every appended record.
 
+Importing (a replica). A replica imports records in two steps, so that a slave can
+ack a batch once it is on its disk and apply it after the ack (:mod:`..ha.slave_link`):
+:meth:`append_payloads` decodes a batch (a bad record raises before anything is
+written) and appends it to the journal, unapplied; :meth:`apply_appended` folds every
+appended batch into the state, in append order; :meth:`import_payloads` is the two in
+a row. Appended-and-unapplied records are as safe as applied ones: the journal is the
+store, and recovery replays it whether or not the state before the crash had folded
+them. What must never happen is a state that misses an appended record being taken for
+the journal's: a checkpoint (the fold up to the journal's position) is only captured
+after :meth:`apply_appended` (:meth:`close` applies first: the takeover path closes the
+replica's store before the node serves it), a ``Fan`` or ``Tx`` batch (named from the
+state) applies what precedes it before it is encoded, and the caller applies before it
+lets anything else run on the loop. An apply that fails leaves the store
+:attr:`diverged` ("A failed apply" above).
+
 Recovery and checkpoints (:mod:`.checkpoint`). Recovery loads the newest checkpoint
 (the state as of a journal position) and replays only the records after that
 position; a checkpoint that is torn, from another journal, or older than what the
@@ -58,6 +73,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,6 +189,8 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         self._by_refs: dict[int, FanGroup] = {}  # id() of a group's references -> the group
         self._undurable: dict[tuple[str, str], list[Callback]] = {}
         self.diverged: BaseException | None = None  # the first apply that failed after its append
+        # batches appended by append_payloads, not applied yet: (records, payloads, segment, offset)
+        self._unapplied: deque[tuple[Sequence[Record], Sequence[bytes], int, int]] = deque()
         self._listeners: list[StoreListener] = []
         self._compact_due = False
         self._holdback_next = 0
@@ -245,8 +263,14 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         self._by_refs.clear()
 
     def close(self) -> None:
-        """Flush everything to disk, write a checkpoint (none from a :attr:`diverged`
-        state) and stop the writer."""
+        """Apply what is appended and not applied yet, flush everything to disk, write a
+        checkpoint (none from a :attr:`diverged` state) and stop the writer."""
+        if self._unapplied:  # the checkpoint below must be the fold of every appended record
+            try:
+                self.apply_appended()
+            except Exception:  # noqa: BLE001 - diverged: the journal, not this state, is the store
+                log.exception("store %s: applying its appended records failed; closing without a checkpoint",
+                              self.directory)
         if self._opened and self.journal.failed is None and self.journal.flush(timeout=30):
             self.checkpoints.at_close()
         self.checkpoints.stop()
@@ -474,23 +498,47 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
 
     def import_payloads(self, payloads: Sequence[bytes], callback: Callback | None = None) -> None:
         """Append records produced by another store (a replication stream) and apply them
-        (their messages are paged: nobody consumes from a replica). A record that does not
-        decode raises before anything is appended; an apply that fails leaves the store
-        :attr:`diverged`."""
-        records: Sequence[Record] = [decode(p) for p in payloads]
+        (their messages are paged: nobody consumes from a replica): :meth:`append_payloads`
+        then :meth:`apply_appended`."""
+        self.append_payloads(payloads, callback)
+        self.apply_appended()
+
+    def append_payloads(self, payloads: Sequence[bytes], callback: Callback | None = None) -> None:
+        """The first step of an import (see the module docstring, "Importing"): decode
+        records produced by another store and append them to the journal (durable with
+        its next commit; ``callback`` then), *not* applied: :meth:`apply_appended` folds
+        them into the state. A batch with ``Fan`` or ``Tx`` records is named for this
+        journal's segments from the state, so what is appended before it is applied first."""
+        records: Sequence[Record] = [decode(p) for p in payloads]  # a bad record raises before the append
         if any(isinstance(r, (Fan, Tx)) for r in records):  # named for this journal's segments
+            self.apply_appended()
             records, payloads = self._fan_encode(records, payloads)
         # the master's carried keys: in a segment of their own here too (compaction.py)
         alone = bool(records) and all(isinstance(r, Keys) for r in records)
         seg, offset = self.journal.append_at(list(payloads), callback, alone=alone)
-        try:
-            for rec, payload in zip(records, payloads, strict=True):
-                self.apply(rec, pack(seg, offset), payload)
-                offset += FRAME_HEAD + len(payload)
-        except BaseException as exc:  # the link fails; the state is behind the journal
-            self._diverge(exc)
-            raise
-        self.checkpoints.appended()
+        self._unapplied.append((records, payloads, seg, offset))
+
+    def apply_appended(self) -> None:
+        """The second step of an import: fold every batch :meth:`append_payloads` appended
+        and nothing applied yet into the state, in the order they were appended. A failure
+        leaves the state short of the journal: it raises, and the store stays
+        :attr:`diverged` (no checkpoint is written from it any more)."""
+        while self._unapplied:
+            records, payloads, seg, offset = self._unapplied.popleft()
+            try:
+                for rec, payload in zip(records, payloads, strict=True):
+                    self.apply(rec, pack(seg, offset), payload)
+                    offset += FRAME_HEAD + len(payload)
+            except BaseException as exc:
+                self._unapplied.clear()
+                self._diverge(exc)
+                raise
+        self.checkpoints.appended()  # (a checkpoint captures the journal's position: none applied short of it)
+
+    @property
+    def unapplied(self) -> int:
+        """Records appended by :meth:`append_payloads` and not applied yet."""
+        return sum(len(b[0]) for b in self._unapplied)
 
     def import_records(self, records: Iterable[Record], callback: Callback | None = None) -> None:
         """Append and apply a stream of records (e.g. a snapshot from :meth:`snapshot`);
