@@ -331,3 +331,48 @@ def test_a_stalled_master_counts_its_hold_from_the_stall_so_a_refusing_peer_does
     # a hold that began just now (a slave link lost while the loop ran) still clears on refusals
     st = NodeState("master", epoch=9, role="master", held_for=0.1)
     assert decide(st, options, Peers(answers=refused)).action == CLEAR
+
+
+def test_a_replicating_masters_lone_write_is_committed_on_its_loop_and_still_waits_at_the_gate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 27: as on a broker alone, a replicating master's loop commits a turn's few
+    records itself at the end of the turn (``Journal.commit_turn``: no writer wake-up, no
+    hand-off back), and the batch's completions still pass the receipt gate: held while
+    the master is suspect (no slave ack can cover them), run on the loop once it clears.
+    Failed before: ReplicationMaster took ``on_queued`` away, so the append woke the writer
+    thread and the turn never asked to commit."""
+    import threading
+
+    from amqtransport.broker.ha.replication import ReplicationMaster
+    from amqtransport.broker.store import MessageStore
+    from amqtransport.broker.store import journal as journal_module
+    from amqtransport.broker.store import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "CHECK_INTERVAL", 60.0)  # no idle round of the writer meanwhile
+    monkeypatch.setattr(journal_module, "INLINE_SLOW", 60.0)  # no commit counts as slow on a loaded disk
+    writer_module.take_turn_to_writer()  # a mark an earlier test's append may have left on this thread
+    loop = _ManualLoop(100.0)
+    store = MessageStore(tmp_path / "store")
+    store.open()
+    journal = store.journal
+    turns: list[int] = []
+    journal.inline_thread = threading.get_ident()  # what BrokerServer sets up for its loop
+    journal.on_queued = lambda: turns.append(threading.get_ident())
+    server = types.SimpleNamespace(store=store, loop=loop, tracer=None)
+    repl = ReplicationMaster(server, link_timeout=1.0, shutdown_on_slave_failure=False,  # type: ignore[arg-type]
+                             on_synced=lambda _link: None, on_lost=lambda _link, _why, _synced: None)
+    try:
+        assert journal.flush(30)  # the writer asleep
+        repl.suspect_now("test: nothing covers a receipt")
+        ran: list[tuple[BaseException | None, int]] = []
+        journal.append([b"one record"], lambda err: ran.append((err, threading.get_ident())))
+        assert turns == [threading.get_ident()]  # the append asked for the end of the turn
+        batches = journal.batches
+        journal.commit_turn(4)
+        assert journal.batches == batches + 1 and journal.durable_records == journal.records_written
+        assert ran == []  # on our disk, held at the gate
+        repl.clear_suspect("test: cleared")
+        assert ran == [(None, threading.get_ident())]  # run on the loop, after the gate
+    finally:
+        repl.close()
+        store.close()

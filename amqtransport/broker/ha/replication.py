@@ -54,7 +54,10 @@ loop until the slave's ``ACK`` covers that number; acks arrive on the loop and r
 them in order. So *a receipt means the record is on both disks*, and nothing blocks:
 the master's writer goes on fsyncing the next batch while the slave works (the journal
 pipeline is not stalled by the network), and records are streamed to the slave as soon
-as they are appended, before the master's own fsync, so the two fsyncs overlap. A slave
+as they are appended, before the master's own fsync, so the two fsyncs overlap. A turn
+that appended a few records the loop commits itself at its end, as a broker alone does
+(``Journal.commit_turn``); their completions come to the gate through
+``Journal.deliver_here`` instead of ``notify``, and wait there alike. A slave
 in sync that leaves a batch unacknowledged for ``link_timeout`` is dropped. Completions
 held for a synced slave that is lost without a goodbye are *never* run as successes:
 that slave may be taking over without those records. Every client connection is cut
@@ -172,14 +175,12 @@ class ReplicationMaster:
         self._orig_notify = journal._notify  # noqa: SLF001
         journal._notify = self._notify  # noqa: SLF001 - completions pass through the gate
         self._orig_deliver_here = journal.deliver_here
-        journal.deliver_here = self._deliver_here  # a batch committed on the loop (commit_turn) too
-        # ...but a master's appends wake its writer at once, as before: the RECORDS written
-        # to the slave wake the slave, which on a crowded machine takes the CPU from this
-        # loop, and a commit left to the end of the turn then starts late; the writer's
-        # fsync overlaps the slave's (measured: bench_latency.py, replicated 1.28 ms p50
-        # with the loop's commit against 0.89 before, same run)
-        self._orig_on_queued = journal.on_queued
-        journal.on_queued = None
+        # a batch the loop committed at the end of a turn (Journal.commit_turn, as on a broker
+        # alone: a lone receipted send needs no writer wake-up and no hand-off back) waits
+        # for the slave as one from the writer thread does; the record went to the slave
+        # when it was appended, before that commit (BENCHMARKS.md, "The replicated master
+        # commits on its loop")
+        journal.deliver_here = self._deliver_here
         self._tick_due = self.loop.time() + self._tick_every
         self._timer: asyncio.TimerHandle | None = self.loop.call_at(self._tick_due, self._tick)
 
@@ -197,7 +198,6 @@ class ReplicationMaster:
         journal.remove_batch_hook(self._hook)
         journal._notify = self._orig_notify  # noqa: SLF001
         journal.deliver_here = self._orig_deliver_here
-        journal.on_queued = self._orig_on_queued
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
