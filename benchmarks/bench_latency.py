@@ -3,8 +3,11 @@ modes, and ActiveMQ 5.17, in one run.
 
 Run: .venv/bin/python benchmarks/bench_latency.py [N]   (AMQ_BENCH_QUICK=1: smaller runs;
 AMQ_BENCH_ROUNDS=R, default 2; AMQ_BENCH_BASELINE=DIR also runs a single broker and a
-replicated pair from the checkout DIR -- another version of ours, before/after a change --
-as the targets ``baseline single`` and ``baseline replicated``, in the same alternating rounds)
+replicated pair (and, on two CPUs or more, a second one pinned as ``replicated, own cores``)
+from the checkout DIR -- another version of ours, before/after a change -- as the targets
+``baseline single``, ``baseline replicated`` and ``baseline replicated, own cores``, in the
+same alternating rounds; AMQ_BENCH_BURNERS=K runs K busy-loop processes beside the
+targets while they are measured: other work taking the CPUs)
 
 What a plain ``conn.send(...)`` loop waits for: one persistent 256-byte SEND with a
 receipt, then the RECEIPT, then the next (window 1, TCP_NODELAY, a raw socket with our
@@ -54,6 +57,7 @@ from __future__ import annotations
 import os
 import re
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -81,6 +85,9 @@ from amqtransport.testing.broker_process import BrokerProcess  # noqa: E402
 
 #: sends (or fdatasyncs) one target makes before the next takes its turn (AMQ_BENCH_CHUNK)
 CHUNK = max(1, int(os.environ.get("AMQ_BENCH_CHUNK", "50")))
+#: busy-loop processes run beside the targets while they are measured (AMQ_BENCH_BURNERS):
+#: how the targets compare on a machine whose CPUs are taken by other work
+BURNERS = int(os.environ.get("AMQ_BENCH_BURNERS", "0"))
 #: the CPUs this benchmark may use ("replicated, own cores" pins a node to each of the first two)
 CPUS = sorted(os.sched_getaffinity(0))
 
@@ -163,6 +170,34 @@ def stage_row(stage: str, series: dict[str, float]) -> dict[str, object] | None:
             "p50 us (bucketed)": round(median * 1e6, 1) if median is not None else None}
 
 
+def start_pair(name: str, mode: str, work: Path, stops: list[Callable[[], object]], *,
+               http: bool) -> tuple[int, list[tuple[str, int]]]:
+    """Start the pair of target ``name`` (``mode``: replicated or shared-store), in sync, its
+    ``stop`` added to ``stops``; a name ending in "own cores" pins its master's threads to
+    the first CPU and its slave's to the second, as on two hosts (the scheduler cannot stack
+    the nodes on one core). Returns the master's client port and, with ``http``, the
+    (node, ``--http`` port) whose stages are read."""
+    ports = (free_port(), free_port())
+    args = [["--http", f"127.0.0.1:{port}"] for port in ports] if http else [[], []]
+    pair = BrokerPair(mode, work / name.replace(", ", "-").replace(" ", "-"), master_args=args[0], slave_args=args[1])
+    pair.start()
+    stops.append(pair.stop)
+    master = pair.wait_master(60)
+    if mode == "replicated":
+        pair.wait_in_sync(60)
+    slave = pair.other(master)
+    if name.endswith("own cores"):
+        pin(master.pid, {CPUS[0]})
+        pin(slave.pid, {CPUS[1]})
+    if not http:
+        return master.port, []
+    by_node = dict(zip(pair.nodes, ports, strict=True))
+    read = [(f"{name} master", by_node[master])]
+    if mode == "replicated":
+        read.append((f"{name} slave", by_node[slave]))
+    return master.port, read
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else scale(1000, 200)
     rounds = 1 if quick() else int(os.environ.get("AMQ_BENCH_ROUNDS", "2"))
@@ -188,24 +223,7 @@ def main() -> None:
         metrics["single"] = [("single", http)]
         for name, mode in (("replicated", "replicated"), ("shared-store", "shared-store"),
                            *((("replicated, own cores", "replicated"),) if len(CPUS) >= 2 else ())):
-            ports = (free_port(), free_port())
-            pair = BrokerPair(mode, work / name.replace(", ", "-").replace(" ", "-"),
-                              master_args=["--http", f"127.0.0.1:{ports[0]}"],
-                              slave_args=["--http", f"127.0.0.1:{ports[1]}"])
-            pair.start()
-            stops.append(pair.stop)
-            master = pair.wait_master(60)
-            if mode == "replicated":
-                pair.wait_in_sync(60)
-            slave = pair.other(master)
-            if name.endswith("own cores"):  # as on two hosts: the scheduler cannot stack the nodes on one core
-                pin(master.pid, {CPUS[0]})
-                pin(slave.pid, {CPUS[1]})
-            targets[name] = master.port
-            by_node = dict(zip(pair.nodes, ports, strict=True))
-            metrics[name] = [(f"{name} master", by_node[master])]
-            if mode == "replicated":
-                metrics[name].append((f"{name} slave", by_node[slave]))
+            targets[name], metrics[name] = start_pair(name, mode, work, stops, http=True)
         if baseline:
             ours_path = os.environ["PYTHONPATH"]
             os.environ["PYTHONPATH"] = str(Path(baseline).resolve())  # the children below run DIR's code
@@ -214,11 +232,8 @@ def main() -> None:
                 base.start()
                 stops.append(base.terminate)
                 targets["baseline single"] = base.port
-                pair = BrokerPair("replicated", work / "baseline-replicated")
-                pair.start()
-                stops.append(pair.stop)
-                targets["baseline replicated"] = pair.wait_master(60).port
-                pair.wait_in_sync(60)
+                for name in ("baseline replicated", *(("baseline replicated, own cores",) if len(CPUS) >= 2 else ())):
+                    targets[name], _ = start_pair(name, "replicated", work, stops, http=False)
             finally:
                 os.environ["PYTHONPATH"] = ours_path
         amq = start_activemq(work / "activemq")
@@ -237,6 +252,9 @@ def main() -> None:
             servers["echo"] = (echo, None)
         for name in ("disk", *targets, *(f"{c} / {srv}" for srv in servers for c in clients)):
             samples[name] = []
+        for _ in range(BURNERS):  # other load on the machine, started once every target runs
+            burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            stops += [burner.wait, burner.kill]  # (stopped in reverse order: killed, then reaped)
         for r in range(rounds):
             for port in targets.values():
                 window_one(port, f"/queue/latency.warm.{r}", max(20, n // 20))
@@ -278,7 +296,9 @@ def main() -> None:
         rows.append({"target": name, "p50 ms": round(statistics.median(values) * 1000, 3),
                      "p99 ms": round(percentile(values, 0.99) * 1000, 3),
                      "msg/s": round(len(values) / sum(values)) if name != "disk" else None})
-    print_table(rows, title=f"window-1 receipts, {n} x {rounds} rounds, 256-byte persistent SENDs (load {load:.1f})")
+    burning = f", {BURNERS} CPU burners" if BURNERS else ""
+    print_table(rows, title=f"window-1 receipts, {n} x {rounds} rounds, 256-byte persistent SENDs "
+                            f"(load {load:.1f}{burning})")
     for node, by_stage in stages.items():
         stage_rows = [row for stage, _help in RECEIPT_STAGES
                       if (row := stage_row(stage, by_stage.get(stage, {}))) is not None]
@@ -314,7 +334,7 @@ def main() -> None:
     write_result("latency", rows, headline={"single p50 ms": round(p50["single"], 3),
                                             "replicated p50 ms": round(p50["replicated"], 3),
                                             "disk p50 ms": round(p50["disk"], 3)},
-                 notes=f"n={n}, rounds={rounds}, load={load:.1f}")
+                 notes=f"n={n}, rounds={rounds}, load={load:.1f}, burners={BURNERS}")
 
 
 if __name__ == "__main__":
