@@ -70,6 +70,7 @@ compaction), and a later re-write of the message cannot re-scope it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -266,11 +267,9 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         """Apply what is appended and not applied yet, flush everything to disk, write a
         checkpoint (none from a :attr:`diverged` state) and stop the writer."""
         if self._unapplied:  # the checkpoint below must be the fold of every appended record
-            try:
+            # a failure marks the store diverged (logged there): at_close then writes none
+            with contextlib.suppress(Exception):
                 self.apply_appended()
-            except Exception:  # noqa: BLE001 - diverged: the journal, not this state, is the store
-                log.exception("store %s: applying its appended records failed; closing without a checkpoint",
-                              self.directory)
         if self._opened and self.journal.failed is None and self.journal.flush(timeout=30):
             self.checkpoints.at_close()
         self.checkpoints.stop()
