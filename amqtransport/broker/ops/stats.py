@@ -97,7 +97,7 @@ class Histogram:
 #: ``amq_receipt_<stage>_seconds``
 RECEIPT_STAGES: tuple[tuple[str, str], ...] = (
     ("read", "Handling one client read: parsing its frames, routing them, queueing their journal records "
-             "(a slave: one replication read, its records decoded, applied and queued)."),
+             "(a slave: one replication read, its records decoded and queued; applied after its ACK)."),
     ("journal_wakeup", "An append waking the idle journal writer (condition variable) -> the writer running."),
     ("journal_queue", "A group commit's first record queued -> the journal writer taking the batch."),
     ("journal_sync", "Writing and fdatasyncing one group commit (and checking its file still has a name)."),
