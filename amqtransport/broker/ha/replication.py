@@ -178,8 +178,8 @@ class ReplicationMaster:
         # a batch the loop committed at the end of a turn (Journal.commit_turn, as on a broker
         # alone: a lone receipted send needs no writer wake-up and no hand-off back) waits
         # for the slave as one from the writer thread does; the record went to the slave
-        # when it was appended, before that commit (BENCHMARKS.md, "The replicated master
-        # commits on its loop")
+        # when it was appended, before that commit (BENCHMARKS.md, "The slave acks first, the
+        # master commits on its loop")
         journal.deliver_here = self._deliver_here
         self._tick_due = self.loop.time() + self._tick_every
         self._timer: asyncio.TimerHandle | None = self.loop.call_at(self._tick_due, self._tick)
