@@ -50,7 +50,6 @@ def main() -> None:
             pair.wait_master(60)
             pair.wait_in_sync(60)
             pairs[name] = pair
-        os.environ["PYTHONPATH"] = here
         rates: dict[str, list[float]] = {name: [] for name in builds}
         for r in range(rounds):
             for name in list(builds) if r % 2 == 0 else list(builds)[::-1]:

@@ -522,6 +522,8 @@ class MessageStore(RecordFolding, PagedMessages, Compaction, FanOutRecords):
         and nothing applied yet into the state, in the order they were appended. A failure
         leaves the state short of the journal: it raises, and the store stays
         :attr:`diverged` (no checkpoint is written from it any more)."""
+        if not self._unapplied:  # (a slave calls this after every read, pings included)
+            return
         while self._unapplied:
             records, payloads, seg, offset = self._unapplied.popleft()
             try:
